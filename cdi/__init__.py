@@ -1,0 +1,1 @@
+"""gpuctk.cdi: node-setup time. NVML and driver files in, a CDI spec out."""

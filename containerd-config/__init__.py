@@ -1,0 +1,1 @@
+"""gpuctk.containerd: engine configuration (containerd, CRI-O, Docker, podman hooks.d)."""

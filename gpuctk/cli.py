@@ -1,0 +1,112 @@
+"""The `gpuctk` command: root click group, lazy subcommands, one error edge.
+
+Subcommand groups live in their own packages and are imported only when invoked, so
+`gpuctk cdi generate` never pays for engine-configuration code and vice versa.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import traceback
+from typing import Any
+
+import click
+
+from gpuctk import __version__
+from gpuctk.errors import EXIT_FAILURE, GpuctkError
+
+# name -> ("module", "attribute", "one-line help")
+_SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
+    "cdi": ("gpuctk.cdi.cli", "cdi", "Generate, list and validate CDI specs for NVIDIA GPUs."),
+    "runtime": (
+        "gpuctk.containerd.cli",
+        "runtime",
+        "Register gpuctk-runtime with containerd, CRI-O, Docker or podman.",
+    ),
+}
+
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(_SUBCOMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in _SUBCOMMANDS:
+            module, attr, _ = _SUBCOMMANDS[cmd_name]
+            try:
+                command = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError):
+                return None
+            assert isinstance(command, click.Command)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, help_) for name, (_, _, help_) in sorted(_SUBCOMMANDS.items())]
+        for name in super().list_commands(ctx):
+            cmd = super().get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(80)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(sorted(rows))
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Log debug detail and show tracebacks on errors.")
+@click.version_option(__version__, prog_name="gpuctk")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """gpuctk gives containers NVIDIA GPUs.
+
+    \b
+    Typical node set-up:
+      gpuctk cdi generate --output /var/run/cdi/nvidia.yaml
+      gpuctk runtime configure --runtime containerd
+    Try it without a GPU:
+      gpuctk cdi generate --simulate h100-8
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.WARNING,
+        format="gpuctk: %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Entry point: run the CLI and turn errors into one stderr line and an exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args
+    try:
+        return cli.main(args=args, prog_name="gpuctk", standalone_mode=False)
+    except GpuctkError as exc:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"gpuctk: error: {exc.message}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("gpuctk: aborted", err=True)
+        sys.exit(EXIT_FAILURE)
+    except click.exceptions.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the edge of the program
+        if debug:
+            traceback.print_exc()
+        else:
+            click.echo(
+                f"gpuctk: internal error: {exc.__class__.__name__}: {exc} "
+                "(rerun with --debug for a traceback, and report it)",
+                err=True,
+            )
+        sys.exit(EXIT_FAILURE)

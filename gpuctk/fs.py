@@ -1,0 +1,54 @@
+"""Filesystem helpers shared by every part: atomic writes on the host."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import tempfile
+
+from gpuctk.errors import OutputError
+
+
+def atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:
+    """Write `data` to `path` atomically: temp file in the same folder, fsync, rename.
+
+    Readers see either the old file or the new one, never a partial file. On any failure the
+    existing file is left untouched and OutputError says what went wrong.
+    """
+    directory = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(directory):
+        raise OutputError(
+            f"cannot write {path}: folder {directory} does not exist (create it first)"
+        )
+    if os.path.isdir(path):
+        raise OutputError(f"cannot write {path}: it is a directory")
+    base = os.path.basename(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror} (check permissions)") from exc
+    try:
+        try:
+            os.fchmod(fd, mode)
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        reason = exc.strerror or str(exc)
+        if exc.errno == errno.ENOSPC:
+            reason = "no space left on device"
+        raise OutputError(f"cannot write {path}: {reason}") from exc
+    with contextlib.suppress(OSError):
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)

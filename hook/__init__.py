@@ -1,0 +1,1 @@
+"""gpuctk.hook: container-create time. The runc shim and the OCI hook."""
