@@ -1,0 +1,132 @@
+"""The CDI spec model. `ContainerEdits` is the ONE intermediate form of "what to inject".
+
+The generator builds these records; the shim, the precreate hook and the hook's legacy mode read
+specs into them (or straight into dicts of the same shape) and apply them to an OCI spec dict.
+`to_dict()` yields exactly the CDI JSON shape, leaving out empty fields so that the spec's
+minimum cdiVersion (gpuctk.cdi.version) is not raised by fields that carry nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    path: str
+    host_path: str | None = None
+    type: str | None = None  # "c", "b", "u", "p"
+    major: int | None = None
+    minor: int | None = None
+    file_mode: int | None = None
+    permissions: str | None = None  # cgroup permissions, "rwm"
+    uid: int | None = None
+    gid: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"path": self.path}
+        if self.host_path is not None and self.host_path != self.path:
+            d["hostPath"] = self.host_path
+        for key, value in (
+            ("type", self.type),
+            ("major", self.major),
+            ("minor", self.minor),
+            ("fileMode", self.file_mode),
+            ("permissions", self.permissions),
+            ("uid", self.uid),
+            ("gid", self.gid),
+        ):
+            if value is not None:
+                d[key] = value
+        return d
+
+
+@dataclass(frozen=True)
+class Mount:
+    host_path: str
+    container_path: str
+    options: tuple[str, ...] = ()
+    type: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"hostPath": self.host_path, "containerPath": self.container_path}
+        if self.options:
+            d["options"] = list(self.options)
+        if self.type:
+            d["type"] = self.type
+        return d
+
+
+@dataclass(frozen=True)
+class Hook:
+    hook_name: str  # "createContainer", "prestart", ...
+    path: str
+    args: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+    timeout: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"hookName": self.hook_name, "path": self.path}
+        if self.args:
+            d["args"] = list(self.args)
+        if self.env:
+            d["env"] = list(self.env)
+        if self.timeout is not None:
+            d["timeout"] = self.timeout
+        return d
+
+
+@dataclass(frozen=True)
+class ContainerEdits:
+    env: tuple[str, ...] = ()
+    device_nodes: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    hooks: tuple[Hook, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {}
+        if self.env:
+            d["env"] = list(self.env)
+        if self.device_nodes:
+            d["deviceNodes"] = [n.to_dict() for n in self.device_nodes]
+        if self.mounts:
+            d["mounts"] = [m.to_dict() for m in self.mounts]
+        if self.hooks:
+            d["hooks"] = [h.to_dict() for h in self.hooks]
+        return d
+
+    def is_empty(self) -> bool:
+        return not (self.env or self.device_nodes or self.mounts or self.hooks)
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    edits: ContainerEdits
+    annotations: tuple[tuple[str, str], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name}
+        if self.annotations:
+            d["annotations"] = dict(self.annotations)
+        d["containerEdits"] = self.edits.to_dict()
+        return d
+
+
+@dataclass(frozen=True)
+class Spec:
+    kind: str  # "nvidia.com/gpu"
+    devices: tuple[Device, ...]
+    edits: ContainerEdits = field(default_factory=ContainerEdits)
+    annotations: tuple[tuple[str, str], ...] = ()
+    version: str = ""  # filled by generate with the minimum needed
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"cdiVersion": self.version, "kind": self.kind}
+        if self.annotations:
+            d["annotations"] = dict(self.annotations)
+        d["devices"] = [dev.to_dict() for dev in self.devices]
+        if not self.edits.is_empty():
+            d["containerEdits"] = self.edits.to_dict()
+        return d
