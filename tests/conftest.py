@@ -1,0 +1,29 @@
+"""Shared test set-up. Each fixture module under tests/fixtures/ is a pytest plugin.
+
+Fixture modules (one owner each):
+    fixtures.fake_nvml   -- fake libnvidia-ml.so.1 built with gcc, profile files for it
+    fixtures.driver_root -- driver root from Debian's NVIDIA 535 packages
+    fixtures.devroot     -- dev/proc/sys roots with mknod'ed device nodes and mig-minors
+    fixtures.images      -- small container images (glibc, musl, ...) and fresh overlays
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+SHARED = REPO.parent / "shared"
+CACHE = Path(os.environ.get("GPUCTK_TEST_CACHE", TESTS / ".cache"))
+
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+pytest_plugins = [
+    "fixtures.fake_nvml",
+    "fixtures.driver_root",
+    "fixtures.devroot",
+    "fixtures.images",
+]

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The one test command (README's second set-up command, and what .ci/run calls).
+# Installs everything the tests need on a fresh Debian 12 machine (run as root):
+#   - apt: runc, crun, podman, containerd, gcc (for the fake libnvidia-ml.so.1), iproute2
+#   - Debian's non-free component, so that the NVIDIA 535 driver packages can be downloaded
+#     for the driver-root fixture (tests/fixtures/driver_root.py)
+#   - a virtual environment in .venv with gpuctk (editable) and the test tools
+# then runs ruff, mypy (strict) and pytest (unit + integration).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+log() { printf '\n==> %s\n' "$*"; }
+
+need_apt=()
+for cmd in runc crun podman containerd ctr gcc ip mkfs.ext4; do
+    command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$cmd")
+done
+src=/etc/apt/sources.list.d/debian.sources
+nonfree_missing=0
+if [ -f "$src" ] && ! grep -q 'non-free' "$src"; then nonfree_missing=1; fi
+if [ "${#need_apt[@]}" -gt 0 ] || [ "$nonfree_missing" = 1 ]; then
+    if [ "$(id -u)" != 0 ]; then
+        echo "tests/run.sh: missing ${need_apt[*]} and not root: install them or rerun as root" >&2
+        exit 1
+    fi
+    if [ "$nonfree_missing" = 1 ]; then
+        log "enabling Debian's non-free component (NVIDIA driver packages for fixtures)"
+        sed -i 's/^Components: main$/Components: main contrib non-free non-free-firmware/' "$src"
+    fi
+    log "apt-get install (runtimes and build tools)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends \
+        runc crun podman containerd gcc libc6-dev iproute2 e2fsprogs \
+        uidmap fuse-overlayfs slirp4netns conmon catatonit >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    log "creating .venv"
+    "$PY" -m venv .venv
+fi
+log "installing gpuctk and test tools into .venv"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+
+log "ruff"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+
+log "mypy (strict)"
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+    --config-settings editable_mode=strict -e . >/dev/null 2>&1 || true
+.venv/bin/mypy
+
+log "pytest"
+exec .venv/bin/python -m pytest "$@"
