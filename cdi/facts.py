@@ -1,0 +1,73 @@
+"""Machine facts carried inside a generated spec, for NVIDIA_REQUIRE_* checks at container start.
+
+The shim must not load NVML on the create path, yet `NVIDIA_REQUIRE_CUDA>=12.0` or
+`arch=sm_90` need the driver's and the GPUs' facts. CDI annotations would carry them but would
+raise the spec's cdiVersion to 0.6.0, which Debian 12's podman 4.3.1 rejects. So the generator
+puts them in the `env` of the spec's one gpuctk hook entry: hook env is seen only by the hook
+process, never by the container, and it costs no cdiVersion.
+
+    GPUCTK_DRIVER_VERSION=535.309.01
+    GPUCTK_CUDA_VERSION=12.2
+    GPUCTK_GPUS=0/GPU-aaaa/9.0/hopper/MIG-x+MIG-y;1/GPU-bbbb/9.0/hopper/
+
+One GPU per `;`: index, UUID, compute capability, architecture, then its MIG device UUIDs joined
+by `+` (empty when MIG is off). This module is imported by the shim: stdlib only, no regex.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DRIVER_KEY = "GPUCTK_DRIVER_VERSION"
+CUDA_KEY = "GPUCTK_CUDA_VERSION"
+GPUS_KEY = "GPUCTK_GPUS"
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    index: int
+    uuid: str
+    compute_capability: str  # "9.0"
+    architecture: str
+    mig_uuids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Facts:
+    driver_version: str
+    cuda_version: str
+    gpus: tuple[GpuFacts, ...]
+
+
+def encode(facts: Facts) -> list[str]:
+    """The env entries that carry `facts`."""
+    gpus = ";".join(
+        f"{g.index}/{g.uuid}/{g.compute_capability}/{g.architecture}/{'+'.join(g.mig_uuids)}"
+        for g in facts.gpus
+    )
+    return [
+        f"{DRIVER_KEY}={facts.driver_version}",
+        f"{CUDA_KEY}={facts.cuda_version}",
+        f"{GPUS_KEY}={gpus}",
+    ]
+
+
+def decode(env: list[str] | tuple[str, ...]) -> Facts | None:
+    """Facts from a hook entry's env list; None when the entry carries none (not ours)."""
+    values = {}
+    for item in env:
+        key, sep, value = item.partition("=")
+        if sep and key in (DRIVER_KEY, CUDA_KEY, GPUS_KEY):
+            values[key] = value
+    if DRIVER_KEY not in values:
+        return None
+    gpus = []
+    for part in values.get(GPUS_KEY, "").split(";"):
+        if not part:
+            continue
+        fields = part.split("/")
+        if len(fields) != 5 or not fields[0].isdigit():
+            raise ValueError(f"malformed {GPUS_KEY} entry: {part!r}")
+        mig = tuple(u for u in fields[4].split("+") if u)
+        gpus.append(GpuFacts(int(fields[0]), fields[1], fields[2], fields[3], mig))
+    return Facts(values[DRIVER_KEY], values.get(CUDA_KEY, ""), tuple(gpus))
