@@ -90,7 +90,9 @@ def machine_from_document(doc: dict[str, Any]) -> Machine:
             gi_slices, ci_slices, _ = parse_mig_profile(str(m["profile"]))
             expected = mig_profile_name(gi_slices, ci_slices, int(m["memory_mib"]))
             if expected != m["profile"]:
-                raise ValueError(f"MIG profile {m['profile']} does not match its memory ({expected})")
+                raise ValueError(
+                    f"MIG profile {m['profile']} does not match its memory ({expected})"
+                )
             migs.append(
                 MigDevice(
                     parent_index=index,

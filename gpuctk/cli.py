@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> Any:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - the edge of the program
+    except Exception as exc:
         if debug:
             traceback.print_exc()
         else:

@@ -42,15 +42,14 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 log "installing gpuctk and test tools into .venv"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+.venv/bin/python -m pip install -q --disable-pip-version-check \
+    --config-settings editable_mode=strict -e '.[test]'
 
 log "ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 
 log "mypy (strict)"
-.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
-    --config-settings editable_mode=strict -e . >/dev/null 2>&1 || true
 .venv/bin/mypy
 
 log "pytest"

@@ -1,0 +1,225 @@
+"""`gpuctk cdi ...`: generate, list and validate CDI specs."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from gpuctk.cdi.discover import Roots
+from gpuctk.cdi.generate import DEFAULT_STRATEGIES, NAME_STRATEGIES, Options
+from gpuctk.cdi.spec import Spec
+from gpuctk.errors import UsageError
+
+
+@click.group("cdi")
+def cdi() -> None:
+    """Generate, list and validate CDI specs for NVIDIA GPUs.
+
+    \b
+    A CDI spec tells a container engine (podman, containerd, CRI-O) which device nodes,
+    driver files and hooks give a container a GPU. Write one per node:
+      gpuctk cdi generate --output /var/run/cdi/nvidia.yaml
+    then ask for GPUs by name:
+      podman run --device nvidia.com/gpu=0 ...
+    """
+
+
+def render(spec: Spec, fmt: str) -> bytes:
+    doc = spec.to_dict()
+    if fmt == "json":
+        import json
+
+        return (json.dumps(doc, indent=2) + "\n").encode()
+    import yaml
+
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    text: str = yaml.dump(doc, Dumper=dumper, sort_keys=False, default_flow_style=False)
+    return f"---\n{text}".encode()
+
+
+def output_format(fmt: str | None, output: str | None) -> str:
+    if fmt:
+        return fmt
+    if output and output.endswith(".json"):
+        return "json"
+    return "yaml"
+
+
+@cdi.command("generate")
+@click.option(
+    "--output",
+    "-o",
+    metavar="PATH",
+    help="Write the spec here (atomically, mode 0644). Default: standard output. "
+    "Engines read /etc/cdi and /var/run/cdi.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["yaml", "json"]),
+    help="Output format. Default: from the --output extension (.json), else yaml.",
+)
+@click.option("--vendor", default="nvidia.com", show_default=True, help="Vendor part of the kind.")
+@click.option(
+    "--class", "device_class", default="gpu", show_default=True, help="Class part of the kind."
+)
+@click.option(
+    "--device-name-strategy",
+    "strategies",
+    multiple=True,
+    type=click.Choice(NAME_STRATEGIES),
+    help="How devices are named; repeat for several. index: 0, 0:1 (MIG); uuid: GPU-..., "
+    "MIG-...; type-index: gpu0, mig0:1. Default: index and uuid.",
+)
+@click.option("--no-all-device", is_flag=True, help="Do not add the `all` device.")
+@click.option(
+    "--device-id",
+    "device_ids",
+    multiple=True,
+    metavar="ID",
+    help="Only these devices (index, MIG index 0:1, or UUID); repeatable. Default: all.",
+)
+@click.option(
+    "--hook-path",
+    default="/usr/bin/gpuctk-hook",
+    show_default=True,
+    help="Path of gpuctk-hook on the host, written into the spec's hook entry.",
+)
+@click.option(
+    "--driver-root",
+    default="/",
+    show_default=True,
+    envvar="NVIDIA_DRIVER_ROOT",
+    help="Root of the driver files and the NVML library (e.g. /run/nvidia/driver for a "
+    "containerised driver). Host paths in the spec keep this prefix; container paths drop it.",
+)
+@click.option(
+    "--dev-root",
+    default="/",
+    show_default=True,
+    envvar="NVIDIA_DEV_ROOT",
+    help="Root under which /dev/nvidia* nodes are found.",
+)
+@click.option(
+    "--proc-root", default="/proc", show_default=True, help="Where /proc is (MIG minors)."
+)
+@click.option("--sys-root", default="/sys", show_default=True, help="Where /sys is (DRM nodes).")
+@click.option(
+    "--nvml-library",
+    metavar="PATH",
+    envvar="GPUCTK_NVML_LIBRARY",
+    help="Load this libnvidia-ml.so.1 instead of the driver root's or the system's.",
+)
+@click.option(
+    "--simulate",
+    metavar="PROFILE",
+    help="Use an embedded machine profile instead of NVML (no GPU needed): "
+    "h100-8, h100-8-mig7, a100-mig, l4, or a profile .yaml path.",
+)
+def generate(
+    output: str | None,
+    fmt: str | None,
+    vendor: str,
+    device_class: str,
+    strategies: tuple[str, ...],
+    no_all_device: bool,
+    device_ids: tuple[str, ...],
+    hook_path: str,
+    driver_root: str,
+    dev_root: str,
+    proc_root: str,
+    sys_root: str,
+    nvml_library: str | None,
+    simulate: str | None,
+) -> None:
+    """Write a CDI spec for every GPU and MIG device on this node.
+
+    \b
+    Reads the GPUs through NVML and the driver files under --driver-root, and writes one
+    device per GPU (per MIG device where MIG is enabled) under each naming strategy, an
+    `all` device, and the common edits: control nodes, driver libraries, binaries,
+    firmware, IPC sockets, graphics configs and one gpuctk-hook entry. The cdiVersion is
+    the lowest that the content needs, so older engines accept it.
+
+    \b
+    Examples:
+      gpuctk cdi generate --output /var/run/cdi/nvidia.yaml
+      gpuctk cdi generate --driver-root /run/nvidia/driver --format json
+      gpuctk cdi generate --simulate a100-mig        # no GPU needed
+    """
+    from gpuctk.cdi import discover
+    from gpuctk.cdi.generate import build_spec
+    from gpuctk.cdi.names import class_name_problem, vendor_name_problem
+    from gpuctk.fs import atomic_write
+
+    for check, value, flag in (
+        (vendor_name_problem, vendor, "--vendor"),
+        (class_name_problem, device_class, "--class"),
+    ):
+        problem = check(value)
+        if problem:
+            raise UsageError(f"{flag}: {problem} (example: --vendor nvidia.com --class gpu)")
+    if hook_path and not os.path.isabs(hook_path):
+        raise UsageError(f"--hook-path must be an absolute path, got {hook_path!r}")
+    fmt = output_format(fmt, output)
+    if output:
+        # Fail on an unwritable destination before any discovery work.
+        folder = os.path.dirname(os.path.abspath(output))
+        if not os.path.isdir(folder):
+            raise UsageError(f"cannot write {output}: folder {folder} does not exist")
+    roots = Roots(driver_root, dev_root, proc_root, sys_root)
+    if simulate:
+        from gpuctk.cdi.profile import load_profile
+
+        machine = load_profile(simulate)
+        if dev_root == "/" and not os.path.exists("/dev/nvidiactl"):
+            from gpuctk.cdi.simulate import simulated_nodes
+
+            nodes = simulated_nodes(machine)
+        else:
+            nodes = discover.real_nodes(roots)
+    else:
+        machine = discover.machine_from_nvml(roots, nvml_library)
+        nodes = discover.real_nodes(roots)
+    files = discover.driver_files(roots, machine)
+    opts = Options(
+        kind=f"{vendor}/{device_class}",
+        name_strategies=tuple(dict.fromkeys(strategies or DEFAULT_STRATEGIES)),
+        all_device=not no_all_device,
+        device_ids=device_ids,
+        hook_path=hook_path,
+    )
+    spec = build_spec(machine, files, opts, nodes)
+    data = render(spec, fmt)
+    summary = (
+        f"{len(spec.devices)} devices for {len(machine.gpus)} GPU(s), "
+        f"{len(machine.mig_devices)} MIG device(s); driver {machine.driver_version}; "
+        f"{len(spec.edits.mounts)} mounts; cdiVersion {spec.version}"
+    )
+    if not files.libraries:
+        click.echo(
+            f"gpuctk: warning: no driver libraries for {machine.driver_version} under "
+            f"{driver_root} (set --driver-root); the spec mounts none",
+            err=True,
+        )
+    if output:
+        atomic_write(output, data, 0o644)
+        click.echo(f"gpuctk: wrote {output}: {summary}", err=True)
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        click.echo(f"gpuctk: {summary}", err=True)
+
+
+def _register_inspect_commands() -> None:
+    try:
+        from gpuctk.cdi.cli_inspect import list_cmd, validate_cmd
+    except ImportError:  # pragma: no cover - while that module is being written
+        return
+    cdi.add_command(list_cmd, "list")
+    cdi.add_command(validate_cmd, "validate")
+
+
+_register_inspect_commands()

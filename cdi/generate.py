@@ -1,0 +1,173 @@
+"""Machine + driver files -> CDI Spec. Pure: every input is a record, the output is a Spec.
+
+One device per GPU (per MIG device for a GPU with MIG enabled), under each naming strategy,
+an `all` device, and the common edits: control nodes, driver file mounts, the env marker and ONE
+createContainer hook entry that runs gpuctk-hook for the in-root work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from gpuctk.cdi import facts
+from gpuctk.cdi.devnodes import NodeInfo
+from gpuctk.cdi.driverfiles import DriverFile, DriverFiles
+from gpuctk.cdi.machine import Gpu, Machine, MigDevice
+from gpuctk.cdi.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
+from gpuctk.errors import NoDevicesError, UsageError
+
+NAME_STRATEGIES = ("index", "uuid", "type-index")
+DEFAULT_STRATEGIES = ("index", "uuid")
+READ_ONLY = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+SOCKET = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
+HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Options:
+    kind: str = "nvidia.com/gpu"
+    name_strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+    all_device: bool = True
+    device_ids: tuple[str, ...] = ()  # limit generation to these (any strategy's name)
+    hook_path: str = "/usr/bin/gpuctk-hook"
+
+
+@dataclass(frozen=True)
+class NodeLookup:
+    """Where device nodes come from: callables so tests and discovery share one shape."""
+
+    control: Callable[[], tuple[NodeInfo, ...]]
+    gpu: Callable[[Gpu], tuple[NodeInfo, ...]]
+    mig: Callable[[Gpu, MigDevice], tuple[NodeInfo, ...]]
+
+
+def gpu_names(gpu: Gpu, strategies: Iterable[str]) -> list[str]:
+    names = {"index": str(gpu.index), "uuid": gpu.uuid, "type-index": f"gpu{gpu.index}"}
+    return [names[s] for s in strategies]
+
+
+def mig_names(mig: MigDevice, strategies: Iterable[str]) -> list[str]:
+    names = {"index": mig.name, "uuid": mig.uuid, "type-index": f"mig{mig.name}"}
+    return [names[s] for s in strategies]
+
+
+def _device_node(n: NodeInfo) -> DeviceNode:
+    return DeviceNode(
+        path=n.path,
+        host_path=n.host_path if n.host_path != n.path else None,
+        type=n.type,
+        major=n.major,
+        minor=n.minor,
+        file_mode=n.file_mode,
+    )
+
+
+def _mount(f: DriverFile) -> Mount:
+    return Mount(f.host_path, f.container_path, SOCKET if f.kind == "socket" else READ_ONLY)
+
+
+def device_units(
+    machine: Machine, opts: Options, nodes: NodeLookup
+) -> list[tuple[list[str], tuple[NodeInfo, ...]]]:
+    """(names, nodes) for every exposed unit: whole GPUs, or the MIG devices of MIG GPUs.
+
+    `--device-id` selects units by any of their names; naming a MIG-enabled GPU (index or
+    UUID) selects all of its MIG devices.
+    """
+    candidates: list[tuple[list[str], set[str], Gpu, MigDevice | None]] = []
+    for gpu in machine.gpus:
+        if gpu.mig_enabled:
+            for mig in gpu.mig_devices:
+                names = mig_names(mig, opts.name_strategies)
+                keys = set(mig_names(mig, NAME_STRATEGIES)) | {str(gpu.index), gpu.uuid}
+                candidates.append((names, keys, gpu, mig))
+        else:
+            names = gpu_names(gpu, opts.name_strategies)
+            candidates.append((names, set(gpu_names(gpu, NAME_STRATEGIES)), gpu, None))
+    wanted = set(opts.device_ids)
+    unknown = sorted(wanted - set().union(*(keys for _, keys, _, _ in candidates)))
+    if unknown:
+        raise UsageError(
+            f"--device-id names no device on this machine: {', '.join(unknown)} "
+            "(use an index such as 0, a MIG index such as 0:1, or a GPU-/MIG- UUID)"
+        )
+    return [
+        (names, nodes.gpu(gpu) if mig is None else nodes.mig(gpu, mig))
+        for names, keys, gpu, mig in candidates
+        if not wanted or keys & wanted
+    ]
+
+
+def common_edits(
+    machine: Machine, files: DriverFiles, opts: Options, nodes: NodeLookup
+) -> ContainerEdits:
+    mounts: dict[str, Mount] = {}
+    for group in (files.libraries, files.binaries, files.firmware, files.configs, files.sockets):
+        for f in group:
+            mounts.setdefault(f.container_path, _mount(f))
+    args = ["gpuctk-hook", "createContainer"]
+    for target, link in files.symlinks:
+        args += ["--link", f"{target}::{link}"]
+    for folder in files.ld_folders:
+        args += ["--folder", folder]
+    facts_env = facts.encode(
+        facts.Facts(
+            driver_version=machine.driver_version,
+            cuda_version=machine.cuda_driver_version,
+            gpus=tuple(
+                facts.GpuFacts(
+                    g.index,
+                    g.uuid,
+                    g.compute_capability_str,
+                    g.architecture,
+                    tuple(m.uuid for m in g.mig_devices),
+                )
+                for g in machine.gpus
+            ),
+        )
+    )
+    hook = Hook("createContainer", opts.hook_path, tuple(args), (HOOK_ENV_PATH, *facts_env))
+    return ContainerEdits(
+        env=("NVIDIA_VISIBLE_DEVICES=void",),
+        device_nodes=tuple(_device_node(n) for n in nodes.control()),
+        mounts=tuple(sorted(mounts.values(), key=lambda m: m.container_path)),
+        hooks=(hook,),
+    )
+
+
+def build_spec(machine: Machine, files: DriverFiles, opts: Options, nodes: NodeLookup) -> Spec:
+    """The whole spec, with cdiVersion set to the minimum its content needs."""
+    from gpuctk.cdi.version import minimum_version
+
+    units = device_units(machine, opts, nodes)
+    if not units:
+        raise NoDevicesError(
+            "no NVIDIA GPU found: NVML reports "
+            f"{len(machine.gpus)} GPU(s) and none is exposable "
+            "(a MIG-enabled GPU without MIG devices exposes nothing); no spec written"
+        )
+    devices: list[Device] = []
+    all_nodes: dict[str, NodeInfo] = {}
+    for names, unit_nodes in units:
+        edits = ContainerEdits(device_nodes=tuple(_device_node(n) for n in unit_nodes))
+        devices.extend(Device(name, edits) for name in names)
+        for n in unit_nodes:
+            all_nodes.setdefault(n.path, n)
+    if opts.all_device:
+        all_edits = ContainerEdits(
+            device_nodes=tuple(_device_node(all_nodes[p]) for p in sorted(all_nodes, key=_node_key))
+        )
+        devices.append(Device("all", all_edits))
+    spec = Spec(
+        kind=opts.kind, devices=tuple(devices), edits=common_edits(machine, files, opts, nodes)
+    )
+    version = minimum_version(spec.to_dict())
+    return Spec(spec.kind, spec.devices, spec.edits, spec.annotations, version)
+
+
+def _node_key(path: str) -> tuple[str, int, str]:
+    """Sort /dev/nvidia2 before /dev/nvidia10."""
+    head = path.rstrip("0123456789")
+    tail = path[len(head) :]
+    return (head, int(tail) if tail else -1, path)
