@@ -10,7 +10,7 @@ import click
 from gpuctk.cdi.discover import Roots
 from gpuctk.cdi.generate import DEFAULT_STRATEGIES, NAME_STRATEGIES, Options
 from gpuctk.cdi.spec import Spec
-from gpuctk.errors import UsageError
+from gpuctk.errors import OutputError, UsageError
 
 
 @click.group("cdi")
@@ -168,8 +168,11 @@ def generate(
         # Fail on an unwritable destination before any discovery work.
         folder = os.path.dirname(os.path.abspath(output))
         if not os.path.isdir(folder):
-            raise UsageError(f"cannot write {output}: folder {folder} does not exist")
+            raise OutputError(f"cannot write {output}: folder {folder} does not exist")
+        if not os.access(folder, os.W_OK):
+            raise OutputError(f"cannot write {output}: folder {folder} is not writable")
     roots = Roots(driver_root, dev_root, proc_root, sys_root)
+    discover.check_dir(driver_root, "driver root", "--driver-root")
     if simulate:
         from gpuctk.cdi.profile import load_profile
 

@@ -57,7 +57,6 @@ def machine_from_nvml(roots: Roots, nvml_library: str | None) -> Machine:
 
 
 def driver_files(roots: Roots, machine: Machine) -> DriverFiles:
-    check_dir(roots.driver_root, "driver root", "--driver-root")
     return discover_driver_files(roots.driver_root, machine.driver_version)
 
 

@@ -1,0 +1,115 @@
+"""`gpuctk cdi generate` as a user runs it: the real CLI, the fake NVML, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GPUCTK = str(Path(sys.executable).with_name("gpuctk"))
+OLD = b"# an existing spec that a failed run must leave alone\n"
+
+
+def run(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [GPUCTK, "cdi", "generate", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def existing(tmp_path: Path) -> Path:
+    out = tmp_path / "nvidia.yaml"
+    out.write_bytes(OLD)
+    return out
+
+
+def assert_failed_cleanly(p: subprocess.CompletedProcess[str], code: int, words: str) -> None:
+    assert p.returncode == code, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("gpuctk: error: ")
+    assert words in lines[0]
+    assert p.stdout == ""
+
+
+def test_simulate_to_stdout_and_json_by_extension(tmp_path: Path) -> None:
+    p = run(["--simulate", "l4"])
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("---\ncdiVersion: 0.5.0\nkind: nvidia.com/gpu\n")
+    out = tmp_path / "spec.json"
+    p = run(["--simulate", "h100-8", "--output", str(out)])
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    assert len(doc["devices"]) == 17
+    assert oct(out.stat().st_mode & 0o777) == "0o644"
+    assert f"wrote {out}" in p.stderr
+
+
+def test_missing_nvml_library(existing: Path, tmp_path: Path) -> None:
+    p = run(["--nvml-library", str(tmp_path / "nope" / "libnvidia-ml.so.1"), "-o", str(existing)])
+    assert_failed_cleanly(p, 3, "libnvidia-ml.so.1")
+    assert existing.read_bytes() == OLD
+
+
+def test_no_nvml_anywhere(existing: Path) -> None:
+    if Path("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").exists():
+        pytest.skip("this machine has a real NVML")
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "GPUCTK_NVML_LIBRARY")
+    }
+    p = run(["-o", str(existing)], env=env)
+    assert_failed_cleanly(p, 3, "not found")
+    assert "--driver-root" in p.stderr
+    assert existing.read_bytes() == OLD
+
+
+def test_nvml_init_failure(existing: Path, fake_nvml_env) -> None:  # type: ignore[no-untyped-def]
+    env = fake_nvml_env("h100-8", init_error=9)
+    p = run(["--nvml-library", env["FAKE_NVML_LIBRARY"], "-o", str(existing)], env=env)
+    assert_failed_cleanly(p, 3, "driver")
+    assert existing.read_bytes() == OLD
+
+
+def test_unreadable_driver_root(existing: Path, tmp_path: Path) -> None:
+    p = run(["--simulate", "l4", "--driver-root", str(tmp_path / "missing"), "-o", str(existing)])
+    assert_failed_cleanly(p, 4, "driver root")
+    assert existing.read_bytes() == OLD
+
+
+def test_unwritable_output() -> None:
+    p = run(["--simulate", "l4", "-o", "/proc/gpuctk-test/nvidia.yaml"])
+    assert_failed_cleanly(p, 5, "cannot write")
+    p = run(["--simulate", "l4", "-o", "/proc/gpuctk-test.yaml"])
+    assert p.returncode == 5, p.stderr
+    assert "cannot write" in p.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--vendor", "nvidia com"), ("--vendor", "1vendor"), ("--class", "gpu!"), ("--class", "")],
+)
+def test_invalid_vendor_or_class(existing: Path, flag: str, value: str) -> None:
+    p = run(["--simulate", "l4", flag, value, "-o", str(existing)])
+    assert_failed_cleanly(p, 2, flag)
+    assert existing.read_bytes() == OLD
+
+
+def test_unknown_profile_lists_the_known_ones() -> None:
+    p = run(["--simulate", "dgx-9000"])
+    assert_failed_cleanly(p, 2, "h100-8")
+
+
+def test_no_gpus_exit_6_and_nothing_written(tmp_path: Path, existing: Path) -> None:
+    profile = tmp_path / "empty.yaml"
+    profile.write_text("driver_version: '535.309.01'\ncuda_driver_version: '12.2'\ngpus: []\n")
+    p = run(["--simulate", str(profile), "-o", str(existing)])
+    assert_failed_cleanly(p, 6, "no NVIDIA GPU found")
+    assert existing.read_bytes() == OLD
