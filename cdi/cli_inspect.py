@@ -55,7 +55,6 @@ def scan_spec_dirs(dirs: tuple[str, ...] | list[str]) -> Listing:
     """
     from gpuctk.cdi.specfile import load_spec_file
     from gpuctk.cdi.validate import qualified_devices, validate_spec_dict
-
     from gpuctk.errors import GpuctkError
 
     chosen: dict[str, ListedDevice] = {}
@@ -229,7 +228,6 @@ def validate_cmd(files: tuple[str, ...], schema_dir: str | None, no_schema: bool
       gpuctk cdi validate /etc/cdi /var/run/cdi --format json
     """
     from gpuctk.cdi.validate import check_files
-
     from gpuctk.errors import InputError
 
     paths = _expand(files)

@@ -15,7 +15,8 @@ standard library and PyYAML's C loader: no jsonschema, no click. What it guarant
 
 `check_stat`, when given, sees the opened file's `os.stat_result` and may return a reason to
 refuse it: that is where a trust policy (owner, mode) plugs in without a second open (no race
-between the check and the read).
+between the check and the read). `follow_symlinks=False` refuses a symlink as the last path
+component (O_NOFOLLOW). Messages never quote file content beyond key names and short values.
 
 Errors: InputError (exit 4) when the file cannot be read as a file (missing, not a regular file,
 too big, refused by `check_stat`); ValidationError (exit 7) when its bytes are not a spec
@@ -24,6 +25,7 @@ document. Both name the file.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -46,15 +48,23 @@ class _DocumentError(Exception):
 
 
 def read_bytes(
-    path: str, *, max_bytes: int = MAX_BYTES, check_stat: StatCheck | None = None
+    path: str,
+    *,
+    max_bytes: int = MAX_BYTES,
+    check_stat: StatCheck | None = None,
+    follow_symlinks: bool = True,
 ) -> bytes:
     """The content of the regular file at `path`, at most `max_bytes` long."""
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
+    if not follow_symlinks:
+        flags |= os.O_NOFOLLOW
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_symlinks:
+            raise InputError(f"{path}: is a symbolic link (refused)") from None
         raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
@@ -213,10 +223,13 @@ def load_spec_file(
     max_bytes: int = MAX_BYTES,
     max_depth: int = MAX_DEPTH,
     check_stat: StatCheck | None = None,
+    follow_symlinks: bool = True,
 ) -> dict[str, Any]:
     """The spec document at `path` as a plain dict (not yet validated beyond decoding)."""
     name = os.fspath(path)
-    data = read_bytes(name, max_bytes=max_bytes, check_stat=check_stat)
+    data = read_bytes(
+        name, max_bytes=max_bytes, check_stat=check_stat, follow_symlinks=follow_symlinks
+    )
     return decode_spec(data, name, is_json=is_json_path(name), max_depth=max_depth)
 
 

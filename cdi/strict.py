@@ -127,7 +127,8 @@ def _join(where: str, key: str) -> str:
 def _check_scalar(kind: str, value: Any, where: str, problems: list[str]) -> None:
     if kind == "string":
         if not isinstance(value, str):
-            problems.append(f"{where}: must be a string, not {type_name(value)}")
+            hint = " (quote it in YAML)" if isinstance(value, int | float) else ""
+            problems.append(f"{where}: must be a string, not {type_name(value)}{hint}")
     elif kind == "boolean":
         if not isinstance(value, bool):
             problems.append(f"{where}: must be true or false, not {type_name(value)}")

@@ -31,7 +31,6 @@ from gpuctk.cdi.schema import SchemaChecker, find_schema_dir, load_checker
 from gpuctk.cdi.specfile import load_spec_file
 from gpuctk.cdi.strict import strict_problems
 from gpuctk.cdi.validate_edits import conflict_problems, edits_problems
-
 from gpuctk.errors import InputError, ValidationError
 
 ANNOTATIONS_LIMIT = 256 * 1024
@@ -135,8 +134,14 @@ def _edit_problems(doc: dict[str, Any], out: list[str]) -> None:
             out += conflict_problems(common, device.get("containerEdits"), where)
 
 
+def _norm(location: str) -> str:
+    """ "annotations['a.b']" -> "annotations.a.b", the schema layer's spelling."""
+    return location.replace("['", ".").replace("']", "")
+
+
 def _is_within(location: str, reported: Iterable[str]) -> bool:
-    for done in reported:
+    location = _norm(location)
+    for done in map(_norm, reported):
         if location == done or location.startswith((done + ".", done + "[")):
             return True
     return False

@@ -9,8 +9,8 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner, Result
-from gpuctk.cdi.cli_inspect import list_cmd, scan_spec_dirs, validate_cmd
 
+from gpuctk.cdi.cli_inspect import list_cmd, scan_spec_dirs, validate_cmd
 from gpuctk.errors import GpuctkError, InputError, ValidationError
 
 

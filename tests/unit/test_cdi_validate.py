@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from gpuctk.cdi import names
 from gpuctk.cdi.schema import find_schema_dir, load_checker
 from gpuctk.cdi.specfile import load_spec_file
 from gpuctk.cdi.validate import check_files, check_spec_dict, validate_files, validate_spec_dict
-
 from gpuctk.errors import InputError, UsageError, ValidationError
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2].parent / "shared/vendor-data/cdi-schema"
@@ -269,6 +269,11 @@ def test_schema_layer_runs_and_does_not_repeat_the_strict_layer() -> None:
     ]
     problems = validate_spec_dict(bad, "t", schema=checker)
     assert len(problems) == 2 and not any("CDI schema" in p for p in problems), problems
+    annotated = good()
+    annotated.update(cdiVersion="0.6.0", annotations={"a.b/c": 1})
+    assert validate_spec_dict(annotated, "t", schema=checker) == [
+        "annotations['a.b/c']: must be a string, not a number (quote it in YAML)"
+    ]
 
 
 def test_schema_dir_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -345,6 +350,11 @@ def test_file_level_refusals(tmp_path: Path) -> None:
     os.mkfifo(fifo)  # nobody writes to it: a blocking open would hang
     with pytest.raises(InputError, match="not a regular file"):
         load_spec_file(fifo)
+    link = tmp_path / "link.yaml"
+    link.symlink_to(big)
+    assert load_spec_file(link, max_bytes=4000) == {"a": "x" * 2000}
+    with pytest.raises(InputError, match="symbolic link"):
+        load_spec_file(link, follow_symlinks=False)
     with pytest.raises(InputError, match="refused: not ours"):
         load_spec_file(big, check_stat=lambda st: "not ours")
     assert load_spec_file(big, check_stat=lambda st: None) == {"a": "x" * 2000}

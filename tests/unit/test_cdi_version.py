@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from gpuctk.cdi.spec import ContainerEdits, Device, DeviceNode, Mount, Spec
 from gpuctk.cdi.version import (
     CURRENT_VERSION,
