@@ -1,0 +1,237 @@
+"""`gpuctk runtime configure|unconfigure --runtime containerd`: plan the drop-in and the imports.
+
+Which config version to write, and how containerd will combine the drop-in with the rest:
+
+- version 2 (plugin `io.containerd.grpc.v1.cri`) read by containerd 1.x: an imported file
+  REPLACES each plugin table it names, so the drop-in carries the complete CRI table as
+  containerd currently sees it (`config dump`, or the same merge re-done from the files) plus
+  the new handler: runc and every other CRI setting survive.
+- version 3 (plugin `io.containerd.cri.v1.runtime`), or any version read by containerd 2.x:
+  imported files are deep-merged, so the drop-in holds only what gpuctk adds.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+from gpuctk.containerd import engine, handler, imports, mainconfig, state, tomlfiles
+from gpuctk.containerd import plan as planmod
+from gpuctk.containerd.options import Options
+from gpuctk.containerd.plan import FileChange, Plan
+from gpuctk.containerd.tomlfiles import Table
+from gpuctk.errors import InputError, ValidationError
+
+CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
+V3_ONLY_PLUGINS = ("io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images")
+BACKUP_SUFFIX = ".gpuctk-backup"
+
+
+def base_spec_path(drop_in: str) -> str:
+    """Where --mode hook writes the handler's base OCI spec: beside the drop-in."""
+    return os.path.splitext(tomlfiles.abspath(drop_in))[0] + ".base-spec.json"
+
+
+def _binary(opts: Options) -> engine.Binary | None:
+    if opts.config_source == "file":
+        return None
+    path = engine.find(opts.executable_path)
+    if path is None:
+        if opts.config_source == "command":
+            raise InputError(
+                "containerd not found on PATH: give --executable-path, or use --config-source file"
+            )
+        return None
+    return engine.version(path)
+
+
+def _version(main: str, data: Table | None, binary: engine.Binary | None) -> int:
+    """The config version to write, after checking the main file agrees with containerd."""
+    declared = data.get("version") if data is not None else None
+    if data is not None and "version" in data and declared not in (1, 2, 3):
+        raise ValidationError(f"{main}: unsupported config version {declared!r} (use 2 or 3)")
+    if declared == 1:
+        raise ValidationError(
+            f"{main}: config version 1 is not supported: migrate it to version 2 "
+            "(`containerd config migrate` in containerd 1.7+, or by hand)"
+        )
+    if declared is None:
+        if data is not None and "plugins" in data:
+            raise ValidationError(
+                f"{main}: has plugin tables but no `version`, so containerd reads it as the "
+                "unsupported version 1: add `version = 2` (containerd 1.x) or 3 (2.x)"
+            )
+        version = 3 if binary is not None and binary.major >= 2 else 2
+    else:
+        assert isinstance(declared, int)
+        version = declared
+    if binary is not None and version == 3 and binary.major < 2:
+        raise ValidationError(
+            f"{main} is config version 3 (containerd 2.x) but {binary.path} is "
+            f"{binary.major}.{binary.minor}, which reads version 2: conflicting versions"
+        )
+    plugins = data.get("plugins") if data is not None else None
+    if version == 2 and isinstance(plugins, dict):
+        clash = [p for p in V3_ONLY_PLUGINS if p in plugins]
+        if clash:
+            raise ValidationError(
+                f"{main}: version 2 config with version 3 plugin tables ({', '.join(clash)}): "
+                "conflicting versions"
+            )
+    return version
+
+
+def _check_imports(main: str, files: tuple[str, ...], version: int) -> None:
+    for path, found in imports.versions(f for f in files if f != tomlfiles.abspath(main)).items():
+        if found is not None and found > version:
+            raise ValidationError(
+                f"{path} is config version {found} but the main config {main} is version "
+                f"{version}: conflicting versions (containerd refuses a newer drop-in)"
+            )
+
+
+def _effective_cri(
+    opts: Options,
+    data: Table | None,
+    version: int,
+    merge: imports.MergeMode,
+    binary: engine.Binary | None,
+) -> tuple[Table, int]:
+    """The CRI plugin table containerd sees without our drop-in, and the version of its layout."""
+    if binary is not None:
+        dumped = engine.dump(binary.path, opts.config, data, opts.drop_in, version)
+        layout = dumped.get("version", version)
+        layout = layout if layout in CRI_PLUGIN else version
+        return copy.deepcopy(
+            tomlfiles.get_table(dumped, "plugins", CRI_PLUGIN[layout]) or {}
+        ), layout
+    loaded = imports.load(opts.config, merge, exclude=opts.drop_in, main_data=data or {})
+    cri = copy.deepcopy(tomlfiles.get_table(loaded.data, "plugins", CRI_PLUGIN[version]) or {})
+    if merge == "replace" and tomlfiles.get_table(cri, "containerd", "runtimes") is None:
+        # containerd 1.x keeps its built-in runc only while no file names a runtimes table;
+        # the drop-in names one, so it must carry runc too.
+        tomlfiles.set_path(
+            cri, ["containerd", "runtimes", "runc"], {"runtime_type": handler.RUNC_V2}
+        )
+    return cri, version
+
+
+def _header(opts: Options, merge: imports.MergeMode, record: state.State) -> list[str]:
+    lines = [
+        f"Written by `gpuctk runtime configure`: runtime handler {opts.runtime_name!r} "
+        f"({opts.mode} mode).",
+        "`gpuctk runtime unconfigure` removes this file and its `imports` entry; do not edit.",
+    ]
+    if merge == "replace":
+        lines += [
+            "containerd 1.x replaces a whole plugin table from an imported file, so this file",
+            "carries the complete CRI plugin table as containerd saw it: after changing CRI",
+            "settings in the main config, run `gpuctk runtime configure` again.",
+        ]
+    else:
+        lines.append(
+            "containerd 2.x merges imported files key by key: only gpuctk's keys are here."
+        )
+    return [*lines, record.line()]
+
+
+def _drop_in_data(
+    opts: Options, cri: Table, layout: int, version: int, merge: imports.MergeMode
+) -> tuple[Table, tuple[str, ...]]:
+    spec = base_spec_path(opts.drop_in) if opts.mode == "hook" else None
+    runtimes = tomlfiles.get_table(cri, "containerd", "runtimes") or {}
+    default_name = tomlfiles.get(cri, "containerd", "default_runtime_name")
+    built = handler.build(runtimes, default_name if default_name else "runc", opts, spec)
+    if merge == "replace":
+        out = copy.deepcopy(cri)
+        table = out.setdefault("containerd", {})
+        table["runtimes"] = {k: v for k, v in runtimes.items() if k != opts.runtime_name}
+        table["runtimes"][opts.runtime_name] = built.table
+    else:
+        out = {"containerd": {"runtimes": {opts.runtime_name: built.table}}}
+    if opts.set_as_default:
+        out["containerd"]["default_runtime_name"] = opts.runtime_name
+    if opts.cdi_enabled:
+        out["enable_cdi"] = True
+        out["cdi_spec_dirs"] = list(opts.cdi_spec_dirs)
+    return {"version": version, "plugins": {CRI_PLUGIN[version]: out}}, built.notes
+
+
+def plan_configure(opts: Options) -> Plan:
+    """Everything configure writes for containerd, computed without writing anything."""
+    main_text = tomlfiles.read_text(opts.config)
+    data = tomlfiles.parse(main_text, opts.config) if main_text is not None else None
+    _, previous = state.read_owned(opts.drop_in, "drop-in")
+    binary = _binary(opts)
+    version = _version(opts.config, data, binary)
+    merge: imports.MergeMode = (
+        "deep" if version == 3 or (binary is not None and binary.major >= 2) else "replace"
+    )
+    loaded = imports.load(opts.config, merge, exclude=opts.drop_in, main_data=data or {})
+    _check_imports(opts.config, loaded.files, version)
+    cri, layout = _effective_cri(opts, data, version, merge, binary)
+    if merge == "replace" and layout != version:
+        raise ValidationError(
+            f"containerd printed a version {layout} config for a version {version} main config"
+        )
+    drop_in_data, handler_notes = _drop_in_data(opts, cri, layout, version, merge)
+
+    edit = mainconfig.add_import(opts.config, main_text, opts.drop_in, version)
+    spec = base_spec_path(opts.drop_in) if opts.mode == "hook" else None
+    targets = [p for p in (spec, opts.drop_in, opts.config) if p is not None]
+    dirs = dict.fromkeys(d for p in targets for d in planmod.missing_dirs(p))
+    record = state.State(edit.added, main_text is None, (spec,) if spec else (), tuple(dirs))
+    if previous is not None:
+        record = previous.merged(record)
+    text = tomlfiles.dumps_tables(drop_in_data, _header(opts, merge, record))
+
+    changes: list[FileChange] = []
+    if spec is not None:
+        from gpuctk.containerd import ocispec
+
+        changes.append(
+            FileChange(spec, ocispec.dumps(ocispec.base_spec(opts.hook_path)), "base OCI spec")
+        )
+    changes.append(FileChange(opts.drop_in, text.encode(), "containerd drop-in"))
+    if edit.text != main_text:
+        backup = opts.config + BACKUP_SUFFIX
+        if main_text is not None and not os.path.exists(backup):
+            changes.append(FileChange(backup, main_text.encode(), "backup of the main config"))
+        changes.append(FileChange(opts.config, edit.text.encode(), "containerd main config"))
+    notes = list(handler_notes)
+    if opts.mode == "shim" and not os.path.exists(opts.runtime_path):
+        notes.append(f"{opts.runtime_path} does not exist yet (--runtime-path)")
+    if opts.cdi_enabled and binary is not None and (binary.major, binary.minor) < (1, 7):
+        notes.append(
+            f"containerd {binary.major}.{binary.minor} ignores enable_cdi (CDI needs 1.7+); "
+            "gpuctk-runtime applies CDI requests itself"
+        )
+    return Plan(tuple(changes), tuple(notes))
+
+
+def plan_unconfigure(opts: Options) -> Plan:
+    """Everything unconfigure removes or restores for containerd."""
+    _, record = state.read_owned(opts.drop_in, "drop-in")
+    record = record or state.State()
+    changes: list[FileChange] = []
+    main_text = tomlfiles.read_text(opts.config)
+    if main_text is not None:
+        new = mainconfig.remove_import(opts.config, main_text, opts.drop_in, record.added)
+        if record.created and not new.strip():
+            changes.append(
+                FileChange(opts.config, None, "containerd main config (created by gpuctk)")
+            )
+        elif new != main_text:
+            changes.append(FileChange(opts.config, new.encode(), "containerd main config"))
+        backup = opts.config + BACKUP_SUFFIX
+        backup_text = tomlfiles.read_text(backup)
+        if backup_text is not None and backup_text == new:
+            changes.append(FileChange(backup, None, "backup of the main config (now equal)"))
+    if os.path.lexists(opts.drop_in):
+        changes.append(FileChange(opts.drop_in, None, "containerd drop-in"))
+    for path in record.files:
+        if os.path.lexists(path):
+            changes.append(FileChange(path, None, "base OCI spec"))
+    removed = [c.path for c in changes if c.data is None]
+    changes += planmod.removable_dirs(record.dirs, removed)
+    return Plan(tuple(changes))

@@ -1,0 +1,107 @@
+"""What `gpuctk runtime configure` / `unconfigure` are asked to do, validated once."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gpuctk.errors import UsageError
+
+Engine = Literal["containerd", "crio", "docker", "podman"]
+Mode = Literal["shim", "hook"]
+Source = Literal["auto", "file", "command"]
+
+ENGINES: tuple[Engine, ...] = ("containerd", "crio", "docker", "podman")
+DEFAULT_RUNTIME_NAME = "nvidia"
+DEFAULT_RUNTIME_PATH = "/usr/bin/gpuctk-runtime"
+DEFAULT_HOOK_PATH = "/usr/bin/gpuctk-hook"
+DEFAULT_CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+
+DEFAULT_CONFIG: dict[Engine, str] = {
+    "containerd": "/etc/containerd/config.toml",
+    "crio": "/etc/crio/crio.conf",
+    "docker": "/etc/docker/daemon.json",
+    "podman": "",
+}
+DEFAULT_DROP_IN: dict[Engine, str] = {
+    "containerd": "/etc/containerd/conf.d/99-gpuctk.toml",
+    "crio": "/etc/crio/crio.conf.d/99-gpuctk.conf",
+    "docker": "",
+    "podman": "/etc/containers/oci/hooks.d/99-gpuctk.json",
+}
+SYSTEMD_UNIT: dict[Engine, str] = {
+    "containerd": "containerd",
+    "crio": "crio",
+    "docker": "docker",
+    "podman": "",
+}
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Options:
+    engine: Engine = "containerd"
+    config: str = ""
+    drop_in: str = ""
+    runtime_name: str = DEFAULT_RUNTIME_NAME
+    runtime_path: str = DEFAULT_RUNTIME_PATH
+    hook_path: str = DEFAULT_HOOK_PATH
+    mode: Mode = "shim"
+    set_as_default: bool = False
+    cdi_enabled: bool = False
+    cdi_spec_dirs: tuple[str, ...] = field(default=DEFAULT_CDI_SPEC_DIRS)
+    config_source: Source = "auto"
+    executable_path: str | None = None
+
+
+def make(
+    engine: Engine,
+    config: str | None = None,
+    drop_in: str | None = None,
+    **kwargs: object,
+) -> Options:
+    """Fill in the engine's default paths and check every value; UsageError (exit 2) if bad."""
+    opts = Options(
+        engine=engine,
+        config=config or DEFAULT_CONFIG[engine],
+        drop_in=drop_in if drop_in is not None else DEFAULT_DROP_IN[engine],
+        **kwargs,  # type: ignore[arg-type]
+    )
+    validate(opts)
+    return opts
+
+
+def validate(opts: Options) -> None:
+    if opts.engine not in ENGINES:
+        raise UsageError(f"unknown --runtime {opts.engine!r}: use one of {', '.join(ENGINES)}")
+    if not _NAME.match(opts.runtime_name) or len(opts.runtime_name) > 63:
+        raise UsageError(
+            f"--runtime-name {opts.runtime_name!r}: use lower-case letters, digits and '-' "
+            "(a Kubernetes RuntimeClass handler is a DNS label)"
+        )
+    if opts.runtime_name in ("runc", "crun", "runsc", "kata"):
+        raise UsageError(f"--runtime-name {opts.runtime_name!r} names an existing runtime")
+    for flag, path in (("--runtime-path", opts.runtime_path), ("--hook-path", opts.hook_path)):
+        if not os.path.isabs(path):
+            raise UsageError(f"{flag} {path!r} is not an absolute path")
+    for directory in opts.cdi_spec_dirs:
+        if not os.path.isabs(directory):
+            raise UsageError(f"--cdi-spec-dir {directory!r} is not an absolute path")
+    if opts.engine == "docker":
+        if opts.drop_in:
+            raise UsageError("Docker has no drop-in folder: daemon.json itself is edited")
+        if opts.mode == "hook":
+            raise UsageError("Docker needs a runtime: --mode hook is for containerd and podman")
+    if opts.engine == "crio" and opts.mode == "hook":
+        raise UsageError(
+            "CRI-O runs OCI hooks from hooks.d: use `--runtime podman` to write the hooks.d file"
+        )
+    if opts.engine != "podman" and not opts.config:
+        raise UsageError("--config must not be empty")
+    if opts.engine != "docker" and not opts.drop_in:
+        raise UsageError("--drop-in must not be empty")
+    if opts.drop_in and os.path.abspath(opts.drop_in) == os.path.abspath(opts.config):
+        raise UsageError("--drop-in and --config must be different files")
