@@ -1,0 +1,232 @@
+"""`gpuctk runtime ...`: configure, unconfigure, runtimeclass.
+
+Flag names follow `nvidia-ctk runtime configure` (its long names are accepted as aliases), so
+that scripts written for the NVIDIA Container Toolkit need only the command name changed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from gpuctk.containerd import options as optmod
+from gpuctk.containerd import plan as planmod
+from gpuctk.containerd.options import ENGINES, Options
+from gpuctk.errors import GpuctkError, OutputError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _planner(engine: str) -> Any:
+    """The engine's module (plan_configure, plan_unconfigure), imported on use."""
+    return importlib.import_module(f"gpuctk.containerd.{engine}")
+
+
+def _common(func: F) -> F:
+    decorators = [
+        click.option(
+            "--runtime",
+            "engine",
+            type=click.Choice(ENGINES),
+            default="containerd",
+            show_default=True,
+            help="The container engine to configure.",
+        ),
+        click.option(
+            "--config",
+            metavar="PATH",
+            help="Engine's main config (containerd: /etc/containerd/config.toml, crio: "
+            "/etc/crio/crio.conf, docker: /etc/docker/daemon.json).",
+        ),
+        click.option(
+            "--drop-in",
+            "--drop-in-config",
+            "drop_in",
+            metavar="PATH",
+            help="File gpuctk owns (containerd: /etc/containerd/conf.d/99-gpuctk.toml, crio: "
+            "/etc/crio/crio.conf.d/99-gpuctk.conf, podman: "
+            "/etc/containers/oci/hooks.d/99-gpuctk.json).",
+        ),
+        click.option(
+            "--runtime-name",
+            "--nvidia-runtime-name",
+            "runtime_name",
+            default=optmod.DEFAULT_RUNTIME_NAME,
+            show_default=True,
+            help="Runtime handler name (what a RuntimeClass `handler` names).",
+        ),
+        click.option("--dry-run", is_flag=True, help="Print what would change; write nothing."),
+        click.option(
+            "--restart", is_flag=True, help="Restart the engine with systemctl after a change."
+        ),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+@click.group("runtime", context_settings={"help_option_names": ["-h", "--help"]})
+def runtime() -> None:
+    """Register gpuctk-runtime with containerd, CRI-O, Docker or podman.
+
+    \b
+      gpuctk runtime configure --runtime containerd     # then restart containerd
+      gpuctk runtime runtimeclass | kubectl apply -f -
+      gpuctk runtime unconfigure --runtime containerd
+    """
+
+
+def _run(opts: Options, planned: planmod.Plan, dry_run: bool, restart: bool) -> None:
+    for note in planned.notes:
+        click.echo(f"gpuctk: note: {note}", err=True)
+    if dry_run:
+        click.echo(planmod.render(planned), nl=False)
+        return
+    done = planmod.apply(planned.changes)
+    if not done:
+        click.echo("nothing to change: the configuration is already in place")
+        return
+    for change in done:
+        verb = "removed" if change.data is None else "wrote"
+        click.echo(f"{verb} {change.path} ({change.what})")
+    unit = optmod.SYSTEMD_UNIT[opts.engine]
+    if not unit:
+        return
+    if not restart:
+        click.echo(f"restart {opts.engine} to apply: systemctl restart {unit}")
+        return
+    try:
+        proc = subprocess.run(["systemctl", "restart", unit], capture_output=True, text=True)
+    except OSError as exc:
+        raise OutputError(f"files written; cannot run systemctl: {exc.strerror}") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise GpuctkError(f"files written; `systemctl restart {unit}` failed: {last}")
+    click.echo(f"restarted {unit}")
+
+
+@runtime.command("configure")
+@_common
+@click.option(
+    "--runtime-path",
+    "--nvidia-runtime-path",
+    "runtime_path",
+    default=optmod.DEFAULT_RUNTIME_PATH,
+    show_default=True,
+    help="The shim the handler runs (--mode shim).",
+)
+@click.option(
+    "--hook-path",
+    "--nvidia-runtime-hook-path",
+    "hook_path",
+    default=optmod.DEFAULT_HOOK_PATH,
+    show_default=True,
+    help="The OCI hook binary (--mode hook, podman).",
+)
+@click.option(
+    "--mode",
+    type=click.Choice(["shim", "hook"]),
+    default="shim",
+    show_default=True,
+    help="shim: the handler runs gpuctk-runtime. hook: runc runs gpuctk-hook prestart from the "
+    "handler's base OCI spec (containerd), or from hooks.d (podman, always).",
+)
+@click.option(
+    "--set-as-default", "--nvidia-set-as-default", is_flag=True, help="Make it the default."
+)
+@click.option(
+    "--cdi-enabled",
+    "--enable-cdi",
+    "--cdi.enabled",
+    "cdi_enabled",
+    is_flag=True,
+    help="Turn on the engine's own CDI support (containerd 1.7+: enable_cdi; Docker: features).",
+)
+@click.option(
+    "--cdi-spec-dir",
+    "cdi_spec_dirs",
+    multiple=True,
+    metavar="DIR",
+    help="CDI spec folders for --cdi-enabled (repeat; default /etc/cdi and /var/run/cdi).",
+)
+@click.option(
+    "--config-source",
+    type=click.Choice(["auto", "file", "command"]),
+    default="auto",
+    show_default=True,
+    help="Where the current configuration comes from: the engine's own `config dump` "
+    "(command), re-reading the files (file), or command when the binary is found (auto).",
+)
+@click.option(
+    "--executable-path", metavar="PATH", help="The engine binary for --config-source command."
+)
+def configure(
+    engine: optmod.Engine,
+    config: str | None,
+    drop_in: str | None,
+    dry_run: bool,
+    restart: bool,
+    cdi_spec_dirs: tuple[str, ...],
+    **kwargs: Any,
+) -> None:
+    """Add the gpuctk runtime handler to a container engine's configuration.
+
+    Nothing is written when anything is wrong. Running it again changes nothing.
+    """
+    if cdi_spec_dirs:
+        kwargs["cdi_spec_dirs"] = tuple(cdi_spec_dirs)
+    if engine == "podman":
+        kwargs["mode"] = "hook"
+    opts = optmod.make(engine, config, drop_in, **kwargs)
+    _run(opts, _planner(engine).plan_configure(opts), dry_run, restart)
+
+
+@runtime.command("unconfigure")
+@_common
+def unconfigure(
+    engine: optmod.Engine,
+    config: str | None,
+    drop_in: str | None,
+    runtime_name: str,
+    dry_run: bool,
+    restart: bool,
+) -> None:
+    """Remove exactly what configure added (drop-in, imports entry, default runtime)."""
+    opts = optmod.make(engine, config, drop_in, runtime_name=runtime_name)
+    _run(opts, _planner(engine).plan_unconfigure(opts), dry_run, restart)
+
+
+@runtime.command("runtimeclass")
+@click.option("--name", default="nvidia", show_default=True, help="RuntimeClass name.")
+@click.option(
+    "--handler", default="nvidia", show_default=True, help="Handler (the --runtime-name)."
+)
+@click.option(
+    "--gpu-node-selector",
+    is_flag=True,
+    help="Schedule only onto GPU nodes (nodeSelector nvidia.com/gpu.present=true).",
+)
+@click.option("--node-selector", multiple=True, metavar="KEY=VALUE", help="Add a node label.")
+@click.option("--output", metavar="PATH", help="Write the manifest to a file, not stdout.")
+def runtimeclass(
+    name: str,
+    handler: str,
+    gpu_node_selector: bool,
+    node_selector: tuple[str, ...],
+    output: str | None,
+) -> None:
+    """Print the Kubernetes RuntimeClass (node.k8s.io/v1) that selects the handler."""
+    from gpuctk.containerd import runtimeclass as rc
+
+    selector = [rc.GPU_NODE_LABEL] if gpu_node_selector else []
+    selector += rc.parse_selector(node_selector)
+    text = rc.manifest(name, handler, selector)
+    if output is None:
+        sys.stdout.write(text)
+        return
+    planmod.apply([planmod.FileChange(output, text.encode(), "RuntimeClass manifest")])
