@@ -37,10 +37,7 @@ class LazyGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in _SUBCOMMANDS:
             module, attr, _ = _SUBCOMMANDS[cmd_name]
-            try:
-                command = getattr(importlib.import_module(module), attr)
-            except (ImportError, AttributeError):
-                return None
+            command = getattr(importlib.import_module(module), attr)
             assert isinstance(command, click.Command)
             return command
         return super().get_command(ctx, cmd_name)
