@@ -1,0 +1,123 @@
+"""`gpuctk-hook`: the OCI hook binary named in gpuctk's CDI specs.
+
+    gpuctk-hook createContainer [--link TARGET::LINK]... [--folder DIR]... [--mode M --path P]...
+    gpuctk-hook create-symlinks --link TARGET::LINK...        (nvidia-ctk hook verbs, one by one)
+    gpuctk-hook update-ldcache --folder DIR...
+    gpuctk-hook chmod --mode M --path P...
+    gpuctk-hook --version
+
+Every verb reads the OCI state on stdin (or takes --container-spec PATH to a config.json), finds
+the container root from the bundle's config.json and does all its work inside that root, in one
+process. An unknown verb or option logs a warning and is ignored (exit 0), so that a spec written
+by a newer gpuctk never blocks a container. Errors: one line on stderr, exit 1 (runc's
+convention; runc shows it). Logs: never stdout; see gpuctk.hook.hooklog.
+
+Imports are kept to the standard library, gpuctk.errors, gpuctk.rootfs and this package: the
+hook runs at every container start. Packaging should run it as `python3 -I` (isolated: no
+PYTHON* variables, no user site): the hook entry in a spec carries an explicit env in any case.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable
+
+from gpuctk import __version__
+from gpuctk.errors import EXIT_FAILURE, GpuctkError
+from gpuctk.hook import hooklog
+from gpuctk.hook.actions import Request, run_request
+
+# verb -> options it takes (all repeatable, all with a value)
+_OPTIONS = {
+    "createContainer": ("link", "folder", "mode", "path", "ldconfig-path", "container-spec"),
+    "create-symlinks": ("link", "container-spec"),
+    "update-ldcache": ("folder", "ldconfig-path", "container-spec"),
+    "chmod": ("mode", "path", "container-spec"),
+}
+_FLAGS = ("debug",)
+USAGE = __doc__.split("\n\n")[1] if __doc__ else ""
+
+
+def parse(verb: str, argv: list[str]) -> tuple[dict[str, list[str]], list[str]]:
+    """Options of `verb` as name -> values, and warnings about what was ignored."""
+    allowed = _OPTIONS[verb]
+    values: dict[str, list[str]] = {name: [] for name in allowed}
+    ignored: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        name, eq, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
+        if name in _FLAGS and not eq:
+            continue
+        if name in allowed:
+            if not eq:
+                if i >= len(argv):
+                    raise GpuctkError(f"{verb}: --{name} needs a value")
+                value, i = argv[i], i + 1
+            values[name].append(value)
+            continue
+        if name and not eq and i < len(argv) and not argv[i].startswith("-"):
+            i += 1  # an unknown option's value
+        ignored.append(arg)
+    return values, ignored
+
+
+def _request(verb: str, values: dict[str, list[str]]) -> Request:
+    def one(name: str) -> str | None:
+        got = values.get(name) or []
+        if len(got) > 1:
+            raise GpuctkError(f"{verb}: --{name} given more than once")
+        return got[0] if got else None
+
+    return Request(
+        verb=verb,
+        links=values.get("link", []),
+        folders=values.get("folder", []),
+        mode=one("mode"),
+        paths=values.get("path", []),
+        ldconfig=one("ldconfig-path") or os.environ.get("GPUCTK_LDCONFIG") or None,
+        container_spec=one("container-spec"),
+        run_ldconfig=verb == "update-ldcache" or bool(values.get("folder")),
+    )
+
+
+def _run(argv: list[str]) -> int:
+    words = [a for a in argv if a not in ("--debug",)]
+    if not words or words[0] in ("-h", "--help", "help"):
+        sys.stderr.write(USAGE + "\n")
+        return 0 if words else 2
+    if words[0] in ("--version", "version"):
+        sys.stdout.write(f"gpuctk-hook {__version__}\n")
+        return 0
+    verb = words[0]
+    if verb not in _OPTIONS:
+        hooklog.warning(f"unknown verb {verb!r} ignored (written by a newer gpuctk?)")
+        return 0
+    values, ignored = parse(verb, words[1:])
+    for arg in ignored:
+        hooklog.warning(f"{verb}: unknown argument {arg!r} ignored")
+    run_request(_request(verb, values))
+    return 0
+
+
+def main(argv: list[str] | None = None, *, exit: Callable[[int], object] = sys.exit) -> None:
+    """Console-script entry point: run, turn errors into one stderr line and exit 1."""
+    args = sys.argv[1:] if argv is None else argv
+    hooklog.configure()
+    try:
+        code = _run(args)
+    except GpuctkError as exc:
+        hooklog.log("error", exc.message, to_stderr=False)
+        sys.stderr.write(f"gpuctk-hook: error: {exc.message}\n")
+        code = EXIT_FAILURE
+    except Exception as exc:  # the edge of the program
+        if "--debug" in args:
+            traceback.print_exc()
+        message = f"internal error: {exc.__class__.__name__}: {exc}"
+        hooklog.log("error", message, to_stderr=False)
+        sys.stderr.write(f"gpuctk-hook: {message}\n")
+        code = EXIT_FAILURE
+    exit(code)

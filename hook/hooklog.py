@@ -1,0 +1,61 @@
+"""Logging for gpuctk-hook, configured only by its entry point. Never writes to stdout.
+
+Warnings go to stderr (runc and crun show a hook's stderr when it fails, and drop it when it
+succeeds). Every message at or above the configured level is also appended, in runc's text log
+format, to the file named by GPUCTK_HOOK_LOG (GPUCTK_HOOK_LOG_LEVEL: debug, info, warning or error;
+default info). With no file configured nothing is written anywhere but stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+_state: dict[str, object] = {"path": None, "level": 20, "stderr": 30}
+
+
+def configure(env: dict[str, str] | os._Environ[str] | None = None) -> None:
+    """Read GPUCTK_HOOK_LOG and GPUCTK_HOOK_LOG_LEVEL from `env` (default: os.environ)."""
+    env = os.environ if env is None else env
+    _state["path"] = env.get("GPUCTK_HOOK_LOG") or None
+    _state["level"] = LEVELS.get(env.get("GPUCTK_HOOK_LOG_LEVEL", "info").lower(), 20)
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def log(level: str, message: str, *, to_stderr: bool = True) -> None:
+    """Log `message` at `level` (a key of LEVELS)."""
+    value = LEVELS[level]
+    if to_stderr and value >= int(str(_state["stderr"])):
+        sys.stderr.write(f"gpuctk-hook: {level}: {message}\n")
+    path = _state["path"]
+    if not isinstance(path, str) or value < int(str(_state["level"])):
+        return
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+    line = f"time={_quote(stamp)} level={level} msg={_quote('gpuctk-hook: ' + message)}\n"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        try:
+            os.write(fd, line.encode("utf-8", "backslashreplace"))
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        sys.stderr.write(f"gpuctk-hook: warning: cannot write log file {path}: {exc.strerror}\n")
+        _state["path"] = None
+
+
+def debug(message: str) -> None:
+    log("debug", message)
+
+
+def info(message: str) -> None:
+    log("info", message)
+
+
+def warning(message: str) -> None:
+    log("warning", message)

@@ -1,0 +1,147 @@
+"""What gpuctk-hook does inside a container root: library symlinks, loader configuration, modes.
+
+Every path is a container path resolved inside the root through gpuctk.rootfs; nothing here
+joins the rootfs path with a container path.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import stat
+
+from gpuctk import rootfs
+from gpuctk.errors import UsageError
+from gpuctk.hook import hooklog
+
+LD_CONF_DIR = "/etc/ld.so.conf.d"
+LD_CONF_FILE = LD_CONF_DIR + "/00-gpuctk.conf"  # "00-": driver folders come first
+LD_SO_CONF = "/etc/ld.so.conf"
+LD_SO_CONF_TEXT = b"include /etc/ld.so.conf.d/*.conf\n"
+MUSL_DEFAULT_PATH = ("/lib", "/usr/local/lib", "/usr/lib")  # musl's search path with no file
+_MUSL_LOADER = re.compile(r"^ld-musl-([A-Za-z0-9_]+)\.so\.1$")
+_GLIBC_LOADER = re.compile(r"^(ld-linux[A-Za-z0-9_.-]*|ld64|ld)\.so\.\d+$")
+_LIB_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/lib32")
+
+
+def parse_link(spec: str) -> tuple[str, str]:
+    """`TARGET::LINK` -> (target, link); LINK must be an absolute container path."""
+    target, sep, link = spec.partition("::")
+    if not sep or not target or not link:
+        raise UsageError(f"--link {spec!r}: expected TARGET::LINK")
+    for text in (target, link):
+        if "\0" in text or "\n" in text:
+            raise UsageError(f"--link {spec!r}: NUL or newline in a path")
+    if not link.startswith("/"):
+        raise UsageError(f"--link {spec!r}: LINK must be an absolute container path")
+    return target, posixpath.normpath(link)
+
+
+def check_folder(folder: str) -> str:
+    """An absolute container folder that ld.so.conf and musl's path file can carry."""
+    if not folder.startswith("/") or any(c in folder for c in "\0\n\r\t ,:"):
+        raise UsageError(
+            f"--folder {folder!r}: expected an absolute path without spaces, ':' or ','"
+        )
+    return posixpath.normpath(folder)
+
+
+def create_symlinks(root_fd: int, links: list[tuple[str, str]]) -> int:
+    """Create each LINK -> TARGET whose target exists inside the root; returns how many changed.
+    An existing symlink is replaced; an existing file or folder is never touched."""
+    changed = 0
+    for target, link in links:
+        resolved = (
+            target if target.startswith("/") else posixpath.join(posixpath.dirname(link), target)
+        )
+        if rootfs.stat_in_root(root_fd, resolved) is None:
+            hooklog.log(
+                "debug", f"skip {link} -> {target}: target not in the container", to_stderr=False
+            )
+            continue
+        if rootfs.symlink_in_root(root_fd, target, link):
+            changed += 1
+            hooklog.log("debug", f"linked {link} -> {target}", to_stderr=False)
+        else:
+            st = rootfs.stat_in_root(root_fd, link, follow=False)
+            if st is not None and not stat.S_ISLNK(st.st_mode):
+                hooklog.warning(f"left {link} alone: it exists and is not a symlink")
+    return changed
+
+
+def musl_arches(root_fd: int) -> list[str]:
+    """Architectures of the musl loaders in /lib (ld-musl-<arch>.so.1)."""
+    names = rootfs.listdir_in_root(root_fd, "/lib")
+    return sorted({m.group(1) for m in map(_MUSL_LOADER.match, names) if m})
+
+
+def has_glibc(root_fd: int) -> bool:
+    """Whether the image looks glibc-based: an ld cache, ld.so.conf or a glibc loader."""
+    if any(rootfs.stat_in_root(root_fd, p) for p in ("/etc/ld.so.cache", LD_SO_CONF)):
+        return True
+    return any(
+        _GLIBC_LOADER.match(name) for d in _LIB_DIRS for name in rootfs.listdir_in_root(root_fd, d)
+    )
+
+
+def existing_folders(root_fd: int, folders: list[str]) -> list[str]:
+    """The folders that are directories inside the root, in order, without duplicates."""
+    out: list[str] = []
+    for folder in folders:
+        st = rootfs.stat_in_root(root_fd, folder)
+        if st is not None and stat.S_ISDIR(st.st_mode) and folder not in out:
+            out.append(folder)
+        elif st is None:
+            hooklog.log("debug", f"skip folder {folder}: not in the container", to_stderr=False)
+    return out
+
+
+def write_ld_conf(root_fd: int, folders: list[str]) -> None:
+    """List the folders in /etc/ld.so.conf.d/00-gpuctk.conf; create /etc/ld.so.conf with its
+    include line when the image has none (its own is never edited: the hook also names the
+    folders on ldconfig's command line, so an ld.so.conf without the include still works)."""
+    text = "# written by gpuctk-hook: NVIDIA driver library folders\n" + "".join(
+        f"{folder}\n" for folder in folders
+    )
+    rootfs.write_file_in_root(root_fd, LD_CONF_FILE, text.encode(), 0o644, parents=True)
+    if rootfs.stat_in_root(root_fd, LD_SO_CONF, follow=False) is None:
+        rootfs.write_file_in_root(root_fd, LD_SO_CONF, LD_SO_CONF_TEXT, 0o644)
+        hooklog.log("debug", f"created {LD_SO_CONF}", to_stderr=False)
+
+
+def update_musl_path(root_fd: int, arch: str, folders: list[str]) -> bool:
+    """Put the folders first in /etc/ld-musl-<arch>.path (musl has no ld cache). A new file
+    starts from musl's built-in path, which the file replaces. True when written."""
+    path = f"/etc/ld-musl-{arch}.path"
+    data = rootfs.read_file_in_root(root_fd, path, 1 << 16)
+    if data is None:
+        current = list(MUSL_DEFAULT_PATH)
+    else:
+        current = [p for p in re.split(r"[:\n]", data.decode("utf-8", "replace")) if p.strip()]
+    missing = [f for f in folders if f not in current]
+    if not missing:
+        return False
+    text = "".join(f"{p}\n" for p in missing + current)
+    rootfs.write_file_in_root(root_fd, path, text.encode(), 0o644, parents=True)
+    return True
+
+
+def parse_mode(text: str) -> int:
+    """An octal mode such as 755 or 0o755 (permission bits and sticky/setgid only)."""
+    try:
+        mode = int(text.removeprefix("0o"), 8)
+    except ValueError:
+        raise UsageError(f"--mode {text!r}: expected an octal mode such as 755") from None
+    if mode & ~0o3777 or mode & 0o4000:
+        raise UsageError(f"--mode {text!r}: only permission, setgid and sticky bits are allowed")
+    return mode
+
+
+def chmod_paths(root_fd: int, mode: int, paths: list[str]) -> None:
+    """chmod each container path (never through a symlink at the end); a missing one is
+    skipped, as nvidia-ctk does."""
+    for path in paths:
+        if rootfs.stat_in_root(root_fd, path, follow=False) is None:
+            hooklog.log("debug", f"skip chmod {path}: not in the container", to_stderr=False)
+            continue
+        rootfs.chmod_in_root(root_fd, path, mode)

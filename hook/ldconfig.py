@@ -1,0 +1,212 @@
+"""Refresh a container's ld cache with the HOST's ldconfig, confined to the container root.
+
+No binary from the image ever runs: the host ldconfig is opened here (a root-owned regular file,
+not group/world-writable) and executed by descriptor (execveat) in a child that has
+  1. unshared a private mount namespace (nothing it does is seen by the container or the host),
+  2. chroot'ed into the container root through the root's descriptor,
+  3. lazily detached the root's /proc and /sys (no /proc/<pid>/root, no writable sysfs),
+  4. dropped every capability but DAC_OVERRIDE, DAC_READ_SEARCH and FOWNER from its bounding,
+     inheritable and ambient sets (no chroot, mount or ptrace: a bug in ldconfig triggered by a
+     hostile ELF file cannot climb out), set no_new_privs, closed every other descriptor and
+     cleared the environment.
+Only a statically linked ldconfig can run like that (glibc always builds ldconfig static: Debian,
+Ubuntu's ldconfig.real, RHEL, SUSE). A dynamic one would need a loader and libraries, and the
+only ones inside the chroot are the image's: it is refused with a message naming the fix
+(GPUCTK_LDCONFIG / --ldconfig-path pointing at a static ldconfig). Running it from outside with
+`-r ROOT` is not used either: ldconfig resolves links under ROOT with path strings, which races.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import stat
+import struct
+import time
+
+from gpuctk.errors import GpuctkError
+from gpuctk.hook import mounts
+
+CANDIDATES = ("/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig")
+KEEP_CAPS = (1, 2, 3)  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER
+TIMEOUT = 60.0
+_PT_INTERP = 3
+_PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL = 24, 38, 47, 4
+
+
+class LdconfigError(GpuctkError):
+    """The host ldconfig cannot be used, or failed inside the container root."""
+
+
+# ELF class -> (e_phoff format and offset, e_phentsize/e_phnum offset, p_offset, p_filesz)
+_ELF_LAYOUT = {1: ("I", 28, 42, ("I", 4), ("I", 16)), 2: ("Q", 32, 54, ("Q", 8), ("Q", 32))}
+
+
+def elf_interpreter(fd: int) -> str | None:
+    """The PT_INTERP of an ELF file (None when statically linked); LdconfigError if not ELF."""
+    head = os.pread(fd, 64, 0)
+    if len(head) < 52 or head[:4] != b"\x7fELF" or head[4] not in (1, 2) or head[5] not in (1, 2):
+        raise LdconfigError("not an ELF file")
+    end = "<" if head[5] == 1 else ">"
+    word, phoff_at, sizes_at, (off_fmt, off_at), (size_fmt, size_at) = _ELF_LAYOUT[head[4]]
+    (phoff,) = struct.unpack_from(end + word, head, phoff_at)
+    phentsize, phnum = struct.unpack_from(end + "HH", head, sizes_at)
+    if phnum > 256 or phentsize < size_at + 8:
+        raise LdconfigError("malformed ELF program headers")
+    table = os.pread(fd, phentsize * phnum, phoff)
+    for at in range(0, len(table) - phentsize + 1, phentsize):
+        if struct.unpack_from(end + "I", table, at)[0] != _PT_INTERP:
+            continue
+        (offset,) = struct.unpack_from(end + off_fmt, table, at + off_at)
+        (size,) = struct.unpack_from(end + size_fmt, table, at + size_at)
+        return os.pread(fd, min(size, 4096), offset).rstrip(b"\0").decode("utf-8", "replace")
+    return None
+
+
+def open_host_ldconfig(path: str | None = None) -> tuple[int, str]:
+    """Open the host's static ldconfig: `path` (a leading '@' is allowed, as nvidia-ctk writes
+    it) or the first of CANDIDATES that exists. Returns (descriptor, path)."""
+    candidates = [path.removeprefix("@")] if path else list(CANDIDATES)
+    for candidate in candidates:
+        try:
+            fd = os.open(candidate, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise LdconfigError(f"cannot open host ldconfig {candidate}: {exc.strerror}") from exc
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
+                raise LdconfigError(f"host ldconfig {candidate} is not an executable file")
+            if st.st_uid != 0 or st.st_mode & 0o022:
+                raise LdconfigError(
+                    f"host ldconfig {candidate} is not root-owned and write-protected"
+                )
+            if os.pread(fd, 2, 0) == b"#!":  # Ubuntu's wrapper script: use ldconfig.real
+                if path is None:
+                    os.close(fd)
+                    continue
+                raise LdconfigError(f"host ldconfig {candidate} is a script, not a binary")
+            try:
+                interp = elf_interpreter(fd)
+            except LdconfigError as exc:
+                raise LdconfigError(f"host ldconfig {candidate}: {exc}") from exc
+            if interp is not None:
+                raise LdconfigError(
+                    f"host ldconfig {candidate} is dynamically linked (needs {interp}); only a "
+                    "statically linked ldconfig can run confined in the container root: set "
+                    "GPUCTK_LDCONFIG or --ldconfig-path to one"
+                )
+            return fd, candidate
+        except BaseException:
+            os.close(fd)
+            raise
+    raise LdconfigError(f"no host ldconfig found (looked for {', '.join(candidates)})")
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("eff", ctypes.c_uint32), ("perm", ctypes.c_uint32), ("inh", ctypes.c_uint32)]
+
+
+def _child(
+    root_fd: int, exe_fd: int, argv: list[str], out_fd: int, null_fd: int, last_cap: int
+) -> None:
+    """In the forked child: confine, then exec. Never returns."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    step, err_fd = "start", out_fd
+    try:
+        step = "unshare the mount namespace"
+        mounts.unshare_private_mounts()
+        step = "chroot into the container root"
+        os.fchdir(root_fd)
+        os.chroot(".")
+        os.chdir("/")
+        step = "detach /proc and /sys"
+        mounts.detach("/proc")
+        mounts.detach("/sys")
+        step = "drop capabilities"
+        for cap in range(last_cap + 1):
+            if cap not in KEEP_CAPS and libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP")
+        libc.prctl(_PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL, 0, 0, 0)
+        header, data = _CapHeader(0x20080522, 0), (_CapData * 2)()
+        if libc.capget(ctypes.byref(header), data) != 0:
+            raise OSError(ctypes.get_errno(), "capget")
+        data[0].inh = data[1].inh = 0
+        if libc.capset(ctypes.byref(header), data) != 0:
+            raise OSError(ctypes.get_errno(), "capset")
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+        step = "set up descriptors"
+        os.dup2(null_fd, 0)
+        os.dup2(out_fd, 1)
+        os.dup2(out_fd, 2)
+        err_fd = 2
+        os.closerange(3, exe_fd)
+        os.closerange(exe_fd + 1, 1 << 20)
+        step = "execute the host ldconfig"
+        os.execve(exe_fd, argv, {})
+    except BaseException as exc:  # report whatever it was, then exit
+        msg = f"cannot {step}: {exc}\n".encode("utf-8", "replace")
+        try:
+            os.write(err_fd, msg)
+        finally:
+            os._exit(127)
+
+
+def run_confined(root_fd: int, exe_fd: int, args: list[str], timeout: float = TIMEOUT) -> str:
+    """Run the opened host ldconfig with `args` confined to the root; returns its output."""
+    with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as f:
+        last_cap = int(f.read())
+    null_fd = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_fd)
+            _child(root_fd, exe_fd, ["ldconfig", *args], write_fd, null_fd, last_cap)
+        os.close(write_fd)
+        write_fd = -1
+        output, status = _collect(pid, read_fd, time.monotonic() + timeout)
+    finally:
+        for fd in (null_fd, read_fd, write_fd):
+            if fd >= 0:
+                os.close(fd)
+    text = output.decode("utf-8", "replace").strip()
+    if status is None:
+        raise LdconfigError(
+            f"host ldconfig did not finish within {timeout:.0f}s in the container root"
+        )
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        last = text.splitlines()[-1] if text else f"exit status {code}"
+        raise LdconfigError(f"host ldconfig failed in the container root: {last}")
+    return text
+
+
+def _collect(pid: int, read_fd: int, deadline: float) -> tuple[bytes, int | None]:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return b"".join(chunks), None
+        ready, _, _ = select.select([read_fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(read_fd, 65536)
+        if not chunk:
+            break
+        if size < 1 << 20:
+            chunks.append(chunk)
+            size += len(chunk)
+    _, status = os.waitpid(pid, 0)
+    return b"".join(chunks), status
