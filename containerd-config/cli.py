@@ -82,12 +82,12 @@ def runtime() -> None:
 
 
 def _run(opts: Options, planned: planmod.Plan, dry_run: bool, restart: bool) -> None:
+    done = [] if dry_run else planmod.apply(planned.changes)
     for note in planned.notes:
         click.echo(f"gpuctk: note: {note}", err=True)
     if dry_run:
         click.echo(planmod.render(planned), nl=False)
         return
-    done = planmod.apply(planned.changes)
     if not done:
         click.echo("nothing to change: the configuration is already in place")
         return

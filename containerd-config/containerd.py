@@ -26,6 +26,25 @@ CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 V3_ONLY_PLUGINS = ("io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images")
 BACKUP_SUFFIX = ".gpuctk-backup"
 
+# containerd 1.6/1.7's built-in runc handler (`containerd config default`): what a drop-in that
+# names a runtimes table must carry for runc to stay exactly as it was.
+DEFAULT_RUNC: Table = {
+    "runtime_type": handler.RUNC_V2,
+    "options": {
+        "BinaryName": "",
+        "CriuImagePath": "",
+        "CriuPath": "",
+        "CriuWorkPath": "",
+        "IoGid": 0,
+        "IoUid": 0,
+        "NoNewKeyring": False,
+        "NoPivotRoot": False,
+        "Root": "",
+        "ShimCgroup": "",
+        "SystemdCgroup": False,
+    },
+}
+
 
 def base_spec_path(drop_in: str) -> str:
     """Where --mode hook writes the handler's base OCI spec: beside the drop-in."""
@@ -110,9 +129,7 @@ def _effective_cri(
     if merge == "replace" and tomlfiles.get_table(cri, "containerd", "runtimes") is None:
         # containerd 1.x keeps its built-in runc only while no file names a runtimes table;
         # the drop-in names one, so it must carry runc too.
-        tomlfiles.set_path(
-            cri, ["containerd", "runtimes", "runc"], {"runtime_type": handler.RUNC_V2}
-        )
+        tomlfiles.set_path(cri, ["containerd", "runtimes", "runc"], copy.deepcopy(DEFAULT_RUNC))
     return cri, version
 
 

@@ -36,17 +36,38 @@ def _line(key: str, value: object) -> str:
 
 
 def _insert_top_level(text: str, line: str) -> str:
-    """Insert a key line after a top-level `version` line, else at the very top."""
+    """Insert a key line after a top-level `version` line, else after the leading comments."""
     lines = text.splitlines(keepends=True)
     for i, current in enumerate(lines):
         if _TABLE_HEADER.match(current):
             break
         if _VERSION_LINE.match(current.rstrip("\n")):
-            if not current.endswith("\n"):
-                lines[i] = current + "\n"
-            lines.insert(i + 1, line)
+            if not current.endswith("\n"):  # last line: keep the file's missing final newline
+                lines[i] = current + "\n" + line.rstrip("\n")
+            else:
+                lines.insert(i + 1, line)
             return "".join(lines)
-    return line + text
+    return _after_leading_comments(text, line)
+
+
+def _after_leading_comments(text: str, line: str) -> str:
+    """Insert after the comment block a file starts with (at the top when there is none)."""
+    lines = text.splitlines(keepends=True)
+    i = 0
+    while i < len(lines) and lines[i].startswith("#") and lines[i].endswith("\n"):
+        i += 1
+    return "".join([*lines[:i], line, *lines[i:]])
+
+
+def _take_out(text: str, line: str) -> str | None:
+    """`text` without an inserted `line` (as _insert_top_level put it), or None if not found."""
+    match = re.search("^" + re.escape(line), text, re.MULTILINE)
+    if match:
+        return text[: match.start()] + text[match.end() :]
+    tail = "\n" + line.rstrip("\n")
+    if text.endswith(tail):
+        return text[: -len(tail)]
+    return None
 
 
 def covers(main: str, entries: list[str], drop_in: str) -> bool:
@@ -76,7 +97,7 @@ def add_import(main: str, text: str | None, drop_in: str, version: int) -> Edit:
             new = _insert_top_level(new, _line("imports", [entry]))
             added.append("imports")
     if "version" not in data:
-        new = _line("version", version) + new
+        new = _after_leading_comments(new, _line("version", version))
         added.append("version")
     return Edit(new, tuple(added))
 
@@ -101,9 +122,9 @@ def remove_import(main: str, text: str, drop_in: str, added: tuple[str, ...]) ->
     ours = [e for e in current if tomlfiles.abspath(os.path.join(base, e)) == entry]
     if ours:
         rest = [e for e in current if e not in ours]
-        inserted = _line("imports", [entry])
-        if not rest and "imports" in added and inserted in new:
-            new = new.replace(inserted, "", 1)
+        taken = _take_out(new, _line("imports", [entry])) if not rest else None
+        if taken is not None and "imports" in added:
+            new = taken
         else:
             doc = tomlkit.parse(new)
             array = doc["imports"]
@@ -115,7 +136,7 @@ def remove_import(main: str, text: str, drop_in: str, added: tuple[str, ...]) ->
     if "version" in added:
         after = tomlfiles.parse(new, main)
         if "plugins" not in after:
-            version_line = _line("version", after.get("version"))
-            if new.startswith(version_line):
-                new = new[len(version_line) :]
+            taken = _take_out(new, _line("version", after.get("version")))
+            if taken is not None:
+                new = taken
     return new
