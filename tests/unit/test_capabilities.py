@@ -1,0 +1,79 @@
+"""gpuctk.cdi.capabilities: each driver file's capability, after libnvidia-container's lists."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from gpuctk.cdi import capabilities as caps
+from gpuctk.cdi.capabilities import capability_of, parse_capabilities
+
+V = "535.309.01"
+
+EXPECTED = {
+    "utility": [f"libnvidia-ml.so.{V}", "libnvidia-ml.so.1", f"libnvidia-cfg.so.{V}",
+                f"libnvidia-nscq.so.{V}", "nvidia-smi", "nvidia-debugdump",
+                "nvidia-persistenced"],
+    "compute": [f"libcuda.so.{V}", "libcuda.so", f"libcudadebugger.so.{V}",
+                f"libnvidia-opencl.so.{V}", f"libnvidia-ptxjitcompiler.so.{V}",
+                f"libnvidia-fatbinaryloader.so.{V}", f"libnvidia-allocator.so.{V}",
+                f"libnvidia-compiler.so.{V}", f"libnvidia-nvvm.so.{V}", "libnvidia-nvvm.so.4",
+                f"libnvidia-gpucomp.so.{V}", f"libnvidia-pkcs11.so.{V}",
+                f"libnvidia-pkcs11-openssl3.so.{V}", "nvidia-cuda-mps-control",
+                "nvidia-cuda-mps-server", "nvidia-imex", "nvidia-imex-ctl"],
+    "video": [f"libnvcuvid.so.{V}", f"libnvidia-encode.so.{V}", f"libnvidia-opticalflow.so.{V}",
+              f"libvdpau_nvidia.so.{V}"],
+    "graphics": [f"libEGL_nvidia.so.{V}", f"libGLESv2_nvidia.so.{V}",
+                 f"libGLESv1_CM_nvidia.so.{V}", f"libGLX_nvidia.so.{V}",
+                 f"libnvidia-eglcore.so.{V}", f"libnvidia-glcore.so.{V}", f"libnvidia-tls.so.{V}",
+                 f"libnvidia-glsi.so.{V}", f"libnvidia-glvkspirv.so.{V}",
+                 f"libnvidia-rtcore.so.{V}", f"libnvoptix.so.{V}", f"libnvidia-fbc.so.{V}",
+                 f"libnvidia-ifr.so.{V}", f"libnvidia-cbl.so.{V}", "libnvidia-egl-gbm.so.1.1.0",
+                 "libnvidia-egl-wayland.so.1.1.10", f"libnvidia-vulkan-producer.so.{V}"],
+    "display": ["nvidia_drv.so", f"libglxserver_nvidia.so.{V}"],
+    "ngx": [f"libnvidia-ngx.so.{V}"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"), [(n, cap) for cap, names in EXPECTED.items() for n in names]
+)
+def test_capability_of(name: str, expected: str) -> None:
+    assert capability_of(name) == expected
+
+
+def test_every_capability_is_reachable() -> None:
+    assert set(EXPECTED) | {caps.COMPAT32} == set(caps.ALL)
+
+
+def test_compat32_wins_over_the_name() -> None:
+    assert capability_of(f"libcuda.so.{V}", elf32=True) == "compat32"
+    assert capability_of(f"libGLX_nvidia.so.{V}", elf32=True) == "compat32"
+
+
+def test_prefixes_do_not_leak() -> None:
+    # libnvidia-pkcs11 is compute; libnvidia-ml must not be matched by libnvidia-m* others.
+    assert capability_of("libnvidia-mlx.so.1") == caps.UTILITY  # unknown -> default
+    assert capability_of("libcudart.so.12") == caps.UTILITY  # not libcuda
+    assert capability_of("nvidia-smi-extra") == caps.UTILITY
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, {"utility", "compute"}), ("", {"utility", "compute"}), ("all", set(caps.ALL)),
+     ("compute,video", {"compute", "video"}), (" graphics , display ", {"graphics", "display"}),
+     ("utility,bogus", {"utility"}), ("compute,all", set(caps.ALL))],
+)  # fmt: skip
+def test_parse_capabilities(value: str | None, expected: set[str]) -> None:
+    assert parse_capabilities(value) == expected
+
+
+def test_import_is_light() -> None:
+    code = (
+        "import sys; before = set(sys.modules); import gpuctk.cdi.capabilities; "
+        "print(' '.join(sorted(set(sys.modules) - before)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert set(out.stdout.split()) <= {"gpuctk", "gpuctk.cdi", "gpuctk.cdi.capabilities"}
