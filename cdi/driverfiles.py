@@ -1,0 +1,299 @@
+"""Driver files under a driver root: libraries, binaries, firmware, configs, IPC sockets.
+
+Paths have two forms. A container path is where a file sits in the driver's own filesystem and
+where it is mounted in the container ("/usr/lib/x86_64-linux-gnu/libcuda.so.535.309.01"); the
+host path is the same file seen from the node, the driver root prefixed
+("/run/nvidia/driver/usr/lib/..."). Every symlink is followed INSIDE the driver root: an
+absolute target is taken relative to the root and ".." stops at it, as if chrooted (a
+containerised driver's /usr/lib/libcuda.so.1 -> /etc/alternatives/... must not escape to the
+node's /etc). Host paths always name the final real file, so a bind mount never follows a
+symlink on the node.
+
+Cost: one stat per candidate folder, one scandir per library folder, a few preads per library
+(ELF headers only, memoised). No tree walks.
+
+Device nodes live in gpuctk.cdi.devnodes and are re-exported here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import posixpath
+import stat
+from dataclasses import dataclass
+
+from gpuctk.cdi import capabilities as caps
+from gpuctk.cdi.devnodes import NodeInfo, control_nodes, gpu_nodes, mig_nodes, parse_mig_minors
+from gpuctk.cdi.driverpaths import (
+    BINARIES,
+    BINARY_DIRS,
+    CONFIGS,
+    DEV_LINKS,
+    EXTRA_SONAMES,
+    FIRMWARE_DIRS,
+    LIBRARY_DIRS,
+    LOADER_LINKS,
+    PATH_DIRS,
+    SOCKETS,
+    is_driver_library_name,
+)
+from gpuctk.cdi.elf import elf_info
+from gpuctk.cdi.ldcache import read_ld_cache
+from gpuctk.errors import InputError
+
+__all__ = [
+    "DriverFile",
+    "DriverFiles",
+    "NodeInfo",
+    "control_nodes",
+    "discover_driver_files",
+    "gpu_nodes",
+    "mig_nodes",
+    "parse_mig_minors",
+    "resolve_in_root",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_SYMLINKS = 40  # as the kernel's MAXSYMLINKS
+
+
+@dataclass(frozen=True)
+class DriverFile:
+    """One file (or IPC path) to mount into containers."""
+
+    host_path: str  # absolute, driver root prefix included, the real file (no symlink)
+    container_path: str  # where it is mounted in the container
+    kind: str  # "library" | "binary" | "firmware" | "config" | "socket"
+    capability: str  # gpuctk.cdi.capabilities: utility, compute, graphics, ...
+    soname: str | None = None  # DT_SONAME, libraries only
+
+
+@dataclass(frozen=True)
+class DriverFiles:
+    """Everything discovered under a driver root, in a stable order."""
+
+    libraries: tuple[DriverFile, ...] = ()
+    binaries: tuple[DriverFile, ...] = ()
+    firmware: tuple[DriverFile, ...] = ()
+    configs: tuple[DriverFile, ...] = ()
+    sockets: tuple[DriverFile, ...] = ()
+    symlinks: tuple[tuple[str, str], ...] = ()  # (target, link), container terms
+    ld_folders: tuple[str, ...] = ()  # container folders holding libraries
+
+
+class _Root:
+    """Path resolution confined to a root, memoised for one discovery run."""
+
+    def __init__(self, root: str) -> None:
+        self.prefix = "" if root == "/" else root.rstrip("/")
+        self._memo: dict[str, str | None] = {}
+
+    def host(self, path: str) -> str:
+        return self.prefix + path if path != "/" else (self.prefix or "/")
+
+    def resolve(self, path: str, depth: int = 0) -> str | None:
+        """The real container path `path` leads to, or None if it does not exist."""
+        cur = "/"
+        for name in path.split("/"):
+            if name in ("", "."):
+                continue
+            if name == "..":
+                cur = posixpath.dirname(cur)
+                continue
+            child = cur + name if cur == "/" else f"{cur}/{name}"
+            if child in self._memo:
+                real = self._memo[child]
+            else:
+                real = self._memo[child] = self._step(child, depth)
+            if real is None:
+                return None
+            cur = real
+        return cur
+
+    def _step(self, child: str, depth: int) -> str | None:
+        try:
+            st = os.lstat(self.host(child))
+            if not stat.S_ISLNK(st.st_mode):
+                return child
+            if depth >= MAX_SYMLINKS:
+                return None
+            target = os.readlink(self.host(child))
+        except (OSError, ValueError):
+            return None
+        base = target if target.startswith("/") else f"{posixpath.dirname(child)}/{target}"
+        return self.resolve(base, depth + 1)
+
+    def stat(self, path: str) -> tuple[str, os.stat_result] | None:
+        """(real path, stat) of `path` resolved in the root, or None."""
+        real = self.resolve(path)
+        if real is None:
+            return None
+        try:
+            return real, os.stat(self.host(real), follow_symlinks=False)
+        except OSError:
+            return None
+
+
+def resolve_in_root(root: str, path: str) -> str | None:
+    """The real path (container form) that `path` resolves to inside `root`, or None."""
+    return _Root(os.path.abspath(root)).resolve(path)
+
+
+def _check_root(root: str) -> str:
+    absolute = os.path.abspath(root)
+    try:
+        st = os.stat(absolute)
+    except OSError as exc:
+        raise InputError(f"driver root {root}: {exc.strerror or exc}") from exc
+    if not stat.S_ISDIR(st.st_mode):
+        raise InputError(f"driver root {root} is not a directory")
+    try:
+        with os.scandir(absolute) as it:
+            next(it, None)
+    except OSError as exc:
+        raise InputError(f"driver root {root} cannot be read: {exc.strerror or exc}") from exc
+    return absolute
+
+
+def _check_version(version: str) -> None:
+    if not version or "/" in version or "\0" in version or len(version) > 64:
+        raise InputError(f"unusable driver version {version!r}")
+
+
+def _libraries(r: _Root, version: str) -> dict[str, DriverFile]:
+    """Driver libraries by real container path: ld.so.cache first, then the library folders."""
+    candidates: list[str] = []
+    cache = r.resolve("/etc/ld.so.cache")
+    if cache is not None:
+        try:
+            entries = read_ld_cache(r.host(cache))
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring the driver root's ld.so.cache: %s", exc)
+            entries = ()
+        candidates += [e.value for e in entries if is_driver_library_name(e.key)]
+    suffix = f".so.{version}"
+    seen_dirs: set[str] = set()
+    for folder in LIBRARY_DIRS:
+        real_dir = r.resolve(folder)
+        if real_dir is None or real_dir in seen_dirs:
+            continue
+        seen_dirs.add(real_dir)
+        try:
+            with os.scandir(r.host(real_dir)) as it:
+                names = [e.name for e in it if e.name.endswith(suffix) or e.name in EXTRA_SONAMES]
+        except OSError:
+            continue
+        candidates += [f"{real_dir.rstrip('/')}/{n}" for n in sorted(names)]
+    found: dict[str, DriverFile] = {}
+    for path in candidates:
+        hit = r.stat(path)
+        if hit is None or hit[0] in found or not stat.S_ISREG(hit[1].st_mode):
+            continue
+        real = hit[0]
+        name = posixpath.basename(real)
+        if not name.endswith(suffix) and posixpath.basename(path) not in EXTRA_SONAMES:
+            continue
+        info = elf_info(r.host(real))
+        if info is None:
+            continue
+        capability = caps.capability_of(name, elf32=info.elf_class == 32)
+        found[real] = DriverFile(r.host(real), real, "library", capability, info.soname)
+    return found
+
+
+def _links(libraries: list[DriverFile]) -> list[tuple[str, str]]:
+    links: dict[str, str] = {}  # link -> target
+    for lib in libraries:
+        folder, name = posixpath.split(lib.container_path)
+        if lib.soname and lib.soname != name and "/" not in lib.soname:
+            links.setdefault(f"{folder}/{lib.soname}", name)
+            for target, link in DEV_LINKS.get(lib.soname, ()):
+                links.setdefault(f"{folder}/{link}", target.format(soname=lib.soname, name=name))
+        loader = LOADER_LINKS.get(lib.soname or "")
+        if loader:
+            libdir = folder.removesuffix("/nvidia/current").removesuffix("/vdpau")
+            link = f"{libdir}/{loader}"
+            if link != lib.container_path:
+                target = posixpath.relpath(f"{folder}/{lib.soname}", posixpath.dirname(link))
+                links.setdefault(link, target)
+    return [(target, link) for link, target in links.items()]
+
+
+def _first_found(r: _Root, paths: tuple[str, ...], want: int) -> tuple[str, str] | None:
+    """(container path as listed, real path) of the first of `paths` of file type `want`."""
+    for path in paths:
+        hit = r.stat(path)
+        if hit is not None and stat.S_IFMT(hit[1].st_mode) == want:
+            return path, hit[0]
+    return None
+
+
+def _binaries(r: _Root) -> list[DriverFile]:
+    out = []
+    for name in BINARIES:
+        hit = _first_found(r, tuple(f"{d}/{name}" for d in BINARY_DIRS), stat.S_IFREG)
+        if hit is None:
+            continue
+        listed, real = hit
+        container = listed if posixpath.dirname(listed) in PATH_DIRS else f"/usr/bin/{name}"
+        out.append(DriverFile(r.host(real), container, "binary", caps.capability_of(name)))
+    return out
+
+
+def _firmware(r: _Root, version: str) -> list[DriverFile]:
+    out: dict[str, DriverFile] = {}
+    for template in FIRMWARE_DIRS:
+        folder = template.format(version=version)
+        real_dir = r.resolve(folder)
+        if real_dir is None:
+            continue
+        try:
+            with os.scandir(r.host(real_dir)) as it:
+                names = sorted(e.name for e in it if e.name.startswith("gsp") and
+                               e.name.endswith(".bin"))  # fmt: skip
+        except OSError:
+            continue
+        for name in names:
+            hit = r.stat(f"{real_dir}/{name}")
+            if hit is not None and stat.S_ISREG(hit[1].st_mode) and hit[0] not in out:
+                out[hit[0]] = DriverFile(
+                    r.host(hit[0]), f"{folder}/{name}", "firmware", caps.UTILITY
+                )
+    return list(out.values())
+
+
+def _listed(r: _Root, table: tuple[tuple[tuple[str, ...], str, int], ...], kind: str,
+            version: str) -> list[DriverFile]:  # fmt: skip
+    out: dict[str, DriverFile] = {}
+    for paths, capability, want in table:
+        hit = _first_found(r, tuple(p.format(version=version) for p in paths), want)
+        if hit is not None and hit[1] not in out:
+            out[hit[1]] = DriverFile(r.host(hit[1]), hit[0], kind, capability)
+    return list(out.values())
+
+
+def discover_driver_files(driver_root: str, driver_version: str) -> DriverFiles:
+    """Every driver file of version `driver_version` under `driver_root`.
+
+    Missing items are simply absent. InputError if the root is missing, not a directory or
+    unreadable, or if the version is unusable.
+    """
+    root = _check_root(os.fspath(driver_root))
+    _check_version(driver_version)
+    r = _Root(root)
+    libraries = sorted(
+        _libraries(r, driver_version).values(),
+        key=lambda f: (f.capability == caps.COMPAT32, f.container_path),
+    )
+    folders = dict.fromkeys(posixpath.dirname(f.container_path) for f in libraries)
+    return DriverFiles(
+        libraries=tuple(libraries),
+        binaries=tuple(_binaries(r)),
+        firmware=tuple(_firmware(r, driver_version)),
+        configs=tuple(_listed(r, CONFIGS, "config", driver_version)),
+        sockets=tuple(_listed(r, SOCKETS, "socket", driver_version)),
+        symlinks=tuple(_links(libraries)),
+        ld_folders=tuple(folders),
+    )

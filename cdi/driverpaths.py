@@ -1,0 +1,108 @@
+"""Where driver files live: the candidate paths that driver-file discovery checks.
+
+Plain data, in container terms (no driver root). Layouts covered: NVIDIA's .run installer and
+CUDA repo packages (files in /usr/lib/x86_64-linux-gnu or /usr/lib64), Debian's packages (files
+in /usr/lib/<triplet>/nvidia/current and /usr/lib/nvidia/current, linked into place by
+update-alternatives), and containerised drivers (the same layouts under /run/nvidia/driver).
+"""
+
+from __future__ import annotations
+
+import stat
+
+from gpuctk.cdi.capabilities import COMPUTE, DISPLAY, GRAPHICS, UTILITY
+
+_TRIPLETS = ("x86_64-linux-gnu", "aarch64-linux-gnu", "powerpc64le-linux-gnu")
+
+# Folders scanned for libraries whose file name ends with .so.<driver version>, in order.
+# 32-bit libraries are recognised by their ELF class, wherever they are found.
+LIBRARY_DIRS: tuple[str, ...] = (
+    *(d for t in _TRIPLETS for d in (f"/usr/lib/{t}", f"/usr/lib/{t}/nvidia/current",
+                                     f"/lib/{t}", f"/usr/lib/{t}/vdpau")),
+    "/usr/lib64", "/lib64", "/usr/lib64/vdpau", "/usr/lib", "/lib", "/usr/local/lib",
+    "/usr/lib/i386-linux-gnu", "/usr/lib/i386-linux-gnu/nvidia/current", "/lib/i386-linux-gnu",
+    "/usr/lib/i386-linux-gnu/vdpau", "/usr/lib32", "/lib32", "/usr/lib/vdpau",
+)  # fmt: skip
+
+# Libraries that do not carry the driver version in their name but belong to the driver's
+# graphics stack (named by the EGL external platform configs below). Looked up by SONAME.
+EXTRA_SONAMES = frozenset(
+    {"libnvidia-egl-gbm.so.1", "libnvidia-egl-wayland.so.1", "libnvidia-egl-xcb.so.1",
+     "libnvidia-egl-xlib.so.1"}
+)  # fmt: skip
+
+# Extra links next to a library, by SONAME: (target, link name). As the reference toolkit:
+# the development link for libcuda (and opticalflow), and GLVND's indirect GLX entry point.
+DEV_LINKS: dict[str, tuple[tuple[str, str], ...]] = {
+    "libcuda.so.1": (("{soname}", "libcuda.so"),),
+    "libnvidia-opticalflow.so.1": (("{soname}", "libnvidia-opticalflow.so"),),
+    "libGLX_nvidia.so.0": (("{soname}", "libGLX_indirect.so.0"),),
+}
+
+# Loader links in the multiarch library folder, by SONAME: the path (relative to that folder)
+# where another loader looks for the library (libgbm's backends, libvdpau's drivers).
+LOADER_LINKS = {
+    "libnvidia-allocator.so.1": "gbm/nvidia-drm_gbm.so",
+    "libvdpau_nvidia.so.1": "vdpau/libvdpau_nvidia.so.1",
+}
+
+BINARIES = (
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+    "nvidia-imex",
+    "nvidia-imex-ctl",
+)
+# A binary found in one of these is mounted where it was found; elsewhere, at /usr/bin/<name>.
+PATH_DIRS = frozenset(
+    {"/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin", "/usr/local/sbin"}
+)
+BINARY_DIRS = (
+    "/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin", "/usr/local/sbin",
+    "/usr/lib/nvidia/current", "/usr/lib/nvidia",
+)  # fmt: skip
+
+FIRMWARE_DIRS = ("/lib/firmware/nvidia/{version}", "/usr/lib/firmware/nvidia/{version}")
+
+_REG = stat.S_IFREG
+# (alternative locations, the first found wins; capability; file type)
+CONFIGS: tuple[tuple[tuple[str, ...], str, int], ...] = (
+    (("/etc/vulkan/icd.d/nvidia_icd.json", "/usr/share/vulkan/icd.d/nvidia_icd.json"),
+     GRAPHICS, _REG),
+    (("/etc/vulkan/implicit_layer.d/nvidia_layers.json",
+      "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json"), GRAPHICS, _REG),
+    (("/etc/glvnd/egl_vendor.d/10_nvidia.json", "/usr/share/glvnd/egl_vendor.d/10_nvidia.json"),
+     GRAPHICS, _REG),
+    *(((f"/etc/egl/egl_external_platform.d/{n}", f"/usr/share/egl/egl_external_platform.d/{n}"),
+       GRAPHICS, _REG)
+      for n in ("10_nvidia_wayland.json", "15_nvidia_gbm.json", "20_nvidia_xcb.json",
+                "20_nvidia_xlib.json")),
+    (("/usr/share/nvidia/nvidia-application-profiles-{version}-rc",), GRAPHICS, _REG),
+    (("/usr/share/nvidia/nvidia-application-profiles-{version}-key-documentation",),
+     GRAPHICS, _REG),
+    (("/etc/OpenCL/vendors/nvidia.icd",), COMPUTE, _REG),
+    (("/usr/lib/xorg/modules/drivers/nvidia_drv.so",
+      "/usr/lib64/xorg/modules/drivers/nvidia_drv.so"), DISPLAY, _REG),
+    (("/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{version}",
+      "/usr/lib/xorg/modules/extensions/libglxserver_nvidia.so",
+      "/usr/lib64/xorg/modules/extensions/libglxserver_nvidia.so.{version}"), DISPLAY, _REG),
+    (("/usr/share/X11/xorg.conf.d/10-nvidia.conf",
+      "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf"), DISPLAY, _REG),
+)  # fmt: skip
+
+SOCKETS: tuple[tuple[tuple[str, ...], str, int], ...] = (
+    (("/run/nvidia-persistenced/socket", "/var/run/nvidia-persistenced/socket"),
+     UTILITY, stat.S_IFSOCK),
+    (("/run/nvidia-fabricmanager/socket", "/var/run/nvidia-fabricmanager/socket"),
+     UTILITY, stat.S_IFSOCK),
+    (("/tmp/nvidia-mps",), COMPUTE, stat.S_IFDIR),
+)  # fmt: skip
+
+_DRIVER_STEMS = ("libcuda", "libnvcuvid", "libnvoptix")
+
+
+def is_driver_library_name(name: str) -> bool:
+    """Whether a library name (an ld.so.cache key) may belong to the NVIDIA driver."""
+    return "nvidia" in name.lower() or name.startswith(_DRIVER_STEMS)
