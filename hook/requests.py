@@ -1,0 +1,257 @@
+"""Which CDI devices a container asks for, read from its OCI config (config.json) as a dict.
+
+Sources, in this order; the first that names anything is the request (as the reference
+nvidia-container-runtime in CDI mode, internal/modifier/cdi.go, does):
+
+1. annotations whose key starts with a configured prefix (default `cdi.k8s.io/`): the value is
+   a comma-separated list of fully qualified names (`nvidia.com/gpu=0`), as the Kubernetes
+   device plugin writes them; an unqualified name there is an error;
+2. when `accept-volume-mounts` is on (off by default): `/dev/null` mounts at
+   `/var/run/nvidia-container-devices/<name>` (a bare name: `0`, `GPU-...`, `all`) or
+   `/var/run/nvidia-container-devices/cdi/<vendor>/<class>/<name>`;
+3. NVIDIA_VISIBLE_DEVICES (the last value wins when the env lists it twice), comma-separated:
+   `void`, empty or unset: nothing at all; `none`: the driver files without any GPU; `all`;
+   indices `0,1`; MIG `0:1`; `GPU-`/`MIG-` UUIDs; fully qualified names. Any `void` wins over
+   `none`, which wins over `all`, which wins over a list. Honoured for unprivileged containers
+   (no CAP_SYS_ADMIN in the bounding set) only when `accept-envvar-unprivileged` is on.
+
+Bare names get the configured default kind. Input is bounded: at most MAX_DEVICES names, each at
+most MAX_NAME_LEN bytes, charset checked; violations raise RequestError.
+"""
+
+from __future__ import annotations
+
+from gpuctk.errors import RequestError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Any
+
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+MOUNTS_ROOT = "/var/run/nvidia-container-devices"
+MAX_DEVICES = 1024
+MAX_NAME_LEN = 256  # a qualified name: vendor/class=name
+MAX_VALUE_LEN = 256 * 1024  # one env value or annotation value
+CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
+
+
+class Request:
+    """What a container asked for: qualified `devices`, or `driver_only` (NVIDIA_VISIBLE_DEVICES
+    =none) for `kind`'s spec-level edits alone; `source` says where it came from ("" when
+    nothing was asked); `notes` are messages worth logging (ignored requests)."""
+
+    __slots__ = ("devices", "driver_only", "kind", "notes", "source")
+
+    def __init__(
+        self,
+        devices: Iterable[str] = (),
+        *,
+        source: str = "",
+        driver_only: bool = False,
+        kind: str = "",
+        notes: Iterable[str] = (),
+    ) -> None:
+        self.devices = tuple(devices)
+        self.source = source
+        self.driver_only = driver_only
+        self.kind = kind
+        self.notes = tuple(notes)
+
+    def __bool__(self) -> bool:
+        return bool(self.devices) or self.driver_only
+
+    def __repr__(self) -> str:
+        what = "driver only" if self.driver_only else ",".join(self.devices) or "nothing"
+        return f"Request({what} from {self.source or '-'})"
+
+
+def _is_qualified(name: str) -> bool:
+    from gpuctk.cdi.names import is_qualified_name
+
+    return is_qualified_name(name)
+
+
+def _bare_name_problem(name: str) -> str | None:
+    from gpuctk.cdi.names import device_name_problem
+
+    return device_name_problem(name)
+
+
+def _check_bounds(names: list[str], where: str) -> None:
+    if len(names) > MAX_DEVICES:
+        raise RequestError(f"{where}: {len(names)} devices requested; at most {MAX_DEVICES}")
+    for name in names:
+        if len(name) > MAX_NAME_LEN:
+            raise RequestError(
+                f"{where}: device name {name[:40]!r}... is {len(name)} characters long; "
+                f"at most {MAX_NAME_LEN}"
+            )
+        if "\x00" in name:
+            raise RequestError(f"{where}: device name {name!r} contains a NUL character")
+
+
+def _qualify(name: str, kind: str, where: str) -> str:
+    """The qualified form of one requested name: kind prefixed to a bare name."""
+    if "=" in name or "/" in name:
+        if not _is_qualified(name):
+            from gpuctk.cdi.names import qualified_name_problem
+
+            raise RequestError(f"{where}: {qualified_name_problem(name)}")
+        return name
+    problem = _bare_name_problem(name)
+    if problem:
+        raise RequestError(f"{where}: {problem}")
+    return f"{kind}={name}"
+
+
+def _dedupe(names: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(names))
+
+
+def from_annotations(annotations: Any, prefixes: Iterable[str]) -> list[str]:
+    """Qualified names from annotations with one of `prefixes` (keys sorted: deterministic)."""
+    if not isinstance(annotations, dict) or not annotations:
+        return []
+    prefixes = tuple(prefixes)
+    found: list[str] = []
+    for key in sorted(annotations):
+        if not isinstance(key, str) or not key.startswith(prefixes):
+            continue
+        value = annotations[key]
+        where = f"annotation {key!r}"
+        if not isinstance(value, str):
+            raise RequestError(f"{where}: value must be a string")
+        if len(value) > MAX_VALUE_LEN:
+            raise RequestError(f"{where}: value longer than {MAX_VALUE_LEN} characters")
+        names = [n.strip() for n in value.split(",")]
+        _check_bounds(names, where)
+        for name in names:
+            if not _is_qualified(name):
+                raise RequestError(
+                    f"{where}: invalid device name {name!r} (expected a fully qualified CDI "
+                    "name such as nvidia.com/gpu=0)"
+                )
+            found.append(name)
+    names = _dedupe(found)
+    _check_bounds(names, "annotations")
+    return names
+
+
+def from_mounts(mounts: Any, kind: str) -> list[str]:
+    """Names from `/dev/null` mounts under /var/run/nvidia-container-devices."""
+    if not isinstance(mounts, list):
+        return []
+    import posixpath
+
+    root = MOUNTS_ROOT + "/"
+    found: list[str] = []
+    for mount in mounts:
+        if not isinstance(mount, dict):
+            continue
+        source, dest = mount.get("source"), mount.get("destination")
+        if not isinstance(source, str) or not isinstance(dest, str):
+            continue
+        if posixpath.normpath(source) != "/dev/null":
+            continue
+        dest = posixpath.normpath(dest)
+        if not dest.startswith(root):
+            continue
+        rel = dest[len(root) :]
+        where = f"mount {dest!r}"
+        if rel.startswith("cdi/"):
+            parts = rel[4:].split("/")
+            if len(parts) != 3:
+                raise RequestError(f"{where}: expected {root}cdi/<vendor>/<class>/<name>")
+            name = f"{parts[0]}/{parts[1]}={parts[2]}"
+            _check_bounds([name], where)
+            found.append(_qualify(name, kind, where))
+        else:
+            _check_bounds([rel], where)
+            if "/" in rel:
+                raise RequestError(f"{where}: expected {root}<name> or {root}cdi/...")
+            found.append(_qualify(rel, kind, where))
+    names = _dedupe(found)
+    _check_bounds(names, "mounts")
+    return names
+
+
+def env_value(env: Any, key: str) -> str | None:
+    """The value of `key` in an OCI env list (the last entry wins), None when unset."""
+    value = None
+    if isinstance(env, list):
+        prefix = key + "="
+        for item in env:
+            if isinstance(item, str) and item.startswith(prefix):
+                value = item[len(prefix) :]
+    return value
+
+
+def env_map(env: Any) -> dict[str, str]:
+    """An OCI env list as a dict (the last entry for a key wins)."""
+    out: dict[str, str] = {}
+    if isinstance(env, list):
+        for item in env:
+            if isinstance(item, str):
+                key, sep, value = item.partition("=")
+                if sep:
+                    out[key] = value
+    return out
+
+
+def from_visible_devices(value: str | None, kind: str) -> tuple[list[str], bool]:
+    """(qualified names, driver_only) for an NVIDIA_VISIBLE_DEVICES value."""
+    if value is None:
+        return [], False
+    if len(value) > MAX_VALUE_LEN:
+        raise RequestError(f"{VISIBLE_DEVICES}: longer than {MAX_VALUE_LEN} characters")
+    names = [n.strip() for n in value.split(",")]
+    names = [n for n in names if n]
+    if not names or "void" in names:
+        return [], False
+    if "none" in names:
+        return [], True
+    if "all" in names:
+        names = ["all"]
+    _check_bounds(names, VISIBLE_DEVICES)
+    names = _dedupe(_qualify(n, kind, VISIBLE_DEVICES) for n in names)
+    return names, False
+
+
+def is_privileged(config: Mapping[str, Any]) -> bool:
+    """CAP_SYS_ADMIN in process.capabilities.bounding (the reference's test for --privileged)."""
+    process = config.get("process")
+    caps = process.get("capabilities") if isinstance(process, dict) else None
+    bounding = caps.get("bounding") if isinstance(caps, dict) else None
+    return isinstance(bounding, list) and CAP_SYS_ADMIN in bounding
+
+
+def requested(
+    config: Mapping[str, Any],
+    *,
+    kind: str = "nvidia.com/gpu",
+    annotation_prefixes: Iterable[str] = ("cdi.k8s.io/",),
+    accept_volume_mounts: bool = False,
+    accept_envvar_unprivileged: bool = True,
+) -> Request:
+    """The request in the OCI config dict `config` (see the module docstring)."""
+    names = from_annotations(config.get("annotations"), annotation_prefixes)
+    if names:
+        return Request(names, source="annotations", kind=kind)
+    if accept_volume_mounts:
+        names = from_mounts(config.get("mounts"), kind)
+        if names:
+            return Request(names, source="mounts", kind=kind)
+    process = config.get("process")
+    env = process.get("env") if isinstance(process, dict) else None
+    value = env_value(env, VISIBLE_DEVICES)
+    names, driver_only = from_visible_devices(value, kind)
+    if not names and not driver_only:
+        return Request(kind=kind)
+    if not accept_envvar_unprivileged and not is_privileged(config):
+        note = (
+            f"ignoring {VISIBLE_DEVICES}={value} in an unprivileged container "
+            "(accept-envvar-unprivileged = false)"
+        )
+        return Request(kind=kind, notes=[note])
+    return Request(names, source=VISIBLE_DEVICES, driver_only=driver_only, kind=kind)

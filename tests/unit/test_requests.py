@@ -1,0 +1,131 @@
+"""gpuctk.hook.requests: what a container asks for, from annotations, mounts and env."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gpuctk.errors import RequestError
+from gpuctk.hook.requests import (
+    MAX_DEVICES,
+    MAX_NAME_LEN,
+    env_map,
+    from_visible_devices,
+    requested,
+)
+
+KIND = "nvidia.com/gpu"
+
+
+def config(env: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {"process": {"env": env if env is not None else ["PATH=/bin"]}}
+    doc.update(extra)
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("value", "names", "driver_only"),
+    [
+        (None, [], False),
+        ("", [], False),
+        ("void", [], False),
+        (" , ", [], False),
+        ("0,void", [], False),
+        ("none", [], True),
+        ("0,none", [], True),
+        ("all", ["nvidia.com/gpu=all"], False),
+        ("0,all", ["nvidia.com/gpu=all"], False),
+        ("0", ["nvidia.com/gpu=0"], False),
+        ("1, 3,1", ["nvidia.com/gpu=1", "nvidia.com/gpu=3"], False),
+        ("0:1", ["nvidia.com/gpu=0:1"], False),
+        ("GPU-8d0f1a2b-aaaa", ["nvidia.com/gpu=GPU-8d0f1a2b-aaaa"], False),
+        ("MIG-1234-5678", ["nvidia.com/gpu=MIG-1234-5678"], False),
+        ("example.com/x=a,0", ["example.com/x=a", "nvidia.com/gpu=0"], False),
+    ],
+)
+def test_visible_devices_values(value: str | None, names: list[str], driver_only: bool) -> None:
+    assert from_visible_devices(value, KIND) == (names, driver_only)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("../../etc", "unqualified device"),
+        ("a/b", "unqualified device 'a/b'"),
+        ("nvidia.com/gpu=", "unqualified"),
+        ("0\x001", "NUL"),
+        ("-x", "must start with a letter or digit"),
+        ("x" * (MAX_NAME_LEN + 1), "characters long"),
+        (",".join(str(i) for i in range(MAX_DEVICES + 1)), "at most 1024"),
+    ],
+)
+def test_visible_devices_bad_input(value: str, message: str) -> None:
+    with pytest.raises(RequestError, match=message):
+        from_visible_devices(value, KIND)
+
+
+def test_last_env_entry_wins_and_unset_means_nothing() -> None:
+    req = requested(config(["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=1"]))
+    assert req.devices == ("nvidia.com/gpu=1",) and req.source == "NVIDIA_VISIBLE_DEVICES"
+    assert not requested(config())
+    assert not requested({})
+    assert not requested({"process": None})
+
+
+def test_none_is_driver_only() -> None:
+    req = requested(config(["NVIDIA_VISIBLE_DEVICES=none"]), kind="example.com/gpu")
+    assert req and req.driver_only and req.devices == () and req.kind == "example.com/gpu"
+
+
+def test_annotations_come_first_and_must_be_qualified() -> None:
+    doc = config(
+        ["NVIDIA_VISIBLE_DEVICES=all"],
+        annotations={
+            "cdi.k8s.io/b": "nvidia.com/gpu=1,nvidia.com/gpu=0",
+            "cdi.k8s.io/a": "nvidia.com/gpu=0",
+            "other.io/x": "junk",
+        },
+    )
+    req = requested(doc)
+    assert req.source == "annotations"
+    assert req.devices == ("nvidia.com/gpu=0", "nvidia.com/gpu=1")
+    with pytest.raises(RequestError, match=r"annotation 'cdi.k8s.io/x': invalid device name '0'"):
+        requested(config(annotations={"cdi.k8s.io/x": "0"}))
+    req = requested(doc, annotation_prefixes=("nope/",))
+    assert req.source == "NVIDIA_VISIBLE_DEVICES"
+
+
+def test_volume_mounts_only_when_accepted() -> None:
+    mounts = [
+        {"source": "/dev/null", "destination": "/var/run/nvidia-container-devices/1"},
+        {"source": "/dev/null", "destination": "/var/run/nvidia-container-devices/cdi/x.com/y/z"},
+        {"source": "/dev/null", "destination": "/var/run/nvidia-container-devicesX/9"},
+        {"source": "/tmp/f", "destination": "/var/run/nvidia-container-devices/8"},
+        {"source": "/dev/null", "destination": "/other/7"},
+    ]
+    doc = config(["NVIDIA_VISIBLE_DEVICES=0"], mounts=mounts)
+    assert requested(doc).devices == ("nvidia.com/gpu=0",)
+    req = requested(doc, accept_volume_mounts=True)
+    assert req.source == "mounts" and req.devices == ("nvidia.com/gpu=1", "x.com/y=z")
+    bad = config(
+        mounts=[{"source": "/dev/null", "destination": "/var/run/nvidia-container-devices/cdi/a/b"}]
+    )
+    with pytest.raises(RequestError, match="expected"):
+        requested(bad, accept_volume_mounts=True)
+
+
+def test_unprivileged_policy() -> None:
+    doc = config(["NVIDIA_VISIBLE_DEVICES=0"])
+    req = requested(doc, accept_envvar_unprivileged=False)
+    assert not req and "unprivileged" in req.notes[0]
+    doc["process"]["capabilities"] = {"bounding": ["CAP_CHOWN", "CAP_SYS_ADMIN"]}
+    assert requested(doc, accept_envvar_unprivileged=False).devices == ("nvidia.com/gpu=0",)
+    # annotations are not subject to the env var policy
+    doc = config(annotations={"cdi.k8s.io/x": "nvidia.com/gpu=0"})
+    assert requested(doc, accept_envvar_unprivileged=False)
+
+
+def test_env_map() -> None:
+    assert env_map(["A=1", "B", "A=2=3", 5]) == {"A": "2=3"}
+    assert env_map(None) == {}
