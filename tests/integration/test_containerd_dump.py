@@ -118,7 +118,7 @@ def test_dump_shows_handler_and_keeps_everything_else(
     expected = copy.deepcopy(without_handler(before))
     if default:
         assert after["plugins"][CRI]["containerd"]["default_runtime_name"] == "nvidia"
-        expected["plugins"][CRI]["containerd"]["default_runtime_name"] = "nvidia"  # type: ignore[index]
+        expected["plugins"][CRI]["containerd"]["default_runtime_name"] = "nvidia"
     assert without_handler(after) == expected  # every other setting, every plugin
 
 

@@ -19,6 +19,7 @@ from fixtures.containerd import SHIM, SYSTEMD_SANDBOX, VERSION_3, gpuctk, ro_mou
 
 from gpuctk.containerd import plan as planmod
 from gpuctk.errors import OutputError
+from gpuctk.fs import atomic_write
 
 V3 = "io.containerd.cri.v1.runtime"
 V2 = "io.containerd.grpc.v1.cri"
@@ -277,7 +278,7 @@ def test_failed_write_rolls_back_earlier_writes(
 ) -> None:
     first, second = tmp_path / "a" / "first", tmp_path / "second"
     second.write_bytes(b"old")
-    real = planmod.atomic_write
+    real = atomic_write
 
     def failing(path: str, data: bytes, mode: int = 0o644) -> None:
         if path == str(second):
