@@ -15,6 +15,7 @@ import shutil
 import tempfile
 
 from gpuctk.containerd import engine, state, tomlfiles
+from gpuctk.containerd import plan as planmod
 from gpuctk.containerd.options import Options
 from gpuctk.containerd.plan import FileChange, Plan
 from gpuctk.containerd.tomlfiles import Table
@@ -94,14 +95,16 @@ def handler_table(effective: Table, opts: Options) -> tuple[Table, list[str]]:
 
 
 def plan_configure(opts: Options) -> Plan:
-    state.read_owned(opts.drop_in, "drop-in")  # refuses a file that is not gpuctk's
+    _, previous = state.read_owned(opts.drop_in, "drop-in")  # refuses a foreign file
     effective = _effective(opts)
     table, notes = handler_table(effective, opts)
     runtime: Table = {}
     if opts.set_as_default:
         runtime["default_runtime"] = opts.runtime_name
     runtime["runtimes"] = {opts.runtime_name: table}
-    record = state.State()
+    record = state.State(dirs=tuple(planmod.missing_dirs(opts.drop_in)))
+    if previous is not None:
+        record = previous.merged(record)
     header = [
         f"Written by `gpuctk runtime configure`: CRI-O runtime handler {opts.runtime_name!r}.",
         "`gpuctk runtime unconfigure --runtime crio` removes this file; do not edit.",
@@ -116,7 +119,8 @@ def plan_configure(opts: Options) -> Plan:
 
 
 def plan_unconfigure(opts: Options) -> Plan:
-    text, _ = state.read_owned(opts.drop_in, "drop-in")
-    if text is None:
+    text, record = state.read_owned(opts.drop_in, "drop-in")
+    if text is None or record is None:
         return Plan(())
-    return Plan((FileChange(opts.drop_in, None, "CRI-O drop-in"),))
+    removal = FileChange(opts.drop_in, None, "CRI-O drop-in")
+    return Plan((removal, *planmod.removable_dirs(record.dirs, [opts.drop_in])))
