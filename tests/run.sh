@@ -53,4 +53,6 @@ log "mypy (strict)"
 .venv/bin/mypy
 
 log "pytest"
+# In CI the Debian driver root must be built: fail, do not skip, if it cannot be.
+export GPUCTK_REQUIRE_DRIVER_ROOT=1
 exec .venv/bin/python -m pytest "$@"
