@@ -44,7 +44,9 @@ def locate_root(container_spec: str | None, stdin: BinaryIO | None = None) -> st
     return oci_state.rootfs_path(config, state.bundle)
 
 
-def update_loader(root_fd: int, folders: list[str], ldconfig_path: str | None) -> str:
+def update_loader(
+    root_fd: int, root_path: str, folders: list[str], ldconfig_path: str | None
+) -> str:
     """Make the folders part of the loader's search path; returns what was done, in words."""
     present = inroot.existing_folders(root_fd, folders)
     arches = inroot.musl_arches(root_fd)
@@ -58,7 +60,7 @@ def update_loader(root_fd: int, folders: list[str], ldconfig_path: str | None) -
     exe_fd, exe = ldconfig.open_host_ldconfig(ldconfig_path)
     try:
         args = ["-C", "/etc/ld.so.cache", "-f", inroot.LD_SO_CONF, *present]
-        output = ldconfig.run_confined(root_fd, exe_fd, args)
+        output = ldconfig.run_confined(root_fd, root_path, exe_fd, args)
     finally:
         os.close(exe_fd)
     if output:
@@ -82,7 +84,9 @@ def run_request(req: Request, stdin: BinaryIO | None = None) -> None:
             changed = inroot.create_symlinks(root_fd, links) if links else 0
             if mode is not None:
                 inroot.chmod_paths(root_fd, mode, req.paths)
-            done = update_loader(root_fd, folders, req.ldconfig) if req.run_ldconfig else ""
+            done = ""
+            if req.run_ldconfig:
+                done = update_loader(root_fd, root_path, folders, req.ldconfig)
         hooklog.info(f"{req.verb} {root_path}: {changed} links; {done or 'no loader update'}")
     finally:
         os.close(root_fd)

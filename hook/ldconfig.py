@@ -115,7 +115,7 @@ class _CapData(ctypes.Structure):
 
 
 def _child(
-    root_fd: int, exe_fd: int, argv: list[str], out_fd: int, null_fd: int, last_cap: int
+    root: tuple[int, str], exe_fd: int, argv: list[str], out_fd: int, null_fd: int, last_cap: int
 ) -> None:
     """In the forked child: confine, then exec. Never returns."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -124,8 +124,7 @@ def _child(
         step = "unshare the mount namespace"
         mounts.unshare_private_mounts()
         step = "chroot into the container root"
-        os.fchdir(root_fd)
-        os.chroot(".")
+        _chroot(*root)
         os.chdir("/")
         step = "detach /proc and /sys"
         mounts.detach("/proc")
@@ -160,8 +159,24 @@ def _child(
             os._exit(127)
 
 
-def run_confined(root_fd: int, exe_fd: int, args: list[str], timeout: float = TIMEOUT) -> str:
-    """Run the opened host ldconfig with `args` confined to the root; returns its output."""
+def _chroot(root_fd: int, root_path: str) -> None:
+    """chroot into the root as seen from the new mount namespace. A descriptor opened before
+    unshare() still names the old namespace's mount (its /proc could not be detached), so the
+    trusted host path is opened again here and must be the same directory as `root_fd`."""
+    fd = os.open(root_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    a, b = os.fstat(fd), os.fstat(root_fd)
+    if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+        raise OSError(f"{root_path} is not the container root any more")
+    os.fchdir(fd)
+    os.close(fd)
+    os.chroot(".")
+
+
+def run_confined(
+    root_fd: int, root_path: str, exe_fd: int, args: list[str], timeout: float = TIMEOUT
+) -> str:
+    """Run the opened host ldconfig with `args` confined to the root (`root_fd`, whose trusted
+    host path is `root_path`); returns its output."""
     with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as f:
         last_cap = int(f.read())
     null_fd = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
@@ -170,7 +185,7 @@ def run_confined(root_fd: int, exe_fd: int, args: list[str], timeout: float = TI
         pid = os.fork()
         if pid == 0:
             os.close(read_fd)
-            _child(root_fd, exe_fd, ["ldconfig", *args], write_fd, null_fd, last_cap)
+            _child((root_fd, root_path), exe_fd, ["ldconfig", *args], write_fd, null_fd, last_cap)
         os.close(write_fd)
         write_fd = -1
         output, status = _collect(pid, read_fd, time.monotonic() + timeout)

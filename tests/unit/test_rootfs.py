@@ -8,7 +8,6 @@ before and after every attack and must be identical.
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import stat
 import subprocess
@@ -17,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fixtures.images import snapshot_tree as snapshot
 
 from gpuctk import rootfs
 
@@ -28,23 +28,6 @@ def mode(request: pytest.FixtureRequest) -> Iterator[str]:
     rootfs.use_openat2(request.param == "openat2")
     yield request.param
     rootfs.use_openat2(None)
-
-
-def snapshot(top: Path) -> dict[str, tuple[object, ...]]:
-    out: dict[str, tuple[object, ...]] = {}
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in dirnames + filenames:
-            p = Path(dirpath) / name
-            st = p.lstat()
-            extra: object = None
-            if stat.S_ISLNK(st.st_mode):
-                extra = os.readlink(p)
-            elif stat.S_ISREG(st.st_mode):
-                extra = hashlib.sha256(p.read_bytes()).hexdigest()
-            out[str(p.relative_to(top))] = (st.st_mode, st.st_uid, st.st_mtime_ns, extra)
-    st = top.lstat()
-    out["."] = (st.st_mode, st.st_mtime_ns)
-    return out
 
 
 def assert_unreadable(fd: int, path: str) -> None:

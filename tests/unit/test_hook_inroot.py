@@ -1,0 +1,363 @@
+"""gpuctk-hook's verbs on real image roots (fresh overlays), run as the console script with the
+OCI state on stdin, the way runc runs it, but without a container: the root is the bundle's.
+
+What must hold: the right links, ld.so.conf.d entry and ld cache; musl images get their path
+file and no glibc files; unknown verbs never fail; no binary from the image ever runs (a planted
+/sbin/ldconfig and /etc/ld.so.preload leave no marker); nothing outside the root changes; stdout
+stays empty; an error is one line on stderr and exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures.images import hook_path
+from fixtures.images import snapshot_tree as snapshot
+
+FOLDER = "/usr/lib/x86_64-linux-gnu/nvidia/current"
+LINK = f"libfoo.so.1.2.3::{FOLDER}/libfoo.so.1"
+ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+def bundle_for(tmp_path: Path, rootfs: Path, **root: Any) -> Path:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir(exist_ok=True)
+    config = {"ociVersion": "1.0.2", "root": {"path": str(rootfs), **root}, "process": {}}
+    (bundle / "config.json").write_text(json.dumps(config))
+    return bundle
+
+
+def state(bundle: Path) -> bytes:
+    doc = {"ociVersion": "1.0.2", "id": "t", "status": "creating", "pid": 0, "bundle": str(bundle)}
+    return json.dumps(doc).encode()
+
+
+def hook(
+    args: list[str], stdin: bytes = b"", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    if not os.path.exists(hook_path()):
+        pytest.skip("gpuctk-hook console script not installed in the venv")
+    done = subprocess.run(
+        [hook_path(), *args],
+        input=stdin.decode("latin-1"),
+        capture_output=True,
+        text=True,
+        env={**ENV, **(env or {})},
+        timeout=60,
+        check=False,
+    )
+    if args and args[0] not in ("--version", "version"):
+        assert done.stdout == "", "the hook must never write to stdout"
+    return done
+
+
+def with_lib(rootfs: Path, libfoo: Path) -> Path:
+    folder = rootfs / FOLDER.lstrip("/")
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(libfoo, folder / "libfoo.so.1.2.3")
+    return folder
+
+
+def cache_listing(rootfs: Path) -> str:
+    return subprocess.run(
+        ["/sbin/ldconfig", "-p", "-C", str(rootfs / "etc/ld.so.cache")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+def test_create_container_on_a_debian_image(
+    tmp_path: Path, fresh_rootfs: Any, libfoo: Path
+) -> None:
+    rootfs = fresh_rootfs("debian")
+    folder = with_lib(rootfs, libfoo)
+    args = ["createContainer", "--link", LINK, "--folder", FOLDER]
+    done = hook(args, state(bundle_for(tmp_path, rootfs)))
+    assert done.returncode == 0, done.stderr
+    assert os.readlink(folder / "libfoo.so.1") == "libfoo.so.1.2.3"
+    conf = (rootfs / "etc/ld.so.conf.d/00-gpuctk.conf").read_text().splitlines()
+    assert FOLDER in conf
+    assert f"libfoo.so.1 (libc6,x86-64) => {FOLDER}/libfoo.so.1" in cache_listing(rootfs)
+    assert (rootfs / "etc/ld.so.conf").read_text().startswith("include")  # the image's own
+
+
+def test_links_only_to_existing_targets_and_never_over_files(
+    tmp_path: Path, fresh_rootfs: Any, libfoo: Path
+) -> None:
+    rootfs = fresh_rootfs("debian")
+    folder = with_lib(rootfs, libfoo)
+    (folder / "libbar.so.1").write_text("a real file")
+    (folder / "libold.so.1").symlink_to("libold.so.1.0")
+    (folder / "libold.so.1.2").write_text("x")
+    links = [
+        LINK,
+        f"libmissing.so.9::{FOLDER}/libmissing.so.1",  # target dropped by capabilities
+        f"libfoo.so.1.2.3::{FOLDER}/libbar.so.1",  # a real file: left alone
+        f"libold.so.1.2::{FOLDER}/libold.so.1",  # a stale link: replaced
+        f"{FOLDER}/libfoo.so.1.2.3::/usr/lib/x86_64-linux-gnu/libfoo.so",  # absolute target
+    ]
+    args = ["create-symlinks"] + [a for link in links for a in ("--link", link)]
+    done = hook(args, state(bundle_for(tmp_path, rootfs)))
+    assert done.returncode == 0, done.stderr
+    assert os.readlink(folder / "libfoo.so.1") == "libfoo.so.1.2.3"
+    assert not (folder / "libmissing.so.1").is_symlink()
+    assert (folder / "libbar.so.1").read_text() == "a real file"
+    assert "libbar.so.1" in done.stderr  # warned
+    assert os.readlink(folder / "libold.so.1") == "libold.so.1.2"
+    assert os.readlink(rootfs / "usr/lib/x86_64-linux-gnu/libfoo.so") == f"{FOLDER}/libfoo.so.1.2.3"
+    assert not (rootfs / "etc/ld.so.conf.d/00-gpuctk.conf").exists()  # no --folder, no ldcache
+
+
+def test_image_without_ld_so_conf_gets_one(tmp_path: Path, fresh_rootfs: Any, libfoo: Path) -> None:
+    rootfs = fresh_rootfs("no-ldsoconf")
+    with_lib(rootfs, libfoo)
+    done = hook(["update-ldcache", "--folder", FOLDER], state(bundle_for(tmp_path, rootfs)))
+    assert done.returncode == 0, done.stderr
+    assert (rootfs / "etc/ld.so.conf").read_text() == "include /etc/ld.so.conf.d/*.conf\n"
+    assert f"=> {FOLDER}/libfoo.so.1" in cache_listing(rootfs)  # ldconfig made the SONAME link
+
+
+@pytest.mark.parametrize("path_file", ["debian's", "none"])
+def test_musl_image_gets_a_path_file_and_no_glibc_files(
+    tmp_path: Path, fresh_rootfs: Any, libfoo: Path, path_file: str
+) -> None:
+    rootfs = fresh_rootfs("musl")
+    with_lib(rootfs, libfoo)
+    musl_path = rootfs / "etc/ld-musl-x86_64.path"
+    if path_file == "none":
+        musl_path.unlink()
+        shutil.rmtree(rootfs / "etc/ld-musl-x86_64.d")
+    args = ["createContainer", "--link", LINK, "--folder", FOLDER, "--folder", FOLDER]
+    done = hook(args, state(bundle_for(tmp_path, rootfs)))
+    assert done.returncode == 0, done.stderr
+    entries = musl_path.read_text().split()
+    assert entries[0] == FOLDER and entries.count(FOLDER) == 1
+    expected = (
+        ["/lib", "/usr/local/lib", "/usr/lib"]
+        if path_file == "none"
+        else ["/lib/x86_64-linux-musl"]
+    )
+    assert all(e in entries for e in expected)
+    for glibc_file in ("etc/ld.so.cache", "etc/ld.so.conf", "etc/ld.so.conf.d"):
+        assert not (rootfs / glibc_file).exists()
+    assert hook(args, state(bundle_for(tmp_path, rootfs))).returncode == 0
+    assert musl_path.read_text().split() == entries  # idempotent
+
+
+def test_unknown_verb_and_options_are_ignored(tmp_path: Path) -> None:
+    done = hook(["prestart-from-the-future", "--flux", "9"], b"")
+    assert done.returncode == 0
+    assert "unknown verb" in done.stderr
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    done = hook(
+        ["chmod", "--mode", "700", "--path", "/etc", "--new-flag", "x", "--other=y"],
+        state(bundle_for(tmp_path, root)),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--new-flag" in done.stderr and "--other=y" in done.stderr
+    assert stat.S_IMODE((root / "etc").stat().st_mode) == 0o700
+
+
+def test_version() -> None:
+    done = hook(["--version"])
+    assert done.returncode == 0 and done.stdout.startswith("gpuctk-hook ")
+
+
+def _marker_lib(tmp_path: Path, host_marker: Path) -> Path:
+    source = tmp_path / "marker.c"
+    source.write_text(
+        "#include <stdio.h>\n"
+        "__attribute__((constructor)) static void ran(void) {\n"
+        f'  FILE *f = fopen("{host_marker}", "w"); if (f) fclose(f);\n'
+        '  f = fopen("/preload-ran", "w"); if (f) fclose(f);\n'
+        "}\n"
+    )
+    out = tmp_path / "libmarker.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(out), str(source)], check=True)
+    return out
+
+
+def test_image_binaries_and_preloads_never_run(
+    tmp_path: Path, fresh_rootfs: Any, libfoo: Path
+) -> None:
+    rootfs = fresh_rootfs("debian")
+    with_lib(rootfs, libfoo)
+    host_marker = tmp_path / "host-marker"
+    fake = rootfs / "sbin/ldconfig"
+    fake.unlink()
+    fake.write_text(f"#!/bin/sh\ntouch /ldconfig-ran {host_marker}\nexit 0\n")
+    fake.chmod(0o755)
+    shutil.copy(_marker_lib(tmp_path, host_marker), rootfs / "lib/libmarker.so")
+    (rootfs / "etc/ld.so.preload").write_text("/lib/libmarker.so\n")
+    env = {"LD_PRELOAD": "/lib/libmarker.so", "LD_LIBRARY_PATH": "/lib"}  # names in the image
+    args = ["createContainer", "--link", LINK, "--folder", FOLDER]
+    done = hook(args, state(bundle_for(tmp_path, rootfs)), env=env)
+    assert done.returncode == 0, done.stderr
+    assert f"=> {FOLDER}/libfoo.so.1" in cache_listing(rootfs)  # the host ldconfig did it
+    assert not host_marker.exists()
+    assert not (rootfs / "ldconfig-ran").exists()
+    assert not (rootfs / "preload-ran").exists()
+
+
+@pytest.mark.parametrize("which", ["dynamic", "script", "missing"])
+def test_unusable_host_ldconfig_is_refused(tmp_path: Path, fresh_rootfs: Any, which: str) -> None:
+    rootfs = fresh_rootfs("debian")
+    if which == "dynamic":
+        ldconfig, expect = "/bin/true", "dynamically linked"
+    elif which == "script":
+        ldconfig, expect = str(tmp_path / "ldconfig"), "script"
+        Path(ldconfig).write_text("#!/bin/sh\ntouch /pwned\n")
+        Path(ldconfig).chmod(0o755)
+    else:
+        ldconfig, expect = "/nonexistent/ldconfig", "no host ldconfig"
+    args = ["update-ldcache", "--folder", FOLDER, "--ldconfig-path", ldconfig]
+    done = hook(args, state(bundle_for(tmp_path, rootfs)))
+    assert done.returncode == 1
+    assert expect in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (rootfs / "pwned").exists()
+
+
+@pytest.mark.parametrize("mirror", [False, True], ids=["dangling-in-root", "mirrored-in-root"])
+def test_folders_linked_outside_stay_in_root(
+    tmp_path: Path, fresh_rootfs: Any, libfoo: Path, mirror: bool
+) -> None:
+    """/etc/ld.so.conf.d and the driver folder's parent are links to a host folder (absolute and
+    relative): in the root they resolve to <root>/<host path>, which is either missing (a
+    clear error) or, when the image has it, where the files go. The host folder never changes."""
+    rootfs = fresh_rootfs("debian")
+    outside = tmp_path / "outside"
+    (outside / "nvidia/current").mkdir(parents=True)
+    shutil.copy(libfoo, outside / "nvidia/current/libfoo.so.1.2.3")
+    (outside / "ld.so.conf.d").mkdir()
+    before = snapshot(outside)
+    shutil.rmtree(rootfs / "etc/ld.so.conf.d")
+    (rootfs / "etc/ld.so.conf.d").symlink_to(outside / "ld.so.conf.d")
+    (rootfs / "usr/lib/x86_64-linux-gnu/nvidia").symlink_to(
+        "../../../../../.." + f"{outside}/nvidia"
+    )
+    if mirror:
+        shutil.copytree(outside, rootfs / str(outside).lstrip("/"), symlinks=True)
+    lib = f"{FOLDER}/libfoo.so.1.2.3"
+    args = ["createContainer", "--link", LINK, "--folder", FOLDER, "--folder", "/lib"]
+    done = hook([*args, "--mode", "700", "--path", lib], state(bundle_for(tmp_path, rootfs)))
+    assert snapshot(outside) == before, "the hook changed something outside the root"
+    if not mirror:
+        assert done.returncode == 1
+        assert done.stderr.strip().splitlines() == [
+            "gpuctk-hook: error: cannot open /etc/ld.so.conf.d in the container root: "
+            "No such file or directory"
+        ]
+        return
+    assert done.returncode == 0, done.stderr
+    inner = rootfs / str(outside).lstrip("/")
+    assert os.readlink(inner / "nvidia/current/libfoo.so.1") == "libfoo.so.1.2.3"
+    assert stat.S_IMODE((inner / "nvidia/current/libfoo.so.1.2.3").stat().st_mode) == 0o700
+    assert FOLDER in (inner / "ld.so.conf.d/00-gpuctk.conf").read_text()
+    assert f"=> {FOLDER}/libfoo.so.1" in cache_listing(rootfs)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"",
+        b"\xff\xfe{}",
+        b'{"bundle": "/a", "bundle": "/b", "id": "x", "status": "creating", "ociVersion": "1"}',
+        b'{"bundle": "/tmp/../etc", "id": "x", "status": "creating", "ociVersion": "1"}',
+        b'{"bundle": "relative", "id": "x", "status": "creating", "ociVersion": "1"}',
+        b'{"bundle": 5}',
+        b'{"bundle": "/nonexistent", "pid": -1}',
+        b"[" * 100000 + b"]" * 100000,
+        b'{"pad": "' + b"x" * (2 << 20) + b'"}',
+        b'{"bundle": "/nonexistent-bundle", "id": "x"}',
+    ],
+    ids=[
+        "empty",
+        "utf16",
+        "dupkey",
+        "dotdot",
+        "relative",
+        "type",
+        "pid",
+        "deep",
+        "huge",
+        "nobundle",
+    ],
+)
+def test_hostile_state_is_one_clear_error(bad: bytes) -> None:
+    done = hook(["createContainer", "--folder", FOLDER], bad)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpuctk-hook: error: "), done.stderr
+
+
+def test_log_file_in_runc_format(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    log = tmp_path / "hook.log"
+    env = {"GPUCTK_HOOK_LOG": str(log), "GPUCTK_HOOK_LOG_LEVEL": "debug"}
+    done = hook(
+        ["chmod", "--mode", "750", "--path", "/etc"], state(bundle_for(tmp_path, root)), env
+    )
+    assert done.returncode == 0, done.stderr
+    lines = log.read_text().splitlines()
+    assert lines and all(line.startswith('time="') and " level=" in line for line in lines)
+
+
+PROBE_C = r"""
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <linux/capability.h>
+extern char **environ;
+int main(void) {
+    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct d[2];
+    syscall(SYS_capget, &h, d);
+    unsigned long long bset = 0;
+    for (int c = 0; c < 64; c++) if (prctl(PR_CAPBSET_READ, c, 0, 0, 0) == 1) bset |= 1ULL << c;
+    int fds = 0;
+    for (int fd = 0; fd < 4096; fd++) if (fcntl(fd, F_GETFD) != -1) fds++;
+    printf("eff=%x perm=%x inh=%x bset=%llx nnp=%d uid=%d fds=%d env=%d\n", d[0].effective,
+           d[0].permitted, d[0].inheritable, bset, prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0),
+           (int)getuid(), fds, environ[0] != NULL);
+    printf("proc1=%d marker=%d\n", access("/proc/1", F_OK) == 0,
+           access("/image-marker", F_OK) == 0);
+    return 0;
+}
+"""
+
+
+def test_ldconfig_child_is_confined(tmp_path: Path, fresh_rootfs: Any) -> None:
+    """A static probe stands in for ldconfig and reports what it can do."""
+    rootfs = fresh_rootfs("debian")
+    (rootfs / "image-marker").write_text("")
+    (rootfs / "proc").mkdir(exist_ok=True)
+    source, probe = tmp_path / "probe.c", tmp_path / "probe"
+    source.write_text(PROBE_C)
+    built = subprocess.run(["gcc", "-static", "-O2", "-o", str(probe), str(source)], check=False)
+    if built.returncode:
+        pytest.skip("gcc -static unavailable (libc6-dev's libc.a)")
+    subprocess.run(["mount", "-t", "proc", "proc", str(rootfs / "proc")], check=True)
+    try:
+        log = tmp_path / "hook.log"
+        env = {"GPUCTK_HOOK_LOG": str(log), "GPUCTK_HOOK_LOG_LEVEL": "debug", "SECRET": "x"}
+        args = ["update-ldcache", "--folder", "/lib", "--ldconfig-path", str(probe)]
+        done = hook(args, state(bundle_for(tmp_path, rootfs)), env)
+    finally:
+        subprocess.run(["umount", "-l", str(rootfs / "proc")], check=False)
+    assert done.returncode == 0, done.stderr
+    text = log.read_text()
+    assert "eff=e perm=e inh=0 bset=e nnp=1 uid=0 fds=3 env=0" in text  # DAC caps + FOWNER only
+    assert "proc1=0 marker=1" in text  # chrooted in the image root, its /proc detached
