@@ -1,0 +1,170 @@
+"""NVIDIA_DRIVER_CAPABILITIES: which driver files a container gets.
+
+The reference toolkit ignores the variable in CDI mode and mounts every driver file; gpuctk
+honours it, as libnvidia-container does in legacy mode. Default (unset or empty):
+`utility,compute`; `all`: everything; unknown words are ignored (reported as notes).
+
+Only the spec-level edits are filtered, and within them only the mounts of driver libraries and
+binaries (and the graphics/display config files); device nodes, IPC sockets (mounted noexec),
+firmware and anything not recognised stay. A library's capability comes from its file name
+(gpuctk.cdi.capabilities.capability_of); a 32-bit library (in an i386/lib32 folder, or in
+/usr/lib or /lib when the spec also mounts libraries from /usr/lib64 or /lib64) needs
+`compat32` as well as its own capability. The hook's `--link TARGET::LINK` arguments whose
+target is a dropped file (or a dropped link) are dropped too.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from gpuctk.cdi import capabilities as caps
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from typing import Any
+
+ENV = "NVIDIA_DRIVER_CAPABILITIES"
+_BIN_DIRS = frozenset(
+    ("/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin")
+)
+_CONFIG_CAPS = (  # container path prefix -> capability, for non-library files
+    ("/usr/share/vulkan/", caps.GRAPHICS),
+    ("/etc/vulkan/", caps.GRAPHICS),
+    ("/usr/share/glvnd/", caps.GRAPHICS),
+    ("/usr/share/egl/", caps.GRAPHICS),
+    ("/etc/egl/", caps.GRAPHICS),
+    ("/usr/share/nvidia/nvoptix", caps.GRAPHICS),
+    ("/usr/share/X11/", caps.DISPLAY),
+    ("/etc/X11/", caps.DISPLAY),
+    ("/usr/lib/xorg/", caps.DISPLAY),
+)
+_32BIT_PARTS = ("/i386-linux-gnu", "/lib32", "/i686-linux-gnu", "/arm-linux-gnueabihf")
+
+
+def parse(value: str | None) -> tuple[frozenset[str], list[str]]:
+    """(capabilities, notes) for an NVIDIA_DRIVER_CAPABILITIES value (None: unset)."""
+    selected = caps.parse_capabilities(value)
+    notes: list[str] = []
+    if value:
+        unknown = sorted({w.strip() for w in value.split(",")} - {*caps.ALL, "all", ""})
+        if unknown:
+            notes.append(
+                f"{ENV}: ignoring unknown capabilities {', '.join(unknown)} "
+                f"(known: {', '.join(caps.ALL)}, all)"
+            )
+    return selected, notes
+
+
+def _is_32bit(folder: str, lib64: bool) -> bool:
+    if any(part in folder for part in _32BIT_PARTS):
+        return True
+    return lib64 and folder in ("/usr/lib", "/lib")
+
+
+def file_capabilities(mount: Mapping[str, Any], lib64: bool) -> tuple[str, ...]:
+    """The capabilities a mounted file needs (all of them); () when it is always kept."""
+    path = mount.get("containerPath")
+    if not isinstance(path, str):
+        return ()
+    options = mount.get("options") or ()
+    if "noexec" in options or "/firmware/" in path:
+        return ()  # IPC sockets and GSP firmware
+    folder, name = posixpath.split(path)
+    if ".so" in name:
+        own = caps.capability_of(name)
+        return (own, caps.COMPAT32) if _is_32bit(folder, lib64) else (own,)
+    if folder in _BIN_DIRS:
+        return (caps.capability_of(name),)
+    for prefix, capability in _CONFIG_CAPS:
+        if path.startswith(prefix):
+            return (capability,)
+    return ()
+
+
+def _link_pairs(args: list[str]) -> Iterable[tuple[int, int, str, str]]:
+    """(start, stop, target, link) of each --link argument in a hook's args."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--link" and i + 1 < len(args):
+            value, stop = args[i + 1], i + 2
+        elif arg.startswith("--link="):
+            value, stop = arg[len("--link=") :], i + 1
+        else:
+            i += 1
+            continue
+        target, sep, link = value.partition("::")
+        if sep:
+            yield i, stop, target, link
+        i = stop
+
+
+def _filter_links(args: list[str], dropped: set[str]) -> list[str]:
+    """`args` without the --link arguments whose target resolves into `dropped` (which grows
+    with every dropped link, so chains libcuda.so -> libcuda.so.1 -> file all go)."""
+    pairs = list(_link_pairs(args))
+    drop_spans: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for start, _stop, target, link in pairs:
+            if start in drop_spans:
+                continue
+            full = target if target.startswith("/") else posixpath.dirname(link) + "/" + target
+            if posixpath.normpath(full) in dropped:
+                drop_spans.add(start)
+                dropped.add(posixpath.normpath(link))
+                changed = True
+    if not drop_spans:
+        return args
+    out: list[str] = []
+    spans = {start: stop for start, stop, _, _ in pairs if start in drop_spans}
+    i = 0
+    while i < len(args):
+        if i in spans:
+            i = spans[i]
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
+def filter_edits(edits: Mapping[str, Any], selected: frozenset[str]) -> dict[str, Any]:
+    """A copy of spec-level `edits` with the files `selected` does not cover left out.
+
+    The input is not modified; unchanged parts are shared with it."""
+    out = dict(edits)
+    mounts = edits.get("mounts")
+    if not isinstance(mounts, list) or selected >= frozenset(caps.ALL):
+        return out
+    lib64 = any(
+        isinstance(m, dict)
+        and isinstance(m.get("containerPath"), str)
+        and m["containerPath"].startswith(("/usr/lib64/", "/lib64/"))
+        and ".so" in m["containerPath"]
+        for m in mounts
+    )
+    kept: list[Any] = []
+    dropped: set[str] = set()
+    for mount in mounts:
+        needed = file_capabilities(mount, lib64) if isinstance(mount, dict) else ()
+        if all(c in selected for c in needed):
+            kept.append(mount)
+        else:
+            dropped.add(posixpath.normpath(mount["containerPath"]))
+    if not dropped:
+        return out
+    out["mounts"] = kept
+    hooks = edits.get("hooks")
+    if isinstance(hooks, list):
+        new_hooks = []
+        for hook in hooks:
+            args = hook.get("args") if isinstance(hook, dict) else None
+            if isinstance(args, list) and all(isinstance(a, str) for a in args):
+                filtered = _filter_links(args, dropped)
+                if filtered is not args:
+                    hook = {**hook, "args": filtered}
+            new_hooks.append(hook)
+        out["hooks"] = new_hooks
+    return out

@@ -1,0 +1,124 @@
+"""gpuctk.hook.drivercaps: NVIDIA_DRIVER_CAPABILITIES filters driver files and hook links."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from gpuctk.hook.drivercaps import file_capabilities, filter_edits, parse
+
+LIB = "/usr/lib/x86_64-linux-gnu"
+
+
+def m(path: str, *options: str) -> dict[str, Any]:
+    return {"hostPath": "/drv" + path, "containerPath": path, "options": list(options) or ["ro"]}
+
+
+def test_parse() -> None:
+    assert parse(None) == (frozenset({"utility", "compute"}), [])
+    assert parse("") == (frozenset({"utility", "compute"}), [])
+    assert parse("all")[0] >= {"graphics", "video", "display", "ngx", "compat32"}
+    caps, notes = parse("video, compute,bogus")
+    assert caps == {"video", "compute"}
+    assert notes and "bogus" in notes[0]
+
+
+@pytest.mark.parametrize(
+    ("path", "options", "needed"),
+    [
+        (f"{LIB}/libcuda.so.535.309.01", (), ("compute",)),
+        (f"{LIB}/libnvidia-ml.so.535.309.01", (), ("utility",)),
+        (f"{LIB}/libnvidia-encode.so.535.309.01", (), ("video",)),
+        (f"{LIB}/libGLX_nvidia.so.535.309.01", (), ("graphics",)),
+        ("/usr/lib/i386-linux-gnu/libcuda.so.535.309.01", (), ("compute", "compat32")),
+        ("/usr/bin/nvidia-smi", (), ("utility",)),
+        ("/usr/bin/nvidia-cuda-mps-control", (), ("compute",)),
+        ("/usr/share/vulkan/icd.d/nvidia_icd.json", (), ("graphics",)),
+        ("/usr/share/glvnd/egl_vendor.d/10_nvidia.json", (), ("graphics",)),
+        ("/run/nvidia-persistenced/socket", ("noexec",), ()),
+        ("/lib/firmware/nvidia/535.309.01/gsp_ga10x.bin", (), ()),
+        ("/etc/something/unknown", (), ()),
+    ],
+)
+def test_file_capabilities(path: str, options: tuple[str, ...], needed: tuple[str, ...]) -> None:
+    assert file_capabilities(m(path, *options), lib64=False) == needed
+
+
+def test_rhel_layout_32bit_libraries() -> None:
+    assert file_capabilities(m("/usr/lib/libcuda.so.1"), lib64=True) == ("compute", "compat32")
+    assert file_capabilities(m("/usr/lib/libcuda.so.1"), lib64=False) == ("compute",)
+
+
+def edits() -> dict[str, Any]:
+    return {
+        "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+        "deviceNodes": [{"path": "/dev/nvidiactl"}],
+        "mounts": [
+            m(f"{LIB}/libcuda.so.535.309.01"),
+            m(f"{LIB}/libnvidia-ml.so.535.309.01"),
+            m(f"{LIB}/libnvidia-encode.so.535.309.01"),
+            m("/usr/lib/i386-linux-gnu/libnvidia-ml.so.535.309.01"),
+            m("/usr/bin/nvidia-smi"),
+            m("/run/nvidia-persistenced/socket", "noexec"),
+        ],
+        "hooks": [
+            {
+                "hookName": "createContainer",
+                "path": "/usr/bin/gpuctk-hook",
+                "args": [
+                    "gpuctk-hook",
+                    "createContainer",
+                    "--link",
+                    f"libcuda.so.535.309.01::{LIB}/libcuda.so.1",
+                    f"--link=libcuda.so.1::{LIB}/libcuda.so",
+                    "--link",
+                    f"{LIB}/libnvidia-ml.so.535.309.01::{LIB}/libnvidia-ml.so.1",
+                    "--link",
+                    f"../libnvidia-encode.so.535.309.01::{LIB}/x/enc.so",
+                    "--folder",
+                    LIB,
+                ],
+                "env": ["GPUCTK_DRIVER_VERSION=535.309.01"],
+            },
+            {"hookName": "poststop", "path": "/other"},
+        ],
+    }
+
+
+def test_default_caps_drop_video_and_32bit_and_their_links() -> None:
+    original = edits()
+    before = copy.deepcopy(original)
+    out = filter_edits(original, parse(None)[0])
+    assert original == before  # input untouched
+    assert [x["containerPath"] for x in out["mounts"]] == [
+        f"{LIB}/libcuda.so.535.309.01",
+        f"{LIB}/libnvidia-ml.so.535.309.01",
+        "/usr/bin/nvidia-smi",
+        "/run/nvidia-persistenced/socket",
+    ]
+    args = out["hooks"][0]["args"]
+    assert not any("encode" in a for a in args)
+    assert f"libcuda.so.535.309.01::{LIB}/libcuda.so.1" in args
+    assert out["hooks"][1] == {"hookName": "poststop", "path": "/other"}
+    assert out["deviceNodes"] == before["deviceNodes"] and out["env"] == before["env"]
+
+
+def test_utility_drops_the_whole_libcuda_link_chain() -> None:
+    out = filter_edits(edits(), frozenset({"utility"}))
+    args = out["hooks"][0]["args"]
+    assert args == [
+        "gpuctk-hook",
+        "createContainer",
+        "--link",
+        f"{LIB}/libnvidia-ml.so.535.309.01::{LIB}/libnvidia-ml.so.1",
+        "--folder",
+        LIB,
+    ]
+
+
+def test_all_keeps_everything() -> None:
+    original = edits()
+    out = filter_edits(original, parse("all")[0])
+    assert out == original
