@@ -1,0 +1,148 @@
+"""Logging in runc's format, for the shim: to the engine's `--log` file, in its `--log-format`.
+
+runc (logrus) writes, per line:
+
+    text: time="2024-05-01T10:00:00Z" level=error msg="the message"
+    json: {"level":"error","msg":"the message","time":"2024-05-01T10:00:00Z"}
+
+The engine reads that file back when a runtime call fails (containerd takes the last error line
+as the reason), so an error the shim reports there reads like runc's own. Without `--log`, runc
+logs to stderr; like runc's `fatal`, an error is also printed as a plain line on stderr when the
+log goes to a file. The configured extra log file (config `log-file`) gets text lines. Nothing
+is ever written to stdout (engines parse runc's stdout for some verbs).
+
+Each line is one O_APPEND write on a freshly opened descriptor: no buffering, no logging module.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import TextIO
+
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+_STDERR_PATHS = ("", "/dev/stderr", "/proc/self/fd/2")
+
+
+def rfc3339(now: float | None = None) -> str:
+    """Local time as Go's time.RFC3339 ("2006-01-02T15:04:05Z07:00")."""
+    t = time.localtime(now)
+    offset = t.tm_gmtoff or 0
+    if offset == 0:
+        zone = "Z"
+    else:
+        sign = "+" if offset > 0 else "-"
+        hours, minutes = divmod(abs(offset) // 60, 60)
+        zone = f"{sign}{hours:02d}:{minutes:02d}"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", t) + zone
+
+
+def _quote(text: str) -> str:
+    """A Go %q-like double-quoted string (what logrus uses for values that need quoting)."""
+    out = text.replace("\\", "\\\\").replace('"', '\\"')
+    out = out.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    if any(c < " " or c == "\x7f" for c in out):
+        out = "".join(f"\\x{ord(c):02x}" if c < " " or c == "\x7f" else c for c in out)
+    return f'"{out}"'
+
+
+def format_line(level: str, msg: str, fmt: str = "text", now: float | None = None) -> str:
+    """One log line (with its newline) in runc's `fmt` ("text" or "json")."""
+    stamp = rfc3339(now)
+    if fmt == "json":
+        # keys in logrus's (sorted) order; _quote escapes as JSON needs for these characters
+        return f'{{"level":"{level}","msg":{_json_string(msg)},"time":"{stamp}"}}\n'
+    return f'time="{stamp}" level={level} msg={_quote(msg)}\n'
+
+
+def _json_string(text: str) -> str:
+    out = text.replace("\\", "\\\\").replace('"', '\\"')
+    out = out.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    if any(c < " " or c == "\x7f" for c in out):
+        out = "".join(f"\\u{ord(c):04x}" if c < " " or c == "\x7f" else c for c in out)
+    return f'"{out}"'
+
+
+def _append(path: str, line: str) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return False
+    try:
+        os.write(fd, line.encode("utf-8", "backslashreplace"))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+class RuncLog:
+    """Where the shim's messages go: the engine's log (or stderr) and an optional extra file."""
+
+    __slots__ = ("engine_format", "engine_path", "extra_path", "stderr", "threshold")
+
+    def __init__(
+        self,
+        engine_path: str | None = None,
+        engine_format: str = "text",
+        *,
+        level: str = "info",
+        stderr: TextIO | None = None,
+    ) -> None:
+        self.engine_path = engine_path or ""
+        self.engine_format = engine_format if engine_format in ("text", "json") else "text"
+        self.extra_path = ""
+        self.threshold = LEVELS.get(level, 20)
+        self.stderr = stderr
+
+    def configure(self, extra_path: str = "", level: str | None = None) -> None:
+        """Add the configured log file and level once the config has been read."""
+        self.extra_path = extra_path
+        if level is not None:
+            self.threshold = min(self.threshold, LEVELS.get(level, 20))
+
+    def _stderr(self) -> TextIO:
+        return self.stderr or sys.stderr
+
+    def log(self, level: str, msg: str) -> None:
+        if LEVELS[level] < self.threshold:
+            return
+        if self.engine_path in _STDERR_PATHS:
+            self._write_stderr(format_line(level, msg, self.engine_format))
+        else:
+            _append(self.engine_path, format_line(level, msg, self.engine_format))
+        if self.extra_path:
+            _append(self.extra_path, format_line(level, f"gpuctk-runtime: {msg}", "text"))
+
+    def _write_stderr(self, text: str) -> None:
+        try:
+            stream = self._stderr()
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def debug(self, msg: str) -> None:
+        self.log("debug", msg)
+
+    def info(self, msg: str) -> None:
+        self.log("info", msg)
+
+    def warning(self, msg: str) -> None:
+        self.log("warning", msg)
+
+    def error(self, msg: str) -> None:
+        """An error, as runc's `fatal` reports one: in the log, and plainly on stderr when the
+        log is a file (it is already on stderr otherwise). Never filtered by the level."""
+        saved, self.threshold = self.threshold, 0
+        try:
+            self.log("error", msg)
+        finally:
+            self.threshold = saved
+        if self.engine_path not in _STDERR_PATHS:
+            self._write_stderr(msg + "\n")

@@ -1,0 +1,328 @@
+"""gpuctk-runtime: the runc shim. `create`/`run` get the CDI edits; every other verb passes through.
+
+    gpuctk-runtime [global flags] create --bundle B [flags] ID
+      1. read B/config.json (or crun's --config name), at most MAX_CONFIG bytes
+      2. work out the requested devices (gpuctk.hook.requests); none: go to 5, file untouched
+      3. resolve them in the CDI spec dirs, filter the driver files by NVIDIA_DRIVER_CAPABILITIES,
+         check NVIDIA_REQUIRE_*, apply the edits (gpuctk.cdi.apply)
+      4. write config.json back atomically, same mode and owner, every other field kept
+      5. execv the low-level runtime (config `runtimes`) with the original arguments
+
+Any error: message in the engine's log (runc's format) and on stderr, exit 1, config.json as it
+was. Flags are read as runc (Go flag + urfave/cli) reads them: `--bundle X`, `--bundle=X`,
+`-b X`, `-b=X`, `-bundle X`, flags after the container id; crun's `-bX` too.
+
+Imports at start: os, sys, time and gpuctk.errors; the rest only on `create`/`run`. config.json
+is read and written with the C scanner and encoder of the stdlib `_json` module directly: the
+`json` package would import `re` (and `enum`) for nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from gpuctk.errors import GpuctkError, InputError, ValidationError
+from gpuctk.hook.runclog import RuncLog
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any, NoReturn
+
+    from gpuctk.hook.config import Settings
+
+MAX_CONFIG = 32 * 1024 * 1024
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+INJECT_VERBS = frozenset(("create", "run"))
+_GLOBAL_VALUE_FLAGS = frozenset(
+    ("log", "log-format", "root", "criu", "rootless", "cgroup-manager", "log-level")
+)
+_VERB_VALUE_FLAGS = frozenset(
+    ("bundle", "b", "console-socket", "pid-file", "preserve-fds", "config", "f", "pidfd-socket")
+)
+
+
+class Invocation:
+    """What the engine asked for, as far as the shim cares."""
+
+    __slots__ = ("bundle", "config_name", "container", "debug", "log", "log_format", "verb")
+
+    def __init__(self) -> None:
+        self.verb = ""
+        self.log = ""
+        self.log_format = "text"
+        self.debug = False
+        self.bundle = ""
+        self.config_name = "config.json"
+        self.container = ""
+
+
+def _flag(token: str) -> tuple[str, str | None]:
+    """("bundle", "X") from "--bundle=X", ("b", None) from "-b"."""
+    name, sep, value = token.lstrip("-").partition("=")
+    return name, (value if sep else None)
+
+
+def parse_argv(args: Sequence[str]) -> Invocation:
+    """The invocation in runc's arguments (argv without argv[0])."""
+    inv = Invocation()
+    i = 0
+    while i < len(args):  # global flags, up to the verb
+        token = args[i]
+        i += 1
+        if token == "--":
+            break
+        if not token.startswith("-") or token == "-":
+            inv.verb = token
+            break
+        name, value = _flag(token)
+        if value is None and name in _GLOBAL_VALUE_FLAGS and i < len(args):
+            value, i = args[i], i + 1
+        if name == "log":
+            inv.log = value or ""
+        elif name == "log-format":
+            inv.log_format = value or "text"
+        elif name == "debug":
+            inv.debug = value is None or value.lower() in ("1", "t", "true")
+    if not inv.verb and i < len(args) and args[i - 1] == "--":
+        inv.verb, i = args[i], i + 1
+    while i < len(args):  # the verb's flags and positionals
+        token = args[i]
+        i += 1
+        if token == "--":
+            if not inv.container and i < len(args):
+                inv.container = args[i]
+            break
+        if not token.startswith("-") or token == "-":
+            inv.container = inv.container or token
+            continue
+        name, value = _flag(token)
+        crun_attached = token[1:2] in ("b", "f") and len(token) > 2  # crun's -bDIR, -fFILE
+        if value is None and name not in _VERB_VALUE_FLAGS and crun_attached:
+            name, value = token[1], token[2:]
+        if value is None and name in _VERB_VALUE_FLAGS and i < len(args):
+            value, i = args[i], i + 1
+        if name in ("bundle", "b") and value is not None:
+            inv.bundle = value
+        elif name in ("config", "f") and value is not None:
+            inv.config_name = value
+    return inv
+
+
+class _ScanContext:
+    """The attributes `_json.make_scanner` reads (json.JSONDecoder's, without its imports)."""
+
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+
+    @staticmethod
+    def parse_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not valid JSON")
+
+
+def loads(text: str) -> Any:
+    """Decode one JSON document (NaN/Infinity refused); ValueError when malformed."""
+    try:
+        import _json
+
+        scan = _json.make_scanner(_ScanContext())  # type: ignore[arg-type]
+    except (ImportError, AttributeError):  # pragma: no cover - CPython always has it
+        import json
+
+        return json.loads(text, parse_constant=_ScanContext.parse_constant)
+    ws = " \t\n\r"
+    start = len(text) - len(text.lstrip(ws))
+    try:
+        value, end = scan(text, start)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+    except (StopIteration, ValueError, SystemError):
+        # The C scanner reports details through json.decoder, which it does not import: let
+        # the json package say what is wrong (an error path only, its import cost is moot).
+        import json
+
+        try:
+            json.loads(text, parse_constant=_ScanContext.parse_constant)
+        except ValueError as exc:
+            raise ValueError(str(exc)) from None
+        raise ValueError("invalid JSON") from None
+    if text[end:].strip(ws):
+        raise ValueError(f"extra data after the JSON document at character {end}")
+    return value
+
+
+_FLAGS = (False, False, False)  # sort_keys, skipkeys, allow_nan
+
+
+def _unencodable(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def dumps(value: Any) -> bytes:
+    """Compact UTF-8 JSON (non-ASCII kept; \\u escapes when a string cannot be UTF-8)."""
+    try:
+        import _json
+
+        for escape in (_json.encode_basestring, _json.encode_basestring_ascii):
+            encoder = _json.make_encoder(None, _unencodable, escape, None, ":", ",", *_FLAGS)
+            try:
+                return "".join(encoder(value, 0)).encode("utf-8")
+            except UnicodeEncodeError:
+                continue
+        raise ValueError("cannot encode the document")
+    except (ImportError, AttributeError, TypeError):  # pragma: no cover
+        import json
+
+        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def read_config(path: str) -> tuple[dict[str, Any], os.stat_result]:
+    """The OCI config at `path` as a dict, with its stat; InputError/ValidationError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise InputError(f"cannot open {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if (st.st_mode & 0o170000) != 0o100000:
+            raise InputError(f"{path} is not a regular file")
+        if st.st_size > MAX_CONFIG:
+            raise InputError(f"{path} is larger than {MAX_CONFIG} bytes")
+        chunks = []
+        size = 0
+        while size <= MAX_CONFIG:
+            chunk = os.read(fd, MAX_CONFIG + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > MAX_CONFIG:
+            raise InputError(f"{path} is larger than {MAX_CONFIG} bytes")
+    except OSError as exc:
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    try:
+        doc = loads(b"".join(chunks).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValidationError(f"malformed OCI config {path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValidationError(f"malformed OCI config {path}: not a JSON object")
+    return doc, st
+
+
+def write_config(path: str, doc: Mapping[str, Any], st: os.stat_result) -> None:
+    """Replace `path` atomically with `doc`, keeping its mode and owner."""
+    from gpuctk.fs import atomic_write
+
+    try:
+        data = dumps(doc)
+    except (ValueError, TypeError) as exc:
+        raise ValidationError(f"cannot encode the edited OCI config: {exc}") from None
+    atomic_write(path, data, mode=st.st_mode & 0o7777)
+    if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+        try:
+            os.chown(path, st.st_uid, st.st_gid)
+        except OSError:
+            return  # not permitted (rootless): the file stays readable by its writer
+
+
+def find_runtime(names: Sequence[str], environ: Mapping[str, str] | None = None) -> str:
+    """The first of `names` that is an executable file (names searched in PATH), never this
+    shim itself (a `runc` in PATH may be a link to it)."""
+    env = os.environ if environ is None else environ
+    search = [d for d in (env.get("PATH") or DEFAULT_PATH).split(":") if d]
+    me = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    for name in names:
+        candidates = [name] if name.startswith("/") else [f"{d}/{name}" for d in search]
+        for path in candidates:
+            usable = os.path.isfile(path) and os.access(path, os.X_OK)
+            if usable and os.path.realpath(path) != me:
+                return path
+    raise InputError(
+        f"no low-level runtime found: tried {', '.join(names)} (PATH={':'.join(search)}); "
+        "set `runtimes` in the gpuctk config"
+    )
+
+
+def inject(inv: Invocation, settings: Settings, log: RuncLog) -> None:
+    """Steps 1-4 for a `create`/`run` (no-op when the container asks for nothing)."""
+    from gpuctk.cdi import apply, registry
+    from gpuctk.hook import drivercaps, requests, require
+
+    bundle = inv.bundle or os.getcwd()
+    path = os.path.join(bundle, inv.config_name)
+    doc, st = read_config(path)
+    req = requests.requested(
+        doc,
+        kind=settings.default_kind,
+        annotation_prefixes=settings.annotation_prefixes,
+        accept_volume_mounts=settings.accept_volume_mounts,
+        accept_envvar_unprivileged=settings.accept_envvar_unprivileged,
+    )
+    for note in req.notes:
+        log.warning(note)
+    if not req:
+        log.debug(f"{inv.container}: no GPU requested; {path} left as it is")
+        return
+    reg = registry.load(settings.spec_dirs)
+    blocks = reg.common(req.kind) if req.driver_only else reg.resolve(req.devices)
+    process = doc.get("process")
+    env = requests.env_map(process.get("env") if isinstance(process, dict) else None)
+    caps, notes = drivercaps.parse(env.get(drivercaps.ENV))
+    parts = [b.edits if b.device else drivercaps.filter_edits(b.edits, caps) for b in blocks]
+    if require.requirements(env):
+        facts = None
+        gpus = []
+        for block in blocks:
+            if block.device is None and facts is None:
+                facts = require.facts_of(block.edits)
+                if facts is not None:
+                    names = [b.device for b in blocks if b.device and b.spec is block.spec]
+                    gpus = require.gpus_for(names, facts)
+        notes += require.check(env, facts, gpus)
+    for note in notes:
+        log.warning(note)
+    apply.apply(doc, apply.merge(parts))
+    write_config(path, doc, st)
+    what = ", ".join(req.devices) or f"{req.kind} driver files (no GPU)"
+    log.info(f"{inv.container}: injected {what} (from {req.source})")
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    args = list(sys.argv[1:] if argv is None else argv)
+    inv = parse_argv(args)
+    log = RuncLog(inv.log, inv.log_format, level="debug" if inv.debug else "info")
+    try:
+        from gpuctk.hook import config
+
+        try:
+            settings = config.load()
+        except GpuctkError as exc:
+            if inv.verb in INJECT_VERBS:
+                raise
+            log.warning(f"gpuctk-runtime: {exc.message}; using the default runtimes")
+            settings = config.Settings()
+        log.configure(settings.log_file, settings.log_level)
+        runtime = find_runtime(settings.runtimes)
+        if inv.verb in INJECT_VERBS:
+            inject(inv, settings, log)
+    except GpuctkError as exc:
+        log.error(f"gpuctk-runtime: {exc.message}")
+        sys.exit(1)
+    except Exception as exc:  # a bug: say so, keep the engine's error path working
+        log.error(f"gpuctk-runtime: internal error: {type(exc).__name__}: {exc}")
+        if inv.debug:
+            import traceback
+
+            traceback.print_exc(file=sys.stderr)
+        sys.exit(1)
+    try:
+        os.execv(runtime, [runtime, *args])
+    except OSError as exc:
+        log.error(f"gpuctk-runtime: cannot run {runtime}: {exc.strerror or exc}")
+        sys.exit(1)
