@@ -110,18 +110,25 @@ def _value(value: Any) -> str:
 
 
 def _emit(lines: list[str], prefix: list[str], table: Mapping[str, Any], depth: int) -> None:
+    """Emit `table`'s keys at `depth`, then its sub-tables (header at `depth`, keys one deeper).
+
+    A table holding only sub-tables gets no header line and adds no indentation.
+    """
     indent = "  " * depth
-    scalars = [(k, v) for k, v in table.items() if not isinstance(v, Mapping)]
-    tables = [(k, v) for k, v in table.items() if isinstance(v, Mapping)]
-    for key, value in scalars:
-        lines.append(f"{indent}{_key(key)} = {_value(value)}")
-    for key, value in tables:
+    for key, value in table.items():
+        if not isinstance(value, Mapping):
+            lines.append(f"{indent}{_key(key)} = {_value(value)}")
+    for key, value in table.items():
+        if not isinstance(value, Mapping):
+            continue
         path = [*prefix, key]
         if _needs_header(value):
             if lines and lines[-1] != "":
                 lines.append("")
             lines.append(f"{indent}[{'.'.join(_key(k) for k in path)}]")
-        _emit(lines, path, value, depth + 1)
+            _emit(lines, path, value, depth + 1)
+        else:
+            _emit(lines, path, value, depth)
 
 
 def _needs_header(table: Mapping[str, Any]) -> bool:
@@ -137,16 +144,7 @@ def dumps_tables(data: Mapping[str, Any], header: Sequence[str] = ()) -> str:
     lines = [f"# {line}" if line else "#" for line in header]
     if lines:
         lines.append("")
-    top = [(k, v) for k, v in data.items() if not isinstance(v, Mapping)]
-    for key, value in top:
-        lines.append(f"{_key(key)} = {_value(value)}")
-    for key, value in data.items():
-        if isinstance(value, Mapping):
-            if _needs_header(value):
-                if lines and lines[-1] != "":
-                    lines.append("")
-                lines.append(f"[{_key(key)}]")
-            _emit(lines, [key], value, 1)
+    _emit(lines, [], data, 0)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -147,7 +147,7 @@ def test_hook_mode_writes_base_spec_beside_drop_in(
     drop_in = tomllib.loads((tmp_path / "conf.d" / "99-gpuctk.toml").read_text())
     nvidia = drop_in["plugins"][V2]["containerd"]["runtimes"]["nvidia"]
     assert nvidia["base_runtime_spec"] == str(spec_path)
-    assert "BinaryName" not in nvidia["options"]  # runc itself runs; no shim
+    assert nvidia["options"].get("BinaryName", "") == ""  # runc itself runs; no shim
     spec = json.loads(spec_path.read_text())
     hook = spec["hooks"]["prestart"][0]
     assert hook["path"] == "/opt/g/hook" and hook["args"] == ["gpuctk-hook", "prestart"]
