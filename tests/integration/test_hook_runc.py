@@ -174,3 +174,45 @@ def test_planted_ldconfig_and_preload_never_run(
     assert "OK libfoo.so.1" in out
     assert not (rootfs / "ldconfig-ran").exists()
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_unknown_verb_never_blocks_a_container(
+    runtime: str, tmp_path: Path, fresh_rootfs: Any
+) -> None:
+    _need(runtime)
+    rootfs = fresh_rootfs("debian")
+    hooks = {
+        "createContainer": [
+            {
+                "path": hook_path(),
+                "args": ["gpuctk-hook", "verb-from-2030", "--x", "y"],
+                "env": HOOK_ENV,
+            }
+        ]
+    }
+    bundle = make_bundle(tmp_path / "b", rootfs, ["/bin/sh", "-c", "echo started"], hooks=hooks)
+    done = run_container(runtime_argv(runtime), bundle, unique_name(f"gpuctk-hook-{runtime}"))
+    assert done.returncode == 0, done.stderr
+    assert "started" in done.stdout
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_hook_error_fails_the_container_with_its_message(
+    runtime: str, tmp_path: Path, fresh_rootfs: Any
+) -> None:
+    """runc shows a failing hook's stderr; crun 1.8 does not (only `exit code: 1`), so the
+    message must also be in the hook's log file (GPUCTK_HOOK_LOG in the hook entry's env)."""
+    _need(runtime)
+    rootfs = fresh_rootfs("debian")
+    log = tmp_path / "hook.log"
+    args = ["gpuctk-hook", "update-ldcache", "--folder", "/lib", "--ldconfig-path", "/bin/true"]
+    env = [*HOOK_ENV, f"GPUCTK_HOOK_LOG={log}"]
+    hooks = {"createContainer": [{"path": hook_path(), "args": args, "env": env}]}
+    bundle = make_bundle(tmp_path / "b", rootfs, ["/bin/sh", "-c", "echo started"], hooks=hooks)
+    done = run_container(runtime_argv(runtime), bundle, unique_name(f"gpuctk-hook-{runtime}"))
+    assert done.returncode != 0
+    assert "started" not in done.stdout
+    assert "level=error" in log.read_text() and "dynamically linked" in log.read_text()
+    if runtime == "runc":
+        assert "dynamically linked" in done.stderr
