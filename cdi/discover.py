@@ -67,5 +67,8 @@ def real_nodes(roots: Roots) -> NodeLookup:
     return NodeLookup(
         control=lambda: df.control_nodes(roots.dev_root),
         gpu=lambda g: df.gpu_nodes(roots.dev_root, roots.sys_root, g),
-        mig=lambda g, m: df.mig_nodes(roots.dev_root, roots.proc_root, g.minor, m.gi, m.ci),
+        mig=lambda g, m: (
+            df.gpu_nodes(roots.dev_root, roots.sys_root, g)[0],  # the parent's /dev/nvidiaN
+            *df.mig_nodes(roots.dev_root, roots.proc_root, g.minor, m.gi, m.ci),
+        ),
     )

@@ -113,3 +113,43 @@ def test_no_gpus_exit_6_and_nothing_written(tmp_path: Path, existing: Path) -> N
     p = run(["--simulate", str(profile), "-o", str(existing)])
     assert_failed_cleanly(p, 6, "no NVIDIA GPU found")
     assert existing.read_bytes() == OLD
+
+
+def test_real_discovery_spec_is_valid_and_complete(
+    tmp_path: Path,
+    fake_nvml_env,  # type: ignore[no-untyped-def]
+    driver_root: Path,
+) -> None:
+    from fixtures.devroot import make_node_roots
+
+    from gpuctk.cdi.profile import load_profile
+    from gpuctk.cdi.validate import validate_files
+
+    machine = load_profile("a100-mig")
+    roots = make_node_roots(tmp_path / "node", machine)
+    env = fake_nvml_env("a100-mig")
+    out = tmp_path / "nvidia.json"
+    p = run(
+        [
+            "--nvml-library", env["FAKE_NVML_LIBRARY"], "--driver-root", str(driver_root),
+            "--dev-root", str(roots.dev_root), "--proc-root", str(roots.proc_root),
+            "--sys-root", str(roots.sys_root), "-o", str(out),
+        ],
+        env=env,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    schema = Path(__file__).resolve().parents[3] / "shared" / "vendor-data" / "cdi-schema"
+    assert validate_files([out], schema) == {str(out): []}
+    doc = json.loads(out.read_text())
+    assert doc["cdiVersion"] == "0.5.0"  # hostPath on device nodes and numeric names
+    by_name = {d["name"]: d["containerEdits"] for d in doc["devices"]}
+    mig = by_name["1:0"]["deviceNodes"]
+    assert mig[0]["path"] == "/dev/nvidia1"
+    assert mig[0]["hostPath"] == str(roots.dev_root / "dev" / "nvidia1")
+    assert all(n["path"].startswith("/dev/nvidia-caps/") for n in mig[1:]) and len(mig) == 3
+    # Whole GPU: its node plus the DRM card and render nodes sysfs lists for it.
+    assert by_name["0"]["deviceNodes"][0]["path"] == "/dev/nvidia0"
+    assert any(n["path"].startswith("/dev/dri/renderD") for n in by_name["0"]["deviceNodes"])
+    mounts = {m["containerPath"] for m in doc["containerEdits"]["mounts"]}
+    assert "/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.535.309.01" in mounts
+    assert "/usr/bin/nvidia-smi" in mounts
