@@ -70,10 +70,13 @@ def locate_root(container_spec: str | None, stdin: BinaryIO | None = None) -> st
 
 
 def update_loader(
-    root_fd: int, root_path: str, folders: list[str], ldconfig_path: str | None
+    root_fd: int, root_path: str, folders: list[str], ldconfig_path: str | None, always: bool
 ) -> str:
-    """Make the folders part of the loader's search path; returns what was done, in words."""
+    """Make the folders part of the loader's search path; returns what was done, in words.
+    With none of the folders in the root, the cache is rebuilt only when `always`."""
     present = inroot.existing_folders(root_fd, folders)
+    if not present and not always:
+        return "none of the folders is in the container: loader left alone"
     arches = inroot.musl_arches(root_fd)
     for arch in arches:
         if present and inroot.update_musl_path(root_fd, arch, present):
@@ -111,7 +114,8 @@ def run_request(req: Request, stdin: BinaryIO | None = None) -> None:
                 inroot.chmod_paths(root_fd, mode, req.paths)
             done = ""
             if req.run_ldconfig:
-                done = update_loader(root_fd, root_path, folders, req.ldconfig)
+                always = req.verb == "update-ldcache"
+                done = update_loader(root_fd, root_path, folders, req.ldconfig, always)
         hooklog.info(f"{req.verb} {root_path}: {changed} links; {done or 'no loader update'}")
     finally:
         os.close(root_fd)

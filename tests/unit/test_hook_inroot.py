@@ -361,3 +361,18 @@ def test_ldconfig_child_is_confined(tmp_path: Path, fresh_rootfs: Any) -> None:
     text = log.read_text()
     assert "eff=e perm=e inh=0 bset=e nnp=1 uid=0 fds=3 env=0" in text  # DAC caps + FOWNER only
     assert "proc1=0 marker=1" in text  # chrooted in the image root, its /proc detached
+
+
+def test_folders_absent_from_the_image_leave_the_loader_alone(
+    tmp_path: Path, fresh_rootfs: Any
+) -> None:
+    """NVIDIA_DRIVER_CAPABILITIES dropped every library: nothing to link, nothing to cache."""
+    rootfs = fresh_rootfs("debian")
+    cache = (rootfs / "etc/ld.so.cache").read_bytes()
+    done = hook(
+        ["createContainer", "--link", LINK, "--folder", FOLDER], state(bundle_for(tmp_path, rootfs))
+    )
+    assert done.returncode == 0, done.stderr
+    assert not (rootfs / "etc/ld.so.conf.d/00-gpuctk.conf").exists()
+    assert (rootfs / "etc/ld.so.cache").read_bytes() == cache
+    assert not (rootfs / FOLDER.lstrip("/")).exists()
