@@ -7,9 +7,10 @@ runc (logrus) writes, per line:
 
 The engine reads that file back when a runtime call fails (containerd takes the last error line
 as the reason), so an error the shim reports there reads like runc's own. Without `--log`, runc
-logs to stderr; like runc's `fatal`, an error is also printed as a plain line on stderr when the
-log goes to a file. The configured extra log file (config `log-file`) gets text lines. Nothing
-is ever written to stdout (engines parse runc's stdout for some verbs).
+logs to stderr, and so does the shim (warnings and errors; info lines only with --debug); like
+runc's `fatal`, an error is also printed as a plain line on stderr when the log goes to a file.
+The configured extra log file (config `log-file`) gets text lines. Nothing is ever written to
+stdout (engines parse runc's stdout for some verbs).
 
 Each line is one O_APPEND write on a freshly opened descriptor: no buffering, no logging module.
 """
@@ -110,12 +111,14 @@ class RuncLog:
         return self.stderr or sys.stderr
 
     def log(self, level: str, msg: str) -> None:
-        if LEVELS[level] < self.threshold:
+        rank = LEVELS[level]
+        if rank < self.threshold:
             return
-        if self.engine_path in _STDERR_PATHS:
-            self._write_stderr(format_line(level, msg, self.engine_format))
-        else:
+        if self.engine_path not in _STDERR_PATHS:
             _append(self.engine_path, format_line(level, msg, self.engine_format))
+        elif rank >= LEVELS["warning"] or self.threshold <= LEVELS["debug"]:
+            # no --log: the engine's stderr; routine info lines only with --debug
+            self._write_stderr(format_line(level, msg, self.engine_format))
         if self.extra_path:
             _append(self.extra_path, format_line(level, f"gpuctk-runtime: {msg}", "text"))
 

@@ -1,0 +1,260 @@
+"""gpuctk-runtime in front of REAL runc and crun, with a generated spec and no GPU.
+
+The spec comes from `gpuctk cdi generate --simulate <profile>` over the Debian 535 driver root
+and mknod'ed device nodes (fixtures.driver_root, fixtures.devroot): h100-8 (8 whole GPUs, JSON
+spec) and a100-mig (GPU 0 whole, GPUs 1-3 in MIG mode, YAML spec). Each container starts on a
+fresh overlay of the debian image (fixtures.images) and reports what it sees:
+
+- exactly the requested /dev/nvidia*, /dev/nvidia-caps/* and /dev/dri/* nodes (the spec's
+  control nodes plus the requested devices' nodes), and no other;
+- opening an injected GPU node fails with ENXIO ("No such device or address"): the device
+  cgroup allowed it and there is no driver behind it (a blocked node gives EPERM);
+- the driver libraries NVIDIA_DRIVER_CAPABILITIES selects, and `ldconfig -p` listing
+  libcuda.so.1 (the gpuctk-hook createContainer entry ran).
+
+Failures (unknown device, unmet NVIDIA_REQUIRE_CUDA, malformed config.json, missing spec dir)
+make `run` exit 1 with a clear message, config.json unchanged and no container created.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures.devroot import make_node_roots
+from fixtures.images import make_bundle, run_container, runtime_argv, unique_name
+
+from gpuctk.cdi.profile import load_profile
+
+pytestmark = pytest.mark.integration
+
+BIN = Path(sys.executable).parent
+SHIM = str(BIN / "gpuctk-runtime")
+RUNTIMES = ["runc", "crun"]
+LIBDIR = "/usr/lib/x86_64-linux-gnu/nvidia/current"
+PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SCRIPT = r"""
+for f in /dev/nvidia* /dev/nvidia-caps/* /dev/dri/*; do [ -c "$f" ] && echo "NODE $f"; done
+for f in /dev/nvidia[0-9]*; do [ -c "$f" ] && (: < "$f") 2>&1 | sed "s|^|OPEN $f |"; done
+ls LIBDIR | sed 's/^/LIB /'
+ldconfig -p | grep -q 'libcuda.so.1 ' && echo LDCACHE libcuda.so.1
+true
+""".replace("LIBDIR", LIBDIR)
+
+
+def _need(runtime: str) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("real runtimes need root")
+    if shutil.which(runtime) is None:
+        pytest.skip(f"{runtime} not installed")
+    if not Path(SHIM).exists():
+        pytest.skip("gpuctk-runtime console script not installed in the venv")
+
+
+class Node:
+    """A simulated machine: its spec dir and the parsed spec."""
+
+    def __init__(self, spec_dir: Path, spec: dict[str, Any]) -> None:
+        self.spec_dir = spec_dir
+        self.spec = spec
+        self.devices: dict[str, Any] = {d["name"]: d["containerEdits"] for d in spec["devices"]}
+
+    def nodes(self, *names: str) -> set[str]:
+        paths = {n["path"] for n in self.spec["containerEdits"].get("deviceNodes", [])}
+        for name in names:
+            paths |= {n["path"] for n in self.devices[name].get("deviceNodes", [])}
+        return paths
+
+    def uuid(self, index: int) -> str:
+        """The UUID-named device of GPU `index`."""
+        for name in self.devices:
+            if name.startswith("GPU-") and f"/dev/nvidia{index}" in self.nodes(name):
+                return name
+        raise KeyError(index)
+
+
+def _generate(base: Path, driver_root: Path, profile: str, out: Path) -> Node:
+    roots = make_node_roots(base / "node", load_profile(profile))
+    out.parent.mkdir(parents=True)
+    cmd = [
+        str(BIN / "gpuctk"), "cdi", "generate", "--simulate", profile,
+        "--driver-root", str(driver_root), "--dev-root", str(roots.dev_root),
+        "--proc-root", str(roots.proc_root), "--sys-root", str(roots.sys_root),
+        "--hook-path", str(BIN / "gpuctk-hook"), "--output", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    if out.suffix == ".json":
+        spec = json.loads(out.read_text())
+    else:
+        import yaml
+
+        spec = yaml.safe_load(out.read_text())
+    return Node(out.parent, spec)
+
+
+@pytest.fixture(scope="module")
+def machines(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> dict[str, Node]:
+    if os.geteuid() != 0:
+        pytest.skip("mknod and real runtimes need root")
+    base = tmp_path_factory.mktemp("shim-machines")
+    return {
+        "h100-8": _generate(base / "h100", driver_root, "h100-8", base / "h100/cdi/nvidia.json"),
+        "a100-mig": _generate(
+            base / "a100", driver_root, "a100-mig", base / "a100/cdi/nvidia.yaml"
+        ),
+    }
+
+
+def shim_argv(runtime: str) -> list[str]:
+    """The shim, wrapped like fixtures.images.runtime_argv wraps crun on hybrid cgroups."""
+    if runtime_argv(runtime) == [runtime]:
+        return [SHIM]
+    script = 'umount -l /sys/fs/cgroup/unified 2>/dev/null; exec "$0" "$@"'
+    return ["unshare", "-m", "sh", "-c", script, SHIM]
+
+
+@pytest.fixture
+def shim(
+    tmp_path: Path, fresh_rootfs: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., tuple[subprocess.CompletedProcess[str], Path]]]:
+    """Factory: (runtime, node, env, annotations=None) -> (finished run, bundle)."""
+    count = 0
+
+    def run(
+        runtime: str,
+        node: Node | Path,
+        env: list[str],
+        annotations: dict[str, str] | None = None,
+        config_bytes: bytes | None = None,
+    ) -> tuple[subprocess.CompletedProcess[str], Path]:
+        nonlocal count
+        count += 1
+        _need(runtime)
+        spec_dir = node.spec_dir if isinstance(node, Node) else node
+        toml = tmp_path / f"gpuctk-{count}.toml"
+        toml.write_text(
+            f'runtimes = ["{shutil.which(runtime)}"]\nspec-dirs = ["{spec_dir}"]\n'
+            f'log-file = "{tmp_path}/gpuctk.log"\n'
+        )
+        monkeypatch.setenv("GPUCTK_CONFIG", str(toml))
+        rootfs = fresh_rootfs("debian")
+        bundle = make_bundle(
+            tmp_path / f"bundle-{count}", rootfs, ["/bin/sh", "-c", SCRIPT], env=[PATH_ENV, *env]
+        )
+        config = bundle / "config.json"
+        if annotations:
+            doc = json.loads(config.read_text())
+            doc["annotations"] = annotations
+            config.write_text(json.dumps(doc))
+        if config_bytes is not None:
+            config.write_bytes(config_bytes)
+        name = unique_name(f"gpuctk-shim-{runtime}")
+        return run_container(shim_argv(runtime), bundle, name), bundle
+
+    yield run
+
+
+def seen(out: str, tag: str) -> set[str]:
+    return {line.split(" ", 1)[1] for line in out.splitlines() if line.startswith(tag + " ")}
+
+
+def check_nodes(done: subprocess.CompletedProcess[str], expected: set[str]) -> None:
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert seen(done.stdout, "NODE") == expected
+    opened = [line for line in done.stdout.splitlines() if line.startswith("OPEN ")]
+    gpus = {p for p in expected if p.removeprefix("/dev/nvidia").isdigit()}
+    assert len(opened) == len(gpus), done.stdout
+    for line in opened:
+        assert "No such device or address" in line, line  # ENXIO: allowed, no driver
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize(
+    ("value", "names"),
+    [("0", ["0"]), ("1,3", ["1", "3"]), ("all", ["all"]), ("none", [])],
+)
+def test_visible_devices(
+    runtime: str, value: str, names: list[str], machines: dict[str, Node], shim: Any
+) -> None:
+    node = machines["h100-8"]
+    done, _ = shim(runtime, node, [f"NVIDIA_VISIBLE_DEVICES={value}"])
+    check_nodes(done, node.nodes(*names))
+    if value == "0":
+        assert "/dev/nvidia1" not in seen(done.stdout, "NODE")
+    assert "libcuda.so.535.309.01" in seen(done.stdout, "LIB")
+    assert "LDCACHE libcuda.so.1" in done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_mig_device(runtime: str, machines: dict[str, Node], shim: Any) -> None:
+    node = machines["a100-mig"]
+    done, _ = shim(runtime, node, ["NVIDIA_VISIBLE_DEVICES=1:0"])
+    expected = node.nodes("1:0")
+    assert "/dev/nvidia1" in expected and any("/nvidia-caps/" in p for p in expected)
+    check_nodes(done, expected)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_cdi_annotation(runtime: str, machines: dict[str, Node], shim: Any) -> None:
+    node = machines["h100-8"]
+    uuid = node.uuid(2)
+    done, _ = shim(runtime, node, [], {"cdi.k8s.io/gpu": f"nvidia.com/gpu={uuid}"})
+    check_nodes(done, node.nodes(uuid))
+    assert "/dev/nvidia2" in seen(done.stdout, "NODE")
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_driver_capabilities_utility(runtime: str, machines: dict[str, Node], shim: Any) -> None:
+    node = machines["h100-8"]
+    env = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=utility"]
+    done, _ = shim(runtime, node, env)
+    check_nodes(done, node.nodes("0"))
+    libs = seen(done.stdout, "LIB")
+    assert "libnvidia-ml.so.535.309.01" in libs and "libnvidia-ml.so.1" in libs
+    assert not any(lib.startswith("libcuda") for lib in libs), libs
+    assert "LDCACHE libcuda.so.1" not in done.stdout
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("unknown", "unknown CDI device nvidia.com/gpu=42"),
+        ("require", "unsatisfied requirement NVIDIA_REQUIRE_CUDA="),
+        ("malformed", "malformed OCI config"),
+        ("no-spec", "no CDI spec found in"),
+    ],
+)
+def test_failures_leave_nothing_behind(
+    runtime: str, case: str, message: str, machines: dict[str, Node], shim: Any, tmp_path: Path
+) -> None:
+    node: Node | Path = machines["h100-8"]
+    env = ["NVIDIA_VISIBLE_DEVICES=0"]
+    raw = None
+    if case == "unknown":
+        env = ["NVIDIA_VISIBLE_DEVICES=42"]
+    elif case == "require":
+        env.append("NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=550")
+    elif case == "malformed":
+        raw = b'{"ociVersion": "1.0.2", "process": '
+    else:
+        node = tmp_path / "no-such-cdi-dir"
+    done, bundle = shim(runtime, node, env, config_bytes=raw)
+    assert done.returncode == 1, done.stdout
+    assert message in done.stderr, done.stderr
+    config = (bundle / "config.json").read_bytes()
+    if raw is not None:
+        assert config == raw
+    else:
+        assert "NVIDIA_VISIBLE_DEVICES=void" not in json.loads(config)["process"]["env"]
+    assert sorted(p.name for p in bundle.iterdir()) == ["config.json"]
+    with open("/proc/self/mountinfo") as f:
+        assert str(bundle) not in f.read()
