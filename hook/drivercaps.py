@@ -35,6 +35,8 @@ _CONFIG_CAPS = (  # container path prefix -> capability, for non-library files
     ("/usr/share/egl/", caps.GRAPHICS),
     ("/etc/egl/", caps.GRAPHICS),
     ("/usr/share/nvidia/nvoptix", caps.GRAPHICS),
+    ("/usr/share/nvidia/nvidia-application-profiles", caps.GRAPHICS),
+    ("/etc/OpenCL/", caps.COMPUTE),
     ("/usr/share/X11/", caps.DISPLAY),
     ("/etc/X11/", caps.DISPLAY),
     ("/usr/lib/xorg/", caps.DISPLAY),
