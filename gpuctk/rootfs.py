@@ -7,7 +7,9 @@ a descriptor walk (each component opened O_PATH | O_NOFOLLOW from the previous o
 and expanded by hand, `..` clamped at the root, 40 links at most): the kernel never follows one.
 Writes use the parent folder's descriptor and one plain name (*at calls): files go to a temp name
 and are renamed, symlinks are swapped in with renameat2(RENAME_EXCHANGE), modes are set through
-the inode's own descriptor. Failures are InRootError (a GpuctkError) carrying the errno.
+the inode's own descriptor. Files, links and folders are created only on the root's own mount:
+a folder that is a bind mount or volume (host storage) is refused with EXDEV, whatever its path.
+Failures are InRootError (a GpuctkError) carrying the errno.
 """
 
 from __future__ import annotations
@@ -227,6 +229,27 @@ def listdir_in_root(root_fd: int, path: str) -> list[str]:
         os.close(fd)
 
 
+def mount_id(fd: int) -> int:
+    """The id of the mount a descriptor is on (mnt_id in /proc/self/fdinfo)."""
+    with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
+        for line in info:
+            if line.startswith("mnt_id:"):
+                return int(line.split()[1])
+    raise InRootError("no mnt_id in /proc/self/fdinfo", errno.ENOSYS)
+
+
+def _own_mount(root_fd: int, pfd: int, path: str) -> int:
+    """`pfd` if it is on the root's own mount, else close it and raise (EXDEV)."""
+    if mount_id(pfd) != mount_id(root_fd):
+        os.close(pfd)
+        raise InRootError(
+            f"cannot write in {path} in the container root: it is on another mount (a bind mount "
+            "or volume); gpuctk writes only to the container's own root file system",
+            errno.EXDEV,
+        )
+    return pfd
+
+
 def mkdir_p_in_root(root_fd: int, path: str, mode: int = 0o755) -> int:
     """Create a container directory and its parents; returns an O_PATH descriptor of it."""
     path = posixpath.normpath("/" + "/".join(_parts(path)))
@@ -236,7 +259,7 @@ def mkdir_p_in_root(root_fd: int, path: str, mode: int = 0o755) -> int:
         if exc.errno != errno.ENOENT:
             raise
     parent, name = _split(path)
-    pfd = mkdir_p_in_root(root_fd, parent, mode)
+    pfd = _own_mount(root_fd, mkdir_p_in_root(root_fd, parent, mode), parent)
     try:
         os.mkdir(name, mode, dir_fd=pfd)
     except FileExistsError:  # raced, or a dangling symlink: the open below says which
@@ -251,8 +274,9 @@ def mkdir_p_in_root(root_fd: int, path: str, mode: int = 0o755) -> int:
 def _parent(root_fd: int, path: str, parents: bool) -> tuple[int, str]:
     dirname, name = _split(path)
     if parents:
-        return mkdir_p_in_root(root_fd, dirname), name
-    return open_in_root(root_fd, dirname, os.O_PATH | os.O_DIRECTORY), name
+        return _own_mount(root_fd, mkdir_p_in_root(root_fd, dirname), dirname), name
+    pfd = open_in_root(root_fd, dirname, os.O_PATH | os.O_DIRECTORY)
+    return _own_mount(root_fd, pfd, dirname), name
 
 
 def _tmpname(name: str) -> str:

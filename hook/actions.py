@@ -91,8 +91,11 @@ def update_loader(
         output = ldconfig.run_confined(root_fd, root_path, exe_fd, args)
     finally:
         os.close(exe_fd)
-    if output:
-        hooklog.log("debug", f"{exe}: {output}", to_stderr=False)
+    for line in output.splitlines():
+        if line.startswith(ldconfig.WARNING):
+            hooklog.warning(line.removeprefix(ldconfig.WARNING))
+        else:
+            hooklog.log("debug", f"{exe}: {line}", to_stderr=False)
     return f"ld cache rebuilt by {exe}"
 
 

@@ -6,6 +6,7 @@ joins the rootfs path with a container path.
 
 from __future__ import annotations
 
+import errno
 import posixpath
 import re
 import stat
@@ -48,7 +49,9 @@ def check_folder(folder: str) -> str:
 
 def create_symlinks(root_fd: int, links: list[tuple[str, str]]) -> int:
     """Create each LINK -> TARGET whose target exists inside the root; returns how many changed.
-    An existing symlink is replaced; an existing file or folder is never touched."""
+    An existing symlink is replaced; an existing file or folder is never touched; a link in a
+    folder on another mount (a bind mount or volume) or a read-only one is skipped, with a
+    warning: the driver's own folder mounted whole already has its links."""
     changed = 0
     for target, link in links:
         resolved = (
@@ -59,7 +62,14 @@ def create_symlinks(root_fd: int, links: list[tuple[str, str]]) -> int:
                 "debug", f"skip {link} -> {target}: target not in the container", to_stderr=False
             )
             continue
-        if rootfs.symlink_in_root(root_fd, target, link):
+        try:
+            made = rootfs.symlink_in_root(root_fd, target, link)
+        except rootfs.InRootError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EROFS):
+                raise
+            hooklog.warning(f"left {link} alone: {exc.message}")
+            continue
+        if made:
             changed += 1
             hooklog.log("debug", f"linked {link} -> {target}", to_stderr=False)
         else:

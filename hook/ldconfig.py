@@ -2,8 +2,10 @@
 
 No binary from the image ever runs: the host ldconfig is opened here (a root-owned regular file,
 not group/world-writable) and executed by descriptor (execveat) in a child that has
-  1. unshared a private mount namespace (nothing it does is seen by the container or the host),
-  2. chroot'ed into the container root through the root's descriptor,
+  1. unshared a private mount namespace (nothing it does is seen by the container or the host)
+     and in it remounted read-only every mount below the root that is not the root's own file
+     system (bind-mounted driver files, volumes: ldconfig writes only to the root itself),
+  2. chroot'ed into the container root (re-opened in the new namespace, checked by inode),
   3. lazily detached the root's /proc and /sys (no /proc/<pid>/root, no writable sysfs),
   4. dropped every capability but DAC_OVERRIDE, DAC_READ_SEARCH and FOWNER from its bounding,
      inheritable and ambient sets (no chroot, mount or ptrace: a bug in ldconfig triggered by a
@@ -32,6 +34,7 @@ from gpuctk.hook import mounts
 CANDIDATES = ("/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig")
 KEEP_CAPS = (1, 2, 3)  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER
 TIMEOUT = 60.0
+WARNING = "gpuctk-hook: warning: "  # lines the child writes for the hook to log as warnings
 _PT_INTERP = 3
 _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL = 24, 38, 47, 4
 
@@ -123,8 +126,15 @@ def _child(
     try:
         step = "unshare the mount namespace"
         mounts.unshare_private_mounts()
+        step = "open the container root"
+        new_root = _reopen(*root)
+        step = "make the other mounts below the root read-only"
+        for warning in mounts.seal_submounts(new_root):
+            os.write(out_fd, f"{WARNING}{warning}\n".encode("utf-8", "replace"))
         step = "chroot into the container root"
-        _chroot(*root)
+        os.fchdir(new_root)
+        os.close(new_root)
+        os.chroot(".")
         os.chdir("/")
         step = "detach /proc and /sys"
         mounts.detach("/proc")
@@ -159,17 +169,16 @@ def _child(
             os._exit(127)
 
 
-def _chroot(root_fd: int, root_path: str) -> None:
-    """chroot into the root as seen from the new mount namespace. A descriptor opened before
-    unshare() still names the old namespace's mount (its /proc could not be detached), so the
-    trusted host path is opened again here and must be the same directory as `root_fd`."""
+def _reopen(root_fd: int, root_path: str) -> int:
+    """The root as seen from the new mount namespace. A descriptor opened before unshare()
+    still names the old namespace's mounts (its /proc could not be detached, its binds not
+    sealed), so the trusted host path is opened again and must be the same directory."""
     fd = os.open(root_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     a, b = os.fstat(fd), os.fstat(root_fd)
     if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+        os.close(fd)
         raise OSError(f"{root_path} is not the container root any more")
-    os.fchdir(fd)
-    os.close(fd)
-    os.chroot(".")
+    return fd
 
 
 def run_confined(

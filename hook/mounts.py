@@ -16,6 +16,7 @@ import ctypes
 import errno
 import os
 
+from gpuctk import rootfs
 from gpuctk.errors import OutputError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
@@ -65,21 +66,51 @@ def detach(path: str) -> None:
             raise OSError(err, f"umount {path}: {os.strerror(err)}")
 
 
-def _mount_id(fd: int) -> int:
-    with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
-        for line in info:
-            if line.startswith("mnt_id:"):
-                return int(line.split()[1])
-    raise OSError(errno.ENOSYS, "no mnt_id in fdinfo")
-
-
 def is_mount_root(fd: int) -> bool:
     """Whether the directory behind `fd` is the root of a mount (its parent is elsewhere)."""
     parent = os.open("..", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
     try:
-        return _mount_id(parent) != _mount_id(fd)
+        return rootfs.mount_id(parent) != rootfs.mount_id(fd)
     finally:
         os.close(parent)
+
+
+def _flags(fd: int) -> int:
+    """The MS_* flags to keep when remounting the mount behind `fd`."""
+    have = os.fstatvfs(fd).f_flag
+    return sum(ms_flag for st_flag, ms_flag in _ST_TO_MS if have & st_flag)
+
+
+def _mount_points() -> list[str]:
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as info:
+        points = [line.split(" ")[4] for line in info]
+    return [p.encode("latin-1", "surrogateescape").decode("unicode_escape") for p in points]
+
+
+def seal_submounts(root_fd: int) -> list[str]:
+    """In a private mount namespace: remount read-only every mount below the root that is not the
+    root's own file system (driver binds, volumes, /dev ...), so that what runs there next can
+    write only to the root itself. Returns warnings for mounts that could not be sealed."""
+    prefix = os.readlink(f"/proc/self/fd/{root_fd}").rstrip("/") + "/"
+    root_id, warnings = rootfs.mount_id(root_fd), []
+    for point in _mount_points():
+        if not point.startswith(prefix):
+            continue
+        rel = point[len(prefix) :]
+        try:
+            fd = rootfs.open_in_root(root_fd, rel, os.O_PATH | os.O_NOFOLLOW)
+        except rootfs.InRootError:
+            continue  # over-mounted or gone
+        try:
+            if rootfs.mount_id(fd) != root_id:
+                sealed = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+                mount(None, f"/proc/self/fd/{fd}", None, sealed | _flags(fd))
+        except OSError as exc:
+            if rel.split("/")[0] not in ("proc", "sys"):  # those are detached anyway
+                warnings.append(f"cannot make /{rel} read-only for ldconfig: {exc}")
+        finally:
+            os.close(fd)
+    return warnings
 
 
 def read_only(fd: int) -> bool:
@@ -95,10 +126,7 @@ def writable_root(root_fd: int, where: str) -> Iterator[bool]:
         return
     if not is_mount_root(root_fd):
         raise OutputError(f"container root {where} is on a read-only file system")
-    keep = MS_REMOUNT | MS_BIND
-    flags = os.fstatvfs(root_fd).f_flag
-    for st_flag, ms_flag in _ST_TO_MS:
-        keep |= ms_flag if flags & st_flag else 0
+    keep = MS_REMOUNT | MS_BIND | _flags(root_fd)
     target = f"/proc/self/fd/{root_fd}"
     try:
         mount(None, target, None, keep)

@@ -376,3 +376,28 @@ def test_folders_absent_from_the_image_leave_the_loader_alone(
     assert not (rootfs / "etc/ld.so.conf.d/00-gpuctk.conf").exists()
     assert (rootfs / "etc/ld.so.cache").read_bytes() == cache
     assert not (rootfs / FOLDER.lstrip("/")).exists()
+
+
+def test_a_bind_mounted_host_folder_is_never_written(
+    tmp_path: Path, fresh_rootfs: Any, libfoo: Path
+) -> None:
+    """The driver folder is a read-WRITE bind mount of a host folder (a CDI spec mounting a
+    whole folder, or a volume): neither the hook's links nor ldconfig's SONAME links may land
+    in it (ldconfig runs with every mount below the root but the root itself read-only)."""
+    rootfs = fresh_rootfs("debian")
+    host = tmp_path / "host-driver-folder"
+    host.mkdir()
+    shutil.copy(libfoo, host / "libfoo.so.1.2.3")
+    before = snapshot(host)
+    folder = rootfs / FOLDER.lstrip("/")
+    folder.mkdir(parents=True)
+    subprocess.run(["mount", "--bind", str(host), str(folder)], check=True)
+    try:
+        args = ["createContainer", "--link", LINK, "--folder", FOLDER]
+        done = hook(args, state(bundle_for(tmp_path, rootfs)))
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+    assert done.returncode == 0, done.stderr
+    assert "another mount" in done.stderr
+    assert snapshot(host) == before, "a host folder bind-mounted into the root was written"
+    assert FOLDER in (rootfs / "etc/ld.so.conf.d/00-gpuctk.conf").read_text()

@@ -244,3 +244,30 @@ def test_folder_swapped_for_a_symlink_while_writing(world: tuple[Path, Path, int
         flipper.join()
     assert wrote > 0
     print(f"race: {wrote} writes through the real folder, {failed} refused")
+
+
+def test_writes_into_a_bind_mounted_folder_are_refused(world: tuple[Path, Path, int]) -> None:
+    """A folder of the root that is a bind mount of host storage is not the root's own file
+    system: nothing is created there (EXDEV), reading it is fine."""
+    root, outside, fd = world
+    (root / "etc/ld.so.conf.d").mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "--bind", str(outside), str(root / "etc/ld.so.conf.d")], check=False
+        ).returncode
+    ):
+        pytest.skip("needs root for a bind mount")
+    try:
+        assert rootfs.read_file_in_root(fd, "/etc/ld.so.conf.d/secret", 100) == b"secret\n"
+        for write in (
+            lambda: rootfs.write_file_in_root(fd, "/etc/ld.so.conf.d/x.conf", b"x"),
+            lambda: rootfs.symlink_in_root(fd, "x", "/etc/ld.so.conf.d/lnk"),
+            lambda: rootfs.mkdir_p_in_root(fd, "/etc/ld.so.conf.d/sub/dir"),
+            lambda: rootfs.write_file_in_root(fd, "/etc/ld.so.conf.d/a/b", b"x", parents=True),
+        ):
+            with pytest.raises(rootfs.InRootError) as info:
+                write()
+            assert info.value.errno == errno.EXDEV
+    finally:
+        subprocess.run(["umount", "-l", str(root / "etc/ld.so.conf.d")], check=False)
