@@ -207,14 +207,22 @@ def plan_configure(opts: Options) -> Plan:
         from gpuctk.containerd import ocispec
 
         changes.append(
-            FileChange(spec, ocispec.dumps(ocispec.base_spec(opts.hook_path)), "base OCI spec")
+            FileChange(
+                spec, ocispec.dumps(ocispec.base_spec(opts.hook_path)), "base OCI spec", 0o644
+            )
         )
-    changes.append(FileChange(opts.drop_in, text.encode(), "containerd drop-in"))
+    # The drop-in may carry the main config's registry credentials: give it the main's mode.
+    main_mode = planmod.file_mode(opts.config)
+    drop_in_mode = main_mode if main_mode is not None else 0o644
+    changes.append(FileChange(opts.drop_in, text.encode(), "containerd drop-in", drop_in_mode))
     if edit.text != main_text:
         backup = opts.config + BACKUP_SUFFIX
         if main_text is not None and not os.path.exists(backup):
-            changes.append(FileChange(backup, main_text.encode(), "backup of the main config"))
-        changes.append(FileChange(opts.config, edit.text.encode(), "containerd main config"))
+            changes.append(
+                FileChange(backup, main_text.encode(), "backup of the main config", main_mode)
+            )
+        target = planmod.write_target(opts.config)
+        changes.append(FileChange(target, edit.text.encode(), "containerd main config"))
     notes = list(handler_notes)
     if opts.mode == "shim" and not os.path.exists(opts.runtime_path):
         notes.append(f"{opts.runtime_path} does not exist yet (--runtime-path)")
@@ -239,7 +247,8 @@ def plan_unconfigure(opts: Options) -> Plan:
                 FileChange(opts.config, None, "containerd main config (created by gpuctk)")
             )
         elif new != main_text:
-            changes.append(FileChange(opts.config, new.encode(), "containerd main config"))
+            target = planmod.write_target(opts.config)
+            changes.append(FileChange(target, new.encode(), "containerd main config"))
         backup = opts.config + BACKUP_SUFFIX
         backup_text = tomlfiles.read_text(backup)
         if backup_text is not None and backup_text == new:

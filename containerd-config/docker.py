@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any
 
+from gpuctk.containerd import plan as planmod
 from gpuctk.containerd import tomlfiles
 from gpuctk.containerd.options import Options
 from gpuctk.containerd.plan import FileChange, Plan
@@ -57,8 +58,10 @@ def plan_configure(opts: Options) -> Plan:
     changes = []
     backup = opts.config + BACKUP_SUFFIX
     if text is not None and not os.path.exists(backup):
-        changes.append(FileChange(backup, text.encode(), "backup of daemon.json"))
-    changes.append(FileChange(opts.config, _dumps(new), "Docker daemon.json"))
+        mode = planmod.file_mode(opts.config)
+        changes.append(FileChange(backup, text.encode(), "backup of daemon.json", mode))
+    target = planmod.write_target(opts.config)
+    changes.append(FileChange(target, _dumps(new), "Docker daemon.json"))
     notes = []
     if opts.cdi_spec_dirs != ("/etc/cdi", "/var/run/cdi"):
         notes.append(
@@ -91,11 +94,16 @@ def plan_unconfigure(opts: Options) -> Plan:
     changes: list[FileChange] = []
     if backup_text is not None and new == original:
         changes.append(
-            FileChange(opts.config, backup_text.encode(), "Docker daemon.json (restored)")
+            FileChange(
+                planmod.write_target(opts.config),
+                backup_text.encode(),
+                "Docker daemon.json (restored)",
+            )
         )
         changes.append(FileChange(backup, None, "backup of daemon.json"))
     elif backup_text is None and not new:
         changes.append(FileChange(opts.config, None, "Docker daemon.json (created by gpuctk)"))
     elif new != data:
-        changes.append(FileChange(opts.config, _dumps(new), "Docker daemon.json"))
+        target = planmod.write_target(opts.config)
+        changes.append(FileChange(target, _dumps(new), "Docker daemon.json"))
     return Plan(tuple(changes))

@@ -20,12 +20,16 @@ from gpuctk.fs import atomic_write
 
 @dataclass(frozen=True)
 class FileChange:
-    """Write `data` to `path` (or remove the file when `data` is None)."""
+    """Write `data` to `path` (or remove the file when `data` is None).
+
+    `mode` None keeps the mode of the file being replaced (0644 for a new file): a config that
+    holds registry credentials stays as private as the operator made it.
+    """
 
     path: str
     data: bytes | None
     what: str
-    mode: int = 0o644
+    mode: int | None = None
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,8 @@ def apply(changes: Sequence[FileChange]) -> list[FileChange]:
                 for directory in missing_dirs(change.path):
                     _mkdir(directory)
                     created_dirs.append(directory)
-                atomic_write(change.path, change.data, change.mode)
+                new_mode = change.mode if change.mode is not None else (mode or 0o644)
+                atomic_write(change.path, change.data, new_mode)
             done.append((change, before, mode))
     except OutputError:
         _rollback(done, created_dirs)
@@ -116,7 +121,7 @@ def apply(changes: Sequence[FileChange]) -> list[FileChange]:
 
 def _mode(path: str) -> int | None:
     try:
-        return os.stat(path).st_mode & 0o7777
+        return os.stat(path).st_mode & 0o777
     except OSError:
         return None
 
@@ -170,6 +175,16 @@ def removable_dirs(dirs: Sequence[str], removed: Sequence[str]) -> list[FileChan
             out.append(FileChange(directory, None, "folder created by gpuctk"))
             gone.add(os.path.abspath(directory))
     return out
+
+
+def file_mode(path: str) -> int | None:
+    """The permission bits of an existing file (following links), None when there is none."""
+    return _mode(path)
+
+
+def write_target(path: str) -> str:
+    """Where to write `path`: through a symlink to its target, so that the link survives."""
+    return os.path.realpath(path) if os.path.islink(path) else path
 
 
 def render(plan: Plan) -> str:

@@ -312,3 +312,26 @@ def test_restart_runs_systemctl_only_when_something_changed(
     assert calls.read_text() == "restart containerd\n"
     code, out, _ = gpuctk(capsys, *args(root))
     assert "nothing to change" in out
+
+
+def test_symlinked_private_main_config_keeps_its_link_and_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 0600 config (registry credentials) linked from elsewhere: no leak, no broken link."""
+    real = tmp_path / "site" / "containerd.toml"
+    real.parent.mkdir()
+    real.write_text(SYSTEMD_SANDBOX)
+    real.chmod(0o600)
+    (tmp_path / "config.toml").symlink_to(real)
+    assert gpuctk(capsys, *args(tmp_path))[0] == 0
+    assert (tmp_path / "config.toml").is_symlink() and "imports = [" in real.read_text()
+    for path in (
+        real,
+        tmp_path / "conf.d" / "99-gpuctk.toml",
+        tmp_path / "config.toml.gpuctk-backup",
+    ):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert gpuctk(capsys, *unargs(tmp_path))[0] == 0
+    assert (tmp_path / "config.toml").is_symlink() and real.read_text() == SYSTEMD_SANDBOX
+    assert stat.S_IMODE(real.stat().st_mode) == 0o600
+    assert not (tmp_path / "config.toml.gpuctk-backup").exists()
