@@ -8,7 +8,8 @@ and expanded by hand, `..` clamped at the root, 40 links at most): the kernel ne
 Writes use the parent folder's descriptor and one plain name (*at calls): files go to a temp name
 and are renamed, symlinks are swapped in with renameat2(RENAME_EXCHANGE), modes are set through
 the inode's own descriptor. Files, links and folders are created only on the root's own mount:
-a folder that is a bind mount or volume (host storage) is refused with EXDEV, whatever its path.
+a folder that is a bind mount or volume (host storage) is refused with EXDEV, whatever its path
+(modes may be set on any mount below the root: device nodes live on the container's /dev).
 Failures are InRootError (a GpuctkError) carrying the errno.
 """
 

@@ -13,14 +13,19 @@ import sys
 import time
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
-_state: dict[str, object] = {"path": None, "level": 20, "stderr": 30}
+STDERR_LEVEL = LEVELS["warning"]
+
+
+class _Config:
+    path: str | None = None
+    level: int = LEVELS["info"]
 
 
 def configure(env: dict[str, str] | os._Environ[str] | None = None) -> None:
     """Read GPUCTK_HOOK_LOG and GPUCTK_HOOK_LOG_LEVEL from `env` (default: os.environ)."""
     env = os.environ if env is None else env
-    _state["path"] = env.get("GPUCTK_HOOK_LOG") or None
-    _state["level"] = LEVELS.get(env.get("GPUCTK_HOOK_LOG_LEVEL", "info").lower(), 20)
+    _Config.path = env.get("GPUCTK_HOOK_LOG") or None
+    _Config.level = LEVELS.get(env.get("GPUCTK_HOOK_LOG_LEVEL", "info").lower(), LEVELS["info"])
 
 
 def _quote(text: str) -> str:
@@ -28,12 +33,12 @@ def _quote(text: str) -> str:
 
 
 def log(level: str, message: str, *, to_stderr: bool = True) -> None:
-    """Log `message` at `level` (a key of LEVELS)."""
+    """Log `message` at `level` (a key of LEVELS); warnings and errors also go to stderr."""
     value = LEVELS[level]
-    if to_stderr and value >= int(str(_state["stderr"])):
+    if to_stderr and value >= STDERR_LEVEL:
         sys.stderr.write(f"gpuctk-hook: {level}: {message}\n")
-    path = _state["path"]
-    if not isinstance(path, str) or value < int(str(_state["level"])):
+    path = _Config.path
+    if path is None or value < _Config.level:
         return
     now = time.time()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
@@ -46,7 +51,7 @@ def log(level: str, message: str, *, to_stderr: bool = True) -> None:
             os.close(fd)
     except OSError as exc:
         sys.stderr.write(f"gpuctk-hook: warning: cannot write log file {path}: {exc.strerror}\n")
-        _state["path"] = None
+        _Config.path = None
 
 
 def debug(message: str) -> None:

@@ -232,5 +232,11 @@ def _collect(pid: int, read_fd: int, deadline: float) -> tuple[bytes, int | None
         if size < 1 << 20:
             chunks.append(chunk)
             size += len(chunk)
-    _, status = os.waitpid(pid, 0)
-    return b"".join(chunks), status
+    while time.monotonic() < deadline:  # output closed: wait for the exit, still bounded
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return b"".join(chunks), status
+        time.sleep(0.001)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return b"".join(chunks), None

@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import re
 
 from gpuctk import rootfs
 from gpuctk.errors import OutputError
@@ -82,9 +83,11 @@ def _flags(fd: int) -> int:
 
 
 def _mount_points() -> list[str]:
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as info:
-        points = [line.split(" ")[4] for line in info]
-    return [p.encode("latin-1", "surrogateescape").decode("unicode_escape") for p in points]
+    """Mount points of this namespace, from /proc/self/mountinfo (octal escapes undone)."""
+    with open("/proc/self/mountinfo", "rb") as info:
+        points = [line.split(b" ")[4] for line in info]
+    unescape = re.compile(rb"\\([0-7]{3})")
+    return [os.fsdecode(unescape.sub(lambda m: bytes([int(m[1], 8)]), p)) for p in points]
 
 
 def seal_submounts(root_fd: int) -> list[str]:
