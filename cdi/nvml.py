@@ -16,7 +16,6 @@ from typing import Any, Protocol
 
 from gpuctk.cdi.machine import Gpu, Machine, MigDevice
 from gpuctk.cdi.profile import mig_profile_name
-
 from gpuctk.errors import NvmlError
 
 LIBRARY_NAME = "libnvidia-ml.so.1"

@@ -19,6 +19,7 @@ from fixtures.fake_nvml import (
     fake_profile_text,
     write_fake_profile,
 )
+
 from gpuctk.cdi.machine import Machine
 from gpuctk.cdi.nvml import (
     LIBRARY_NAME,
@@ -29,7 +30,6 @@ from gpuctk.cdi.nvml import (
     normalize_bus_id,
 )
 from gpuctk.cdi.profile import available_profiles, load_profile
-
 from gpuctk.errors import EXIT_NVML, NvmlError
 
 SCRIPT = """
