@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import os
 
-from gpuctk.containerd import engine, handler, imports, mainconfig, state, tomlfiles
+from gpuctk.containerd import engine, handler, imports, mainconfig, ocispec, state, tomlfiles
 from gpuctk.containerd import plan as planmod
 from gpuctk.containerd.options import Options
 from gpuctk.containerd.plan import FileChange, Plan
@@ -153,8 +153,9 @@ def _header(opts: Options, merge: imports.MergeMode, record: state.State) -> lis
 
 
 def _drop_in_data(
-    opts: Options, cri: Table, layout: int, version: int, merge: imports.MergeMode
+    opts: Options, cri: Table, version: int, merge: imports.MergeMode
 ) -> tuple[Table, tuple[str, ...]]:
+    """The drop-in's data: the whole CRI table plus the handler (replace), or only the handler."""
     spec = base_spec_path(opts.drop_in) if opts.mode == "hook" else None
     runtimes = tomlfiles.get_table(cri, "containerd", "runtimes") or {}
     default_name = tomlfiles.get(cri, "containerd", "default_runtime_name")
@@ -191,7 +192,7 @@ def plan_configure(opts: Options) -> Plan:
         raise ValidationError(
             f"containerd printed a version {layout} config for a version {version} main config"
         )
-    drop_in_data, handler_notes = _drop_in_data(opts, cri, layout, version, merge)
+    drop_in_data, handler_notes = _drop_in_data(opts, cri, version, merge)
 
     edit = mainconfig.add_import(opts.config, main_text, opts.drop_in, version)
     spec = base_spec_path(opts.drop_in) if opts.mode == "hook" else None
@@ -204,8 +205,6 @@ def plan_configure(opts: Options) -> Plan:
 
     changes: list[FileChange] = []
     if spec is not None:
-        from gpuctk.containerd import ocispec
-
         changes.append(
             FileChange(
                 spec, ocispec.dumps(ocispec.base_spec(opts.hook_path)), "base OCI spec", 0o644
