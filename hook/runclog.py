@@ -102,10 +102,11 @@ class RuncLog:
         self.stderr = stderr
 
     def configure(self, extra_path: str = "", level: str | None = None) -> None:
-        """Add the configured log file and level once the config has been read."""
+        """Add the configured log file and level once the config has been read (the engine's
+        --debug still wins: debug lines then flow whatever the configured level)."""
         self.extra_path = extra_path
-        if level is not None:
-            self.threshold = min(self.threshold, LEVELS.get(level, 20))
+        if level is not None and self.threshold > LEVELS["debug"]:
+            self.threshold = LEVELS.get(level, LEVELS["info"])
 
     def _stderr(self) -> TextIO:
         return self.stderr or sys.stderr

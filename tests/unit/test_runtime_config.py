@@ -167,6 +167,14 @@ def test_log_destinations(tmp_path: Path) -> None:
     assert [(x["level"], x["msg"]) for x in lines] == [("info", "hello"), ("error", "it failed")]
     assert extra.read_text().count("gpuctk-runtime: ") == 2
     assert err.getvalue() == "it failed\n"  # plain, as runc's fatal() when logging to a file
+    quiet = RuncLog(str(engine), "text", stderr=io.StringIO())
+    quiet.configure("", "warning")
+    quiet.info("not logged")
+    assert "not logged" not in engine.read_text()
+    debug = RuncLog(str(engine), "text", level="debug", stderr=io.StringIO())
+    debug.configure("", "error")
+    debug.debug("logged with --debug")
+    assert "logged with --debug" in engine.read_text()
     # no --log: runc logs to stderr in its format
     err = io.StringIO()
     RuncLog(None, "text", stderr=err).error("boom")
