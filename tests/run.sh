@@ -50,7 +50,10 @@ log "ruff"
 .venv/bin/ruff format --check .
 
 log "mypy (strict)"
-.venv/bin/mypy
+# The strict editable install mirrors the folder mapping (cdi/ -> gpuctk/cdi, ...) as a tree of
+# links under build/; mypy checks the package there, so it sees gpuctk.cdi, .hook, .containerd.
+tree=$(ls -d build/__editable__.gpuctk-*/ | head -n 1)
+(cd "$tree" && "$ROOT/.venv/bin/mypy" --config-file "$ROOT/pyproject.toml" -p gpuctk)
 
 log "pytest"
 # In CI the Debian driver root must be built: fail, do not skip, if it cannot be.
