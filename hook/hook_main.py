@@ -10,7 +10,13 @@ Every verb reads the OCI state on stdin (or takes --container-spec PATH to a con
 the container root from the bundle's config.json and does all its work inside that root, in one
 process. An unknown verb or option logs a warning and is ignored (exit 0), so that a spec written
 by a newer gpuctk never blocks a container. Errors: one line on stderr, exit 1 (runc's
-convention; runc shows it). Logs: never stdout; see gpuctk.hook.hooklog.
+convention: runc shows it; crun 1.8 shows only the exit code, so a spec's hook env should name
+a GPUCTK_HOOK_LOG file). Logs: never stdout; see gpuctk.hook.hooklog.
+
+Room for the other modes (issue 3): `prestart` / `createRuntime` (run in the runtime's
+namespaces: enter /proc/<pid>/ns/mnt after checking the pid, then the same in-root steps) and
+`precreate` (config.json in, edited config out) belong in their own modules, dispatched in
+`_run` before the verbs above; until then they are unknown verbs (warning, exit 0).
 
 Imports are kept to the standard library, gpuctk.errors, gpuctk.rootfs and this package: the
 hook runs at every container start. Packaging should run it as `python3 -I` (isolated: no
