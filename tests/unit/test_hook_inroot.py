@@ -74,13 +74,14 @@ def cache_listing(rootfs: Path) -> str:
     ).stdout
 
 
+@pytest.mark.parametrize("walk", ["0", "1"], ids=["openat2", "walk"])
 def test_create_container_on_a_debian_image(
-    tmp_path: Path, fresh_rootfs: Any, libfoo: Path
+    tmp_path: Path, fresh_rootfs: Any, libfoo: Path, walk: str
 ) -> None:
     rootfs = fresh_rootfs("debian")
     folder = with_lib(rootfs, libfoo)
     args = ["createContainer", "--link", LINK, "--folder", FOLDER]
-    done = hook(args, state(bundle_for(tmp_path, rootfs)))
+    done = hook(args, state(bundle_for(tmp_path, rootfs)), env={"GPUCTK_ROOTFS_WALK": walk})
     assert done.returncode == 0, done.stderr
     assert os.readlink(folder / "libfoo.so.1") == "libfoo.so.1.2.3"
     conf = (rootfs / "etc/ld.so.conf.d/00-gpuctk.conf").read_text().splitlines()
@@ -226,9 +227,10 @@ def test_unusable_host_ldconfig_is_refused(tmp_path: Path, fresh_rootfs: Any, wh
     assert not (rootfs / "pwned").exists()
 
 
+@pytest.mark.parametrize("walk", ["0", "1"], ids=["openat2", "walk"])
 @pytest.mark.parametrize("mirror", [False, True], ids=["dangling-in-root", "mirrored-in-root"])
 def test_folders_linked_outside_stay_in_root(
-    tmp_path: Path, fresh_rootfs: Any, libfoo: Path, mirror: bool
+    tmp_path: Path, fresh_rootfs: Any, libfoo: Path, mirror: bool, walk: str
 ) -> None:
     """/etc/ld.so.conf.d and the driver folder's parent are links to a host folder (absolute and
     relative): in the root they resolve to <root>/<host path>, which is either missing (a
@@ -248,7 +250,10 @@ def test_folders_linked_outside_stay_in_root(
         shutil.copytree(outside, rootfs / str(outside).lstrip("/"), symlinks=True)
     lib = f"{FOLDER}/libfoo.so.1.2.3"
     args = ["createContainer", "--link", LINK, "--folder", FOLDER, "--folder", "/lib"]
-    done = hook([*args, "--mode", "700", "--path", lib], state(bundle_for(tmp_path, rootfs)))
+    bundle = bundle_for(tmp_path, rootfs)
+    done = hook(
+        [*args, "--mode", "700", "--path", lib], state(bundle), {"GPUCTK_ROOTFS_WALK": walk}
+    )
     assert snapshot(outside) == before, "the hook changed something outside the root"
     if not mirror:
         assert done.returncode == 1
