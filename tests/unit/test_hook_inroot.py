@@ -406,3 +406,28 @@ def test_a_bind_mounted_host_folder_is_never_written(
     assert "another mount" in done.stderr
     assert snapshot(host) == before, "a host folder bind-mounted into the root was written"
     assert FOLDER in (rootfs / "etc/ld.so.conf.d/00-gpuctk.conf").read_text()
+
+
+def test_a_truly_read_only_root_is_a_clear_error(
+    tmp_path: Path, image_rootfs: Any, libfoo: Path
+) -> None:
+    """An overlay with no upper layer is read-only at the file-system level: no remount can
+    make it writable, and the hook says so in one line (and leaves it read-only)."""
+    lower = image_rootfs("debian")
+    merged, empty = tmp_path / "ro", tmp_path / "empty"
+    merged.mkdir()
+    empty.mkdir()
+    subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o", f"lowerdir={empty}:{lower}", str(merged)],
+        check=True,
+    )
+    try:
+        args = ["createContainer", "--link", LINK, "--folder", "/lib"]
+        done = hook(args, state(bundle_for(tmp_path, merged, readonly=True)))
+        assert done.returncode == 1
+        assert done.stderr.strip().splitlines() == [
+            f"gpuctk-hook: error: container root {merged} is on a read-only file system"
+        ]
+        assert os.statvfs(merged).f_flag & os.ST_RDONLY
+    finally:
+        subprocess.run(["umount", "-l", str(merged)], check=False)
