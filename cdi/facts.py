@@ -11,20 +11,45 @@ process, never by the container, and it costs no cdiVersion.
     GPUCTK_GPUS=0/GPU-aaaa/9.0/hopper/MIG-x+MIG-y;1/GPU-bbbb/9.0/hopper/
 
 One GPU per `;`: index, UUID, compute capability, architecture, then its MIG device UUIDs joined
-by `+` (empty when MIG is off). This module is imported by the shim: stdlib only, no regex.
+by `+` (empty when MIG is off). This module is imported by the shim: stdlib only, no regex,
+no dataclasses (whose import pulls in `inspect`) and no typing: plain slotted records.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 DRIVER_KEY = "GPUCTK_DRIVER_VERSION"
 CUDA_KEY = "GPUCTK_CUDA_VERSION"
 GPUS_KEY = "GPUCTK_GPUS"
 
 
-@dataclass(frozen=True)
-class GpuFacts:
+class _Record:
+    """A tiny immutable record: positional or keyword fields, equality, a readable repr."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        values = dict(zip(self.__slots__, args, strict=False)) | kwargs
+        for name in self.__slots__:
+            object.__setattr__(self, name, values[name])
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(
+            getattr(self, n) == getattr(other, n) for n in self.__slots__
+        )
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, n) for n in self.__slots__))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+
+class GpuFacts(_Record):
+    __slots__ = ("architecture", "compute_capability", "index", "mig_uuids", "uuid")
     index: int
     uuid: str
     compute_capability: str  # "9.0"
@@ -32,8 +57,8 @@ class GpuFacts:
     mig_uuids: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class Facts:
+class Facts(_Record):
+    __slots__ = ("cuda_version", "driver_version", "gpus")
     driver_version: str
     cuda_version: str
     gpus: tuple[GpuFacts, ...]

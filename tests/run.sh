@@ -57,7 +57,7 @@ tree=$(ls -d build/__editable__.gpuctk-*/ | head -n 1)
 
 log "pytest"
 # In CI the Debian driver root must be built: fail, do not skip, if it cannot be.
-export GPUCTK_REQUIRE_DRIVER_ROOT=1
+export GPUCTK_REQUIRE_DRIVER_ROOT=1 GPUCTK_REQUIRE_IMAGES=1
 # Not `python -m pytest`: that puts the checkout first on sys.path, where gpuctk/ is only the
 # spine; the installed package maps cdi/, hook/ and containerd-config/ into it.
 exec .venv/bin/pytest "$@"
