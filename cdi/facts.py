@@ -49,7 +49,7 @@ class _Record:
 
 
 class GpuFacts(_Record):
-    __slots__ = ("architecture", "compute_capability", "index", "mig_uuids", "uuid")
+    __slots__ = ("index", "uuid", "compute_capability", "architecture", "mig_uuids")  # noqa: RUF023 (positional order)
     index: int
     uuid: str
     compute_capability: str  # "9.0"
@@ -58,7 +58,7 @@ class GpuFacts(_Record):
 
 
 class Facts(_Record):
-    __slots__ = ("cuda_version", "driver_version", "gpus")
+    __slots__ = ("driver_version", "cuda_version", "gpus")  # noqa: RUF023 (positional order)
     driver_version: str
     cuda_version: str
     gpus: tuple[GpuFacts, ...]
