@@ -42,22 +42,24 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 log "installing gpuctk and test tools into .venv"
-.venv/bin/python -m pip install -q --disable-pip-version-check \
-    --config-settings editable_mode=strict -e '.[test]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 
 log "ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 
 log "mypy (strict)"
-# The strict editable install mirrors the folder mapping (cdi/ -> gpuctk/cdi, ...) as a tree of
-# links under build/; mypy checks the package there, so it sees gpuctk.cdi, .hook, .containerd.
-tree=$(ls -d build/__editable__.gpuctk-*/ | head -n 1)
+# mypy cannot follow setuptools' folder mapping (cdi/ -> gpuctk/cdi, ...), so it checks the
+# package through a tree of links laid out as installed.
+tree=build/mypy-tree
+rm -rf "$tree" && mkdir -p "$tree/gpuctk"
+for f in gpuctk/*.py gpuctk/py.typed; do ln -s "$ROOT/$f" "$tree/gpuctk/"; done
+ln -s "$ROOT/cdi" "$tree/gpuctk/cdi"
+ln -s "$ROOT/hook" "$tree/gpuctk/hook"
+ln -s "$ROOT/containerd-config" "$tree/gpuctk/containerd"
 (cd "$tree" && "$ROOT/.venv/bin/mypy" --config-file "$ROOT/pyproject.toml" -p gpuctk)
 
 log "pytest"
 # In CI the Debian driver root must be built: fail, do not skip, if it cannot be.
 export GPUCTK_REQUIRE_DRIVER_ROOT=1 GPUCTK_REQUIRE_IMAGES=1
-# Not `python -m pytest`: that puts the checkout first on sys.path, where gpuctk/ is only the
-# spine; the installed package maps cdi/, hook/ and containerd-config/ into it.
 exec .venv/bin/pytest "$@"
