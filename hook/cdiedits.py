@@ -1,0 +1,65 @@
+"""What a container's OCI config asks for, as merged CDI container edits.
+
+The shim's steps 2-3 (gpuctk.hook.runtime_main.inject) without the file handling, for the hook
+modes that serve engines without the shim (precreate, prestart): the request from annotations,
+device mounts or NVIDIA_VISIBLE_DEVICES (gpuctk.hook.requests), resolved in the CDI spec dirs
+(gpuctk.cdi.registry), the spec-level driver files filtered by NVIDIA_DRIVER_CAPABILITIES
+(gpuctk.hook.drivercaps), NVIDIA_REQUIRE_* checked (gpuctk.hook.require), the blocks merged in
+the reference order (gpuctk.cdi.apply.merge). One model of "what to inject": the CDI edits.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
+
+    from gpuctk.hook.config import Settings
+    from gpuctk.hook.requests import Request
+
+
+def resolve(
+    doc: Mapping[str, Any], settings: Settings, warn: Callable[[str], object]
+) -> tuple[Request, dict[str, Any]] | None:
+    """(request, merged edits) for the OCI config `doc`; None when it asks for nothing.
+    RequestError for an unknown device or an unmet requirement."""
+    from gpuctk.cdi import apply, registry
+    from gpuctk.hook import drivercaps, requests, require
+
+    req = requests.requested(
+        doc,
+        kind=settings.default_kind,
+        annotation_prefixes=settings.annotation_prefixes,
+        accept_volume_mounts=settings.accept_volume_mounts,
+        accept_envvar_unprivileged=settings.accept_envvar_unprivileged,
+    )
+    for note in req.notes:
+        warn(note)
+    if not req:
+        return None
+    reg = registry.load(settings.spec_dirs)
+    blocks = reg.common(req.kind) if req.driver_only else reg.resolve(req.devices)
+    process = doc.get("process")
+    env = requests.env_map(process.get("env") if isinstance(process, dict) else None)
+    caps, notes = drivercaps.parse(env.get(drivercaps.ENV))
+    parts = [b.edits if b.device else drivercaps.filter_edits(b.edits, caps) for b in blocks]
+    if require.requirements(env):
+        facts = None
+        gpus = []
+        for block in blocks:
+            if block.device is None and facts is None:
+                facts = require.facts_of(block.edits)
+                if facts is not None:
+                    names = [b.device for b in blocks if b.device and b.spec is block.spec]
+                    gpus = require.gpus_for(names, facts)
+        notes += require.check(env, facts, gpus)
+    for note in notes:
+        warn(note)
+    return req, apply.merge(parts)
+
+
+def describe(req: Request) -> str:
+    """The request in words, for the log."""
+    what = ", ".join(req.devices) or f"{req.kind} driver files (no GPU)"
+    return f"{what} (from {req.source})"

@@ -1,0 +1,57 @@
+"""`gpuctk-hook precreate`: the podman / CRI-O precreate hook (OCI config in, edited config out).
+
+podman (4.x; containers/common pkg/hooks/exec) and CRI-O run a `precreate` hook before they hand
+the config to the runtime: the container's config.json on stdin, the (possibly changed) config
+expected on stdout. This applies the CDI edits exactly as the shim does (gpuctk.hook.cdiedits,
+gpuctk.cdi.apply): device nodes and their cgroup rules, driver mounts, env, and the spec's
+createContainer hook entry, which the runtime then runs. A config that asks for nothing is
+written back byte for byte. Errors: one line on stderr, exit 1, nothing on stdout.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from gpuctk.errors import InputError
+from gpuctk.hook import hooklog, oci_state
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, BinaryIO
+
+    from gpuctk.hook.config import Settings
+
+
+def transform(data: bytes, settings: Settings) -> bytes:
+    """The edited config for the config bytes `data` (`data` itself when nothing is asked)."""
+    from gpuctk.hook import cdiedits
+
+    doc: Any = oci_state.parse_json(data, "OCI config on stdin")
+    if not isinstance(doc, dict):
+        raise InputError("OCI config on stdin is not a JSON object")
+    got = cdiedits.resolve(doc, settings, hooklog.warning)
+    if got is None:
+        hooklog.log("debug", "precreate: no GPU requested; config unchanged", to_stderr=False)
+        return data
+    from gpuctk.cdi import apply
+    from gpuctk.hook.runtime_main import dumps
+
+    req, edits = got
+    apply.apply(doc, edits)
+    hooklog.info(f"precreate: injected {cdiedits.describe(req)}")
+    return dumps(doc)
+
+
+def main(argv: list[str], stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> int:
+    from gpuctk.hook import config
+
+    for arg in argv:
+        hooklog.warning(f"precreate: unknown argument {arg!r} ignored")
+    data = oci_state.read_bounded(
+        stdin or sys.stdin.buffer, oci_state.MAX_CONFIG, "OCI config on stdin"
+    )
+    out = transform(data, config.load())
+    sink = stdout or sys.stdout.buffer
+    sink.write(out)
+    sink.flush()
+    return 0
