@@ -4,6 +4,7 @@
     gpuctk-hook create-symlinks --link TARGET::LINK...        (nvidia-ctk hook verbs, one by one)
     gpuctk-hook update-ldcache --folder DIR...
     gpuctk-hook chmod --mode M --path P...
+    gpuctk-hook prestart | createRuntime | precreate           (no shim: gpuctk.hook.prestart)
     gpuctk-hook --version
 
 Every verb reads the OCI state on stdin (or takes --container-spec PATH to a config.json), finds
@@ -13,10 +14,10 @@ by a newer gpuctk never blocks a container. Errors: one line on stderr, exit 1 (
 convention: runc shows it; crun 1.8 shows only the exit code, so a spec's hook env should name
 a GPUCTK_HOOK_LOG file). Logs: never stdout; see gpuctk.hook.hooklog.
 
-Room for the other modes (issue 3): `prestart` / `createRuntime` (run in the runtime's
+The modes for engines without the shim: `prestart` / `createRuntime` (run in the runtime's
 namespaces: enter /proc/<pid>/ns/mnt after checking the pid, then the same in-root steps) and
-`precreate` (config.json in, edited config out) belong in their own modules, dispatched in
-`_run` before the verbs above; until then they are unknown verbs (warning, exit 0).
+`precreate` (config.json in, edited config out) live in gpuctk.hook.prestart and .precreate,
+dispatched in `_run` before the verbs above.
 
 Imports are kept to the standard library, gpuctk.errors, gpuctk.rootfs and this package: the
 hook runs at every container start. Packaging should run it as `python3 -I` (isolated: no
@@ -101,6 +102,10 @@ def _run(argv: list[str]) -> int:
         sys.stdout.write(f"gpuctk-hook {__version__}\n")
         return 0
     verb = words[0]
+    if verb in ("prestart", "createRuntime", "precreate"):  # engines without the shim
+        from gpuctk.hook import prestart
+
+        return prestart.main(verb, words[1:])
     if verb not in _OPTIONS:
         hooklog.warning(f"unknown verb {verb!r} ignored (written by a newer gpuctk?)")
         return 0
