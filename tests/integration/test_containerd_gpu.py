@@ -1,0 +1,234 @@
+"""containerd 1.6, configured by gpuctk, runs GPU containers through the shim (private daemon).
+
+Issue 4's last proof: the daemon runs on a private socket, root, state and /run
+(fixtures.containerd.PrivateContainerd) with the config `gpuctk runtime configure` wrote, and
+`ctr run --runtime io.containerd.runc.v2 --runc-binary <gpuctk-runtime>` starts a container of
+the debian test image. The spec is generated as in test_shim_runtimes (`gpuctk cdi generate
+--simulate h100-8` over the Debian 535 driver root and mknod'ed nodes), and the container
+reports what the runtime issue checks: exactly the requested /dev/nvidia* nodes, ENXIO on
+opening a GPU node (the device cgroup allowed it; no driver behind it), no node of a device not
+requested, `ldconfig -p` listing libcuda.so.1 (the gpuctk-hook createContainer hook ran), and
+NVIDIA_DRIVER_CAPABILITIES=utility leaving libcuda out.
+
+GPUCTK_CONFIG reaches the shim through the daemon's environment (containerd -> shim ->
+gpuctk-runtime). The daemon lives in its own mount namespace, so each container's overlay of the
+image is mounted inside that namespace (nsenter) and vanishes with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures.containerd import (
+    SYSTEMD_SANDBOX,
+    PrivateContainerd,
+    can_run_daemon,
+    private_config,
+)
+from fixtures.devroot import make_node_roots
+from fixtures.images import ImageError, build_image
+
+from gpuctk.cdi.profile import load_profile
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not can_run_daemon() or shutil.which("nsenter") is None,
+        reason="needs root, containerd, ctr, unshare and nsenter",
+    ),
+]
+
+CGROUP_PARENT = "gpuctk-cd-gpu"
+NAMESPACE = "gpuctk-cd-gpu"
+BIN = Path(sys.executable).parent
+SHIM = BIN / "gpuctk-runtime"
+LIBDIR = "/usr/lib/x86_64-linux-gnu/nvidia/current"
+# What the container reports (as in test_shim_runtimes): nodes, open() errors, libraries, cache.
+SCRIPT = r"""
+for f in /dev/nvidia* /dev/nvidia-caps/* /dev/dri/*; do [ -c "$f" ] && echo "NODE $f"; done
+for f in /dev/nvidia[0-9]*; do [ -c "$f" ] && (: < "$f") 2>&1 | sed "s|^|OPEN $f |"; done
+ls LIBDIR 2>/dev/null | sed 's/^/LIB /'
+ldconfig -p | grep -q 'libcuda.so.1 ' && echo LDCACHE libcuda.so.1
+true
+""".replace("LIBDIR", LIBDIR)
+
+
+class Node:
+    """The simulated machine's spec dir and the device nodes its spec injects."""
+
+    def __init__(self, spec_dir: Path, spec: dict[str, Any]) -> None:
+        self.spec_dir = spec_dir
+        self.spec = spec
+        self.devices: dict[str, Any] = {d["name"]: d["containerEdits"] for d in spec["devices"]}
+
+    def nodes(self, *names: str) -> set[str]:
+        paths = {n["path"] for n in self.spec["containerEdits"].get("deviceNodes", [])}
+        for name in names:
+            paths |= {n["path"] for n in self.devices[name].get("deviceNodes", [])}
+        return paths
+
+
+def seen(out: str, tag: str) -> set[str]:
+    return {line.split(" ", 1)[1] for line in out.splitlines() if line.startswith(tag + " ")}
+
+
+def remove_cgroups(parent: str) -> None:
+    """rmdir the (empty) cgroup folders the test containers' parent left in each hierarchy."""
+    for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        for candidate in (hierarchy / parent, Path("/sys/fs/cgroup") / parent):
+            if candidate.is_dir():
+                with contextlib.suppress(OSError):
+                    candidate.rmdir()
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> Node:
+    base = tmp_path_factory.mktemp("cd-gpu-node")
+    roots = make_node_roots(base / "node", load_profile("h100-8"))
+    out = base / "cdi" / "nvidia.json"
+    out.parent.mkdir()
+    cmd = [
+        str(BIN / "gpuctk"), "cdi", "generate", "--simulate", "h100-8",
+        "--driver-root", str(driver_root), "--dev-root", str(roots.dev_root),
+        "--proc-root", str(roots.proc_root), "--sys-root", str(roots.sys_root),
+        "--hook-path", str(BIN / "gpuctk-hook"), "--output", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return Node(out.parent, json.loads(out.read_text()))
+
+
+@pytest.fixture(scope="module")
+def image() -> Path:
+    try:
+        return build_image("debian")
+    except ImageError as exc:
+        if os.environ.get("GPUCTK_REQUIRE_IMAGES") == "1":
+            pytest.fail(f"cannot build test images: {exc}")
+        pytest.skip(f"cannot build test images: {exc}")
+        raise
+
+
+@pytest.fixture(scope="module")
+def daemon(
+    tmp_path_factory: pytest.TempPathFactory, node: Node, image: Path
+) -> Iterator[PrivateContainerd]:
+    if not SHIM.exists():
+        pytest.skip("gpuctk-runtime console script not installed in the venv")
+    base = tmp_path_factory.mktemp("cd-gpu")
+    etc = base / "etc"
+    etc.mkdir()
+    (etc / "config.toml").write_text(
+        SYSTEMD_SANDBOX.replace("SystemdCgroup = true", "SystemdCgroup = false")
+    )
+    configure = [
+        str(BIN / "gpuctk"), "runtime", "configure", "--runtime", "containerd",
+        "--config", str(etc / "config.toml"), "--drop-in", str(etc / "conf.d" / "99-gpuctk.toml"),
+        "--runtime-path", str(SHIM),
+    ]  # fmt: skip
+    done = subprocess.run(configure, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    (base / "gpuctk.toml").write_text(
+        f'runtimes = ["{shutil.which("runc")}"]\nspec-dirs = ["{node.spec_dir}"]\n'
+        f'log-file = "{base}/gpuctk.log"\n'
+    )
+    instance = PrivateContainerd(
+        base,
+        private_config(base, etc / "config.toml"),
+        env={"GPUCTK_CONFIG": str(base / "gpuctk.toml")},
+    )
+    instance.start()
+    try:
+        yield instance
+    finally:
+        instance.stop()  # its mount namespace, with the overlays, goes with it
+        remove_cgroups(CGROUP_PARENT)
+
+
+def in_daemon(daemon: PrivateContainerd, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run argv in the daemon's mount namespace."""
+    assert daemon.proc is not None
+    enter = ["nsenter", "-t", str(daemon.proc.pid), "-m", *argv]
+    return subprocess.run(enter, capture_output=True, text=True, timeout=30, check=False)
+
+
+def overlay_in_daemon(daemon: PrivateContainerd, lower: Path) -> Path:
+    """A fresh overlay of `lower`, mounted in the daemon's mount namespace (where shims run)."""
+    assert daemon.proc is not None
+    top = daemon.base / f"ovl-{uuid.uuid4().hex[:8]}"
+    upper, work, merged = (top / n for n in ("upper", "work", "merged"))
+    for d in (upper, work, merged):
+        d.mkdir(parents=True)
+    opts = f"lowerdir={lower},upperdir={upper},workdir={work}"
+    done = in_daemon(daemon, "mount", "-t", "overlay", "overlay", "-o", opts, str(merged))
+    assert done.returncode == 0, done.stderr
+    return merged
+
+
+def run_gpu(daemon: PrivateContainerd, image: Path, *env: str) -> subprocess.CompletedProcess[str]:
+    rootfs = overlay_in_daemon(daemon, image)
+    name = f"gpuctk-cd-gpu-{uuid.uuid4().hex[:8]}"
+    args = ["--namespace", NAMESPACE, "run", "--rm", "--rootfs"]
+    args += ["--fifo-dir", str(daemon.base / "fifo"), "--cgroup", f"/{CGROUP_PARENT}/{name}"]
+    args += ["--runtime", "io.containerd.runc.v2", "--runc-binary", str(SHIM)]
+    for item in env:
+        args += ["--env", item]
+    try:
+        return daemon.ctr(*args, str(rootfs), name, "/bin/sh", "-c", SCRIPT, check=False)
+    finally:
+        in_daemon(daemon, "umount", "-l", str(rootfs))
+
+
+def check_nodes(done: subprocess.CompletedProcess[str], expected: set[str]) -> None:
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert seen(done.stdout, "NODE") == expected
+    opened = [line for line in done.stdout.splitlines() if line.startswith("OPEN ")]
+    gpus = {p for p in expected if p.removeprefix("/dev/nvidia").isdigit()}
+    assert len(opened) == len(gpus), done.stdout
+    for line in opened:
+        assert "No such device or address" in line, line  # ENXIO: allowed, no driver
+
+
+def test_one_gpu(daemon: PrivateContainerd, image: Path, node: Node) -> None:
+    done = run_gpu(daemon, image, "NVIDIA_VISIBLE_DEVICES=0")
+    check_nodes(done, node.nodes("0"))
+    nodes = seen(done.stdout, "NODE")
+    assert "/dev/nvidia0" in nodes and "/dev/nvidia1" not in nodes
+    assert "/dev/nvidiactl" in nodes
+    assert "libcuda.so.535.309.01" in seen(done.stdout, "LIB")
+    assert "LDCACHE libcuda.so.1" in done.stdout.splitlines()
+
+
+def test_all_gpus(daemon: PrivateContainerd, image: Path, node: Node) -> None:
+    done = run_gpu(daemon, image, "NVIDIA_VISIBLE_DEVICES=all")
+    check_nodes(done, node.nodes("all"))
+    nodes = seen(done.stdout, "NODE")
+    assert {f"/dev/nvidia{i}" for i in range(8)} <= nodes
+    assert "LDCACHE libcuda.so.1" in done.stdout.splitlines()
+
+
+def test_utility_leaves_libcuda_out(daemon: PrivateContainerd, image: Path, node: Node) -> None:
+    env = ("NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=utility")
+    done = run_gpu(daemon, image, *env)
+    check_nodes(done, node.nodes("0"))
+    libs = seen(done.stdout, "LIB")
+    assert "libnvidia-ml.so.1" in libs
+    assert not any(lib.startswith("libcuda") for lib in libs), libs
+    assert "LDCACHE libcuda.so.1" not in done.stdout
+
+
+def test_no_request_passes_through(daemon: PrivateContainerd, image: Path) -> None:
+    done = run_gpu(daemon, image)
+    assert done.returncode == 0, done.stderr
+    assert seen(done.stdout, "NODE") == set()
+    assert "LDCACHE libcuda.so.1" not in done.stdout
