@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -230,15 +231,24 @@ def test_folder_swapped_for_a_symlink_while_writing(world: tuple[Path, Path, int
     flipper = threading.Thread(target=flip)
     flipper.start()
     wrote = failed = 0
+    deadline = time.monotonic() + 20
+    ops = (
+        lambda i: rootfs.write_file_in_root(fd, f"/etc/d/ld.so.conf.{i % 3}", b"x\n"),
+        lambda i: rootfs.symlink_in_root(fd, "t", f"/etc/d/link{i % 3}", parents=False),
+        lambda i: rootfs.chmod_in_root(fd, "/etc/d/ld.so.conf.0", 0o600),
+    )
     try:
-        for i in range(400):
-            try:
-                rootfs.write_file_in_root(fd, f"/etc/d/ld.so.conf.{i % 3}", b"x\n")
-                rootfs.symlink_in_root(fd, "t", f"/etc/d/link{i % 3}", parents=False)
-                rootfs.chmod_in_root(fd, "/etc/d/ld.so.conf.0", 0o600)
-                wrote += 1
-            except rootfs.InRootError:
-                failed += 1
+        # At least 400 attempts of each operation, and on until some went through the real
+        # folder (on a loaded machine the flipper can win many times in a row).
+        i = 0
+        while i < 400 or (wrote == 0 and time.monotonic() < deadline):
+            for op in ops:
+                try:
+                    op(i)
+                    wrote += 1
+                except rootfs.InRootError:
+                    failed += 1
+            i += 1
     finally:
         stop.set()
         flipper.join()
