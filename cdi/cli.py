@@ -13,7 +13,25 @@ from gpuctk.cdi.spec import Spec
 from gpuctk.errors import OutputError, UsageError
 
 
-@click.group("cdi")
+class _InspectCommands(click.Group):
+    """`list` and `validate` load their module only when invoked (generate never pays)."""
+
+    _lazy = {"list": "list_cmd", "validate": "validate_cmd"}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self._lazy))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self._lazy:
+            from gpuctk.cdi import cli_inspect
+
+            command = getattr(cli_inspect, self._lazy[cmd_name])
+            assert isinstance(command, click.Command)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group("cdi", cls=_InspectCommands)
 def cdi() -> None:
     """Generate, list and validate CDI specs for NVIDIA GPUs.
 
@@ -214,15 +232,3 @@ def generate(
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         click.echo(f"gpuctk: {summary}", err=True)
-
-
-def _register_inspect_commands() -> None:
-    try:
-        from gpuctk.cdi.cli_inspect import list_cmd, validate_cmd
-    except ImportError:  # pragma: no cover - while that module is being written
-        return
-    cdi.add_command(list_cmd, "list")
-    cdi.add_command(validate_cmd, "validate")
-
-
-_register_inspect_commands()
