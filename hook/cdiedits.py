@@ -24,8 +24,7 @@ def resolve(
 ) -> tuple[Request, dict[str, Any]] | None:
     """(request, merged edits) for the OCI config `doc`; None when it asks for nothing.
     RequestError for an unknown device or an unmet requirement."""
-    from gpuctk.cdi import apply, registry
-    from gpuctk.hook import drivercaps, requests, require
+    from gpuctk.hook import requests
 
     req = requests.requested(
         doc,
@@ -38,6 +37,9 @@ def resolve(
         warn(note)
     if not req:
         return None
+    from gpuctk.cdi import apply, registry
+    from gpuctk.hook import drivercaps, require
+
     reg = registry.load(settings.spec_dirs)
     blocks = reg.common(req.kind) if req.driver_only else reg.resolve(req.devices)
     process = doc.get("process")

@@ -26,7 +26,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import struct
 
 from gpuctk.errors import GpuctkError
@@ -122,9 +121,9 @@ _libc.syscall.restype = ctypes.c_long
 
 
 def _bpf(cmd: int, attr: ctypes.Array[ctypes.c_char], what: str) -> int:
-    number = _SYS_BPF.get(platform.machine())
+    number = _SYS_BPF.get(os.uname().machine)
     if number is None:
-        raise BpfError(f"bpf(2): unsupported architecture {platform.machine()}")
+        raise BpfError(f"bpf(2): unsupported architecture {os.uname().machine}")
     while True:
         rc = _libc.syscall(ctypes.c_long(number), ctypes.c_long(cmd), attr, ctypes.c_long(128))
         if rc >= 0:
