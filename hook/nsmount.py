@@ -112,7 +112,10 @@ class Source:
     def __init__(self, host_path: str, options: list[str]) -> None:
         global _new_api
         self.host_path, self.options, self.fd = host_path, options, -1
-        attr, self.recursive = options_attr(options)
+        try:
+            attr, self.recursive = options_attr(options)
+        except ValueError as exc:
+            raise NamespaceError(f"cannot mount {host_path}: {exc}") from exc
         if _new_api is False:
             return
         flags = OPEN_TREE_CLONE | _FDS | (AT_RECURSIVE if self.recursive else 0)

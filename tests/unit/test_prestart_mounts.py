@@ -55,6 +55,8 @@ def test_options() -> None:
     assert (attr.attr_set, attr.attr_clr, recursive) == (8, 0x1 | 0x70, False)
     with pytest.raises(ValueError, match="mode=755"):
         nsmount.options_attr(["bind", "mode=755"])
+    with pytest.raises(nsmount.NamespaceError, match=r"cannot mount /x: .*mode=755"):
+        nsmount.Source("/x", ["bind", "mode=755"])
 
 
 @pytest.fixture
