@@ -251,46 +251,20 @@ def find_runtime(names: Sequence[str], environ: Mapping[str, str] | None = None)
 
 def inject(inv: Invocation, settings: Settings, log: RuncLog) -> None:
     """Steps 1-4 for a `create`/`run` (no-op when the container asks for nothing)."""
-    from gpuctk.cdi import apply, registry
-    from gpuctk.hook import drivercaps, requests, require
+    from gpuctk.cdi import apply
+    from gpuctk.hook import cdiedits
 
     bundle = inv.bundle or os.getcwd()
     path = os.path.join(bundle, inv.config_name)
     doc, st = read_config(path)
-    req = requests.requested(
-        doc,
-        kind=settings.default_kind,
-        annotation_prefixes=settings.annotation_prefixes,
-        accept_volume_mounts=settings.accept_volume_mounts,
-        accept_envvar_unprivileged=settings.accept_envvar_unprivileged,
-    )
-    for note in req.notes:
-        log.warning(note)
-    if not req:
+    resolved = cdiedits.resolve(doc, settings, log.warning)
+    if resolved is None:
         log.debug(f"{inv.container}: no GPU requested; {path} left as it is")
         return
-    reg = registry.load(settings.spec_dirs)
-    blocks = reg.common(req.kind) if req.driver_only else reg.resolve(req.devices)
-    process = doc.get("process")
-    env = requests.env_map(process.get("env") if isinstance(process, dict) else None)
-    caps, notes = drivercaps.parse(env.get(drivercaps.ENV))
-    parts = [b.edits if b.device else drivercaps.filter_edits(b.edits, caps) for b in blocks]
-    if require.requirements(env):
-        facts = None
-        gpus = []
-        for block in blocks:
-            if block.device is None and facts is None:
-                facts = require.facts_of(block.edits)
-                if facts is not None:
-                    names = [b.device for b in blocks if b.device and b.spec is block.spec]
-                    gpus = require.gpus_for(names, facts)
-        notes += require.check(env, facts, gpus)
-    for note in notes:
-        log.warning(note)
-    apply.apply(doc, apply.merge(parts))
+    req, edits = resolved
+    apply.apply(doc, edits)
     write_config(path, doc, st)
-    what = ", ".join(req.devices) or f"{req.kind} driver files (no GPU)"
-    log.info(f"{inv.container}: injected {what} (from {req.source})")
+    log.info(f"{inv.container}: injected {cdiedits.describe(req)}")
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
