@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuctk.errors import InputError, ValidationError
+from gpuctk.fs import read_limited
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 32
@@ -74,17 +75,10 @@ def read_bytes(
                 raise InputError(f"{path}: refused: {reason}")
         if st.st_size > max_bytes:
             raise InputError(f"{path}: too large ({st.st_size} bytes; the limit is {max_bytes})")
-        chunks = []
-        total = 0
-        while total <= max_bytes:
-            chunk = os.read(fd, max_bytes + 1 - total)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > max_bytes:
+        data = read_limited(fd, max_bytes)
+        if len(data) > max_bytes:
             raise InputError(f"{path}: too large (more than {max_bytes} bytes)")
-        return b"".join(chunks)
+        return data
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     finally:

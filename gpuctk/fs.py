@@ -1,4 +1,4 @@
-"""Filesystem helpers shared by every part: atomic writes on the host."""
+"""Filesystem helpers shared by every part: bounded reads and atomic writes on the host."""
 
 from __future__ import annotations
 
@@ -7,6 +7,23 @@ import errno
 import os
 
 from gpuctk.errors import OutputError
+
+
+def read_limited(fd: int, limit: int) -> bytes:
+    """Read from `fd` to its end, but never more than `limit` + 1 bytes.
+
+    A result longer than `limit` means the file is too large; the caller says so in its own
+    words. OSError propagates.
+    """
+    chunks = []
+    total = 0
+    while total <= limit:
+        chunk = os.read(fd, limit + 1 - total)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
 
 
 def atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:

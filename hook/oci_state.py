@@ -18,6 +18,7 @@ import stat
 import sys
 
 from gpuctk.errors import InputError
+from gpuctk.fs import read_limited
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
 if TYPE_CHECKING:
@@ -110,14 +111,9 @@ def read_config(path: str) -> dict[str, Any]:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise InputError(f"cannot read {path}: not a regular file")
-        chunks: list[bytes] = []
-        size = 0
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > MAX_CONFIG:
-                raise InputError(f"{path} is larger than {MAX_CONFIG} bytes")
-        data = b"".join(chunks)
+        data = read_limited(fd, MAX_CONFIG)
+        if len(data) > MAX_CONFIG:
+            raise InputError(f"{path} is larger than {MAX_CONFIG} bytes")
     finally:
         os.close(fd)
     doc = parse_json(data, path)

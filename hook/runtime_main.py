@@ -182,6 +182,8 @@ def dumps(value: Any) -> bytes:
 
 def read_config(path: str) -> tuple[dict[str, Any], os.stat_result]:
     """The OCI config at `path` as a dict, with its stat; InputError/ValidationError."""
+    from gpuctk.fs import read_limited
+
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
@@ -192,22 +194,15 @@ def read_config(path: str) -> tuple[dict[str, Any], os.stat_result]:
             raise InputError(f"{path} is not a regular file")
         if st.st_size > MAX_CONFIG:
             raise InputError(f"{path} is larger than {MAX_CONFIG} bytes")
-        chunks = []
-        size = 0
-        while size <= MAX_CONFIG:
-            chunk = os.read(fd, MAX_CONFIG + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > MAX_CONFIG:
+        data = read_limited(fd, MAX_CONFIG)
+        if len(data) > MAX_CONFIG:
             raise InputError(f"{path} is larger than {MAX_CONFIG} bytes")
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
     try:
-        doc = loads(b"".join(chunks).decode("utf-8"))
+        doc = loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValidationError(f"malformed OCI config {path}: {exc}") from None
     if not isinstance(doc, dict):
