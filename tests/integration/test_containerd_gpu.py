@@ -18,7 +18,6 @@ image is mounted inside that namespace (nsenter) and vanishes with it.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import subprocess
@@ -26,7 +25,6 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fixtures.containerd import (
@@ -35,10 +33,8 @@ from fixtures.containerd import (
     can_run_daemon,
     private_config,
 )
-from fixtures.devroot import make_node_roots
+from fixtures.gpucheck import SCRIPT, Node, check_nodes, generate, seen
 from fixtures.images import ImageError, build_image
-
-from gpuctk.cdi.profile import load_profile
 
 pytestmark = [
     pytest.mark.integration,
@@ -52,34 +48,6 @@ CGROUP_PARENT = "gpuctk-cd-gpu"
 NAMESPACE = "gpuctk-cd-gpu"
 BIN = Path(sys.executable).parent
 SHIM = BIN / "gpuctk-runtime"
-LIBDIR = "/usr/lib/x86_64-linux-gnu/nvidia/current"
-# What the container reports (as in test_shim_runtimes): nodes, open() errors, libraries, cache.
-SCRIPT = r"""
-for f in /dev/nvidia* /dev/nvidia-caps/* /dev/dri/*; do [ -c "$f" ] && echo "NODE $f"; done
-for f in /dev/nvidia[0-9]*; do [ -c "$f" ] && (: < "$f") 2>&1 | sed "s|^|OPEN $f |"; done
-ls LIBDIR 2>/dev/null | sed 's/^/LIB /'
-ldconfig -p | grep -q 'libcuda.so.1 ' && echo LDCACHE libcuda.so.1
-true
-""".replace("LIBDIR", LIBDIR)
-
-
-class Node:
-    """The simulated machine's spec dir and the device nodes its spec injects."""
-
-    def __init__(self, spec_dir: Path, spec: dict[str, Any]) -> None:
-        self.spec_dir = spec_dir
-        self.spec = spec
-        self.devices: dict[str, Any] = {d["name"]: d["containerEdits"] for d in spec["devices"]}
-
-    def nodes(self, *names: str) -> set[str]:
-        paths = {n["path"] for n in self.spec["containerEdits"].get("deviceNodes", [])}
-        for name in names:
-            paths |= {n["path"] for n in self.devices[name].get("deviceNodes", [])}
-        return paths
-
-
-def seen(out: str, tag: str) -> set[str]:
-    return {line.split(" ", 1)[1] for line in out.splitlines() if line.startswith(tag + " ")}
 
 
 def remove_cgroups(parent: str) -> None:
@@ -94,18 +62,7 @@ def remove_cgroups(parent: str) -> None:
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> Node:
     base = tmp_path_factory.mktemp("cd-gpu-node")
-    roots = make_node_roots(base / "node", load_profile("h100-8"))
-    out = base / "cdi" / "nvidia.json"
-    out.parent.mkdir()
-    cmd = [
-        str(BIN / "gpuctk"), "cdi", "generate", "--simulate", "h100-8",
-        "--driver-root", str(driver_root), "--dev-root", str(roots.dev_root),
-        "--proc-root", str(roots.proc_root), "--sys-root", str(roots.sys_root),
-        "--hook-path", str(BIN / "gpuctk-hook"), "--output", str(out),
-    ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    return Node(out.parent, json.loads(out.read_text()))
+    return generate(base, driver_root, "h100-8", base / "cdi" / "nvidia.json")
 
 
 @pytest.fixture(scope="module")
@@ -187,16 +144,6 @@ def run_gpu(daemon: PrivateContainerd, image: Path, *env: str) -> subprocess.Com
         return daemon.ctr(*args, str(rootfs), name, "/bin/sh", "-c", SCRIPT, check=False)
     finally:
         in_daemon(daemon, "umount", "-l", str(rootfs))
-
-
-def check_nodes(done: subprocess.CompletedProcess[str], expected: set[str]) -> None:
-    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
-    assert seen(done.stdout, "NODE") == expected
-    opened = [line for line in done.stdout.splitlines() if line.startswith("OPEN ")]
-    gpus = {p for p in expected if p.removeprefix("/dev/nvidia").isdigit()}
-    assert len(opened) == len(gpus), done.stdout
-    for line in opened:
-        assert "No such device or address" in line, line  # ENXIO: allowed, no driver
 
 
 def test_one_gpu(daemon: PrivateContainerd, image: Path, node: Node) -> None:

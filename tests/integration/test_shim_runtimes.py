@@ -28,25 +28,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.devroot import make_node_roots
+from fixtures.gpucheck import SCRIPT, Node, check_nodes, generate, seen
 from fixtures.images import make_bundle, run_container, runtime_argv, unique_name
-
-from gpuctk.cdi.profile import load_profile
 
 pytestmark = pytest.mark.integration
 
 BIN = Path(sys.executable).parent
 SHIM = str(BIN / "gpuctk-runtime")
 RUNTIMES = ["runc", "crun"]
-LIBDIR = "/usr/lib/x86_64-linux-gnu/nvidia/current"
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-SCRIPT = r"""
-for f in /dev/nvidia* /dev/nvidia-caps/* /dev/dri/*; do [ -c "$f" ] && echo "NODE $f"; done
-for f in /dev/nvidia[0-9]*; do [ -c "$f" ] && (: < "$f") 2>&1 | sed "s|^|OPEN $f |"; done
-ls LIBDIR | sed 's/^/LIB /'
-ldconfig -p | grep -q 'libcuda.so.1 ' && echo LDCACHE libcuda.so.1
-true
-""".replace("LIBDIR", LIBDIR)
 
 
 def _need(runtime: str) -> None:
@@ -58,58 +48,14 @@ def _need(runtime: str) -> None:
         pytest.skip("gpuctk-runtime console script not installed in the venv")
 
 
-class Node:
-    """A simulated machine: its spec dir and the parsed spec."""
-
-    def __init__(self, spec_dir: Path, spec: dict[str, Any]) -> None:
-        self.spec_dir = spec_dir
-        self.spec = spec
-        self.devices: dict[str, Any] = {d["name"]: d["containerEdits"] for d in spec["devices"]}
-
-    def nodes(self, *names: str) -> set[str]:
-        paths = {n["path"] for n in self.spec["containerEdits"].get("deviceNodes", [])}
-        for name in names:
-            paths |= {n["path"] for n in self.devices[name].get("deviceNodes", [])}
-        return paths
-
-    def uuid(self, index: int) -> str:
-        """The UUID-named device of GPU `index`."""
-        for name in self.devices:
-            if name.startswith("GPU-") and f"/dev/nvidia{index}" in self.nodes(name):
-                return name
-        raise KeyError(index)
-
-
-def _generate(base: Path, driver_root: Path, profile: str, out: Path) -> Node:
-    roots = make_node_roots(base / "node", load_profile(profile))
-    out.parent.mkdir(parents=True)
-    cmd = [
-        str(BIN / "gpuctk"), "cdi", "generate", "--simulate", profile,
-        "--driver-root", str(driver_root), "--dev-root", str(roots.dev_root),
-        "--proc-root", str(roots.proc_root), "--sys-root", str(roots.sys_root),
-        "--hook-path", str(BIN / "gpuctk-hook"), "--output", str(out),
-    ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    if out.suffix == ".json":
-        spec = json.loads(out.read_text())
-    else:
-        import yaml
-
-        spec = yaml.safe_load(out.read_text())
-    return Node(out.parent, spec)
-
-
 @pytest.fixture(scope="module")
 def machines(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> dict[str, Node]:
     if os.geteuid() != 0:
         pytest.skip("mknod and real runtimes need root")
     base = tmp_path_factory.mktemp("shim-machines")
     return {
-        "h100-8": _generate(base / "h100", driver_root, "h100-8", base / "h100/cdi/nvidia.json"),
-        "a100-mig": _generate(
-            base / "a100", driver_root, "a100-mig", base / "a100/cdi/nvidia.yaml"
-        ),
+        "h100-8": generate(base / "h100", driver_root, "h100-8", base / "h100/cdi/nvidia.json"),
+        "a100-mig": generate(base / "a100", driver_root, "a100-mig", base / "a100/cdi/nvidia.yaml"),
     }
 
 
@@ -160,20 +106,6 @@ def shim(
         return run_container(shim_argv(runtime), bundle, name), bundle
 
     yield run
-
-
-def seen(out: str, tag: str) -> set[str]:
-    return {line.split(" ", 1)[1] for line in out.splitlines() if line.startswith(tag + " ")}
-
-
-def check_nodes(done: subprocess.CompletedProcess[str], expected: set[str]) -> None:
-    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
-    assert seen(done.stdout, "NODE") == expected
-    opened = [line for line in done.stdout.splitlines() if line.startswith("OPEN ")]
-    gpus = {p for p in expected if p.removeprefix("/dev/nvidia").isdigit()}
-    assert len(opened) == len(gpus), done.stdout
-    for line in opened:
-        assert "No such device or address" in line, line  # ENXIO: allowed, no driver
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
