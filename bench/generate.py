@@ -21,16 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+from common import CACHE, installed_like_python
+from fixtures.devroot import make_node_roots
+from fixtures.driver_root import build_driver_root
+from fixtures.fake_nvml import build_fake_nvml, write_fake_profile
 
-from fixtures.devroot import make_node_roots  # noqa: E402
-from fixtures.driver_root import build_driver_root  # noqa: E402
-from fixtures.fake_nvml import build_fake_nvml, write_fake_profile  # noqa: E402
+from gpuctk.cdi.profile import load_profile
 
-from gpuctk.cdi.profile import load_profile  # noqa: E402
-
-CACHE = Path(os.environ.get("GPUCTK_TEST_CACHE", REPO / "tests" / ".cache"))
 GPUCTK = str(Path(sys.executable).with_name("gpuctk"))
 
 
@@ -46,14 +43,7 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the results here")
     args = parser.parse_args()
 
-    # Installed packages carry .pyc files; this environment may forbid writing them
-    # (PYTHONDONTWRITEBYTECODE), which would time the compiler instead of gpuctk.
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    subprocess.run(
-        [sys.executable, "-m", "compileall", "-q", "gpuctk", "cdi", "hook", "containerd-config"],
-        cwd=REPO,
-        check=True,
-    )
+    installed_like_python()
     lib = build_fake_nvml(CACHE)
     driver_root = build_driver_root(CACHE)
     work = Path(tempfile.mkdtemp(prefix="gpuctk-bench-"))

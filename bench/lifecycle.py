@@ -33,35 +33,15 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+from common import CACHE, installed_like_python
+from fixtures.driver_root import build_driver_root
+from fixtures.gpucheck import generate
+from fixtures.images import build_image, make_bundle, overlay, unmount
 
-from fixtures.devroot import make_node_roots  # noqa: E402
-from fixtures.driver_root import build_driver_root  # noqa: E402
-from fixtures.images import build_image, make_bundle, overlay, unmount  # noqa: E402
-
-from gpuctk.cdi.profile import load_profile  # noqa: E402
-
-CACHE = Path(os.environ.get("GPUCTK_TEST_CACHE", REPO / "tests" / ".cache"))
 BIN = Path(sys.executable).parent
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PROFILE = "h100-8"
 _names = itertools.count()
-
-
-def generate_spec(work: Path, driver_root: Path) -> Path:
-    """The h100-8 spec in work/cdi/nvidia.json (as tests/integration/test_shim_runtimes.py)."""
-    roots = make_node_roots(work / "node", load_profile(PROFILE))
-    out = work / "cdi" / "nvidia.json"
-    out.parent.mkdir(parents=True)
-    cmd = [
-        str(BIN / "gpuctk"), "cdi", "generate", "--simulate", PROFILE,
-        "--driver-root", str(driver_root), "--dev-root", str(roots.dev_root),
-        "--proc-root", str(roots.proc_root), "--sys-root", str(roots.sys_root),
-        "--hook-path", str(BIN / "gpuctk-hook"), "--output", str(out),
-    ]  # fmt: skip
-    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
-    return out.parent
 
 
 def write_floor_shim(path: Path, runc: str) -> Path:
@@ -135,18 +115,11 @@ def main() -> None:
     if runc is None:
         raise SystemExit("runc not installed")
 
-    # Installed packages carry .pyc files; this environment may forbid writing them
-    # (PYTHONDONTWRITEBYTECODE), which would time the compiler instead of gpuctk.
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    subprocess.run(
-        [sys.executable, "-m", "compileall", "-q", "gpuctk", "cdi", "hook", "containerd-config"],
-        cwd=REPO,
-        check=True,
-    )
+    installed_like_python()
     driver_root = build_driver_root(CACHE)
     image = build_image("debian")
     work = Path(tempfile.mkdtemp(prefix="gpuctk-bench-lifecycle-"))
-    spec_dir = generate_spec(work, driver_root)
+    spec_dir = generate(work, driver_root, PROFILE, work / "cdi" / "nvidia.json").spec_dir
     toml = work / "gpuctk.toml"
     toml.write_text(
         f'runtimes = ["{runc}"]\nspec-dirs = ["{spec_dir}"]\nlog-file = "{work}/gpuctk.log"\n'
