@@ -19,15 +19,14 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fixtures.devroot import make_node_roots
-from fixtures.images import build_image, hook_path
+from fixtures.images import hook_path
+from fixtures.podman import private_podman
 
 from gpuctk.cdi.profile import load_profile
 
@@ -101,28 +100,11 @@ def podman(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> Itera
         s: hooks_dir(work / f"hooks-{s}", s, toml, work / "hook.log")
         for s in ("prestart", "precreate")
     }
-    runroot = Path(tempfile.mkdtemp(prefix="gpuctk-hd-"))  # podman wants it short
-    base = [
-        "podman", "--root", str(work / "store"), "--runroot", str(runroot),
-        "--storage-driver", "vfs", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
-        "--events-backend", "none",
-    ]  # fmt: skip
-    tarball = work / "image.tar"
-    with tarfile.open(tarball, "w") as tar:
-        tar.add(build_image("debian"), arcname=".")
-    imp = subprocess.run(
-        [*base, "import", "-q", str(tarball), IMAGE], capture_output=True, text=True
-    )
-    assert imp.returncode == 0, imp.stderr
-    pm = Podman(base, roots.dev_root / "dev/nvidia7", hooks, work / "hook.log")
-    warm = pm.run("prestart", [])  # podman's own first-run mounts happen here
-    assert warm.returncode == 0, warm.stderr
-    try:
+    with private_podman(work, IMAGE) as base:
+        pm = Podman(base, roots.dev_root / "dev/nvidia7", hooks, work / "hook.log")
+        warm = pm.run("prestart", [])  # podman's own first-run mounts happen here
+        assert warm.returncode == 0, warm.stderr
         yield pm
-    finally:
-        subprocess.run([*base, "rm", "-af"], capture_output=True)
-        subprocess.run(["umount", "-R", "-l", str(runroot)], capture_output=True)
-        shutil.rmtree(runroot, ignore_errors=True)
 
 
 def mountinfo() -> list[str]:

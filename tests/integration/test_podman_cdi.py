@@ -13,15 +13,14 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from fixtures.devroot import ci_minor, gi_minor, make_node_roots
 from fixtures.fake_nvml import build_fake_nvml, write_fake_profile
-from fixtures.images import build_image, hook_path
+from fixtures.images import hook_path
+from fixtures.podman import private_podman
 
 from gpuctk.cdi.profile import load_profile
 
@@ -33,18 +32,6 @@ SPEC = Path("/var/run/cdi/gpuctk-podman-test.yaml")
 IMAGE = "localhost/gpuctk-test-debian:latest"
 LIBDIR = "/usr/lib/x86_64-linux-gnu/nvidia/current"
 ENXIO = "No such device or address"
-
-
-def podman_base(store: Path, runroot: Path) -> list[str]:
-    return [
-        "podman",
-        "--root", str(store / "root"),
-        "--runroot", str(runroot),  # podman wants it under 50 characters
-        "--storage-driver", "vfs",
-        "--runtime", "runc",
-        "--cgroup-manager", "cgroupfs",
-        "--events-backend", "none",
-    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -68,23 +55,11 @@ def podman(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> Itera
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert gen.returncode == 0, gen.stderr
-    store = work / "store"
-    runroot = Path(tempfile.mkdtemp(prefix="gpuctk-pm-"))
-    base = podman_base(store, runroot)
-    tarball = work / "image.tar"
-    with tarfile.open(tarball, "w") as tar:
-        tar.add(build_image("debian"), arcname=".")
-    imp = subprocess.run(
-        [*base, "import", "-q", str(tarball), IMAGE], capture_output=True, text=True
-    )
-    assert imp.returncode == 0, imp.stderr
     try:
-        yield base
+        with private_podman(work, IMAGE) as base:
+            yield base
     finally:
         SPEC.unlink(missing_ok=True)
-        subprocess.run([*base, "rm", "-af"], capture_output=True)
-        subprocess.run(["umount", "-R", "-l", str(runroot)], capture_output=True)
-        shutil.rmtree(runroot, ignore_errors=True)
 
 
 def run(podman: list[str], device: str, script: str) -> subprocess.CompletedProcess[str]:
