@@ -32,11 +32,12 @@ import sys
 from gpuctk import __version__
 from gpuctk.errors import EXIT_FAILURE, GpuctkError
 from gpuctk.hook import hooklog
-from gpuctk.hook.actions import Request, run_request
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from gpuctk.hook.actions import Request
 
 # verb -> options it takes (all repeatable, all with a value)
 _OPTIONS = {
@@ -75,6 +76,8 @@ def parse(verb: str, argv: list[str]) -> tuple[dict[str, list[str]], list[str]]:
 
 
 def _request(verb: str, values: dict[str, list[str]]) -> Request:
+    from gpuctk.hook.actions import Request
+
     def one(name: str) -> str | None:
         got = values.get(name) or []
         if len(got) > 1:
@@ -112,6 +115,8 @@ def _run(argv: list[str]) -> int:
     values, ignored = parse(verb, words[1:])
     for arg in ignored:
         hooklog.warning(f"{verb}: unknown argument {arg!r} ignored")
+    from gpuctk.hook.actions import run_request  # not for prestart's nothing-requested exit
+
     run_request(_request(verb, values))
     return 0
 
