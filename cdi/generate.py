@@ -8,7 +8,7 @@ createContainer hook entry that runs gpuctk-hook for the in-root work.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuctk.cdi import facts
 from gpuctk.cdi.devnodes import NodeInfo
@@ -162,8 +162,7 @@ def build_spec(machine: Machine, files: DriverFiles, opts: Options, nodes: NodeL
     spec = Spec(
         kind=opts.kind, devices=tuple(devices), edits=common_edits(machine, files, opts, nodes)
     )
-    version = minimum_version(spec.to_dict())
-    return Spec(spec.kind, spec.devices, spec.edits, spec.annotations, version)
+    return replace(spec, version=minimum_version(spec.to_dict()))
 
 
 def _node_key(path: str) -> tuple[str, int, str]:
