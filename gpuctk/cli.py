@@ -25,6 +25,22 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "runtime",
         "Register gpuctk-runtime with containerd, CRI-O, Docker or podman.",
     ),
+    "doctor": (
+        "gpuctk.cdi.doctor",
+        "doctor",
+        "Diagnose a GPU node layer by layer: driver, NVML, CDI, runtime, engine.",
+    ),
+    "info": ("gpuctk.cdi.info", "info", "Show the GPUs, MIG devices, driver and topology found."),
+    "install": (
+        "gpuctk.containerd.install",
+        "install",
+        "Install gpuctk onto a host root (the DaemonSet entrypoint).",
+    ),
+    "uninstall": (
+        "gpuctk.containerd.install",
+        "uninstall",
+        "Undo `gpuctk install` on a host root.",
+    ),
 }
 
 
