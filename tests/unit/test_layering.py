@@ -1,5 +1,10 @@
 """Layering: spine <- cdi <- hook; containerd depends only on the spine.
 
+One exception on top of them all: `gpuctk doctor` (cdi/doctor*.py) diagnoses every layer, so it
+may import any of them (the runtime config of gpuctk.hook, the engine parsing of
+gpuctk.containerd), and no other module may import it (it is reached only through the CLI's
+lazy command table).
+
 Checked structurally from the source (every `import` / `from ... import` statement, at any
 depth, so a lazy import inside a function counts too).
 """
@@ -25,6 +30,13 @@ ALLOWED = {
     "gpuctk.hook": {"gpuctk", "gpuctk.cdi", "gpuctk.hook"},
     "gpuctk.containerd": {"gpuctk", "gpuctk.containerd"},
 }
+
+
+TOP_PREFIX = "gpuctk.cdi.doctor"  # the doctor's modules: cdi/doctor.py, cdi/doctor_*.py
+
+
+def is_top(layer: str, path: Path) -> bool:
+    return layer == "gpuctk.cdi" and path.name.startswith("doctor")
 
 
 def layer_of(module: str) -> str | None:
@@ -61,8 +73,10 @@ def test_module_respects_layers(layer: str, path: Path) -> None:
     for line, name in imports_of(path):
         if name.split(".")[0] in ("cdi", "hook") and not name.startswith("gpuctk"):
             bad.append(f"{path.name}:{line}: bare import {name} (use gpuctk.{name})")
+        if name.startswith(TOP_PREFIX) and not is_top(layer, path):
+            bad.append(f"{path.name}:{line}: only the CLI may import {name} (gpuctk doctor)")
         target = layer_of(name)
-        if target is not None and target not in ALLOWED[layer]:
+        if target is not None and target not in ALLOWED[layer] and not is_top(layer, path):
             bad.append(f"{path.name}:{line}: {layer} must not import {name}")
     assert not bad, "\n".join(bad)
 
