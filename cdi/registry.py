@@ -7,6 +7,10 @@ one; two files of the SAME dir defining one name are a conflict, and requesting 
 A file that cannot be read or is malformed is skipped and remembered: the rest still serve, and
 a request that cannot be resolved names those files in its message.
 
+Trust (gpuctk.cdi.spectrust): a spec dir or file that someone other than root (or the user
+gpuctk runs as) owns or can write is refused before it is read: listed in `Registry.refused`
+(the shim and the hook log each as a warning) and in `Registry.errors`.
+
 `resolve` returns the edit blocks to apply, in the reference's order: the spec-level edits of a
 spec once, just before the first device requested from it, then each device's own edits.
 
@@ -65,8 +69,9 @@ class Block:
 
 def _load_spec_file(path: str) -> dict[str, Any]:
     from gpuctk.cdi.specfile import load_spec_file
+    from gpuctk.cdi.spectrust import file_problem
 
-    return load_spec_file(path)
+    return load_spec_file(path, check_stat=file_problem)
 
 
 def _spec_problem(doc: dict[str, Any]) -> str | None:
@@ -110,6 +115,7 @@ class Registry:
         self.devices: dict[str, tuple[SpecFile, dict[str, Any]]] = {}
         self.conflicts: dict[str, list[str]] = {}  # name -> paths, same dir
         self.errors: list[str] = []  # "<path>: <problem>" of files skipped
+        self.refused: list[str] = []  # "<path>: refused: <why>" (trust policy), also in errors
         self.found_dirs: list[str] = []
 
     def add(self, spec: SpecFile) -> None:
@@ -224,7 +230,15 @@ def load(dirs: Sequence[str] = DEFAULT_SPEC_DIRS, *, loader: Loader | None = Non
     land in `Registry.errors`."""
     read = loader or _load_spec_file
     registry = Registry(dirs)
+    from gpuctk.cdi.spectrust import dir_problem
+
     for priority, directory in enumerate(dirs):
+        problem = dir_problem(directory)
+        if problem:
+            text = f"{directory}: refused: {problem}"
+            registry.errors.append(text)
+            registry.refused.append(text)
+            continue
         try:
             paths = spec_paths(directory)
         except OSError as exc:
@@ -244,7 +258,10 @@ def load(dirs: Sequence[str] = DEFAULT_SPEC_DIRS, *, loader: Loader | None = Non
                 doc = read(path)
             except (GpuctkError, OSError, ValueError) as exc:
                 text = str(exc)
-                registry.errors.append(text if text.startswith(path) else f"{path}: {text}")
+                text = text if text.startswith(path) else f"{path}: {text}"
+                registry.errors.append(text)
+                if text.startswith(f"{path}: refused: "):
+                    registry.refused.append(text)
                 continue
             problem = _spec_problem(doc)
             if problem:
