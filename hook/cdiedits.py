@@ -41,6 +41,8 @@ def resolve(
     from gpuctk.hook import drivercaps, require
 
     reg = registry.load(settings.spec_dirs)
+    for refused in reg.refused:
+        warn(f"CDI spec {refused}")
     blocks = reg.common(req.kind) if req.driver_only else reg.resolve(req.devices)
     process = doc.get("process")
     env = requests.env_map(process.get("env") if isinstance(process, dict) else None)
@@ -58,7 +60,23 @@ def resolve(
         notes += require.check(env, facts, gpus)
     for note in notes:
         warn(note)
-    return req, apply.merge(parts)
+    return req, explicit_hook_env(apply.merge(parts))
+
+
+HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+
+
+def explicit_hook_env(edits: dict[str, Any]) -> dict[str, Any]:
+    """`edits` with every hook given a non-empty env (HOOK_ENV when a spec's hook has none).
+    runc 1.2 and older run a hook whose env is empty with the CONTAINER's environment
+    (LD_PRELOAD and all: the NVIDIAScape escape), so no hook entry gpuctk writes lacks one."""
+    hooks = edits.get("hooks")
+    if hooks:
+        edits["hooks"] = [
+            h if not isinstance(h, dict) or h.get("env") else {**h, "env": list(HOOK_ENV)}
+            for h in hooks
+        ]
+    return edits
 
 
 def describe(req: Request) -> str:
