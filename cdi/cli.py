@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import click
 
 from gpuctk.cdi.discover import Roots
 from gpuctk.cdi.generate import DEFAULT_STRATEGIES, NAME_STRATEGIES, Options
+from gpuctk.cdi.nicspec import nic_options
 from gpuctk.cdi.spec import Spec
 from gpuctk.errors import OutputError, UsageError
 
@@ -136,6 +138,7 @@ def output_format(fmt: str | None, output: str | None) -> str:
     help="Use an embedded machine profile instead of NVML (no GPU needed): "
     "h100-8, h100-8-mig7, a100-mig, l4, or a profile .yaml path.",
 )
+@nic_options
 def generate(
     output: str | None,
     fmt: str | None,
@@ -151,6 +154,7 @@ def generate(
     sys_root: str,
     nvml_library: str | None,
     simulate: str | None,
+    **nic: Any,
 ) -> None:
     """Write a CDI spec for every GPU and MIG device on this node.
 
@@ -213,6 +217,11 @@ def generate(
         hook_path=hook_path,
     )
     spec = build_spec(machine, files, opts, nodes)
+    nic_spec = None
+    if nic["nics"]:  # RDMA cards: a second spec (gpuctk.cdi.nicspec)
+        from gpuctk.cdi import nicspec
+
+        nic_spec = nicspec.build(machine, opts, roots, output, fmt, nic)
     data = render(spec, fmt)
     summary = (
         f"{len(spec.devices)} devices for {len(machine.gpus)} GPU(s), "
@@ -232,3 +241,5 @@ def generate(
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         click.echo(f"gpuctk: {summary}", err=True)
+    if nic_spec is not None:
+        nic_spec.emit()

@@ -1,0 +1,274 @@
+"""`gpuctk cdi generate --nics`: a second CDI spec for the node's RDMA network cards.
+
+The NIC spec (kind `nvidia.com/nic` by default, `--nic-kind`) has, in CDI JSON shape:
+
+- one device per RDMA device, named as the kernel names it (`mlx5_0`): its verbs, MAD and
+  issm nodes and /dev/infiniband/rdma_cm as deviceNodes, and its network interfaces;
+- per GPU, an "affine" device named `gpu<index>` (and the GPU's UUID under the uuid naming
+  strategy): the NIC(s) closest to that GPU by PCI topology (gpuctk.cdi.topology), taken only
+  when they are at most `--nic-affinity` away (NODE by default: never across sockets).
+  Ask for both: `--device nvidia.com/gpu=0 --device nvidia.com/nic=gpu0`;
+- `all`: every NIC.
+
+Network interfaces reach the container in one of two ways (`--nic-mode`):
+
+- `hook` (default): a createRuntime hook entry `gpuctk-hook createRuntime --netdev IF` that
+  moves IF into the container's network namespace (gpuctk.hook.netdev). cdiVersion stays low.
+- `netdevices`: CDI 1.1 `netDevices` entries; the engine moves them. The spec then says
+  cdiVersion 1.1.0, which only engines that know CDI 1.1 accept.
+
+The GPU spec is not changed, so its cdiVersion (0.5.0 for podman 4.3.1) is not raised either.
+This module's top level imports only click (for the options): `gpuctk cdi generate` without
+`--nics` pays nothing more.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from gpuctk.cdi.discover import Roots
+    from gpuctk.cdi.generate import Options
+    from gpuctk.cdi.machine import Gpu, Machine
+    from gpuctk.cdi.nics import CharNode, Nic
+
+NIC_MODES = ("hook", "netdevices")
+AFFINITIES = ("PIX", "PXB", "PHB", "NODE", "SYS", "off")
+DEFAULT_KIND = "nvidia.com/nic"
+HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+F = Callable[..., Any]
+
+
+def nic_options(f: F) -> F:
+    """The `--nic*` options of `gpuctk cdi generate`, collected in its **nic argument."""
+    options = [
+        click.option(
+            "--nics",
+            is_flag=True,
+            help="Also write a spec for the RDMA network cards (/sys/class/infiniband): one "
+            "device per card, `gpu<N>` devices with the cards closest to GPU N, and `all`.",
+        ),
+        click.option(
+            "--nic-kind",
+            default=DEFAULT_KIND,
+            show_default=True,
+            help="Kind of the NIC spec (vendor/class).",
+        ),
+        click.option(
+            "--nic-output",
+            metavar="PATH",
+            help="Write the NIC spec here. Default: beside --output with '-nic' added "
+            "(nvidia.yaml -> nvidia-nic.yaml); with no --output, after the GPU spec on "
+            "standard output (yaml only).",
+        ),
+        click.option(
+            "--nic-mode",
+            type=click.Choice(NIC_MODES),
+            default="hook",
+            show_default=True,
+            help="How network interfaces move into the container: hook: a gpuctk-hook "
+            "createRuntime entry; netdevices: CDI 1.1 netDevices (cdiVersion 1.1.0; the "
+            "engine moves them).",
+        ),
+        click.option(
+            "--nic-affinity",
+            type=click.Choice(AFFINITIES),
+            default="NODE",
+            show_default=True,
+            help="Farthest link (nvidia-smi topo names) at which a NIC is still affine to a "
+            "GPU for its gpu<N> device; off: no gpu<N> devices.",
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _node(node: CharNode, dev_root: str) -> dict[str, Any]:
+    d: dict[str, Any] = {"path": node.path}
+    if os.path.realpath(dev_root) != "/":
+        d["hostPath"] = os.path.join(dev_root, node.path.lstrip("/"))
+    d.update(type="c", major=node.major, minor=node.minor)
+    return d
+
+
+def nic_edits(
+    nics: list[Nic],
+    rdma_cm: CharNode | None,
+    *,
+    mode: str = "hook",
+    hook_path: str = "/usr/bin/gpuctk-hook",
+    dev_root: str = "/",
+) -> dict[str, Any]:
+    """The containerEdits (CDI JSON) that give a container `nics`."""
+    nodes = [n for nic in nics for n in nic.nodes]
+    if rdma_cm is not None and nics:
+        nodes.append(rdma_cm)
+    edits: dict[str, Any] = {"deviceNodes": [_node(n, dev_root) for n in nodes]}
+    netdevs = [name for nic in nics for name in nic.netdevs]
+    if netdevs and mode == "netdevices":
+        edits["netDevices"] = [{"hostInterfaceName": n, "name": n} for n in netdevs]
+    elif netdevs:
+        args = ["gpuctk-hook", "createRuntime"]
+        for name in netdevs:
+            args += ["--netdev", name]
+        edits["hooks"] = [
+            {"hookName": "createRuntime", "path": hook_path, "args": args, "env": [HOOK_ENV_PATH]}
+        ]
+    return edits
+
+
+def closest(gpu: Gpu, nics: tuple[Nic, ...], sys_root: str, limit: str) -> tuple[str, list[Nic]]:
+    """(link type, the NICs at that link) nearest `gpu`; ("", []) when none is within `limit`."""
+    from gpuctk.cdi import topology
+
+    if limit == "off" or not nics:
+        return "", []
+    links = [
+        (topology.distance(sys_root, gpu.pci_bus_id, gpu.numa_node, n.pci_address, n.numa_node), n)
+        for n in nics
+    ]
+    best = min(links, key=lambda x: topology.rank(x[0]))[0]
+    if topology.rank(best) > topology.rank(limit):
+        return "", []
+    return best, [n for link, n in links if link == best]
+
+
+def build_doc(
+    machine: Machine,
+    nics: tuple[Nic, ...],
+    rdma_cm: CharNode | None,
+    *,
+    kind: str = DEFAULT_KIND,
+    mode: str = "hook",
+    affinity: str = "NODE",
+    sys_root: str = "/sys",
+    dev_root: str = "/",
+    hook_path: str = "/usr/bin/gpuctk-hook",
+    uuid_names: bool = True,
+) -> dict[str, Any]:
+    """The NIC spec as a CDI JSON document, cdiVersion set to the minimum it needs."""
+    from gpuctk.cdi.version import minimum_version
+
+    def edits(group: list[Nic]) -> dict[str, Any]:
+        return nic_edits(group, rdma_cm, mode=mode, hook_path=hook_path, dev_root=dev_root)
+
+    devices: list[dict[str, Any]] = [{"name": n.name, "containerEdits": edits([n])} for n in nics]
+    for gpu in machine.gpus:
+        _, near = closest(gpu, nics, sys_root, affinity)
+        if not near:
+            continue
+        names = [f"gpu{gpu.index}"] + ([gpu.uuid] if uuid_names else [])
+        devices += [{"name": name, "containerEdits": edits(near)} for name in names]
+    devices.append({"name": "all", "containerEdits": edits(list(nics))})
+    doc: dict[str, Any] = {"cdiVersion": "", "kind": kind, "devices": devices}
+    doc["cdiVersion"] = minimum_version(doc)
+    return doc
+
+
+def nic_output_path(output: str | None, nic_output: str | None) -> str | None:
+    """Where the NIC spec goes: --nic-output, else beside --output with '-nic' added."""
+    if nic_output or not output:
+        return nic_output
+    stem, ext = os.path.splitext(output)
+    return f"{stem}-nic{ext}"
+
+
+class NicOutput:
+    """A rendered NIC spec and where it goes; `emit()` after the GPU spec is written."""
+
+    def __init__(self, path: str | None, data: bytes, summary: str) -> None:
+        self.path, self.data, self.summary = path, data, summary
+
+    def emit(self) -> None:
+        import sys
+
+        from gpuctk.fs import atomic_write
+
+        if self.path:
+            atomic_write(self.path, self.data, 0o644)
+            click.echo(f"gpuctk: wrote {self.path}: {self.summary}", err=True)
+        else:
+            sys.stdout.buffer.write(self.data)
+            sys.stdout.flush()
+            click.echo(f"gpuctk: {self.summary}", err=True)
+
+
+def build(
+    machine: Machine,
+    opts: Options,
+    roots: Roots,
+    output: str | None,
+    fmt: str,
+    nic: dict[str, Any],
+) -> NicOutput | None:
+    """Discover the NICs and render their spec (nothing written yet); None without --nics."""
+    if not nic.get("nics"):
+        return None
+    from gpuctk.cdi import nics as nic_discovery
+    from gpuctk.cdi.names import kind_problem
+    from gpuctk.errors import OutputError, UsageError
+
+    kind = nic["nic_kind"]
+    problem = kind_problem(kind)
+    if problem or kind == opts.kind:
+        why = problem or f"it is the GPU spec's kind {opts.kind}"
+        raise UsageError(f"--nic-kind {kind!r}: {why} (example: --nic-kind nvidia.com/nic)")
+    path = nic_output_path(output, nic.get("nic_output"))
+    if path is None and fmt == "json":
+        raise UsageError("--nics with JSON on standard output: give --output or --nic-output")
+    if path:
+        folder = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise OutputError(f"cannot write {path}: folder {folder} is missing or not writable")
+    found = nic_discovery.discover(roots.sys_root)
+    if not found:
+        click.echo(
+            f"gpuctk: warning: --nics: no RDMA device under {roots.sys_root}/class/infiniband; "
+            "no NIC spec written",
+            err=True,
+        )
+        return None
+    if nic["nic_mode"] == "hook" and nic_discovery.exclusive_netns_mode(roots.sys_root):
+        click.echo(
+            "gpuctk: warning: the RDMA subsystem is in exclusive network-namespace mode "
+            "(`rdma system set netns exclusive`): gpuctk-hook will refuse to move a netdev "
+            "away from its RDMA device; use `rdma system set netns shared`",
+            err=True,
+        )
+    doc = build_doc(
+        machine,
+        found,
+        nic_discovery.rdma_cm_node(roots.sys_root),
+        kind=kind,
+        mode=nic["nic_mode"],
+        affinity=nic["nic_affinity"],
+        sys_root=roots.sys_root,
+        dev_root=roots.dev_root,
+        hook_path=opts.hook_path,
+        uuid_names="uuid" in opts.name_strategies,
+    )
+    affine = sum(1 for d in doc["devices"] if d["name"].startswith("gpu"))
+    summary = (
+        f"{len(doc['devices'])} NIC devices for {len(found)} RDMA device(s), "
+        f"{affine} GPU-affine; cdiVersion {doc['cdiVersion']}"
+    )
+    return NicOutput(path, render_doc(doc, "yaml" if path is None else fmt), summary)
+
+
+def render_doc(doc: dict[str, Any], fmt: str) -> bytes:
+    """YAML (with a leading ---, so that it can follow the GPU spec on stdout) or JSON."""
+    if fmt == "json":
+        import json
+
+        return (json.dumps(doc, indent=2) + "\n").encode()
+    import yaml
+
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    text: str = yaml.dump(doc, Dumper=dumper, sort_keys=False, default_flow_style=False)
+    return f"---\n{text}".encode()
