@@ -5,6 +5,7 @@
     gpuctk-hook update-ldcache --folder DIR...
     gpuctk-hook chmod --mode M --path P...
     gpuctk-hook prestart | createRuntime | precreate           (no shim: gpuctk.hook.prestart)
+    gpuctk-hook createRuntime | poststop --netdev IF[::NAME]... (NICs: gpuctk.hook.netdev)
     gpuctk-hook --version
 
 Every verb reads the OCI state on stdin (or takes --container-spec PATH to a config.json), finds
@@ -105,6 +106,12 @@ def _run(argv: list[str]) -> int:
         sys.stdout.write(f"gpuctk-hook {__version__}\n")
         return 0
     verb = words[0]
+    if verb in ("createRuntime", "poststop") and any(
+        w == "--netdev" or w.startswith("--netdev=") for w in words[1:]
+    ):  # a NIC spec's entry: move network interfaces (gpuctk.hook.netdev, pyroute2)
+        from gpuctk.hook import netdev
+
+        return netdev.main(verb, words[1:])
     if verb in ("prestart", "createRuntime", "precreate"):  # engines without the shim
         from gpuctk.hook import prestart
 
