@@ -129,6 +129,14 @@ def _run(opts: Options, planned: planmod.Plan, dry_run: bool, restart: bool) -> 
     help="The OCI hook binary (--mode hook, podman).",
 )
 @click.option(
+    "--hook-config",
+    "hook_config",
+    metavar="PATH",
+    help="gpuctk config file the hook reads (spec-dirs, log-file), passed to it as "
+    "GPUCTK_CONFIG in the hook entry's env (--mode hook, podman). Default: the hook reads "
+    "/etc/gpuctk/config.toml.",
+)
+@click.option(
     "--mode",
     type=click.Choice(["shim", "hook"]),
     default="shim",

@@ -207,7 +207,10 @@ def plan_configure(opts: Options) -> Plan:
     if spec is not None:
         changes.append(
             FileChange(
-                spec, ocispec.dumps(ocispec.base_spec(opts.hook_path)), "base OCI spec", 0o644
+                spec,
+                ocispec.dumps(ocispec.base_spec(opts.hook_path, opts.hook_config)),
+                "base OCI spec",
+                0o644,
             )
         )
     # The drop-in may carry the main config's registry credentials: give it the main's mode.

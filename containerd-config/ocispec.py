@@ -6,7 +6,9 @@ runc run the hook for every container of the handler. The spec below is containe
 Linux spec (what `ctr oci spec` prints) without `cgroupsPath`, which CRI sets per container.
 
 Every hook entry has an explicit, non-empty `env`: runc 1.2 and older give a hook with an empty
-env the container's environment (LD_PRELOAD and all).
+env the container's environment (LD_PRELOAD and all). The hook reads /etc/gpuctk/config.toml
+(spec dirs and the rest) like the shim; `--hook-config PATH` names another file, which the entry
+passes as GPUCTK_CONFIG, since a hook gets no environment but its entry's.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
 HOOK_VERB = "prestart"
+CONFIG_ENV = "GPUCTK_CONFIG"  # gpuctk.hook.config.ENV_VAR (containerd must not import gpuctk.hook)
 
 _CAPS = [
     "CAP_CHOWN",
@@ -35,16 +38,17 @@ _CAPS = [
 ]
 
 
-def hook_entry(hook_path: str) -> dict[str, Any]:
-    """The OCI hook entry that runs `gpuctk-hook prestart`."""
-    return {"path": hook_path, "args": ["gpuctk-hook", HOOK_VERB], "env": list(HOOK_ENV)}
+def hook_entry(hook_path: str, config: str | None = None) -> dict[str, Any]:
+    """The OCI hook entry that runs `gpuctk-hook prestart` (with GPUCTK_CONFIG=config if given)."""
+    env = [*HOOK_ENV, f"{CONFIG_ENV}={config}"] if config else list(HOOK_ENV)
+    return {"path": hook_path, "args": ["gpuctk-hook", HOOK_VERB], "env": env}
 
 
 def _mount(destination: str, type_: str, source: str, options: list[str]) -> dict[str, Any]:
     return {"destination": destination, "type": type_, "source": source, "options": options}
 
 
-def base_spec(hook_path: str) -> dict[str, Any]:
+def base_spec(hook_path: str, config: str | None = None) -> dict[str, Any]:
     """containerd's default Linux spec with the gpuctk prestart hook."""
     return {
         "ociVersion": "1.0.2-dev",
@@ -60,7 +64,7 @@ def base_spec(hook_path: str) -> dict[str, Any]:
             "noNewPrivileges": True,
         },
         "root": {"path": "rootfs"},
-        "hooks": {"prestart": [hook_entry(hook_path)]},
+        "hooks": {"prestart": [hook_entry(hook_path, config)]},
         "mounts": [
             _mount("/proc", "proc", "proc", ["nosuid", "noexec", "nodev"]),
             _mount("/dev", "tmpfs", "tmpfs", ["nosuid", "strictatime", "mode=755", "size=65536k"]),

@@ -49,6 +49,7 @@ class Options:
     runtime_name: str = DEFAULT_RUNTIME_NAME
     runtime_path: str = DEFAULT_RUNTIME_PATH
     hook_path: str = DEFAULT_HOOK_PATH
+    hook_config: str | None = None
     mode: Mode = "shim"
     set_as_default: bool = False
     cdi_enabled: bool = False
@@ -87,6 +88,11 @@ def validate(opts: Options) -> None:
     for flag, path in (("--runtime-path", opts.runtime_path), ("--hook-path", opts.hook_path)):
         if not os.path.isabs(path):
             raise UsageError(f"{flag} {path!r} is not an absolute path")
+    if opts.hook_config is not None:
+        if opts.mode != "hook":
+            raise UsageError("--hook-config is for --mode hook (the shim reads GPUCTK_CONFIG)")
+        if not os.path.isabs(opts.hook_config):
+            raise UsageError(f"--hook-config {opts.hook_config!r} is not an absolute path")
     for directory in opts.cdi_spec_dirs:
         if not os.path.isabs(directory):
             raise UsageError(f"--cdi-spec-dir {directory!r} is not an absolute path")

@@ -18,10 +18,10 @@ from gpuctk.containerd.plan import FileChange, Plan
 from gpuctk.errors import OutputError
 
 
-def hooks_json(hook_path: str) -> dict[str, Any]:
+def hooks_json(hook_path: str, config: str | None = None) -> dict[str, Any]:
     return {
         "version": "1.0.0",
-        "hook": ocispec.hook_entry(hook_path),
+        "hook": ocispec.hook_entry(hook_path, config),
         "when": {"always": True},
         "stages": [ocispec.HOOK_VERB],
     }
@@ -48,7 +48,7 @@ def _owned(path: str) -> bool:
 
 def plan_configure(opts: Options) -> Plan:
     _owned(opts.drop_in)
-    data = ocispec.dumps(hooks_json(opts.hook_path))
+    data = ocispec.dumps(hooks_json(opts.hook_path, opts.hook_config))
     notes = []
     if opts.set_as_default or opts.cdi_enabled:
         notes.append("podman has no runtime handler: --set-as-default and --cdi-enabled ignored")
