@@ -112,6 +112,7 @@ class World:
             (self.root / binary).write_text(fake)
             (self.root / binary).chmod(0o755)
         shutil.copy(marker_lib, self.root / "lib/libmarker.so")
+        (self.root / "lib/libmarker.so").chmod(0o644)
         (self.root / "etc/ld.so.preload").write_text("/lib/libmarker.so\n")
         self.write_config({})
         self.resnap()
