@@ -1,0 +1,227 @@
+"""`gpuctk doctor`: diagnose a GPU node layer by layer, each finding with its evidence and fix.
+
+The layers, in order (each in its own module): driver and NVML (gpuctk.cdi.doctor_driver), CDI
+(doctor_cdi), runtime (doctor_runtime), engine (doctor_engine), Kubernetes hints (doctor_k8s)
+and the optional live probe (doctor_probe). Results and output: doctor_report.
+
+Every root and file a check reads comes from an option, so tests and containerised installs can
+point the doctor at any tree. Imports are lazy: jsonschema only when the CDI layer validates,
+pynvml only when NVML is asked, PyYAML only when a spec or manifest is YAML.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from gpuctk.cdi.doctor_context import Context, Findings
+from gpuctk.cdi.doctor_report import Result
+
+LAYER_ORDER = ("driver", "nvml", "cdi", "runtime", "engine", "kubernetes", "probe")
+
+
+def run_checks(ctx: Context) -> list[Result]:
+    """Every check, in the issue's layer order."""
+    from gpuctk.cdi import (
+        doctor_cdi,
+        doctor_driver,
+        doctor_engine,
+        doctor_k8s,
+        doctor_probe,
+        doctor_runtime,
+    )
+
+    found = Findings()
+    driver = doctor_driver.driver_checks(ctx, found)
+    nvml = doctor_driver.nvml_checks(ctx, found)
+    # The runtime config names the spec dirs the shim reads, so it is read before the CDI layer.
+    runtime = doctor_runtime.runtime_checks(ctx, found)
+    found.spec_dirs = ctx.spec_dirs or (found.settings.spec_dirs if found.settings else ())
+    found.spec_dirs = found.spec_dirs or ("/etc/cdi", "/var/run/cdi")
+    cdi = doctor_cdi.cdi_checks(ctx, found)
+    engine = doctor_engine.engine_checks(ctx, found)
+    k8s = doctor_k8s.k8s_checks(ctx, found)
+    probe = [doctor_probe.check_probe(ctx, found)]
+    return [*driver, *nvml, *cdi, *runtime, *engine, *k8s, *probe]
+
+
+@click.command("doctor", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="table: for people (colour on a terminal); json: stable, for automation.",
+)
+@click.option("--verbose", "-v", is_flag=True, help="Show the evidence of passing checks too.")
+@click.option(
+    "--color/--no-color",
+    "colour",
+    default=None,
+    help="Colour the table. Default: only when standard output is a terminal.",
+)
+@click.option(
+    "--driver-root",
+    default="/",
+    show_default=True,
+    envvar="NVIDIA_DRIVER_ROOT",
+    help="Root of the driver files and NVML (e.g. /run/nvidia/driver).",
+)
+@click.option(
+    "--dev-root",
+    default="/",
+    show_default=True,
+    envvar="NVIDIA_DEV_ROOT",
+    help="Root under which /dev/nvidia* are found.",
+)
+@click.option("--proc-root", default="/proc", show_default=True, help="Where /proc is.")
+@click.option("--sys-root", default="/sys", show_default=True, help="Where /sys is.")
+@click.option(
+    "--host-root",
+    default="/",
+    show_default=True,
+    help="Prefix for host files the other options do not name: /etc/gpuctk, /etc/containerd, "
+    "/etc/crio, /etc/docker, /var/lib/kubelet, /var/run/nvidia-persistenced.",
+)
+@click.option(
+    "--spec-dir",
+    "spec_dirs",
+    multiple=True,
+    metavar="DIR",
+    help="CDI spec dir (repeatable, later wins). Default: the runtime config's spec-dirs.",
+)
+@click.option(
+    "--kind", default="nvidia.com/gpu", show_default=True, help="CDI kind the GPUs are under."
+)
+@click.option(
+    "--nvml-library",
+    metavar="PATH",
+    envvar="GPUCTK_NVML_LIBRARY",
+    help="Load this libnvidia-ml.so.1 instead of the driver root's or the system's.",
+)
+@click.option(
+    "--simulate",
+    metavar="PROFILE",
+    help="Take the machine from a profile instead of NVML (h100-8, a100-mig, ... or a .yaml).",
+)
+@click.option(
+    "--runtime-config",
+    metavar="PATH",
+    help="gpuctk-runtime's config. Default: $GPUCTK_CONFIG, else /etc/gpuctk/config.toml.",
+)
+@click.option(
+    "--runtime-name",
+    default="nvidia",
+    show_default=True,
+    help="The engine runtime handler (what a RuntimeClass `handler` names).",
+)
+@click.option(
+    "--containerd-config",
+    metavar="PATH",
+    help="containerd's main config. Default: /etc/containerd/config.toml (under --host-root).",
+)
+@click.option("--containerd", "containerd_bin", metavar="PATH", help="The containerd binary.")
+@click.option(
+    "--config-source",
+    type=click.Choice(["auto", "command", "file"]),
+    default="auto",
+    show_default=True,
+    help="containerd config: `containerd config dump` (command), the files (file), or the "
+    "command when containerd is installed (auto).",
+)
+@click.option("--crio-config", metavar="PATH", help="Default: /etc/crio/crio.conf.")
+@click.option("--docker-config", metavar="PATH", help="Default: /etc/docker/daemon.json.")
+@click.option("--kubelet-root", metavar="DIR", help="Default: /var/lib/kubelet.")
+@click.option(
+    "--runtimeclass",
+    "runtimeclass_files",
+    multiple=True,
+    metavar="FILE",
+    help="A RuntimeClass manifest to check against the engine handlers (repeatable).",
+)
+@click.option(
+    "--probe",
+    is_flag=True,
+    help="Also start a throwaway container through gpuctk-runtime with one GPU (root).",
+)
+@click.option(
+    "--probe-rootfs",
+    default="/",
+    show_default=True,
+    metavar="DIR",
+    help="Root filesystem of the probe container, used read-only under a tmpfs overlay.",
+)
+@click.option(
+    "--probe-device", default="0", show_default=True, help="The CDI device the probe asks for."
+)
+@click.pass_context
+def doctor(
+    click_ctx: click.Context, /, fmt: str, verbose: bool, colour: bool | None, **options: Any
+) -> None:
+    """Diagnose this GPU node layer by layer, with the evidence and the fix for each finding.
+
+    \b
+    Layers, in order:
+      driver      kernel module, user-space version, device nodes vs /proc/devices, persistence
+      nvml        NVML loads, GPUs, MIG mode and devices, their device nodes
+      cdi         spec present, valid, for the running driver and GPU/MIG layout, no conflicts
+      runtime     gpuctk-runtime and gpuctk-hook run, config valid, low-level runtime found
+      engine      containerd (config dump), CRI-O, Docker know the handler; its binary exists
+      kubernetes  kubelet device-plugin dir, NVIDIA device plugin, RuntimeClass handler
+      probe       (--probe) a throwaway container through the shim gets one GPU
+
+    \b
+    Exit status:
+      0  every check ok (or skipped)
+      1  warnings, no failures
+      2  at least one check failed
+    (other codes are gpuctk's usual errors, e.g. 2 for a bad option: the JSON output tells the
+    two 2s apart.)
+
+    \b
+    Examples:
+      gpuctk doctor
+      gpuctk doctor --format json | jq '.checks[] | select(.status != "ok")'
+      gpuctk doctor --driver-root /run/nvidia/driver --probe
+      gpuctk doctor --simulate a100-mig --dev-root /tmp/node --proc-root /tmp/node/proc
+    """
+    ctx = Context(
+        driver_root=str(options["driver_root"]),
+        dev_root=str(options["dev_root"]),
+        proc_root=str(options["proc_root"]),
+        sys_root=str(options["sys_root"]),
+        host_root=str(options["host_root"]),
+        spec_dirs=tuple(options["spec_dirs"]),
+        kind=str(options["kind"]),
+        nvml_library=_opt(options["nvml_library"]),
+        simulate=_opt(options["simulate"]),
+        runtime_config=_opt(options["runtime_config"]),
+        runtime_name=str(options["runtime_name"]),
+        containerd_config=_opt(options["containerd_config"]),
+        containerd=_opt(options["containerd_bin"]),
+        config_source=str(options["config_source"]),
+        crio_config=_opt(options["crio_config"]),
+        docker_config=_opt(options["docker_config"]),
+        kubelet_root=_opt(options["kubelet_root"]),
+        runtimeclass_files=tuple(options["runtimeclass_files"]),
+        probe=bool(options["probe"]),
+        probe_rootfs=str(options["probe_rootfs"]),
+        probe_device=str(options["probe_device"]),
+    )
+    from gpuctk.cdi import doctor_report as report
+
+    results = run_checks(ctx)
+    if fmt == "json":
+        click.echo(report.to_json(results), nl=False)
+    else:
+        use_colour = sys.stdout.isatty() if colour is None else colour
+        text = report.to_table(results, colour=use_colour, verbose=verbose)
+        click.echo(text, nl=False, color=use_colour)
+    click_ctx.exit(report.exit_code(results))
+
+
+def _opt(value: object) -> str | None:
+    return None if value is None or value == "" else str(value)

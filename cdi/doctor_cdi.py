@@ -1,0 +1,308 @@
+"""`gpuctk doctor` layer 3: the CDI spec the engines and the shim will read.
+
+- present: a spec for the kind (nvidia.com/gpu) in the spec dirs (the runtime config's
+  `spec-dirs` unless `--spec-dir` is given), read as the shim's registry reads them;
+- valid: the strict validator (gpuctk.cdi.validate; the JSON schema layer when it is found);
+- driver version: the version the spec was generated for (the facts in its gpuctk-hook entry,
+  else the versioned library names it mounts) is the running one, and what it mounts exists;
+- layout: its GPU UUIDs and MIG devices are NVML's now (drift after a GPU swap, a MIG
+  re-partition or a driver upgrade), and its device nodes exist;
+- conflicts: no other spec file (another tool's, an old copy) defines the same devices.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from typing import Any
+
+from gpuctk.cdi.doctor_context import Context, Findings
+from gpuctk.cdi.doctor_report import Result, failed, ok, skipped, warning
+
+_VERSIONED_LIB = re.compile(r"/lib(?:cuda|nvidia-ml)\.so\.(\d+\.\d+(?:\.\d+)?)$")
+FOREIGN_HOOKS = {"nvidia-ctk": "nvidia-ctk", "nvidia-cdi-hook": "nvidia-ctk"}
+DEFAULT_OUTPUT = "/var/run/cdi/nvidia.yaml"
+MAX_SHOWN = 6
+
+
+def generate_fix(ctx: Context, output: str | None = None) -> str:
+    """The `gpuctk cdi generate` command that rewrites the spec for this node."""
+    argv = ["gpuctk", "cdi", "generate"]
+    if ctx.driver_root != "/":
+        argv += ["--driver-root", ctx.driver_root]
+    if ctx.dev_root != "/":
+        argv += ["--dev-root", ctx.dev_root]
+    if ctx.simulate:
+        argv += ["--simulate", ctx.simulate]
+    if ctx.kind != "nvidia.com/gpu":
+        vendor, _, cls = ctx.kind.partition("/")
+        argv += ["--vendor", vendor, "--class", cls]
+    argv += ["--output", output or DEFAULT_OUTPUT]
+    return shlex.join(argv)
+
+
+def _shown(items: list[str]) -> list[str]:
+    if len(items) <= MAX_SHOWN:
+        return items
+    return [*items[:MAX_SHOWN], f"... and {len(items) - MAX_SHOWN} more"]
+
+
+def _hooks(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for block in _edit_blocks(doc):
+        hooks = block.get("hooks")
+        out += [h for h in hooks if isinstance(h, dict)] if isinstance(hooks, list) else []
+    return out
+
+
+def writer(doc: dict[str, Any]) -> str:
+    """Which tool wrote a spec: "gpuctk", "nvidia-ctk" or "unknown"."""
+    for hook in _hooks(doc):
+        path = hook.get("path")
+        if isinstance(path, str):
+            name = os.path.basename(path)
+            if name.startswith("gpuctk"):
+                return "gpuctk"
+            if name in FOREIGN_HOOKS:
+                return FOREIGN_HOOKS[name]
+    return "unknown"
+
+
+def spec_facts(doc: dict[str, Any]) -> Any:
+    """The gpuctk machine facts in a spec's hook env (gpuctk.cdi.facts.Facts), or None."""
+    from gpuctk.cdi import facts
+
+    for hook in _hooks(doc):
+        env = hook.get("env")
+        if isinstance(env, list) and all(isinstance(e, str) for e in env):
+            try:
+                found = facts.decode(env)
+            except ValueError:
+                continue
+            if found is not None:
+                return found
+    return None
+
+
+def _edit_blocks(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    blocks = [doc.get("containerEdits")]
+    devices = doc.get("devices")
+    for d in devices if isinstance(devices, list) else []:
+        if isinstance(d, dict):
+            blocks.append(d.get("containerEdits"))
+    return [b for b in blocks if isinstance(b, dict)]
+
+
+def _host_paths(doc: dict[str, Any], key: str, field: str) -> list[str]:
+    out: list[str] = []
+    for block in _edit_blocks(doc):
+        for item in block.get(key) or []:
+            if isinstance(item, dict):
+                path = item.get(field) or item.get("path")
+                if isinstance(path, str):
+                    out.append(path)
+    return list(dict.fromkeys(out))
+
+
+def check_present(ctx: Context, found: Findings, registry: Any) -> tuple[Result, Any]:
+    """The spec serving the kind (the one with `<kind>=all`, else the last read), or None."""
+    title = f"a CDI spec for {ctx.kind}"
+    dirs = ", ".join(found.spec_dirs)
+    ours = [s for s in registry.specs if s.kind == ctx.kind]
+    if not ours:
+        evidence = [f"no spec for {ctx.kind} in {dirs}"]
+        evidence += _shown([f"skipped: {e}" for e in registry.errors])
+        return failed("cdi.spec", title, evidence, generate_fix(ctx)), None
+    held = registry.devices.get(f"{ctx.kind}=all")
+    active = held[0] if held is not None else ours[-1]
+    count = sum(1 for name in registry.devices if name.startswith(f"{ctx.kind}="))
+    return ok(
+        "cdi.spec", title, f"{active.path} ({writer(active.doc)}): {count} devices in {dirs}"
+    ), active
+
+
+def check_valid(ctx: Context, registry: Any) -> Result:
+    title = "CDI specs valid (strict)"
+    from gpuctk.cdi.validate import schema_checker, validate_spec_dict
+    from gpuctk.errors import GpuctkError
+
+    try:
+        checker = schema_checker()
+    except GpuctkError:
+        checker = None
+    if not registry.specs and not registry.errors:
+        return skipped("cdi.valid", title, "no spec files")
+    bad: list[str] = []
+    paths: list[str] = []
+    for spec in registry.specs:
+        problems = validate_spec_dict(spec.doc, spec.path, schema=checker)
+        if problems:
+            paths.append(spec.path)
+            bad += [f"{spec.path}: {p}" for p in problems]
+    for error in registry.errors:
+        bad.append(f"unreadable, skipped by engines: {error}")
+        paths.append(error.split(":", 1)[0])
+    layers = "strict + CDI schema" if checker is not None else "strict"
+    if bad:
+        fix = f"gpuctk cdi validate {' '.join(dict.fromkeys(paths))}   # then: {generate_fix(ctx)}"
+        return failed("cdi.valid", title, _shown(bad), fix)
+    return ok("cdi.valid", title, f"{len(registry.specs)} spec file(s) valid ({layers})")
+
+
+def _spec_driver_version(doc: dict[str, Any], facts: Any) -> str | None:
+    if facts is not None:
+        return str(facts.driver_version)
+    for path in _host_paths(doc, "mounts", "hostPath"):
+        match = _VERSIONED_LIB.search(path)
+        if match:
+            return match.group(1)
+    return None
+
+
+def check_driver_version(ctx: Context, found: Findings, spec: Any) -> Result:
+    title = "CDI spec generated for the running driver"
+    if spec is None:
+        return skipped("cdi.driver-version", title, "no spec")
+    facts = spec_facts(spec.doc)
+    wrote = _spec_driver_version(spec.doc, facts)
+    running = found.machine.driver_version if found.machine else found.kernel_version
+    missing = [p for p in _host_paths(spec.doc, "mounts", "hostPath") if not os.path.lexists(p)]
+    fix = generate_fix(ctx, spec.path)
+    evidence: list[str] = []
+    if wrote is None:
+        evidence.append(f"{spec.path}: names no driver version")
+    elif running is None:
+        evidence.append(f"{spec.path}: driver {wrote}; the running driver is unknown")
+    elif wrote != running:
+        evidence.append(f"{spec.path}: generated for driver {wrote}, the node runs {running}")
+        evidence += _shown([f"mounts a missing file: {p}" for p in missing])
+        return failed("cdi.driver-version", title, evidence, fix)
+    else:
+        evidence.append(f"{spec.path}: driver {wrote}, the node runs {running}")
+    if missing:
+        evidence += _shown([f"mounts a missing file: {p}" for p in missing])
+        return failed("cdi.driver-version", title, evidence, fix)
+    if wrote is None or running is None:
+        return warning("cdi.driver-version", title, evidence, fix)
+    return ok("cdi.driver-version", title, *evidence)
+
+
+def _layout_drift(machine: Any, facts: Any, doc: dict[str, Any]) -> list[str]:
+    """What differs between the machine and the spec's facts (or its UUID device names)."""
+    drift: list[str] = []
+    node_gpus = {g.uuid: g for g in machine.gpus}
+    if facts is not None:
+        spec_gpus = {g.uuid: g for g in facts.gpus}
+        for uuid in sorted(set(spec_gpus) - set(node_gpus)):
+            drift.append(f"GPU {uuid}: in the spec, not on the node (removed or replaced)")
+        for uuid in sorted(set(node_gpus) - set(spec_gpus)):
+            drift.append(f"GPU {node_gpus[uuid].index} {uuid}: on the node, not in the spec")
+        for uuid in sorted(set(spec_gpus) & set(node_gpus)):
+            g = node_gpus[uuid]
+            had = set(spec_gpus[uuid].mig_uuids)
+            now = {d.uuid for d in g.mig_devices}
+            if had != now:
+                drift.append(
+                    f"GPU {g.index}: MIG layout changed: the spec has {len(had)} MIG device(s), "
+                    f"the node {len(now)} ({len(had - now)} gone, {len(now - had)} new)"
+                )
+        return drift
+    names = {d.get("name") for d in doc.get("devices") or [] if isinstance(d, dict)}
+    spec_uuids = {n for n in names if isinstance(n, str) and n.startswith(("GPU-", "MIG-"))}
+    # A MIG-enabled GPU is exposed through its MIG devices only (gpuctk and nvidia-ctk alike).
+    node_uuids = {g.uuid for g in machine.gpus if not g.mig_enabled}
+    node_uuids |= {d.uuid for d in machine.mig_devices}
+    if spec_uuids:
+        for uuid in sorted(spec_uuids - node_uuids):
+            drift.append(f"{uuid}: in the spec, not on the node")
+        for uuid in sorted(node_uuids - spec_uuids):
+            drift.append(f"{uuid}: on the node, not in the spec")
+    return drift
+
+
+def check_layout(ctx: Context, found: Findings, spec: Any) -> Result:
+    title = "CDI spec matches the GPU/MIG layout"
+    if spec is None:
+        return skipped("cdi.layout", title, "no spec")
+    fix = generate_fix(ctx, spec.path)
+    nodes = _host_paths(spec.doc, "deviceNodes", "hostPath")
+    missing = [f"device node {p} (in the spec) is missing" for p in nodes if not os.path.exists(p)]
+    if found.machine is None:
+        if missing:
+            return failed("cdi.layout", title, _shown(missing), fix)
+        return skipped("cdi.layout", title, "NVML unavailable: layout not compared")
+    facts = spec_facts(spec.doc)
+    drift = _layout_drift(found.machine, facts, spec.doc)
+    if drift or missing:
+        return failed("cdi.layout", title, _shown([*drift, *missing]), fix)
+    m = found.machine
+    basis = "the spec's gpuctk facts" if facts is not None else "the spec's UUID device names"
+    return ok(
+        "cdi.layout",
+        title,
+        f"{len(m.gpus)} GPU(s), {len(m.mig_devices)} MIG device(s) match {basis}; "
+        f"{len(nodes)} device nodes exist",
+    )
+
+
+def check_conflicts(ctx: Context, found: Findings, registry: Any, spec: Any) -> Result:
+    title = "no conflicting CDI specs"
+    ours = [s for s in registry.specs if s.kind == ctx.kind]
+    if not ours:
+        return skipped("cdi.conflicts", title, "no spec")
+    same_dir = {n: p for n, p in registry.conflicts.items() if n.startswith(f"{ctx.kind}=")}
+    if same_dir:
+        files = sorted({p for paths in same_dir.values() for p in paths})
+        evidence = [
+            f"{len(same_dir)} device(s) defined by more than one file of one dir: "
+            "requests for them fail"
+        ]
+        evidence += [f"{p} ({writer(_doc(ours, p))})" for p in files]
+        keep = spec.path if spec is not None else files[-1]
+        drop = [p for p in files if p != keep] or files[:-1]
+        return failed("cdi.conflicts", title, evidence, f"rm {' '.join(drop)}   # keep {keep}")
+    others = [s for s in ours if spec is None or s.path != spec.path]
+    shadowed = []
+    for other in others:
+        names = {f"{ctx.kind}={d['name']}" for d in other.doc["devices"]}
+        hidden = [n for n in names if registry.devices.get(n, (other,))[0] is not other]
+        if hidden:
+            shadowed.append((other, len(hidden)))
+    if shadowed:
+        evidence = [
+            f"{o.path} ({writer(o.doc)}): {n} device(s) overridden by {spec.path} "
+            f"({writer(spec.doc)})"
+            for o, n in shadowed
+        ]
+        evidence.append(
+            "two tools maintain specs for one kind: the one you do not update goes "
+            "stale and wins again if the other is removed"
+        )
+        return warning(
+            "cdi.conflicts", title, evidence, f"rm {' '.join(o.path for o, _ in shadowed)}"
+        )
+    extra = f"; {len(others)} other spec file(s) for distinct devices" if others else ""
+    return ok("cdi.conflicts", title, f"one spec file serves {ctx.kind}{extra}")
+
+
+def _doc(specs: list[Any], path: str) -> dict[str, Any]:
+    for s in specs:
+        if s.path == path:
+            return dict(s.doc)
+    return {}
+
+
+def cdi_checks(ctx: Context, found: Findings) -> list[Result]:
+    from gpuctk.cdi import registry as registrymod
+
+    registry = registrymod.load(found.spec_dirs)
+    present, spec = check_present(ctx, found, registry)
+    found.active_spec = spec.doc if spec is not None else None
+    return [
+        present,
+        check_valid(ctx, registry),
+        check_driver_version(ctx, found, spec),
+        check_layout(ctx, found, spec),
+        check_conflicts(ctx, found, registry, spec),
+    ]

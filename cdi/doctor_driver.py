@@ -1,0 +1,379 @@
+"""`gpuctk doctor` layers 1 and 2: the kernel driver, then NVML.
+
+Driver: the module is loaded (`<proc>/driver/nvidia/version`), the user-space libraries under
+the driver root carry the module's version, the device nodes exist with the majors that
+`<proc>/devices` gives, and persistence mode is on (nvidia-persistenced's socket).
+NVML: it loads (or a `--simulate` profile stands in), counts GPUs, reports MIG mode and devices,
+and every GPU and MIG device it names has its device nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+
+from gpuctk.cdi.doctor_context import Context, Findings
+from gpuctk.cdi.doctor_report import Result, failed, ok, skipped, warning
+from gpuctk.errors import GpuctkError
+
+_KERNEL_VERSION = re.compile(r"Kernel Module(?: for [A-Za-z0-9_]+)?\s+(\d+(?:\.\d+)+)")
+NVIDIA_MAJOR = 195
+PERSISTENCED_SOCKET = "/var/run/nvidia-persistenced/socket"
+MAX_PROC_FILE = 1 << 20
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_PROC_FILE).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def kernel_version(text: str) -> str | None:
+    """The version in /proc/driver/nvidia/version ("NVRM version: ... Kernel Module  535.x ...")."""
+    match = _KERNEL_VERSION.search(text)
+    return match.group(1) if match else None
+
+
+def char_majors(text: str) -> dict[str, int]:
+    """The "Character devices:" section of /proc/devices as name -> major."""
+    out: dict[str, int] = {}
+    in_char = False
+    for line in text.splitlines():
+        if line.strip().endswith("devices:"):
+            in_char = line.strip().startswith("Character")
+            continue
+        parts = line.split()
+        if in_char and len(parts) == 2 and parts[0].isdigit():
+            out.setdefault(parts[1], int(parts[0]))
+    return out
+
+
+def nvidia_major(majors: dict[str, int]) -> int | None:
+    for name in ("nvidia-frontend", "nvidia"):
+        if name in majors:
+            return majors[name]
+    return None
+
+
+def _node_id(path: str) -> tuple[int, int] | None:
+    """(major, minor) of the char device at `path`; None when absent or not a char device."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISCHR(st.st_mode):
+        return None
+    return os.major(st.st_rdev), os.minor(st.st_rdev)
+
+
+def join_fixes(fixes: list[str], limit: int = 4) -> str:
+    """Fix commands joined with &&, the first `limit` of them (the evidence names the rest)."""
+    unique = list(dict.fromkeys(fixes))
+    text = " && ".join(unique[:limit])
+    if len(unique) > limit:
+        text += f"   # and {len(unique) - limit} more like it"
+    return text
+
+
+def mknod_fix(path: str, major: int, minor: int, mode: str = "666") -> str:
+    return f"rm -f {path} && mknod -m {mode} {path} c {major} {minor}"
+
+
+def check_module(ctx: Context, found: Findings) -> Result:
+    title = "kernel module loaded"
+    path = ctx.proc("driver/nvidia/version")
+    text = _read(path)
+    if text is None:
+        return failed(
+            "driver.module",
+            title,
+            [f"{path}: missing: the nvidia kernel module is not loaded"],
+            "modprobe nvidia && dmesg | grep -i nvrm   # or install the driver",
+        )
+    found.kernel_version = kernel_version(text)
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    if found.kernel_version is None:
+        return warning(
+            "driver.module", title, [f"{path}: no version in {first!r}"], "check dmesg for NVRM"
+        )
+    return ok("driver.module", title, f"{path}: kernel module {found.kernel_version}")
+
+
+def check_libraries(ctx: Context, found: Findings) -> Result:
+    title = "user-space driver matches the kernel module"
+    version = found.kernel_version
+    if version is None:
+        return skipped("driver.libraries", title, "kernel module version unknown")
+    from gpuctk.cdi.discover import NVML_DIRS
+    from gpuctk.cdi.driverfiles import discover_driver_files
+
+    try:
+        files = discover_driver_files(ctx.driver_root, version)
+    except GpuctkError as exc:
+        return failed("driver.libraries", title, [exc.message], "check --driver-root")
+    names = {os.path.basename(f.host_path) for f in files.libraries}
+    wanted = [f"libnvidia-ml.so.{version}", f"libcuda.so.{version}"]
+    missing = [n for n in wanted if n not in names]
+    if not missing:
+        return ok(
+            "driver.libraries",
+            title,
+            f"{len(files.libraries)} driver libraries of {version} under {ctx.driver_root}",
+        )
+    others = sorted(
+        {
+            n.removeprefix("libnvidia-ml.so.")
+            for d in NVML_DIRS
+            for n in _listdir(os.path.join(ctx.driver_root, d))
+            if n.startswith("libnvidia-ml.so.") and n.count(".") >= 3
+        }
+    )
+    evidence = [f"kernel module {version}; missing under {ctx.driver_root}: {', '.join(missing)}"]
+    if others:
+        evidence.append(f"user-space driver found: {', '.join(others)} (upgraded without reboot?)")
+        fix = "reboot the node (or reload the modules: rmmod nvidia_uvm nvidia_drm "
+        fix += "nvidia_modeset nvidia && modprobe nvidia)"
+    else:
+        fix = "install the NVIDIA driver user-space libraries, or point --driver-root at them"
+    return failed("driver.libraries", title, evidence, fix)
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def check_nodes(ctx: Context, found: Findings) -> Result:
+    title = "device nodes present with the driver's majors"
+    devices = ctx.proc("devices")
+    text = _read(devices)
+    if text is None:
+        return skipped("driver.device-nodes", title, f"{devices}: cannot read")
+    majors = found.char_majors = char_majors(text)
+    nv = nvidia_major(majors)
+    if nv is None:
+        return failed(
+            "driver.device-nodes",
+            title,
+            [f"{devices}: no nvidia char device major (module not loaded?)"],
+            "modprobe nvidia",
+        )
+    uvm = majors.get("nvidia-uvm")
+    caps = majors.get("nvidia-caps")
+    expected: list[tuple[str, int | None, int | None, bool, str]] = [
+        ("/dev/nvidiactl", nv, 255, True, "nvidia-modprobe -c=0"),
+        ("/dev/nvidia-uvm", uvm, 0, True, "nvidia-modprobe -u -c=0"),
+        ("/dev/nvidia-uvm-tools", uvm, 1, True, "nvidia-modprobe -u -c=0"),
+        ("/dev/nvidia-modeset", nv, 254, False, "nvidia-modprobe -m"),
+    ]
+    for name in sorted(_listdir(ctx.dev("/dev"))):
+        if name.startswith("nvidia") and name[6:].isdigit():
+            expected.append((f"/dev/{name}", nv, int(name[6:]), True, ""))
+    for name in sorted(_listdir(ctx.dev("/dev/nvidia-caps"))):
+        if name.startswith("nvidia-cap") and name[10:].isdigit():
+            expected.append((f"/dev/nvidia-caps/{name}", caps, int(name[10:]), True, ""))
+    bad: list[str] = []
+    fixes: list[str] = []
+    warn: list[str] = []
+    good = 0
+    for path, major, minor, required, tool in expected:
+        host = ctx.dev(path)
+        got = _node_id(host)
+        if major is None:
+            if got is not None or required:
+                warn.append(f"{host}: the driver has no major for it in {devices}")
+            continue
+        if got is None:
+            (bad if required else warn).append(f"{host}: missing or not a character device")
+            if required:
+                fixes.append(tool or mknod_fix(host, major, minor or 0))
+        elif got[0] != major or (minor is not None and got[1] != minor):
+            bad.append(f"{host}: is {got[0]}:{got[1]}, the driver says {major}:{minor}")
+            fixes.append(mknod_fix(host, major, minor or 0))
+        else:
+            good += 1
+    evidence = [*bad, *warn, f"{good} node(s) correct under {ctx.dev('/dev')}"]
+    if bad:
+        return failed("driver.device-nodes", title, evidence, join_fixes(fixes))
+    if warn:
+        return warning("driver.device-nodes", title, evidence, "nvidia-modprobe -m -u -c=0")
+    return ok("driver.device-nodes", title, *evidence)
+
+
+def check_persistence(ctx: Context, found: Findings) -> Result:
+    title = "persistence mode (nvidia-persistenced)"
+    if found.kernel_version is None:
+        return skipped("driver.persistence", title, "kernel module not loaded")
+    socket = ctx.host(PERSISTENCED_SOCKET)
+    try:
+        is_socket = stat.S_ISSOCK(os.stat(socket).st_mode)
+    except OSError:
+        is_socket = False
+    if is_socket:
+        return ok("driver.persistence", title, f"{socket}: nvidia-persistenced is running")
+    return warning(
+        "driver.persistence",
+        title,
+        [
+            f"{socket}: absent: GPUs are re-initialised for every first user (slow starts, "
+            "lost state between containers)"
+        ],
+        "systemctl enable --now nvidia-persistenced   # or: nvidia-smi -pm 1",
+    )
+
+
+def driver_checks(ctx: Context, found: Findings) -> list[Result]:
+    module = check_module(ctx, found)
+    return [
+        module,
+        check_libraries(ctx, found),
+        check_nodes(ctx, found),
+        check_persistence(ctx, found),
+    ]
+
+
+# --- NVML -------------------------------------------------------------------------------------
+
+
+def check_nvml(ctx: Context, found: Findings) -> Result:
+    title = "NVML loads and answers"
+    if ctx.simulate:
+        from gpuctk.cdi.profile import load_profile
+
+        try:
+            found.machine = load_profile(ctx.simulate)
+        except GpuctkError as exc:
+            return failed("nvml.load", title, [exc.message], "gpuctk cdi generate --help")
+        found.machine_source = f"profile {ctx.simulate} (--simulate)"
+        return ok("nvml.load", title, f"machine from {found.machine_source}")
+    from gpuctk.cdi.discover import Roots, machine_from_nvml, nvml_library_under
+
+    roots = Roots(ctx.driver_root, ctx.dev_root, ctx.proc_root, ctx.sys_root)
+    library = ctx.nvml_library or nvml_library_under(ctx.driver_root) or "libnvidia-ml.so.1"
+    try:
+        found.machine = machine_from_nvml(roots, ctx.nvml_library)
+    except GpuctkError as exc:
+        return failed("nvml.load", title, [exc.message], _nvml_fix(exc.message))
+    found.machine_source = f"NVML ({library})"
+    m = found.machine
+    evidence = [f"{library}: driver {m.driver_version}, CUDA {m.cuda_driver_version}"]
+    if found.kernel_version and found.kernel_version != m.driver_version:
+        evidence.append(f"kernel module is {found.kernel_version}, NVML {m.driver_version}")
+        return failed(
+            "nvml.load", title, evidence, "reboot the node (driver upgraded without a reboot)"
+        )
+    return ok("nvml.load", title, *evidence)
+
+
+def _nvml_fix(message: str) -> str:
+    if "not found" in message or "cannot be loaded" in message:
+        return "install the driver, or pass --driver-root / --nvml-library"
+    if "permission" in message:
+        return "run gpuctk doctor as root"
+    if "versions differ" in message:
+        return "reboot the node (or reload the nvidia modules)"
+    return "modprobe nvidia && nvidia-smi   # then read dmesg for NVRM/Xid errors"
+
+
+def check_gpus(ctx: Context, found: Findings) -> Result:
+    title = "GPUs found"
+    m = found.machine
+    if m is None:
+        return skipped("nvml.gpus", title, "NVML unavailable")
+    if not m.gpus:
+        return failed(
+            "nvml.gpus",
+            title,
+            [f"{found.machine_source}: 0 GPUs"],
+            "lspci -d 10de: ; dmesg | grep -i nvrm   # GPU not bound to the nvidia driver?",
+        )
+    names = sorted({g.name for g in m.gpus})
+    return ok("nvml.gpus", title, f"{len(m.gpus)} GPU(s): {', '.join(names)}")
+
+
+def check_mig(ctx: Context, found: Findings) -> Result:
+    title = "MIG mode and devices"
+    m = found.machine
+    if m is None:
+        return skipped("nvml.mig", title, "NVML unavailable")
+    enabled = [g for g in m.gpus if g.mig_enabled]
+    if not enabled:
+        return ok("nvml.mig", title, "MIG off on every GPU")
+    empty = [g for g in enabled if not g.mig_devices]
+    evidence = [
+        f"GPU {g.index}: MIG on, {len(g.mig_devices)} device(s)"
+        + (f": {', '.join(sorted({d.profile for d in g.mig_devices}))}" if g.mig_devices else "")
+        for g in enabled
+    ]
+    if empty:
+        ids = ",".join(str(g.index) for g in empty)
+        return warning(
+            "nvml.mig",
+            title,
+            [*evidence, f"GPU(s) {ids}: MIG on but no MIG devices: no container can use them"],
+            f"nvidia-smi mig -i {ids} -cgi <profile> -C   # or disable MIG: nvidia-smi -i {ids} "
+            "-mig 0",
+        )
+    return ok("nvml.mig", title, *evidence)
+
+
+def check_gpu_nodes(ctx: Context, found: Findings) -> Result:
+    title = "every GPU and MIG device has its device nodes"
+    m = found.machine
+    if m is None:
+        return skipped("nvml.device-nodes", title, "NVML unavailable")
+    from gpuctk.cdi import devnodes
+
+    nv = nvidia_major(found.char_majors) or NVIDIA_MAJOR
+    caps = found.char_majors.get("nvidia-caps")
+    bad: list[str] = []
+    fixes: list[str] = []
+    table = None
+    for g in m.gpus:
+        host = ctx.dev(f"/dev/nvidia{g.minor}")
+        got = _node_id(host)
+        if got != (nv, g.minor):
+            what = "missing" if got is None else f"is {got[0]}:{got[1]}"
+            bad.append(f"GPU {g.index} ({g.uuid}): {host} {what}, expected {nv}:{g.minor}")
+            fixes.append(
+                f"nvidia-modprobe -c={g.minor}" if got is None else mknod_fix(host, nv, g.minor)
+            )
+        for d in g.mig_devices:
+            if table is None:
+                try:
+                    table = dict(devnodes.read_mig_minors(ctx.proc_root))
+                except GpuctkError as exc:
+                    bad.append(exc.message)
+                    table = {}
+                    fixes.append("modprobe nvidia (its nvidia-caps part creates mig-minors)")
+                    continue
+            for cap in (f"gpu{g.minor}/gi{d.gi}/access", f"gpu{g.minor}/gi{d.gi}/ci{d.ci}/access"):
+                minor = table.get(cap)
+                if minor is None:
+                    if table:
+                        bad.append(f"MIG {d.name}: no {cap} in mig-minors")
+                    continue
+                node = ctx.dev(f"/dev/nvidia-caps/nvidia-cap{minor}")
+                got = _node_id(node)
+                if got is None or got[1] != minor or (caps is not None and got[0] != caps):
+                    what = "missing" if got is None else f"is {got[0]}:{got[1]}"
+                    bad.append(f"MIG {d.name} ({cap}): {node} {what}")
+                    fixes.append(mknod_fix(node, caps or 0, minor, "444"))
+    count = len(m.gpus) + len(m.mig_devices)
+    if bad:
+        return failed("nvml.device-nodes", title, bad, join_fixes(fixes))
+    return ok("nvml.device-nodes", title, f"{count} device(s) matched under {ctx.dev('/dev')}")
+
+
+def nvml_checks(ctx: Context, found: Findings) -> list[Result]:
+    return [
+        check_nvml(ctx, found),
+        check_gpus(ctx, found),
+        check_mig(ctx, found),
+        check_gpu_nodes(ctx, found),
+    ]

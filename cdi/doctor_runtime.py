@@ -1,0 +1,130 @@
+"""`gpuctk doctor` layer 4: gpuctk's own runtime pieces.
+
+- gpuctk-runtime and gpuctk-hook are on PATH and run (`--version`: the shim passes it through to
+  the low-level runtime, so its answer also proves that runtime runs);
+- the runtime config file (`--runtime-config`, $GPUCTK_CONFIG, <host>/etc/gpuctk/config.toml)
+  is valid, read by the same code as the shim (gpuctk.hook.config);
+- the low-level runtime the shim will exec is found, by the shim's own search
+  (gpuctk.hook.runtime_main.find_runtime) over the configured `runtimes`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from gpuctk.cdi.doctor_context import Context, Findings
+from gpuctk.cdi.doctor_report import Result, failed, ok, skipped
+from gpuctk.errors import GpuctkError
+
+TIMEOUT_S = 20
+INSTALL_FIX = "pip install gpuctk   # or put the directory holding {name} on PATH"
+
+
+def config_path(ctx: Context) -> tuple[str, bool]:
+    """(path, explicit) of the runtime config doctor reads."""
+    if ctx.runtime_config:
+        return ctx.runtime_config, True
+    named = os.environ.get("GPUCTK_CONFIG", "")
+    if named:
+        return named, True
+    from gpuctk.hook.config import DEFAULT_PATH
+
+    return ctx.host(DEFAULT_PATH), False
+
+
+def _run(argv: list[str]) -> tuple[int, str]:
+    try:
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except OSError as exc:
+        return 127, exc.strerror or str(exc)
+    except subprocess.TimeoutExpired:
+        return 124, f"no answer in {TIMEOUT_S}s"
+    text = (done.stdout.strip() or done.stderr.strip()).splitlines()
+    return done.returncode, text[0] if text else ""
+
+
+def check_binary(ctx: Context, name: str, what: str) -> Result:
+    id_ = "runtime.shim" if name == "gpuctk-runtime" else "runtime.hook"
+    title = f"{name} on PATH and runnable"
+    path = shutil.which(name, path=ctx.path)
+    if path is None:
+        return failed(
+            id_, title, [f"{name} not found in PATH={ctx.path}"], INSTALL_FIX.format(name=name)
+        )
+    code, line = _run([path, "--version"])
+    if code != 0:
+        return failed(
+            id_,
+            title,
+            [f"{path} --version: exit {code}: {line or '(no output)'}"],
+            f"{path} --version   # read the error; reinstall gpuctk if it is an import error",
+        )
+    return ok(id_, title, f"{path}: {what}{line}")
+
+
+def check_config(ctx: Context, found: Findings) -> Result:
+    title = "runtime config valid"
+    from gpuctk.hook import config
+
+    path, explicit = config_path(ctx)
+    if not explicit and not os.path.exists(path):
+        found.settings = config.Settings()
+        found.settings_source = "defaults"
+        return ok("runtime.config", title, f"{path}: absent: the defaults apply")
+    try:
+        found.settings = config.load({config.ENV_VAR: path})
+    except GpuctkError as exc:
+        found.settings = config.Settings()
+        found.settings_source = "defaults (config invalid)"
+        problems = getattr(exc, "problems", None) or [exc.message]
+        evidence = [p if p.startswith(path) else f"{path}: {p}" for p in problems]
+        return failed(
+            "runtime.config",
+            title,
+            evidence,
+            f"edit {path} (keys: {', '.join(config.DEFAULTS)}); GPU containers fail until then",
+        )
+    found.settings_source = path
+    s = found.settings
+    return ok(
+        "runtime.config",
+        title,
+        f"{path}: runtimes {list(s.runtimes)}, spec-dirs {list(s.spec_dirs)}",
+    )
+
+
+def check_low_level(ctx: Context, found: Findings) -> Result:
+    title = "low-level runtime found"
+    if found.settings is None:
+        return skipped("runtime.low-level", title, "no runtime settings")
+    from gpuctk.hook.runtime_main import find_runtime
+
+    names = list(found.settings.runtimes)
+    try:
+        path = find_runtime(names, {"PATH": ctx.path})
+    except GpuctkError as exc:
+        where = found.settings_source if found.settings_source != "defaults" else None
+        fix = "apt-get install runc   # or name the runtime's absolute path in `runtimes`"
+        if where:
+            fix += f" in {where}"
+        return failed("runtime.low-level", title, [exc.message], fix)
+    return ok("runtime.low-level", title, f"{path} (first usable of {', '.join(names)})")
+
+
+def runtime_checks(ctx: Context, found: Findings) -> list[Result]:
+    config = check_config(ctx, found)
+    return [
+        check_binary(ctx, "gpuctk-runtime", "passes --version to "),
+        check_binary(ctx, "gpuctk-hook", ""),
+        config,
+        check_low_level(ctx, found),
+    ]
