@@ -110,9 +110,19 @@ def shim_v2(
             caps.append("CAP_MKNOD")  # so that the container can make its own node
         (bundle / "config.json").write_text(json.dumps(config))
         argv = ["unshare", "-m", "sh", "-c", V2, SHIM]
-        return run_container(argv, bundle, unique_name(f"gpuctk-shim-v2-{runtime}"))
+        name = unique_name(f"gpuctk-shim-v2-{runtime}")
+        try:
+            return run_container(argv, bundle, name)
+        finally:
+            remove_v2_cgroup(name)
 
     yield run
+
+
+def remove_v2_cgroup(name: str) -> None:
+    """rmdir the container's (empty) cgroup on the v2 hierarchy, if the runtime left it."""
+    script = 'mount -t cgroup2 none /sys/fs/cgroup && rmdir "/sys/fs/cgroup/$0" 2>/dev/null; true'
+    subprocess.run(["unshare", "-m", "sh", "-c", script, name], capture_output=True, check=False)
 
 
 def _skip_unless_crun_runs_on_v2(tmp_path: Path, fresh_rootfs: Callable[[str], Path]) -> None:
@@ -126,9 +136,11 @@ def _skip_unless_crun_runs_on_v2(tmp_path: Path, fresh_rootfs: Callable[[str], P
     """
     if "crun" not in _CRUN_V2:
         bundle = make_bundle(tmp_path / "crun-probe", fresh_rootfs("debian"), ["/bin/true"])
-        done = run_container(
-            ["unshare", "-m", "sh", "-c", V2, "crun"], bundle, unique_name("gpuctk-crun-v2")
-        )
+        name = unique_name("gpuctk-crun-v2")
+        try:
+            done = run_container(["unshare", "-m", "sh", "-c", V2, "crun"], bundle, name)
+        finally:
+            remove_v2_cgroup(name)  # a failed crun create leaves its cgroup behind
         _CRUN_V2["crun"] = None if done.returncode == 0 else done.stderr.strip()
     reason = _CRUN_V2["crun"]
     if reason is not None:
