@@ -26,11 +26,12 @@ mounted at /out:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-import shutil
 import subprocess
 import sys
 import time
+import tomllib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -198,7 +199,11 @@ def test_no_request_gets_nothing(daemon: Daemon, nodes: dict[str, Node]) -> None
 
 
 def test_no_shim_in_the_handler(daemon: Daemon) -> None:
-    """What ran the hook is runc from the base spec: the handler names no gpuctk binary."""
-    text = (daemon.containerd.base / "etc" / "conf.d" / "99-gpuctk.toml").read_text()
-    assert "gpuctk-runtime" not in text and "base_runtime_spec" in text
-    assert shutil.which("runc") is not None
+    """What ran the hook is runc, from the base spec: the handler names no gpuctk binary."""
+    drop_in = daemon.containerd.base / "etc" / "conf.d" / "99-gpuctk.toml"
+    plugins = tomllib.loads(drop_in.read_text())["plugins"]
+    handler = plugins["io.containerd.grpc.v1.cri"]["containerd"]["runtimes"][HANDLER]
+    assert handler["options"].get("BinaryName", "") == ""  # the runc.v2 shim runs plain runc
+    spec = json.loads(Path(handler["base_runtime_spec"]).read_text())
+    (hook,) = spec["hooks"]["prestart"]
+    assert hook["path"] == hook_path() and f"GPUCTK_CONFIG={daemon.toml}" in hook["env"]
