@@ -154,6 +154,8 @@ def from_mounts(mounts: Any, kind: str) -> list[str]:
             continue
         if posixpath.normpath(source) != "/dev/null":
             continue
+        if dest.startswith(root) and ".." in dest.split("/"):
+            raise RequestError(f"mount {dest[:120]!r}: '..' in a device request mount")
         dest = posixpath.normpath(dest)
         if not dest.startswith(root):
             continue
