@@ -51,10 +51,16 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def parse_json(data: bytes, what: str) -> Any:
     """Decode strict JSON (UTF-8, no duplicate keys, bounded nesting) or raise InputError."""
     try:
-        return json.loads(data.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        return json.loads(
+            data.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constant
+        )
     except UnicodeDecodeError as exc:
         raise InputError(f"{what} is not UTF-8 (byte {exc.start})") from exc
     except RecursionError as exc:
