@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+"""Build gpuctk_<version>_<arch>.deb from the checkout with dpkg-deb (no debhelper needed).
+
+    python3 packaging/deb/build.py                     # -> dist/gpuctk_0.1.0_amd64.deb
+    python3 packaging/deb/build.py --out-dir /tmp/out --python /usr/bin/python3
+    python3 packaging/deb/build.py venv /tmp/app       # only the application venv (tests use it)
+
+What goes in (see packaging/deb/README in the project README, "Install"):
+
+- /opt/gpuctk: a virtual environment made with the system interpreter (default /usr/bin/python3,
+  Debian 12's 3.11), holding gpuctk and its dependencies from PyPI, with .pyc files compiled at
+  build time and pip/setuptools removed. The package depends on that interpreter (python3.11):
+  the venv's bin/python3 is a link to it. No system Python package is touched.
+- /usr/bin/gpuctk, gpuctk-runtime, gpuctk-hook: isolated-mode launchers (`#!/opt/gpuctk/bin/python3
+  -I`, gpuctk/launchers.py), so PYTHONPATH and friends never reach the shim or the hook.
+- /etc/gpuctk/config.toml (conffile), the podman hooks.d JSON, the systemd refresh units, the
+  udev rule, man pages made from `--help`, the maintainer scripts in packaging/deb/.
+
+Only the standard library is used here, so any python3 runs it. pip needs PyPI (or a pip cache /
+PIP_INDEX_URL mirror). Set GPUCTK_DEB_CACHE to a folder to reuse the dependency venv between
+builds (keyed on the dependency list and interpreter): the tests do, under tests/.cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PACKAGING = HERE.parent
+REPO = PACKAGING.parent
+PREFIX = "/opt/gpuctk"
+SOURCES = ("pyproject.toml", "README.md", "gpuctk", "cdi", "hook", "containerd-config")
+MULTIARCH = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
+MAN_PAGES = {  # page -> argv of the installed launcher that prints the text
+    "gpuctk": ["gpuctk", "--help"],
+    "gpuctk-cdi-generate": ["gpuctk", "cdi", "generate", "--help"],
+    "gpuctk-runtime-configure": ["gpuctk", "runtime", "configure", "--help"],
+}
+
+
+def run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(argv, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout + proc.stderr)
+        raise SystemExit(f"build.py: {' '.join(argv)} failed (exit {proc.returncode})")
+    return proc  # type: ignore[no-any-return]
+
+
+def project() -> dict[str, object]:
+    with open(REPO / "pyproject.toml", "rb") as f:
+        data: dict[str, object] = tomllib.load(f)["project"]
+    return data
+
+
+def source_copy(dest: Path) -> Path:
+    """The files a wheel needs, copied (no build/ or egg-info lands in the shared checkout)."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    dest.mkdir(parents=True)
+    for name in SOURCES:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=ignore)
+        else:
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def _deps_key(python: str) -> str:
+    version = run([python, "-c", "import sys; print(sys.version)"]).stdout
+    deps = json.dumps(project()["dependencies"])
+    return hashlib.sha256(f"{python}\n{version}\n{deps}".encode()).hexdigest()[:16]
+
+
+def _make_venv(dest: Path, python: str) -> None:
+    run([python, "-m", "venv", str(dest)])
+    pip = [
+        str(dest / "bin" / "python"),
+        "-m",
+        "pip",
+        "install",
+        "-q",
+        "--disable-pip-version-check",
+    ]
+    run([*pip, *(str(d) for d in project()["dependencies"])])  # type: ignore[attr-defined]
+
+
+def build_venv(dest: Path, python: str = "/usr/bin/python3") -> Path:
+    """A venv at `dest` with gpuctk (not editable) and its dependencies, made relocatable.
+
+    Relocatable the way a venv can be: nothing in it names `dest` (pip and its scripts, which
+    do, are removed; pyvenv.cfg keeps only `home`, the interpreter's folder), so it may be
+    copied to /opt/gpuctk or /usr/local/gpuctk on any machine with the same interpreter.
+    """
+    dest = dest.absolute()
+    cache = os.environ.get("GPUCTK_DEB_CACHE")
+    if cache:
+        cached = Path(cache) / f"deps-venv-{_deps_key(python)}"
+        if not cached.is_dir():
+            tmp = Path(tempfile.mkdtemp(prefix=".deps-venv-", dir=cache))
+            _make_venv(tmp / "v", python)
+            os.rename(tmp / "v", cached) if not cached.exists() else None
+            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(cached, dest, symlinks=True)
+    else:
+        _make_venv(dest, python)
+    py = str(dest / "bin" / "python")
+    with tempfile.TemporaryDirectory(prefix="gpuctk-src-") as tmp:
+        src = source_copy(Path(tmp) / "src")
+        run(
+            [
+                py,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--no-compile",
+                "--disable-pip-version-check",
+                "--force-reinstall",
+                str(src),
+            ],
+            cwd=tmp,
+        )
+    _strip(dest)
+    return dest
+
+
+def _strip(venv: Path) -> None:
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    for pattern in (
+        "pip",
+        "pip-*",
+        "setuptools",
+        "setuptools-*",
+        "_distutils_hack",
+        "distutils-precedence.pth",
+        "pkg_resources",
+    ):
+        for p in site.glob(pattern):
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    for p in (venv / "bin").iterdir():
+        if not p.name.startswith("python"):
+            p.unlink()  # activate scripts and console scripts name the build folder
+    cfg = venv / "pyvenv.cfg"
+    kept = [
+        line
+        for line in cfg.read_text().splitlines()
+        if line.split("=")[0].strip() in ("home", "include-system-site-packages", "version")
+    ]
+    cfg.write_text("\n".join(kept) + "\n")
+    for p in venv.rglob("__pycache__"):
+        shutil.rmtree(p)
+    # A pyc records its source's mtime; dpkg keeps mtimes, so these stay valid once installed.
+    run(
+        [
+            str(venv / "bin" / "python"),
+            "-I",
+            "-m",
+            "compileall",
+            "-q",
+            "-j",
+            "0",
+            str(next((venv / "lib").glob("python3*"))),
+        ]
+    )
+
+
+def deb_arch() -> str:
+    try:
+        return run(["dpkg", "--print-architecture"]).stdout.strip()
+    except (OSError, SystemExit):
+        return {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
+
+
+def _render(name: str, arch: str) -> str:
+    text = (HERE / name).read_text()
+    return text.replace("@MULTIARCH@", MULTIARCH.get(arch, f"{os.uname().machine}-linux-gnu"))
+
+
+def _put(root: Path, path: str, data: str | bytes, mode: int = 0o644) -> None:
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data.encode() if isinstance(data, str) else data)
+    target.chmod(mode)
+
+
+def man_page(name: str, text: str, version: str) -> bytes:
+    """A minimal man(7) page around a `--help` text (shown verbatim, no formatting lost)."""
+    lines = [
+        f'.TH {name.upper()} 1 "" "gpuctk {version}" "gpuctk"',
+        ".SH NAME",
+        f"{name} \\- " + text.strip().splitlines()[2].strip().replace("-", "\\-")
+        if len(text.strip().splitlines()) > 2
+        else f"{name}",
+        ".SH DESCRIPTION",
+        ".nf",
+        *(("\\&" + line.replace("\\", "\\e")) for line in text.rstrip().splitlines()),
+        ".fi",
+        ".SH SEE ALSO",
+        "The project README (/usr/share/doc/gpuctk/README.md).",
+    ]
+    return gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
+
+
+def control(version: str, arch: str, size_kib: int, python: str) -> str:
+    pyver = run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).stdout
+    meta = project()
+    return (
+        "Package: gpuctk\n"
+        f"Version: {version}\n"
+        f"Architecture: {arch}\n"
+        "Maintainer: gpuctk maintainers <gpuctk@localhost>\n"
+        f"Installed-Size: {size_kib}\n"
+        f"Depends: python{pyver.strip()}, libc6\n"
+        "Recommends: runc | crun\n"
+        "Suggests: containerd, podman\n"
+        "Conflicts: nvidia-container-toolkit\n"
+        "Section: admin\n"
+        "Priority: optional\n"
+        "Homepage: https://example.invalid/gpuctk\n"
+        f"Description: {meta['description']}\n"
+        " gpuctk generates CDI specs for NVIDIA GPUs (gpuctk cdi generate), ships a runc\n"
+        " shim (gpuctk-runtime) and an OCI hook (gpuctk-hook), and registers them with\n"
+        " containerd, CRI-O, Docker and podman (gpuctk runtime configure). A systemd unit\n"
+        " regenerates /var/run/cdi/nvidia.yaml at boot and when the driver changes.\n"
+    )
+
+
+def build_deb(out_dir: Path, python: str) -> Path:
+    version = str(project()["version"])
+    arch = deb_arch()
+    with tempfile.TemporaryDirectory(prefix="gpuctk-deb-") as tmp:
+        root = Path(tmp) / "root"
+        build_venv(root / PREFIX.lstrip("/"), python)
+        venv_py = root / PREFIX.lstrip("/") / "bin" / "python3"
+        bindir = root / "usr" / "bin"
+        bindir.mkdir(parents=True)
+        run(
+            [
+                str(venv_py),
+                "-I",
+                "-m",
+                "gpuctk.launchers",
+                str(bindir),
+                "--python",
+                f"{PREFIX}/bin/python3",
+            ]
+        )
+        _put(root, "/etc/gpuctk/config.toml", (HERE / "config.toml").read_text())
+        _put(
+            root,
+            "/usr/share/containers/oci/hooks.d/oci-gpuctk-hook.json",
+            (PACKAGING / "hooks.d" / "gpuctk-hook.json").read_text(),
+        )
+        for unit in ("gpuctk-cdi-refresh.service", "gpuctk-cdi-refresh.path"):
+            _put(root, f"/usr/lib/systemd/system/{unit}", _render(unit, arch))
+        _put(root, "/usr/lib/udev/rules.d/71-gpuctk.rules", _render("71-gpuctk.rules", arch))
+        _put(root, "/usr/share/doc/gpuctk/README.md", (REPO / "README.md").read_text())
+        _put(root, "/usr/share/doc/gpuctk/copyright", (HERE / "copyright").read_text())
+        for page, argv in MAN_PAGES.items():
+            text = run(
+                [
+                    str(venv_py),
+                    "-I",
+                    "-c",
+                    "import sys; from gpuctk.cli import main; main(sys.argv[1:])",
+                    *argv[1:],
+                ],
+                env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"},
+            ).stdout
+            _put(root, f"/usr/share/man/man1/{page}.1.gz", man_page(page, text, version))
+        debian = root / "DEBIAN"
+        debian.mkdir()
+        for script in ("postinst", "prerm", "postrm"):
+            _put(root, f"/DEBIAN/{script}", (HERE / script).read_text(), 0o755)
+        _put(root, "/DEBIAN/conffiles", "/etc/gpuctk/config.toml\n")
+        size = sum(p.lstat().st_size for p in root.rglob("*") if not p.is_dir()) // 1024
+        _put(root, "/DEBIAN/control", control(version, arch, size, python))
+        for p in root.rglob("*"):  # root:root, no group/other write, whatever the umask was
+            if p.is_dir() and not p.is_symlink():
+                p.chmod(0o755)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        deb = out_dir / f"gpuctk_{version}_{arch}.deb"
+        run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(deb)])
+    return deb
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", nargs="?", choices=("deb", "venv"), default="deb")
+    parser.add_argument("dest", nargs="?", help="venv: the folder to create")
+    parser.add_argument("--out-dir", default=str(REPO / "dist"), help="deb: where to write it")
+    parser.add_argument(
+        "--python",
+        default="/usr/bin/python3",
+        help="interpreter the venv is made with (and the package depends on)",
+    )
+    args = parser.parse_args(argv)
+    if not re.fullmatch(r"/\S+", args.python) or not os.access(args.python, os.X_OK):
+        parser.error(f"--python {args.python}: not an executable absolute path")
+    if args.what == "venv":
+        if not args.dest:
+            parser.error("venv needs a destination folder")
+        print(build_venv(Path(args.dest), args.python))
+    else:
+        print(build_deb(Path(args.out_dir), args.python))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
