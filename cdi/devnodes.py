@@ -13,11 +13,11 @@ import os
 import re
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 
 from gpuctk.cdi.machine import Gpu
 from gpuctk.errors import InputError
+from gpuctk.records import record
 
 StrPath = str | os.PathLike[str]
 
@@ -34,7 +34,7 @@ _MIG_CAP = re.compile(r"(?:config|monitor|gpu\d{1,4}/gi\d{1,4}(?:/ci\d{1,4})?/ac
 _DRM_NODE = re.compile(r"(?:card|renderD)\d{1,6}")
 
 
-@dataclass(frozen=True)
+@record
 class NodeInfo:
     """One device node: its path in the container, its path on the host, and its identity."""
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from gpuctk.cdi.driverfiles import DriverFiles, discover_driver_files
 from gpuctk.cdi.generate import NodeLookup
 from gpuctk.cdi.machine import Machine
 from gpuctk.errors import InputError
+from gpuctk.records import record
 
 # Where libnvidia-ml.so.1 sits under a driver root (Debian's nvidia/current layout included).
 NVML_DIRS = (
@@ -24,7 +24,7 @@ NVML_DIRS = (
 )
 
 
-@dataclass(frozen=True)
+@record
 class Roots:
     driver_root: str = "/"
     dev_root: str = "/"

@@ -17,12 +17,11 @@ Device nodes live in gpuctk.cdi.devnodes and are re-exported here.
 
 from __future__ import annotations
 
-import logging
 import os
 import posixpath
 import stat
-from dataclasses import dataclass
 
+from gpuctk import log
 from gpuctk.cdi import capabilities as caps
 from gpuctk.cdi.devnodes import NodeInfo, control_nodes, gpu_nodes, mig_nodes, parse_mig_minors
 from gpuctk.cdi.driverpaths import (
@@ -41,6 +40,7 @@ from gpuctk.cdi.driverpaths import (
 from gpuctk.cdi.elf import elf_info
 from gpuctk.cdi.ldcache import read_ld_cache
 from gpuctk.errors import InputError
+from gpuctk.records import record
 
 __all__ = [
     "DriverFile",
@@ -54,12 +54,11 @@ __all__ = [
     "resolve_in_root",
 ]
 
-log = logging.getLogger(__name__)
 
 MAX_SYMLINKS = 40  # as the kernel's MAXSYMLINKS
 
 
-@dataclass(frozen=True)
+@record
 class DriverFile:
     """One file (or IPC path) to mount into containers."""
 
@@ -70,7 +69,7 @@ class DriverFile:
     soname: str | None = None  # DT_SONAME, libraries only
 
 
-@dataclass(frozen=True)
+@record
 class DriverFiles:
     """Everything discovered under a driver root, in a stable order."""
 
@@ -170,7 +169,7 @@ def _libraries(r: _Root, version: str) -> dict[str, DriverFile]:
         try:
             entries = read_ld_cache(r.host(cache))
         except (OSError, ValueError) as exc:
-            log.warning("ignoring the driver root's ld.so.cache: %s", exc)
+            log.warning(f"ignoring the driver root's ld.so.cache: {exc}")
             entries = ()
         candidates += [e.value for e in entries if is_driver_library_name(e.key)]
     suffix = f".so.{version}"

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
 from functools import lru_cache
+
+from gpuctk.records import record
 
 ELFCLASS32 = 1
 ELFCLASS64 = 2
@@ -39,7 +40,7 @@ _MAX_DYN = 4096  # entries of the dynamic segment read at most
 _MAX_NAME = 1024  # bytes of a SONAME
 
 
-@dataclass(frozen=True)
+@record
 class ElfInfo:
     """What discovery needs to know about one ELF file."""
 

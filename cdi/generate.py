@@ -8,7 +8,6 @@ createContainer hook entry that runs gpuctk-hook for the in-root work.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
 
 from gpuctk.cdi import facts
 from gpuctk.cdi.devnodes import NodeInfo
@@ -16,6 +15,7 @@ from gpuctk.cdi.driverfiles import DriverFile, DriverFiles
 from gpuctk.cdi.machine import Gpu, Machine, MigDevice
 from gpuctk.cdi.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
 from gpuctk.errors import NoDevicesError, UsageError
+from gpuctk.records import record, replace
 
 NAME_STRATEGIES = ("index", "uuid", "type-index")
 DEFAULT_STRATEGIES = ("index", "uuid")
@@ -24,7 +24,7 @@ SOCKET = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
 HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-@dataclass(frozen=True)
+@record
 class Options:
     kind: str = "nvidia.com/gpu"
     name_strategies: tuple[str, ...] = DEFAULT_STRATEGIES
@@ -33,7 +33,7 @@ class Options:
     hook_path: str = "/usr/bin/gpuctk-hook"
 
 
-@dataclass(frozen=True)
+@record
 class NodeLookup:
     """Where device nodes come from: callables so tests and discovery share one shape."""
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+
+from gpuctk.records import record
 
 MAGIC_OLD = b"ld.so-1.7.0"
 MAGIC_NEW = b"glibc-ld.so.cache1.1"
@@ -47,7 +48,7 @@ _REQUIRED_NAMES = {
 }  # fmt: skip
 
 
-@dataclass(frozen=True)
+@record
 class LdCacheEntry:
     """One cache entry: `key` (the SONAME a program asks for) resolves to `value` (a path)."""
 

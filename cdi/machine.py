@@ -7,10 +7,10 @@ for every profile, through a fake libnvidia-ml.so.1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from gpuctk.records import record
 
 
-@dataclass(frozen=True)
+@record
 class MigDevice:
     """One MIG device (a GPU instance + compute instance pair) of a parent GPU."""
 
@@ -28,7 +28,7 @@ class MigDevice:
         return f"{self.parent_index}:{self.index}"
 
 
-@dataclass(frozen=True)
+@record
 class Gpu:
     """One physical GPU as NVML reports it."""
 
@@ -42,14 +42,14 @@ class Gpu:
     memory_mib: int
     numa_node: int | None
     mig_enabled: bool
-    mig_devices: tuple[MigDevice, ...] = field(default=())
+    mig_devices: tuple[MigDevice, ...] = ()
 
     @property
     def compute_capability_str(self) -> str:
         return f"{self.compute_capability[0]}.{self.compute_capability[1]}"
 
 
-@dataclass(frozen=True)
+@record
 class Machine:
     """Everything NVML says about the node that the spec depends on."""
 

@@ -10,19 +10,21 @@ from __future__ import annotations
 import math
 import os
 import re
-from importlib import resources
 from typing import Any
 
 from gpuctk.cdi.machine import Gpu, Machine, MigDevice
 from gpuctk.errors import InputError, UsageError
+
+# Shipped as package data beside this module (an installed package is plain files, never a zip:
+# importlib.resources would cost ~10 ms of imports on every `cdi generate` for nothing).
+_PROFILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
 
 _PROFILE_RE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb$")
 
 
 def available_profiles() -> list[str]:
     """Names of the profiles shipped in the package."""
-    folder = resources.files("gpuctk.cdi").joinpath("profiles")
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+    return sorted(name[:-5] for name in os.listdir(_PROFILES) if name.endswith(".yaml"))
 
 
 def mig_profile_name(gi_slices: int, ci_slices: int, memory_mib: int) -> str:
@@ -59,8 +61,8 @@ def load_profile_document(name_or_path: str) -> dict[str, Any]:
                 f"unknown machine profile {name_or_path!r}; "
                 f"choose one of: {', '.join(available_profiles())} (or give a .yaml path)"
             )
-        ref = resources.files("gpuctk.cdi").joinpath("profiles", f"{name_or_path}.yaml")
-        text = ref.read_bytes()
+        with open(os.path.join(_PROFILES, f"{name_or_path}.yaml"), "rb") as f:
+            text = f.read()
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
         doc = yaml.load(text, Loader=loader)

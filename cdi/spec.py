@@ -8,11 +8,12 @@ minimum cdiVersion (gpuctk.cdi.version) is not raised by fields that carry nothi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+from gpuctk.records import record
 
-@dataclass(frozen=True)
+
+@record
 class DeviceNode:
     path: str
     host_path: str | None = None
@@ -42,7 +43,7 @@ class DeviceNode:
         return d
 
 
-@dataclass(frozen=True)
+@record
 class Mount:
     host_path: str
     container_path: str
@@ -58,7 +59,7 @@ class Mount:
         return d
 
 
-@dataclass(frozen=True)
+@record
 class Hook:
     hook_name: str  # "createContainer", "prestart", ...
     path: str
@@ -77,7 +78,7 @@ class Hook:
         return d
 
 
-@dataclass(frozen=True)
+@record
 class ContainerEdits:
     env: tuple[str, ...] = ()
     device_nodes: tuple[DeviceNode, ...] = ()
@@ -100,7 +101,7 @@ class ContainerEdits:
         return not (self.env or self.device_nodes or self.mounts or self.hooks)
 
 
-@dataclass(frozen=True)
+@record
 class Device:
     name: str
     edits: ContainerEdits
@@ -114,11 +115,11 @@ class Device:
         return d
 
 
-@dataclass(frozen=True)
+@record
 class Spec:
     kind: str  # "nvidia.com/gpu"
     devices: tuple[Device, ...]
-    edits: ContainerEdits = field(default_factory=ContainerEdits)
+    edits: ContainerEdits = ContainerEdits()
     annotations: tuple[tuple[str, str], ...] = ()
     version: str = ""  # filled by generate with the minimum needed
 

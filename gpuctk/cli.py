@@ -7,14 +7,12 @@ Subcommand groups live in their own packages and are imported only when invoked,
 from __future__ import annotations
 
 import importlib
-import logging
 import sys
-import traceback
 from typing import Any
 
 import click
 
-from gpuctk import __version__
+from gpuctk import __version__, log
 from gpuctk.errors import EXIT_FAILURE, GpuctkError
 
 # name -> ("module", "attribute", "one-line help")
@@ -85,11 +83,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
-    logging.basicConfig(
-        level=logging.DEBUG if debug else logging.WARNING,
-        format="gpuctk: %(levelname)s: %(message)s",
-        stream=sys.stderr,
-    )
+    log.set_debug(debug)
 
 
 def main(argv: list[str] | None = None) -> Any:
@@ -100,6 +94,8 @@ def main(argv: list[str] | None = None) -> Any:
         return cli.main(args=args, prog_name="gpuctk", standalone_mode=False)
     except GpuctkError as exc:
         if debug:
+            import traceback  # only here: it imports linecache and tokenize, ~5 ms
+
             traceback.print_exc()
         click.echo(f"gpuctk: error: {exc.message}", err=True)
         sys.exit(exc.exit_code)
@@ -115,6 +111,8 @@ def main(argv: list[str] | None = None) -> Any:
         sys.exit(130)
     except Exception as exc:
         if debug:
+            import traceback  # only here: it imports linecache and tokenize, ~5 ms
+
             traceback.print_exc()
         else:
             click.echo(
