@@ -52,11 +52,9 @@ def render(spec: Spec, fmt: str) -> bytes:
         import json
 
         return (json.dumps(doc, indent=2) + "\n").encode()
-    import yaml
+    from gpuctk.cdi import yamlout
 
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    text: str = yaml.dump(doc, Dumper=dumper, sort_keys=False, default_flow_style=False)
-    return f"---\n{text}".encode()
+    return yamlout.dump(doc).encode()
 
 
 def output_format(fmt: str | None, output: str | None) -> str:
