@@ -11,12 +11,12 @@ that `import gpuctk.cdi.nvml` stays cheap; the tests drive it with a fake libnvi
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from gpuctk.cdi.machine import Gpu, Machine, MigDevice
 from gpuctk.cdi.profile import mig_profile_name
 from gpuctk.errors import NvmlError
+from gpuctk.records import record, replace
 
 LIBRARY_NAME = "libnvidia-ml.so.1"
 
@@ -52,7 +52,7 @@ class NvmlCallError(Exception):
         self.text = text
 
 
-@dataclass(frozen=True)
+@record
 class MigAttributes:
     """What nvmlDeviceGetAttributes says about a MIG device."""
 
@@ -240,6 +240,43 @@ def nvml_error(exc: NvmlCallError, *, where: str = "", library: str = LIBRARY_NA
     return NvmlError(text)
 
 
+def _pynvml() -> Any:
+    """The pynvml module, imported without `ctypes.util`.
+
+    pynvml does `from ctypes.util import find_library` at import and never calls it; importing
+    ctypes.util pulls in subprocess, shutil, tempfile, bz2, lzma and random (~5 ms of the
+    generator's 100 ms budget). A stand-in module whose `find_library` loads the real one on
+    first use serves the import and is removed from sys.modules at once, so any other importer
+    of ctypes.util gets the real module.
+    """
+    import sys
+
+    module = sys.modules.get("pynvml")
+    if module is not None:
+        return module
+    if "ctypes.util" in sys.modules:
+        import pynvml
+
+        return pynvml
+    import types
+
+    def find_library(name: str) -> str | None:
+        sys.modules.pop("ctypes.util", None)
+        from ctypes import util
+
+        return util.find_library(name)
+
+    stand_in = types.ModuleType("ctypes.util", "gpuctk's stand-in, see gpuctk.cdi.nvml")
+    stand_in.find_library = find_library  # type: ignore[attr-defined]
+    sys.modules["ctypes.util"] = stand_in
+    try:
+        import pynvml
+    finally:
+        if sys.modules.get("ctypes.util") is stand_in:
+            del sys.modules["ctypes.util"]
+    return pynvml
+
+
 class PynvmlAdapter:
     """NvmlAdapter over pynvml, with the library loaded from a path of our choosing."""
 
@@ -247,8 +284,7 @@ class PynvmlAdapter:
         self.library_path = library_path or LIBRARY_NAME
 
     def _call(self, function: str, *args: Any) -> Any:
-        import pynvml
-
+        pynvml = _pynvml()
         try:
             return getattr(pynvml, function)(*args)
         except pynvml.NVMLError as exc:
@@ -257,8 +293,7 @@ class PynvmlAdapter:
     def init(self) -> None:
         import ctypes
 
-        import pynvml
-
+        pynvml = _pynvml()
         try:
             lib = ctypes.CDLL(self.library_path)
         except OSError as exc:

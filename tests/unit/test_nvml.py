@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import dataclasses
 import pickle
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from gpuctk.cdi.nvml import (
 )
 from gpuctk.cdi.profile import available_profiles, load_profile
 from gpuctk.errors import EXIT_NVML, NvmlError
+from gpuctk.records import replace
 
 SCRIPT = """
 import pickle, sys
@@ -95,6 +95,25 @@ def test_import_does_not_load_pynvml() -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_discovery_does_not_import_ctypes_util_and_pynvml_still_finds_libraries(
+    fake_nvml_env: FakeNvmlEnv,
+) -> None:
+    # pynvml imports ctypes.util (subprocess, shutil, tempfile, bz2, lzma: ~5 ms) and never
+    # uses it: gpuctk.cdi.nvml serves that import with a stand-in.
+    code = (
+        "import sys; from gpuctk.cdi.nvml import discover; discover(sys.argv[1]);"
+        "print(sorted({'ctypes.util', 'subprocess', 'tempfile'} & set(sys.modules)));"
+        "import pynvml, ctypes.util; real = ctypes.util.find_library;"
+        "print(pynvml.find_library('c') == real('c') is not None, type(real).__module__)"
+    )
+    env = fake_nvml_env("l4")
+    out = subprocess.run(
+        [sys.executable, "-c", code, env["FAKE_NVML_LIBRARY"]],
+        env=dict(env), capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert out.stdout.split("\n")[:2] == ["[]", "True builtins"]
+
+
 # ---- in-process discovery (pynvml's global library handle reset around each test) -------
 
 Discover = Callable[..., Machine]
@@ -146,8 +165,8 @@ def test_in_process_equals_profile(nvml: Discover) -> None:
 def test_numa_not_supported_is_none(nvml: Discover) -> None:
     base = load_profile("h100-8")
     gpus = list(base.gpus)
-    gpus[3] = dataclasses.replace(gpus[3], numa_node=None)
-    machine = dataclasses.replace(base, gpus=tuple(gpus))
+    gpus[3] = replace(gpus[3], numa_node=None)
+    machine = replace(base, gpus=tuple(gpus))
     assert "numa=-" in fake_profile_text(machine)
     got = nvml(machine)
     assert got.gpus[3].numa_node is None
@@ -163,12 +182,8 @@ def test_numa_query_missing_from_old_driver_is_none(nvml: Discover) -> None:
 def test_empty_mig_slots_are_skipped_and_indices_kept(nvml: Discover) -> None:
     base = load_profile("a100-mig")
     gpu = base.gpus[2]
-    migs = tuple(
-        dataclasses.replace(m, index=i) for m, i in zip(gpu.mig_devices, (0, 3, 6), strict=True)
-    )
-    machine = dataclasses.replace(
-        base, gpus=(*base.gpus[:2], dataclasses.replace(gpu, mig_devices=migs), base.gpus[3])
-    )
+    migs = tuple(replace(m, index=i) for m, i in zip(gpu.mig_devices, (0, 3, 6), strict=True))
+    machine = replace(base, gpus=(*base.gpus[:2], replace(gpu, mig_devices=migs), base.gpus[3]))
     got = nvml(machine)
     assert [m.name for m in got.gpus[2].mig_devices] == ["2:0", "2:3", "2:6"]
     assert got == machine
