@@ -23,3 +23,31 @@ def installed_like_python() -> None:
         cwd=REPO,
         check=True,
     )
+
+
+def installed_bin() -> Path:
+    """gpuctk as an operator installs it: a regular (non-editable) install of this checkout in
+    its own venv (CACHE/bench-venv), with .pyc files and the isolated-mode launchers of
+    gpuctk.launchers (what the deb and `gpuctk install` ship). Returns the launchers' folder.
+
+    The development .venv is an editable install, whose import hook costs ~15 ms on every
+    Python start: timing it would measure the checkout, not the product."""
+    installed_like_python()
+    venv = CACHE / "bench-venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", str(REPO)], check=True)
+    else:  # this checkout's code, the dependencies as they are
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
+             str(REPO)],
+            check=True,
+        )  # fmt: skip
+    subprocess.run([str(python), "-m", "compileall", "-q", str(venv / "lib")], check=True)
+    bindir = venv / "launchers"
+    bindir.mkdir(exist_ok=True)
+    subprocess.run(
+        [str(python), "-I", "-m", "gpuctk.launchers", str(bindir)], check=True, capture_output=True
+    )
+    return bindir

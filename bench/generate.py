@@ -5,8 +5,10 @@
 Times the whole command as an operator runs it (a fresh process each time) for the 8-GPU
 H100 profile and for 8 GPUs with 7 MIG devices each, alternating the cases run by run so that
 machine noise hits them alike, and prints medians beside the floor of any Python CLI here
-(`python -c pass`, and `python -c "import click"`). Target (issue 2): under 100 ms for the
-8-GPU node. Builds the fixtures (fake libnvidia-ml.so.1, driver root, device nodes) if needed.
+(`python -I -c pass`, and `python -I -c "import click"`). Everything runs from a regular
+install of this checkout with the isolated launchers (bench/common.py installed_bin), as an
+operator runs it. Target (issue 2): under 100 ms for the 8-GPU node. Builds the fixtures
+(fake libnvidia-ml.so.1, driver root, device nodes) if needed.
 """
 
 from __future__ import annotations
@@ -16,19 +18,16 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import CACHE, installed_like_python
+from common import CACHE, installed_bin
 from fixtures.devroot import make_node_roots
 from fixtures.driver_root import build_driver_root
 from fixtures.fake_nvml import build_fake_nvml, write_fake_profile
 
 from gpuctk.cdi.profile import load_profile
-
-GPUCTK = str(Path(sys.executable).with_name("gpuctk"))
 
 
 def timed(argv: list[str], env: dict[str, str]) -> float:
@@ -43,7 +42,9 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the results here")
     args = parser.parse_args()
 
-    installed_like_python()
+    bindir = installed_bin()
+    gpuctk = str(bindir / "gpuctk")
+    python = str(bindir.parent / "bin" / "python")
     lib = build_fake_nvml(CACHE)
     driver_root = build_driver_root(CACHE)
     work = Path(tempfile.mkdtemp(prefix="gpuctk-bench-"))
@@ -55,14 +56,14 @@ def main() -> None:
             os.environ, FAKE_NVML_PROFILE=str(write_fake_profile(profile, work / f"{profile}.txt"))
         )
         cases[profile] = [
-            GPUCTK, "cdi", "generate", "--nvml-library", str(lib),
+            gpuctk, "cdi", "generate", "--nvml-library", str(lib),
             "--driver-root", str(driver_root), "--dev-root", str(roots.dev_root),
             "--proc-root", str(roots.proc_root), "--sys-root", str(roots.sys_root),
             "--output", str(work / f"{profile}.yaml"),
         ]  # fmt: skip
-    cases["python -c pass"] = [sys.executable, "-c", "pass"]
+    cases["python -c pass"] = [python, "-I", "-c", "pass"]
     envs["python -c pass"] = dict(os.environ)
-    cases["python -c 'import click'"] = [sys.executable, "-c", "import click"]
+    cases["python -c 'import click'"] = [python, "-I", "-c", "import click"]
     envs["python -c 'import click'"] = dict(os.environ)
 
     samples: dict[str, list[float]] = {name: [] for name in cases}
