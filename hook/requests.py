@@ -154,9 +154,10 @@ def from_mounts(mounts: Any, kind: str) -> list[str]:
             continue
         if posixpath.normpath(source) != "/dev/null":
             continue
-        if dest.startswith(root) and ".." in dest.split("/"):
+        norm = posixpath.normpath(dest)
+        if ".." in dest.split("/") and (dest.startswith(root) or norm.startswith(root)):
             raise RequestError(f"mount {dest[:120]!r}: '..' in a device request mount")
-        dest = posixpath.normpath(dest)
+        dest = norm
         if not dest.startswith(root):
             continue
         rel = dest[len(root) :]
