@@ -54,7 +54,8 @@ class Links(Protocol):
         """The ifindex of interface `name`, None if there is none."""
 
     def move(self, index: int, netns_fd: int, name: str | None) -> None:
-        """Move interface `index` into the namespace `netns_fd`, renamed to `name`, and up."""
+        """Move interface `index` into the namespace `netns_fd`, renamed to `name`, and up.
+        Netlink errors are raised as OSError (by every method)."""
 
     def rename(self, index: int, name: str) -> None: ...
 
@@ -93,15 +94,24 @@ class Pyroute2Links:
         found = self._ipr.link_lookup(ifname=name)
         return int(found[0]) if found else None
 
+    def _set(self, **request: object) -> None:
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        try:
+            self._ipr.link("set", **request)
+        except NetlinkError as exc:  # not an OSError: make it one (the Protocol's contract)
+            code = exc.code if isinstance(exc.code, int) else 0
+            raise OSError(code, os.strerror(code) if code else str(exc)) from exc
+
     def move(self, index: int, netns_fd: int, name: str | None) -> None:
         extra = {"ifname": name} if name else {}
-        self._ipr.link("set", index=index, net_ns_fd=netns_fd, state="up", **extra)
+        self._set(index=index, net_ns_fd=netns_fd, state="up", **extra)
 
     def rename(self, index: int, name: str) -> None:
-        self._ipr.link("set", index=index, ifname=name)
+        self._set(index=index, ifname=name)
 
     def set_up(self, index: int) -> None:
-        self._ipr.link("set", index=index, state="up")
+        self._set(index=index, state="up")
 
     def is_up(self, index: int) -> bool:
         links = self._ipr.get_links(index)
@@ -219,7 +229,7 @@ def move_all(
                         )
                     try:
                         host.move(index, netns_fd, name)
-                    except OSError as exc:  # NetlinkError is an OSError
+                    except OSError as exc:
                         raise NetdevError(f"cannot move {host_name}: {exc}") from exc
                     done.append(f"{host_name} -> {target}" if name else host_name)
                 inside = inner.index(target)
