@@ -122,7 +122,7 @@ def discover(sys_root: str = "/sys") -> tuple[Nic, ...]:
                 numa_node=numa,
                 netdevs=tuple(_listdir(os.path.join(parent, "net"))),
                 link_layers=layers,
-                nodes=tuple(verbs.get(name, ()) + mads.get(name, [])),
+                nodes=(*verbs.get(name, []), *mads.get(name, [])),
             )
         )
     return tuple(nics)

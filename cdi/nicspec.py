@@ -109,7 +109,7 @@ def nic_edits(
     nodes = [n for nic in nics for n in nic.nodes]
     if rdma_cm is not None and nics:
         nodes.append(rdma_cm)
-    edits: dict[str, Any] = {"deviceNodes": [_node(n, dev_root) for n in nodes]}
+    edits: dict[str, Any] = {"deviceNodes": [_node(n, dev_root) for n in nodes]} if nodes else {}
     netdevs = [name for nic in nics for name in nic.netdevs]
     if netdevs and mode == "netdevices":
         edits["netDevices"] = [{"hostInterfaceName": n, "name": n} for n in netdevs]
@@ -152,8 +152,16 @@ def build_doc(
     hook_path: str = "/usr/bin/gpuctk-hook",
     uuid_names: bool = True,
 ) -> dict[str, Any]:
-    """The NIC spec as a CDI JSON document, cdiVersion set to the minimum it needs."""
+    """The NIC spec as a CDI JSON document, cdiVersion set to the minimum it needs.
+
+    NICs with neither device nodes nor interfaces (a soft-RoCE device before its verbs node
+    exists) give a container nothing and are left out; NoDevicesError when none is left."""
     from gpuctk.cdi.version import minimum_version
+    from gpuctk.errors import NoDevicesError
+
+    nics = usable(nics)
+    if not nics:
+        raise NoDevicesError("no RDMA device with device nodes or interfaces: no NIC spec")
 
     def edits(group: list[Nic]) -> dict[str, Any]:
         return nic_edits(group, rdma_cm, mode=mode, hook_path=hook_path, dev_root=dev_root)
@@ -169,6 +177,11 @@ def build_doc(
     doc: dict[str, Any] = {"cdiVersion": "", "kind": kind, "devices": devices}
     doc["cdiVersion"] = minimum_version(doc)
     return doc
+
+
+def usable(nics: tuple[Nic, ...]) -> tuple[Nic, ...]:
+    """The NICs that give a container something: device nodes or network interfaces."""
+    return tuple(n for n in nics if n.nodes or n.netdevs)
 
 
 def nic_output_path(output: str | None, nic_output: str | None) -> str | None:
@@ -226,11 +239,19 @@ def build(
         folder = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
             raise OutputError(f"cannot write {path}: folder {folder} is missing or not writable")
-    found = nic_discovery.discover(roots.sys_root)
+    everything = nic_discovery.discover(roots.sys_root)
+    found = usable(everything)
+    skipped = [n.name for n in everything if n not in found]
+    if skipped:
+        click.echo(
+            f"gpuctk: warning: --nics: {', '.join(skipped)}: no device nodes and no network "
+            "interfaces: left out",
+            err=True,
+        )
     if not found:
         click.echo(
-            f"gpuctk: warning: --nics: no RDMA device under {roots.sys_root}/class/infiniband; "
-            "no NIC spec written",
+            f"gpuctk: warning: --nics: no usable RDMA device under "
+            f"{roots.sys_root}/class/infiniband; no NIC spec written",
             err=True,
         )
         return None

@@ -16,6 +16,7 @@ from gpuctk.cdi import nics, nicspec
 from gpuctk.cdi.profile import load_profile
 from gpuctk.cdi.schema import load_checker
 from gpuctk.cdi.validate import validate_spec_dict
+from gpuctk.errors import NoDevicesError
 
 GPUCTK = str(Path(sys.executable).with_name("gpuctk"))
 SCHEMA_DIR = Path(__file__).resolve().parents[2].parent / "shared/vendor-data/cdi-schema"
@@ -210,7 +211,7 @@ def test_cli_warns_when_no_rdma(tmp_path: Path) -> None:
     out = tmp_path / "nvidia.yaml"
     p = generate("--sys-root", str(tmp_path), "--nics", "--output", str(out))
     assert p.returncode == 0, p.stderr
-    assert "no RDMA device" in p.stderr
+    assert "no usable RDMA device" in p.stderr
     assert out.exists() and not (tmp_path / "nvidia-nic.yaml").exists()
 
 
@@ -219,3 +220,26 @@ def test_cli_warns_in_exclusive_mode(tmp_path: Path) -> None:
     p = generate("--sys-root", str(sysfs), "--nics", "--output", str(tmp_path / "n.yaml"))
     assert p.returncode == 0, p.stderr
     assert "exclusive network-namespace mode" in p.stderr
+
+
+def test_virtual_rdma_device_without_pci_or_nodes(tmp_path: Path) -> None:
+    """A soft-RoCE style device: no PCI parent, no verbs node yet; listed, not crashing."""
+    virtual = tmp_path / "devices/virtual/infiniband/rxe0"
+    (virtual / "ports/1").mkdir(parents=True)
+    (virtual / "ports/1/link_layer").write_text("Ethernet\n")
+    (tmp_path / "class/infiniband").mkdir(parents=True)
+    (tmp_path / "class/infiniband/rxe0").symlink_to(virtual)
+    (rxe,) = nics.discover(str(tmp_path))
+    assert (rxe.name, rxe.pci, rxe.numa_node, rxe.netdevs, rxe.nodes) == (
+        "rxe0",
+        None,
+        None,
+        (),
+        (),
+    )
+    with pytest.raises(NoDevicesError):  # it would give a container nothing: left out
+        nicspec.build_doc(load_profile("l4"), (rxe,), None, sys_root=str(tmp_path))
+    p = generate("--sys-root", str(tmp_path), "--nics", "--output", str(tmp_path / "n.yaml"))
+    assert p.returncode == 0, p.stderr
+    assert "rxe0: no device nodes and no network interfaces" in p.stderr
+    assert not (tmp_path / "n-nic.yaml").exists()
