@@ -115,15 +115,23 @@ def _scalar(value: Any) -> str:
 
 
 def _string(text: str) -> str:
-    if (
-        text
-        and text[0] in _PLAIN_FIRST
-        and text[-1] != ":"
-        and text not in _RESERVED
-        and all(c in _PLAIN_REST for c in text)
-    ):
-        return text
-    return '"' + "".join(_escape(c) for c in text) + '"'
+    written = _written.get(text)
+    if written is None:
+        if (
+            text
+            and text[0] in _PLAIN_FIRST
+            and text[-1] != ":"
+            and text not in _RESERVED
+            and _PLAIN_REST.issuperset(text)
+        ):
+            written = text
+        else:
+            written = '"' + "".join(_escape(c) for c in text) + '"'
+        _written[text] = written
+    return written
+
+
+_written: dict[str, str] = {}  # a spec repeats its paths and keys many times
 
 
 def _escape(char: str) -> str:

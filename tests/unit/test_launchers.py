@@ -1,0 +1,91 @@
+"""gpuctk.launchers: what the deb, `gpuctk install` and the benches put on PATH."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuctk.launchers import ENTRY_POINTS, launcher_text, main, write_launchers
+
+PYVER = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+PROBE = """
+import sys
+def main():
+    print(sys.flags.isolated, sys.flags.no_site, "site" in sys.modules)
+    return 0
+"""
+
+
+def fake_venv(tmp_path: Path) -> Path:
+    """<venv>/bin/python (the real interpreter by a link) and a probe module in its
+    <venv>/lib/pythonX.Y/site-packages: enough to see where the launcher looks."""
+    venv = tmp_path / "moved venv".replace(" ", "-")
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(os.path.realpath(sys.executable))
+    site_packages = venv / "lib" / PYVER / "site-packages"
+    site_packages.mkdir(parents=True)
+    (site_packages / "gpuctk_probe.py").write_text(PROBE)
+    return venv
+
+
+def hostile_env(tmp_path: Path) -> dict[str, str]:
+    """PYTHONPATH with a gpuctk_probe and a sitecustomize that leave a marker, PYTHONSTARTUP."""
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    marker = tmp_path / "marker"
+    plant = f"open({str(marker)!r}, 'w').close()\n"
+    (evil / "gpuctk_probe.py").write_text(plant + PROBE)
+    (evil / "sitecustomize.py").write_text(plant)
+    (evil / "startup.py").write_text(plant)
+    return {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "PYTHONPATH": str(evil),
+        "PYTHONSTARTUP": str(evil / "startup.py"),
+        "PYTHONINSPECT": "1",
+    }
+
+
+def test_venv_launcher_runs_isolated_without_site_from_the_venv_it_sits_in(
+    tmp_path: Path,
+) -> None:
+    venv = fake_venv(tmp_path)
+    launcher = venv / "bin" / "probe"
+    launcher.write_text(launcher_text(str(venv / "bin" / "python"), "gpuctk_probe", "main"))
+    launcher.chmod(0o755)
+    env = hostile_env(tmp_path)
+    out = subprocess.run([str(launcher)], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "1", "False"]  # -I, -S, and site never imported
+    assert not (tmp_path / "marker").exists()
+
+
+def test_outside_a_venv_the_launcher_falls_back_to_site(tmp_path: Path) -> None:
+    # the development venv is an editable install: gpuctk is found only through site's .pth
+    write_launchers(str(tmp_path))
+    env = hostile_env(tmp_path)
+    for name in ENTRY_POINTS:
+        out = subprocess.run(
+            [str(tmp_path / name), "--help"], env=env, capture_output=True, text=True, check=False
+        )
+        assert out.returncode == 0, out.stderr
+        # gpuctk-runtime passes --help through to runc
+        assert ("runc" if name == "gpuctk-runtime" else name) in out.stdout + out.stderr
+    assert not (tmp_path / "marker").exists()
+
+
+def test_launchers_are_executable_and_name_the_interpreter(tmp_path: Path) -> None:
+    paths = write_launchers(str(tmp_path), "/opt/gpuctk/bin/python3")
+    assert sorted(Path(p).name for p in paths) == sorted(ENTRY_POINTS)
+    for path in paths:
+        assert os.stat(path).st_mode & 0o777 == 0o755
+        assert Path(path).read_text().startswith("#!/opt/gpuctk/bin/python3 -IS\n")
+
+
+@pytest.mark.parametrize("python", ["python3", "/opt/my python/bin/python"])
+def test_bad_interpreter_paths_are_refused(python: str, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main([str(tmp_path), "--python", python]) == 1
+    assert "must be absolute, without spaces" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
