@@ -160,6 +160,14 @@ def _spec_driver_version(doc: dict[str, Any], facts: Any) -> str | None:
     return None
 
 
+def _missing_mounts(missing: list[str]) -> list[str]:
+    if not missing:
+        return []
+    # The two libraries every CUDA container loads first: they say most about what broke.
+    first = sorted(missing, key=lambda p: _VERSIONED_LIB.search(p) is None)
+    return [f"{len(missing)} file(s) the spec mounts are missing on the host:", *_shown(first)]
+
+
 def check_driver_version(ctx: Context, found: Findings, spec: Any) -> Result:
     title = "CDI spec generated for the running driver"
     if spec is None:
@@ -176,12 +184,12 @@ def check_driver_version(ctx: Context, found: Findings, spec: Any) -> Result:
         evidence.append(f"{spec.path}: driver {wrote}; the running driver is unknown")
     elif wrote != running:
         evidence.append(f"{spec.path}: generated for driver {wrote}, the node runs {running}")
-        evidence += _shown([f"mounts a missing file: {p}" for p in missing])
+        evidence += _missing_mounts(missing)
         return failed("cdi.driver-version", title, evidence, fix)
     else:
         evidence.append(f"{spec.path}: driver {wrote}, the node runs {running}")
     if missing:
-        evidence += _shown([f"mounts a missing file: {p}" for p in missing])
+        evidence += _missing_mounts(missing)
         return failed("cdi.driver-version", title, evidence, fix)
     if wrote is None or running is None:
         return warning("cdi.driver-version", title, evidence, fix)

@@ -1,0 +1,418 @@
+"""`gpuctk doctor` on whole fake nodes: a healthy one passes, each broken one is named and fixed.
+
+Every node is built by fixtures.doctornode (mknod'ed device nodes, the Debian 535 driver root,
+a generated spec, the fake NVML, a containerd config from `gpuctk runtime configure`, kubelet
+sockets) and then broken on purpose. The doctor runs as a user runs it (the real CLI, JSON out).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures.devroot import CAPS_MAJOR, UVM_MAJOR
+from fixtures.doctornode import BIN, DoctorNode, build_node, generate_spec, listen
+
+from gpuctk.cdi.machine import Machine
+from gpuctk.cdi.profile import load_profile
+from gpuctk.records import replace
+
+NodeFactory = Callable[..., DoctorNode]
+
+# What a healthy node must show as ok (not merely "not failed"): each check really ran.
+HEALTHY_OK = {
+    "driver.module", "driver.libraries", "driver.device-nodes", "driver.persistence",
+    "nvml.load", "nvml.gpus", "nvml.mig", "nvml.device-nodes",
+    "cdi.spec", "cdi.valid", "cdi.driver-version", "cdi.layout", "cdi.conflicts",
+    "runtime.shim", "runtime.hook", "runtime.config", "runtime.low-level",
+    "engine.containerd", "engine.containerd.binary", "engine.containerd.cdi",
+    "kubernetes.device-plugins", "kubernetes.device-plugin", "kubernetes.runtimeclass",
+}  # fmt: skip
+
+
+@pytest.fixture
+def make_node(
+    tmp_path: Path, driver_root: Path, fake_nvml_env: Callable[..., dict[str, str]]
+) -> Iterator[NodeFactory]:
+    if os.geteuid() != 0:
+        pytest.skip("device nodes need mknod (root)")
+    nodes: list[DoctorNode] = []
+
+    def make(profile: str = "l4", nvml: Machine | None = None) -> DoctorNode:
+        node = build_node(tmp_path / f"n{len(nodes)}", driver_root, profile, fake_nvml_env, nvml)
+        nodes.append(node)
+        return node
+
+    yield make
+    for node in nodes:
+        node.close()
+
+
+def statuses(report: dict[str, Any]) -> dict[str, str]:
+    return {c["id"]: c["status"] for c in report["checks"]}
+
+
+def bad(report: dict[str, Any]) -> dict[str, str]:
+    return {i: s for i, s in statuses(report).items() if s in ("warning", "failed")}
+
+
+def text(check: dict[str, Any]) -> str:
+    return "\n".join(check["evidence"])
+
+
+@pytest.mark.parametrize("profile", ["l4", "a100-mig"])
+def test_healthy_node_passes_with_exit_0(make_node: NodeFactory, profile: str) -> None:
+    node = make_node(profile)
+    code, report, stderr = node.doctor()
+    assert code == 0, (bad(report), stderr)
+    assert report["exitCode"] == 0 and report["version"] == 1
+    ok = {i for i, s in statuses(report).items() if s == "ok"}
+    assert ok == HEALTHY_OK
+    assert statuses(report)["probe.container"] == "skipped"
+    if profile == "a100-mig":
+        mig = node.check(report, "nvml.mig")
+        assert "GPU 3: MIG on, 3 device(s): 1c.3g.20gb, 2c.3g.20gb, 3g.20gb" in mig["evidence"]
+        assert "13 MIG device(s)" in text(node.check(report, "cdi.layout"))
+
+
+def test_table_is_plain_off_a_terminal_and_coloured_on_request(make_node: NodeFactory) -> None:
+    node = make_node()
+    code, table, _ = node.doctor(fmt="table")
+    assert code == 0
+    assert "\x1b[" not in table
+    assert "  ok    cdi.layout" in table and table.rstrip().endswith("(exit 0)")
+    os.unlink(node.roots.dev_root / "dev/nvidia-uvm")
+    code, table, _ = node.doctor("--color", fmt="table")
+    assert code == 2
+    assert "\x1b[31m\x1b[1mFAIL\x1b[0m  driver.device-nodes" in table
+    assert "fix: \x1b[31m\x1b[1mnvidia-modprobe -u -c=0" in table
+
+
+def test_missing_control_node(make_node: NodeFactory) -> None:
+    node = make_node()
+    uvm = node.roots.dev_root / "dev/nvidia-uvm"
+    os.unlink(uvm)
+    code, report, _ = node.doctor()
+    assert code == 2
+    check = node.check(report, "driver.device-nodes")
+    assert check["status"] == "failed"
+    assert f"{uvm}: missing or not a character device" in check["evidence"]
+    assert check["fix"] == "nvidia-modprobe -u -c=0"
+
+
+def test_missing_gpu_node(make_node: NodeFactory) -> None:
+    node = make_node()
+    gpu = node.roots.dev_root / "dev/nvidia0"
+    os.unlink(gpu)
+    code, report, _ = node.doctor()
+    assert code == 2
+    check = node.check(report, "nvml.device-nodes")
+    assert check["status"] == "failed"
+    assert f"{gpu} missing, expected 195:0" in text(check)
+    assert check["fix"] == "nvidia-modprobe -c=0"
+    layout = node.check(report, "cdi.layout")  # the spec names a node that is gone
+    assert layout["status"] == "failed" and f"device node {gpu}" in text(layout)
+
+
+def test_wrong_major(make_node: NodeFactory) -> None:
+    node = make_node()
+    uvm = node.roots.dev_root / "dev/nvidia-uvm"
+    os.unlink(uvm)
+    os.mknod(uvm, stat.S_IFCHR | 0o666, os.makedev(UVM_MAJOR + 7, 0))
+    code, report, _ = node.doctor()
+    assert code == 2
+    check = node.check(report, "driver.device-nodes")
+    assert check["status"] == "failed"
+    assert f"{uvm}: is {UVM_MAJOR + 7}:0, the driver says {UVM_MAJOR}:0" in check["evidence"]
+    assert check["fix"] == f"rm -f {uvm} && mknod -m 666 {uvm} c {UVM_MAJOR} 0"
+
+
+def test_missing_mig_capability_node(make_node: NodeFactory) -> None:
+    node = make_node("a100-mig")
+    caps = node.roots.dev_root / "dev/nvidia-caps"
+    gpu1 = load_profile("a100-mig").gpus[1]
+    first = gpu1.mig_devices[0]
+    minor = 3 + gpu1.minor * 135 + first.gi * 9  # the GI's access minor (fixtures.devroot)
+    os.unlink(caps / f"nvidia-cap{minor}")
+    code, report, _ = node.doctor()
+    assert code == 2
+    check = node.check(report, "nvml.device-nodes")
+    assert check["status"] == "failed"
+    assert f"MIG {first.name} (gpu{gpu1.minor}/gi{first.gi}/access)" in text(check)
+    path = caps / f"nvidia-cap{minor}"
+    assert f"mknod -m 444 {path} c {CAPS_MAJOR} {minor}" in check["fix"]
+
+
+def test_module_not_loaded(make_node: NodeFactory) -> None:
+    node = make_node()
+    os.unlink(node.roots.proc_root / "driver/nvidia/version")
+    code, report, _ = node.doctor()
+    assert code == 2
+    check = node.check(report, "driver.module")
+    assert check["status"] == "failed"
+    assert check["fix"].startswith("modprobe nvidia")
+    assert statuses(report)["driver.libraries"] == "skipped"
+
+
+def test_nvml_init_fails(
+    make_node: NodeFactory, fake_nvml_env: Callable[..., dict[str, str]]
+) -> None:
+    node = make_node()
+    env = fake_nvml_env("l4", init_error=9)  # NVML_ERROR_DRIVER_NOT_LOADED
+    env |= {k: node.env[k] for k in ("PATH", "GPUCTK_NVML_LIBRARY")}
+    code, report, _ = node.doctor(env=env)
+    assert code == 2
+    check = node.check(report, "nvml.load")
+    assert check["status"] == "failed"
+    assert "NVIDIA driver not loaded" in text(check)
+    assert check["fix"].startswith("modprobe nvidia")
+    assert statuses(report)["cdi.layout"] == "skipped"
+
+
+def test_stale_spec_after_driver_upgrade(make_node: NodeFactory) -> None:
+    node = make_node()
+    # The spec was written for 535.129.03; the node has since been upgraded to 535.309.01.
+    node.spec.write_text(node.spec.read_text().replace("535.309.01", "535.129.03"))
+    code, report, _ = node.doctor()
+    assert code == 2
+    check = node.check(report, "cdi.driver-version")
+    assert check["status"] == "failed"
+    assert f"{node.spec}: generated for driver 535.129.03, the node runs 535.309.01" in text(check)
+    assert "file(s) the spec mounts are missing on the host:" in text(check)
+    libs = f"{node.driver_root}/usr/lib/x86_64-linux-gnu/nvidia/current"
+    assert check["evidence"][2:4] == [
+        f"{libs}/libcuda.so.535.129.03",
+        f"{libs}/libnvidia-ml.so.535.129.03",
+    ]
+    assert check["fix"].startswith("gpuctk cdi generate --driver-root ")
+    assert check["fix"].endswith(f"--output {node.spec}")
+    assert statuses(report)["cdi.valid"] == "ok"  # stale is not invalid
+
+
+def test_spec_uuid_set_differs_from_nvml(make_node: NodeFactory) -> None:
+    machine = load_profile("l4")
+    new_uuid = "GPU-00000000-1111-2222-3333-444444444444"
+    swapped = replace(machine, gpus=(replace(machine.gpus[0], uuid=new_uuid),))
+    node = make_node("l4", nvml=swapped)  # the GPU was replaced after the spec was written
+    code, report, _ = node.doctor()
+    assert code == 2
+    check = node.check(report, "cdi.layout")
+    assert check["status"] == "failed"
+    old = machine.gpus[0].uuid
+    assert f"GPU {old}: in the spec, not on the node (removed or replaced)" in check["evidence"]
+    assert f"GPU 0 {new_uuid}: on the node, not in the spec" in check["evidence"]
+    assert check["fix"].endswith(f"--output {node.spec}")
+
+
+def test_mig_layout_changed_since_generation(make_node: NodeFactory) -> None:
+    machine = load_profile("a100-mig")
+    gpu2 = machine.gpus[2]
+    repartitioned = replace(gpu2, mig_devices=gpu2.mig_devices[:1])
+    nvml = replace(machine, gpus=(*machine.gpus[:2], repartitioned, *machine.gpus[3:]))
+    node = make_node("a100-mig", nvml=nvml)
+    code, report, _ = node.doctor()
+    assert code == 2
+    check = node.check(report, "cdi.layout")
+    assert check["status"] == "failed"
+    assert check["evidence"] == [
+        "GPU 2: MIG layout changed: the spec has 3 MIG device(s), the node 1 (2 gone, 0 new)"
+    ]
+    assert check["fix"].startswith("gpuctk cdi generate")
+
+
+def test_mig_layout_drift_in_a_spec_without_gpuctk_facts(make_node: NodeFactory) -> None:
+    """Another tool's spec carries no facts: its UUID device names are compared instead."""
+    machine = load_profile("a100-mig")
+    gpu2 = machine.gpus[2]
+    nvml = replace(
+        machine,
+        gpus=(*machine.gpus[:2], replace(gpu2, mig_devices=()), *machine.gpus[3:]),
+    )
+    node = make_node("a100-mig", nvml=nvml)
+    lines = [ln for ln in node.spec.read_text().splitlines() if "GPUCTK_" not in ln]
+    node.spec.write_text("\n".join(lines) + "\n")
+    code, report, _ = node.doctor()
+    check = node.check(report, "cdi.layout")
+    assert check["status"] == "failed"
+    gone = sorted(m.uuid for m in gpu2.mig_devices)
+    assert [f"{u}: in the spec, not on the node" for u in gone] == check["evidence"]
+    assert node.check(report, "nvml.mig")["status"] == "warning"  # MIG on, no devices
+    assert code == 2
+
+
+def test_no_spec(make_node: NodeFactory) -> None:
+    node = make_node()
+    node.spec.unlink()
+    code, report, _ = node.doctor()
+    assert code == 2
+    check = node.check(report, "cdi.spec")
+    assert check["status"] == "failed"
+    assert f"no spec for nvidia.com/gpu in {node.spec_dir}" in check["evidence"]
+    assert check["fix"].startswith("gpuctk cdi generate --driver-root ")
+
+
+def test_invalid_spec(make_node: NodeFactory) -> None:
+    node = make_node()
+    node.spec.write_text(node.spec.read_text().replace("kind: nvidia.com/gpu", "kind: nvidia"))
+    code, report, _ = node.doctor()
+    assert code == 2
+    # The registry skips a spec whose kind is malformed, as the shim would: no spec for the kind.
+    assert node.check(report, "cdi.spec")["status"] == "failed"
+    check = node.check(report, "cdi.valid")
+    assert check["status"] == "failed"
+    assert str(node.spec) in text(check) and "kind" in text(check)
+    assert check["fix"].startswith(f"gpuctk cdi validate {node.spec}")
+
+
+def test_conflicting_specs_in_one_dir(make_node: NodeFactory) -> None:
+    node = make_node()
+    copy = node.spec_dir / "other-tool.yaml"
+    shutil.copyfile(node.spec, copy)
+    code, report, _ = node.doctor()
+    assert code == 2
+    check = node.check(report, "cdi.conflicts")
+    assert check["status"] == "failed"
+    assert "defined by more than one file of one dir" in check["evidence"][0]
+    assert check["fix"] == f"rm {copy}   # keep {node.spec}"
+
+
+def test_spec_shadowed_by_another_tool(make_node: NodeFactory) -> None:
+    node = make_node()
+    # nvidia-ctk wrote a spec into a dir that is read first; gpuctk's later one wins.
+    early = node.base / "etc-cdi"
+    theirs = early / "nvidia.yaml"
+    generate_spec(theirs, "l4", node.driver_root, node.roots, node.env)
+    theirs.write_text(theirs.read_text().replace(str(BIN / "gpuctk-hook"), "/usr/bin/nvidia-ctk"))
+    config = f'spec-dirs = ["{early}", "{node.spec_dir}"]\n'
+    node.runtime_config.write_text(node.runtime_config.read_text().splitlines()[0] + "\n" + config)
+    code, report, _ = node.doctor()
+    assert code == 1
+    check = node.check(report, "cdi.conflicts")
+    assert check["status"] == "warning"
+    assert f"{theirs} (nvidia-ctk): 3 device(s) overridden by {node.spec} (gpuctk)" in text(check)
+    assert check["fix"] == f"rm {theirs}"
+
+
+def test_containerd_config_without_the_handler(make_node: NodeFactory) -> None:
+    node = make_node()
+    shutil.rmtree(node.containerd_config.parent)
+    node.containerd_config.parent.mkdir()
+    node.containerd_config.write_text("version = 2\n")
+    code, report, _ = node.doctor()
+    assert code == 2
+    check = node.check(report, "engine.containerd")
+    assert check["status"] == "failed"
+    assert "no runtime handler 'nvidia' (handlers: runc)" in text(check)
+    assert check["fix"] == (
+        f"gpuctk runtime configure --runtime containerd --config {node.containerd_config} "
+        f"--runtime-path {BIN / 'gpuctk-runtime'} && systemctl restart containerd"
+    )
+    assert statuses(report)["engine.containerd.binary"] == "skipped"
+    rc = node.check(report, "kubernetes.runtimeclass")  # the RuntimeClass names it too
+    assert rc["status"] == "failed"
+    assert "handler 'nvidia', unknown to the engine (handlers: runc)" in text(rc)
+
+
+def test_handler_pointing_at_a_missing_binary(make_node: NodeFactory) -> None:
+    node = make_node()
+    node.configure("--runtime-path", "/opt/gone/gpuctk-runtime")
+    for source in ("command", "file"):
+        code, report, _ = node.doctor("--config-source", source)
+        assert code == 2
+        check = node.check(report, "engine.containerd.binary")
+        assert check["status"] == "failed", source
+        assert "BinaryName = '/opt/gone/gpuctk-runtime': missing" in text(check)
+        assert check["fix"].startswith("gpuctk runtime configure --runtime containerd")
+        assert f"--runtime-path {BIN / 'gpuctk-runtime'}" in check["fix"]
+
+
+def test_hook_mode_without_cdi_is_a_warning(make_node: NodeFactory) -> None:
+    node = make_node()
+    node.configure("--mode", "hook", "--hook-path", str(BIN / "gpuctk-hook"))
+    code, report, _ = node.doctor()
+    assert node.check(report, "engine.containerd.binary")["status"] == "ok"
+    check = node.check(report, "engine.containerd.cdi")
+    assert check["status"] == "warning"
+    assert "hook mode with containerd < 1.7 has no CDI" in text(check)
+    assert code == 1
+
+
+def test_invalid_runtime_config(make_node: NodeFactory) -> None:
+    node = make_node()
+    node.runtime_config.write_text(node.runtime_config.read_text() + "runtime = 'crun'\n")
+    code, report, _ = node.doctor()
+    assert code == 2
+    check = node.check(report, "runtime.config")
+    assert check["status"] == "failed"
+    assert "runtime: unknown key" in text(check)
+    assert check["fix"].startswith(f"edit {node.runtime_config}")
+
+
+def test_low_level_runtime_missing(make_node: NodeFactory) -> None:
+    node = make_node()
+    node.runtime_config.write_text(
+        f'runtimes = ["/opt/none/runc"]\nspec-dirs = ["{node.spec_dir}"]\n'
+    )
+    code, report, _ = node.doctor()
+    assert code == 2
+    check = node.check(report, "runtime.low-level")
+    assert check["status"] == "failed"
+    assert "no low-level runtime found: tried /opt/none/runc" in text(check)
+    assert check["fix"].endswith(f"in {node.runtime_config}")
+
+
+def test_shim_not_on_path(make_node: NodeFactory) -> None:
+    node = make_node()
+    env = dict(node.env, PATH="/usr/sbin:/usr/bin:/sbin:/bin")
+    code, report, _ = node.doctor(env=env)
+    assert code == 2
+    assert node.check(report, "runtime.shim")["status"] == "failed"
+    assert node.check(report, "runtime.hook")["status"] == "failed"
+    assert node.check(report, "runtime.shim")["fix"].startswith("pip install gpuctk")
+
+
+def test_warnings_only_exit_1(make_node: NodeFactory) -> None:
+    node = make_node()
+    for sock in node.sockets:
+        sock.close()
+    (node.host / "var/run/nvidia-persistenced/socket").unlink()
+    (node.kubelet / "device-plugins/nvidia-gpu.sock").unlink()
+    node.sockets = [listen(node.kubelet / "device-plugins/kubelet.sock.new")]
+    os.replace(
+        node.kubelet / "device-plugins/kubelet.sock.new",
+        node.kubelet / "device-plugins/kubelet.sock",
+    )
+    code, report, _ = node.doctor()
+    assert bad(report) == {"driver.persistence": "warning", "kubernetes.device-plugin": "warning"}
+    assert code == 1 and report["exitCode"] == 1
+    assert "Insufficient nvidia.com/gpu" in text(node.check(report, "kubernetes.device-plugin"))
+    assert node.check(report, "driver.persistence")["fix"].startswith("systemctl enable --now")
+
+
+def test_device_plugin_seen_through_the_kubelet_checkpoint(make_node: NodeFactory) -> None:
+    node = make_node()
+    (node.kubelet / "device-plugins/nvidia-gpu.sock").unlink()
+    checkpoint = node.kubelet / "device-plugins/kubelet_internal_checkpoint"
+    checkpoint.write_text('{"Data": {"RegisteredDevices": {"nvidia.com/gpu": ["GPU-1"]}}}')
+    code, report, _ = node.doctor()
+    assert code == 0, bad(report)
+    assert "kubelet checkpoint: nvidia.com/gpu" in text(
+        node.check(report, "kubernetes.device-plugin")
+    )
+
+
+def test_runtimeclass_with_another_handler(make_node: NodeFactory) -> None:
+    node = make_node()
+    node.runtimeclass.write_text(
+        node.runtimeclass.read_text().replace('handler: "nvidia"', 'handler: "gpu"')
+    )
+    code, report, _ = node.doctor()
+    assert code == 2
+    check = node.check(report, "kubernetes.runtimeclass")
+    assert check["status"] == "failed"
+    assert "RuntimeClass nvidia -> handler 'gpu', unknown to the engine" in text(check)
