@@ -12,6 +12,11 @@ image whose config.json has its own `network` namespace and the hook, and checks
   namespace, and an interface with an RDMA device while ib_core is in exclusive netns mode (a
   fake sysfs through GPUCTK_SYS_ROOT).
 
+And the whole chain: `gpuctk cdi generate --nics` over a fake sysfs whose RDMA card's netdev is
+the veth end writes the NIC spec; gpuctk-runtime in front of runc resolves the CDI annotation
+`nvidia.com/nic=gpu0` (the card affine to GPU 0) from it; runc creates the card's
+/dev/infiniband nodes and runs the spec's createRuntime hook entry, which moves the interface.
+
 Every veth this module creates is deleted at teardown, whatever happened.
 """
 
@@ -27,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.fakesys import add_nic, add_pci
 from fixtures.images import hook_path, make_bundle, run_container, unique_name
 
 pytestmark = pytest.mark.integration
@@ -36,6 +42,8 @@ SCRIPT = r"""
 for d in /sys/class/net/*; do
     echo "IF $(basename "$d") $(cat "$d/flags") $(cat "$d/address")"
 done
+for f in /dev/infiniband/*; do [ -c "$f" ] && echo "NODE $f"; done
+true
 """
 _count = 0
 
@@ -183,3 +191,57 @@ def test_missing_interface_is_a_clear_error(container: Any, veth: tuple[str, str
     done = container(["--netdev", "gpuctk-none0"])
     assert done.returncode != 0
     assert "no network interface gpuctk-none0 on the host" in done.stderr
+
+
+def test_nic_spec_through_the_shim(
+    veth: tuple[str, str], tmp_path: Path, fresh_rootfs: Callable[[str], Path]
+) -> None:
+    host_end, moved = veth
+    address = mac(moved)
+    sysfs = tmp_path / "sys"
+    add_pci(sysfs, "pci0000:00/0000:00:01.0/0000:10:00.0/0000:11:00.0/0000:18:00.0", 0)  # GPU0
+    nic_chain = "pci0000:00/0000:00:01.0/0000:10:00.0/0000:11:01.0/0000:19:00.0"  # same switch
+    add_nic(sysfs, "mlx5_0", 0, nic_chain, 0, moved, "Ethernet")
+    spec_dir = tmp_path / "cdi"
+    spec_dir.mkdir(mode=0o755)
+    generated = subprocess.run(
+        [
+            str(Path(hook_path()).with_name("gpuctk")), "cdi", "generate", "--simulate", "h100-8",
+            "--sys-root", str(sysfs), "--nics", "--hook-path", hook_path(),
+            "--output", str(spec_dir / "nvidia.json"),
+        ],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert generated.returncode == 0, generated.stderr
+    nic_spec = json.loads((spec_dir / "nvidia-nic.json").read_text())
+    (gpu0,) = [d for d in nic_spec["devices"] if d["name"] == "gpu0"]
+    assert gpu0["containerEdits"]["hooks"][0]["args"][-1] == moved
+    toml = tmp_path / "gpuctk.toml"
+    toml.write_text(
+        f'runtimes = ["{shutil.which("runc")}"]\nspec-dirs = ["{spec_dir}"]\n'
+        f'log-file = "{tmp_path}/gpuctk.log"\n'
+    )
+    bundle = make_bundle(tmp_path / "bundle", fresh_rootfs("debian"), ["/bin/sh", "-c", SCRIPT])
+    config = json.loads((bundle / "config.json").read_text())
+    config["annotations"] = {"cdi.k8s.io/nic": "nvidia.com/nic=gpu0"}
+    (bundle / "config.json").write_text(json.dumps(config))
+    shim = str(Path(hook_path()).with_name("gpuctk-runtime"))
+    env = dict(os.environ, GPUCTK_CONFIG=str(toml))
+    name = unique_name("gpuctk-netdev-shim")
+    try:
+        done = subprocess.run(
+            [shim, "run", "--bundle", str(bundle), name],
+            capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env, timeout=120,
+            check=False,
+        )  # fmt: skip
+    finally:
+        subprocess.run([shim, "delete", "--force", name], env=env, capture_output=True)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    seen = interfaces(done.stdout)
+    assert set(seen) == {"lo", moved}
+    assert seen[moved][1] == address and seen[moved][0] & 0x1
+    nodes = {line.split()[1] for line in done.stdout.splitlines() if line.startswith("NODE ")}
+    assert nodes == {
+        "/dev/infiniband/uverbs0", "/dev/infiniband/umad0", "/dev/infiniband/issm0",
+    }  # fmt: skip
+    assert gone(moved) and gone(host_end)
