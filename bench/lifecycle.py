@@ -28,25 +28,23 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import CACHE, installed_like_python
+from common import CACHE, installed_bin
 from fixtures.driver_root import build_driver_root
 from fixtures.gpucheck import generate
 from fixtures.images import build_image, make_bundle, overlay, unmount
 
-BIN = Path(sys.executable).parent
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PROFILE = "h100-8"
 _names = itertools.count()
 
 
-def write_floor_shim(path: Path, runc: str) -> Path:
+def write_floor_shim(path: Path, python: Path, runc: str) -> Path:
     path.write_text(
-        f"#!{sys.executable} -I\nimport os, sys\nos.execv({runc!r}, [{runc!r}, *sys.argv[1:]])\n"
+        f"#!{python} -I\nimport os, sys\nos.execv({runc!r}, [{runc!r}, *sys.argv[1:]])\n"
     )
     path.chmod(0o755)
     return path
@@ -115,20 +113,21 @@ def main() -> None:
     if runc is None:
         raise SystemExit("runc not installed")
 
-    installed_like_python()
+    bindir = installed_bin()
     driver_root = build_driver_root(CACHE)
     image = build_image("debian")
     work = Path(tempfile.mkdtemp(prefix="gpuctk-bench-lifecycle-"))
-    spec_dir = generate(work, driver_root, PROFILE, work / "cdi" / "nvidia.json").spec_dir
+    spec_dir = generate(work, driver_root, PROFILE, work / "cdi" / "nvidia.json", bindir).spec_dir
     toml = work / "gpuctk.toml"
     toml.write_text(
         f'runtimes = ["{runc}"]\nspec-dirs = ["{spec_dir}"]\nlog-file = "{work}/gpuctk.log"\n'
     )
     os.environ["GPUCTK_CONFIG"] = str(toml)
-    shim = str(BIN / "gpuctk-runtime")
+    shim = str(bindir / "gpuctk-runtime")
+    floor = write_floor_shim(work / "floor-shim", bindir.parent / "bin" / "python", runc)
     cases: dict[str, tuple[list[str], list[str]]] = {
         "runc": ([runc], []),
-        "python shim (floor)": ([str(write_floor_shim(work / "floor-shim", runc))], []),
+        "python shim (floor)": ([str(floor)], []),
         "gpuctk 1 GPU": ([shim], ["NVIDIA_VISIBLE_DEVICES=0"]),
         "gpuctk 8 GPUs": ([shim], ["NVIDIA_VISIBLE_DEVICES=all"]),
     }
