@@ -106,7 +106,9 @@ def _style(text: str, status: str, colour: bool) -> str:
         return text
     import click
 
-    return click.style(text, fg=_COLOURS[status], bold=status in (WARNING, FAILED))
+    return click.style(
+        text, fg=_COLOURS[status], bold=True if status in (WARNING, FAILED) else None
+    )
 
 
 def to_table(results: Sequence[Result], *, colour: bool = False, verbose: bool = False) -> str:
