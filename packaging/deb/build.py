@@ -46,6 +46,7 @@ MAN_PAGES = {  # page -> argv of the installed launcher that prints the text
     "gpuctk": ["gpuctk", "--help"],
     "gpuctk-cdi-generate": ["gpuctk", "cdi", "generate", "--help"],
     "gpuctk-runtime-configure": ["gpuctk", "runtime", "configure", "--help"],
+    "gpuctk-install": ["gpuctk", "install", "--help"],
 }
 
 
@@ -152,6 +153,13 @@ def _strip(venv: Path) -> None:
     for p in (venv / "bin").iterdir():
         if not p.name.startswith("python"):
             p.unlink()  # activate scripts and console scripts name the build folder
+    link = venv / "bin" / "python3"
+    if link.is_symlink() and os.path.isabs(os.readlink(link)):
+        # /usr/bin/python3 belongs to Debian's python3 package; the versioned file to
+        # python3.11, which is what the control file depends on (and what site-packages needs)
+        real = os.path.realpath(link)
+        link.unlink()
+        link.symlink_to(real)
     cfg = venv / "pyvenv.cfg"
     kept = [
         line
