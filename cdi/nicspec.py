@@ -13,7 +13,9 @@ The NIC spec (kind `nvidia.com/nic` by default, `--nic-kind`) has, in CDI JSON s
 Network interfaces reach the container in one of two ways (`--nic-mode`):
 
 - `hook` (default): a createRuntime hook entry `gpuctk-hook createRuntime --netdev IF` that
-  moves IF into the container's network namespace (gpuctk.hook.netdev). cdiVersion stays low.
+  moves IF into the container's network namespace, and a poststop entry that moves it back
+  from a namespace that outlives the container (a pod's) (gpuctk.hook.netdev). cdiVersion
+  stays low.
 - `netdevices`: CDI 1.1 `netDevices` entries; the engine moves them. The spec then says
   cdiVersion 1.1.0, which only engines that know CDI 1.1 accept.
 
@@ -114,11 +116,15 @@ def nic_edits(
     if netdevs and mode == "netdevices":
         edits["netDevices"] = [{"hostInterfaceName": n, "name": n} for n in netdevs]
     elif netdevs:
-        args = ["gpuctk-hook", "createRuntime"]
-        for name in netdevs:
-            args += ["--netdev", name]
+        flags = [arg for name in netdevs for arg in ("--netdev", name)]
         edits["hooks"] = [
-            {"hookName": "createRuntime", "path": hook_path, "args": args, "env": [HOOK_ENV_PATH]}
+            {
+                "hookName": stage,
+                "path": hook_path,
+                "args": ["gpuctk-hook", stage, *flags],
+                "env": [HOOK_ENV_PATH],
+            }
+            for stage in ("createRuntime", "poststop")
         ]
     return edits
 

@@ -18,12 +18,19 @@ before its process runs. For each `--netdev HOST[::NAME]`:
 An interface already in the container under its target name counts as moved (two CDI devices
 naming the same card, e.g. `mlx5_0` and `gpu0`, give two identical entries).
 
-When the container ends its network namespace is destroyed and the kernel moves physical
-interfaces back to the host's initial namespace itself (under the name they had inside, or
-`dev<N>` when that name is taken on the host); virtual ones (veth, dummy) are deleted. So
-nothing is needed at the end, except after a rename: `gpuctk-hook poststop --netdev
-HOST::NAME` then renames a returned physical interface back to HOST (best effort: the kernel
-returns it asynchronously, so it may not be back yet; it logs what it found).
+When the container ends, `gpuctk-hook poststop --netdev ...` (the spec's second entry):
+
+- a network namespace that outlives the container (config.json names its `path`: a pod's
+  namespace, made by the engine and CNI): the interfaces are moved back from it (opened by
+  descriptor, never created) to the host, under their host names, left down;
+- a namespace of the container's own: it is destroyed with the container, and the kernel moves
+  physical interfaces back to the host's initial namespace itself (under the name they had
+  inside, or `dev<N>` when that name is taken) and deletes virtual ones (veth, dummy). A
+  renamed physical interface is renamed back to its host name, best effort: the kernel returns
+  it asynchronously, so it may not be back yet (logged). Without renames nothing is done and
+  pyroute2 is not even imported.
+
+poststop problems are logged, never fatal (runtimes only log them anyway).
 
 pyroute2 is imported only here, and this module only when `--netdev` is given: container
 starts without NICs pay nothing. The netlink adapter is `Links` (a Protocol) so tests can drive
@@ -35,7 +42,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, BinaryIO, Protocol
 
 from gpuctk.errors import GpuctkError
 from gpuctk.hook import hooklog, oci_state
@@ -53,9 +60,9 @@ class Links(Protocol):
     def index(self, name: str) -> int | None:
         """The ifindex of interface `name`, None if there is none."""
 
-    def move(self, index: int, netns_fd: int, name: str | None) -> None:
-        """Move interface `index` into the namespace `netns_fd`, renamed to `name`, and up.
-        Netlink errors are raised as OSError (by every method)."""
+    def move(self, index: int, netns_fd: int, name: str | None, up: bool = True) -> None:
+        """Move interface `index` into the namespace `netns_fd`, renamed to `name`, and up
+        (when `up`). Netlink errors are raised as OSError (by every method)."""
 
     def rename(self, index: int, name: str) -> None: ...
 
@@ -103,9 +110,11 @@ class Pyroute2Links:
             code = exc.code if isinstance(exc.code, int) else 0
             raise OSError(code, os.strerror(code) if code else str(exc)) from exc
 
-    def move(self, index: int, netns_fd: int, name: str | None) -> None:
-        extra = {"ifname": name} if name else {}
-        self._set(index=index, net_ns_fd=netns_fd, state="up", **extra)
+    def move(self, index: int, netns_fd: int, name: str | None, up: bool = True) -> None:
+        extra: dict[str, object] = {"ifname": name} if name else {}
+        if up:
+            extra["state"] = "up"
+        self._set(index=index, net_ns_fd=netns_fd, **extra)
 
     def rename(self, index: int, name: str) -> None:
         self._set(index=index, ifname=name)
@@ -270,7 +279,65 @@ def restore_names(
     return done
 
 
-def main(verb: str, argv: list[str], stdin: object = None) -> int:
+def netns_path(config: dict[str, Any]) -> str | None:
+    """The `path` of config.json's network namespace entry: a namespace that outlives the
+    container (a pod's, made by the engine and CNI); None for a namespace of its own."""
+    linux = config.get("linux")
+    spaces = linux.get("namespaces") if isinstance(linux, dict) else None
+    for ns in spaces if isinstance(spaces, list) else ():
+        if isinstance(ns, dict) and ns.get("type") == "network":
+            path = ns.get("path")
+            return path if isinstance(path, str) and path.startswith("/") else None
+    return None
+
+
+def move_back(
+    pairs: list[tuple[str, str | None]], path: str, opener: Opener = Pyroute2Links
+) -> list[str]:
+    """poststop for a namespace that outlives the container: move each interface from the
+    namespace at `path` (opened by descriptor, never created) back to ours, under its host name,
+    left down. Returns what was done; a namespace already gone is not an error."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        return [f"network namespace {path} is gone ({exc.strerror}): nothing to move back"]
+    ours = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    done: list[str] = []
+    try:
+        if os.fstat(fd).st_ino == os.fstat(ours).st_ino:
+            return ["the container used the host's network namespace: nothing to move back"]
+        inner = opener(fd)
+        try:
+            for host_name, name in pairs:
+                index = inner.index(name or host_name)
+                if index is None:
+                    done.append(f"{name or host_name} not in {path}: nothing to move back")
+                    continue
+                inner.move(index, ours, host_name if name else None, up=False)
+                done.append(f"{name or host_name} -> host as {host_name}")
+        finally:
+            inner.close()
+    finally:
+        os.close(fd)
+        os.close(ours)
+    return done
+
+
+def poststop(pairs: list[tuple[str, str | None]], stdin: BinaryIO | None, sys_root: str) -> None:
+    """Container end: move interfaces back from a namespace that outlives the container, or
+    (its own namespace is gone, the kernel returned them) restore renamed ones' names."""
+    state = oci_state.read_state(stdin)
+    path = netns_path(oci_state.read_config(os.path.join(state.bundle, "config.json")))
+    try:
+        lines = move_back(pairs, path) if path else restore_names(pairs, sys_root)
+    except (OSError, GpuctkError) as exc:  # runc only logs poststop failures: say it clearly
+        hooklog.warning(f"poststop {state.id}: cannot move interfaces back: {exc}")
+        return
+    for line in lines:
+        hooklog.log("info", f"poststop {state.id}: {line}", to_stderr=False)
+
+
+def main(verb: str, argv: list[str], stdin: BinaryIO | None = None) -> int:
     """`createRuntime --netdev ...` or `poststop --netdev ...`; returns the exit status."""
     import time
 
@@ -278,10 +345,9 @@ def main(verb: str, argv: list[str], stdin: object = None) -> int:
     pairs = parse(verb, argv)
     sys_root = os.environ.get("GPUCTK_SYS_ROOT") or "/sys"
     if verb == "poststop":
-        for line in restore_names(pairs, sys_root):
-            hooklog.log("info", f"poststop: {line}", to_stderr=False)
+        poststop(pairs, stdin, sys_root)
         return 0
-    state = oci_state.read_state(stdin)  # type: ignore[arg-type]
+    state = oci_state.read_state(stdin)
     check_rdma_mode(sys_root, [h for h, _ in pairs])
     netns = ContainerNetns(state.pid)
     try:

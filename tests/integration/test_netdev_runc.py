@@ -97,7 +97,11 @@ def container(
     """Factory: (hook args, own_netns=True, hook_env=()) -> the finished `runc run`."""
 
     def run(
-        args: list[str], own_netns: bool = True, hook_env: tuple[str, ...] = (), hooks: int = 1
+        args: list[str],
+        own_netns: bool = True,
+        hook_env: tuple[str, ...] = (),
+        hooks: int = 1,
+        netns_path: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         global _count
         _count += 1
@@ -111,13 +115,19 @@ def container(
             fresh_rootfs("debian"),
             ["/bin/sh", "-c", SCRIPT],
             env=[PATH_ENV],
-            hooks={"createRuntime": [hook] * hooks},
+            hooks={
+                "createRuntime": [hook] * hooks,
+                "poststop": [dict(hook, args=["gpuctk-hook", "poststop", *args])],
+            },
         )
+        config = json.loads((bundle / "config.json").read_text())
+        spaces = config["linux"]["namespaces"]
         if not own_netns:
-            config = json.loads((bundle / "config.json").read_text())
-            spaces = config["linux"]["namespaces"]
             config["linux"]["namespaces"] = [n for n in spaces if n["type"] != "network"]
-            (bundle / "config.json").write_text(json.dumps(config))
+        for ns in spaces:
+            if ns["type"] == "network" and netns_path:
+                ns["path"] = netns_path  # join a namespace that outlives the container
+        (bundle / "config.json").write_text(json.dumps(config))
         return run_container(["runc"], bundle, unique_name("gpuctk-netdev"))
 
     return run
@@ -146,6 +156,41 @@ def test_move_rename_and_up(veth: tuple[str, str], container: Any) -> None:
     # The namespace died with the container: the kernel deleted the veth end and its peer.
     assert gone(moved)
     assert gone(host_end)
+
+
+@pytest.fixture
+def pod_netns() -> Iterator[str]:
+    """A named network namespace (as a pod sandbox has); deleted at teardown."""
+    global _count
+    _count += 1
+    name = f"gpuctk-pod-{os.getpid()}-{_count}"
+    made = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot create a network namespace: {made.stderr.strip()}")
+    yield name
+    subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+
+
+def test_pod_namespace_gets_it_back_at_poststop(
+    veth: tuple[str, str], container: Any, pod_netns: str, tmp_path: Path
+) -> None:
+    """A namespace that outlives the container: poststop moves the interface back to the host
+    under its own name (the kernel would not: the namespace is not destroyed)."""
+    host_end, moved = veth
+    address = mac(moved)
+    done = container(["--netdev", f"{moved}::net0"], netns_path=f"/var/run/netns/{pod_netns}")
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    seen = interfaces(done.stdout)
+    assert set(seen) == {"lo", "net0"} and seen["net0"][1] == address
+    # Back on the host, under its host name, left down; the pod namespace no longer has it.
+    assert link_exists(moved) and mac(moved) == address and link_exists(host_end)
+    flags = int(Path(f"/sys/class/net/{moved}/flags").read_text(), 16)
+    assert not flags & 0x1
+    inside = subprocess.run(
+        ["ip", "-n", pod_netns, "-o", "link", "show"], capture_output=True, text=True, check=True
+    )
+    assert "net0" not in inside.stdout
+    assert "-> host as " + moved in (tmp_path / "hook.log").read_text()
 
 
 def test_move_keeps_name_and_is_idempotent(

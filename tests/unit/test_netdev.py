@@ -47,11 +47,11 @@ class FakeLinks:
         got = self.world.ns[self.ns].get(name)
         return got[0] if got else None
 
-    def move(self, index: int, netns_fd: int, name: str | None) -> None:
+    def move(self, index: int, netns_fd: int, name: str | None, up: bool = True) -> None:
         old = self._name(index)
-        self.world.calls.append(f"move {old} -> {netns_fd} as {name}")
+        self.world.calls.append(f"move {old} -> {netns_fd} as {name}" + ("" if up else " down"))
         del self.world.ns[self.ns][old]
-        self.world.ns[netns_fd][name or old] = (index, True)
+        self.world.ns.setdefault(netns_fd, {})[name or old] = (index, up)
 
     def rename(self, index: int, name: str) -> None:
         old = self._name(index)
@@ -106,8 +106,8 @@ def test_brings_up_when_the_move_did_not() -> None:
     world = World({"ib0": 4})
 
     class NoUpMove(FakeLinks):
-        def move(self, index: int, netns_fd: int, name: str | None) -> None:
-            super().move(index, netns_fd, name)
+        def move(self, index: int, netns_fd: int, name: str | None, up: bool = True) -> None:
+            super().move(index, netns_fd, name, up)
             self.world.ns[netns_fd]["ib0"] = (index, False)
 
     netdev.move_all([("ib0", None)], INNER, lambda fd: NoUpMove(world, HOST if fd is None else fd))
@@ -139,7 +139,7 @@ def test_netlink_failure_is_a_hook_error() -> None:
     world = World({"ens1f0np0": 5})
 
     class Failing(FakeLinks):
-        def move(self, index: int, netns_fd: int, name: str | None) -> None:
+        def move(self, index: int, netns_fd: int, name: str | None, up: bool = True) -> None:
             raise OSError(95, "Operation not supported")
 
     with pytest.raises(NetdevError, match=r"cannot move ens1f0np0: .*not supported"):
@@ -203,3 +203,50 @@ def test_pyroute2_only_for_a_nic_move(tmp_path: Path) -> None:
     loaded = _modules_after(code)
     assert "gpuctk.hook.prestart" in loaded  # it did run the GPU path
     assert "pyroute2" not in loaded and "gpuctk.hook.netdev" not in loaded
+
+
+def test_netns_path() -> None:
+    pod = {"linux": {"namespaces": [{"type": "pid"}, {"type": "network", "path": "/run/netns/p"}]}}
+    assert netdev.netns_path(pod) == "/run/netns/p"
+    assert netdev.netns_path({"linux": {"namespaces": [{"type": "network"}]}}) is None
+    assert netdev.netns_path({"linux": {"namespaces": "junk"}}) is None
+    assert netdev.netns_path({}) is None
+
+
+def test_move_back_from_a_lasting_namespace(tmp_path: Path) -> None:
+    # A namespace file that is not ours: a second open of /proc/1/ns/net would be ours when we
+    # run in the init namespace, so open a real foreign one only in the integration test; here
+    # a plain file stands in (its inode differs from our namespace's).
+    path = tmp_path / "netns"
+    path.touch()
+    opened: list[int] = []
+    world = World({"eth0": 2})
+
+    def opener(fd: int | None) -> FakeLinks:
+        assert fd is not None  # only the lasting namespace is opened, by descriptor
+        opened.append(fd)
+        world.ns[fd] = {"net0": (5, True), "ib0": (6, True)}
+        return FakeLinks(world, fd)
+
+    done = netdev.move_back(
+        [("ens1f0np0", "net0"), ("ib0", None), ("gone0", None)], str(path), opener
+    )
+    fd = opened[0]
+    assert world.calls[0].startswith("move net0 -> ") and world.calls[0].endswith(
+        " as ens1f0np0 down"
+    )
+    assert world.calls[1].endswith(" as None down")
+    assert done == [
+        "net0 -> host as ens1f0np0",
+        "ib0 -> host as ib0",
+        "gone0 not in " + str(path) + ": nothing to move back",
+    ]
+    assert world.ns[fd] == {}
+
+
+def test_move_back_namespace_gone(tmp_path: Path) -> None:
+    def opener(fd: int | None) -> FakeLinks:
+        raise AssertionError("no netlink socket for a namespace that is gone")
+
+    (line,) = netdev.move_back([("ib0", None)], str(tmp_path / "none"), opener)
+    assert "is gone" in line

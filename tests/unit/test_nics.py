@@ -73,10 +73,12 @@ def nodes(edits: dict[str, Any]) -> list[str]:
 
 
 def moved(edits: dict[str, Any]) -> list[str]:
-    (hook,) = edits["hooks"]
-    assert hook["hookName"] == "createRuntime" and hook["env"]
-    args = hook["args"]
+    create, stop = edits["hooks"]
+    assert create["hookName"] == "createRuntime" and create["env"]
+    assert stop["hookName"] == "poststop" and stop["env"] == create["env"]
+    args = create["args"]
     assert args[:2] == ["gpuctk-hook", "createRuntime"]
+    assert stop["args"] == ["gpuctk-hook", "poststop", *args[2:]]
     return [args[i + 1] for i, a in enumerate(args) if a == "--netdev"]
 
 
