@@ -36,7 +36,7 @@ for f in /dev/nvidia[0-9]*; do
   if err=$( (: < "$f") 2>&1 ); then echo "OPEN $f ok"; else echo "OPEN $f $err"; fi
 done
 for l in libcuda.so.1 libnvidia-ml.so.1; do
-  ldconfig -p 2>/dev/null | grep -q " $l " && echo "LDCACHE $l"
+  ldconfig -p 2>/dev/null | grep -qE "^[[:space:]]+$l " && echo "LDCACHE $l"
 done
 if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi -L 2>&1 | head -n 4 | sed 's/^/SMI /'
@@ -143,6 +143,18 @@ def _shim_env(ctx: Context) -> dict[str, str]:
     return env
 
 
+def _open_text(line: str) -> str:
+    """ "/dev/nvidia0 /bin/sh: 1: cannot open /dev/nvidia0: No such device or address" ->
+    "open /dev/nvidia0: ENXIO (No such device or address)"."""
+    path, _, result = line.partition(" ")
+    for name, text in (("ENXIO", ENXIO_TEXT), ("EPERM", EPERM_TEXT)):
+        if text in result:
+            return f"open {path}: {name} ({text})"
+    if result == "ok":
+        return f"open {path}: ok"
+    return f"open {path}: {result.rsplit(': ', 1)[-1]}"
+
+
 def _verdict(out: str, expected: set[str], device: str) -> Result:
     nodes = set(_tagged(out, "NODE"))
     opened = _tagged(out, "OPEN")
@@ -160,7 +172,7 @@ def _verdict(out: str, expected: set[str], device: str) -> Result:
         return failed(ID, TITLE, evidence, "gpuctk doctor   # fix the CDI and runtime layers first")
     blocked = [o for o in opened if EPERM_TEXT in o]
     no_driver = [o for o in opened if ENXIO_TEXT in o]
-    evidence += [f"open {o}" for o in opened]
+    evidence += [_open_text(o) for o in opened]
     evidence += [f"nvidia-smi: {line}" for line in smi]
     if blocked:
         return failed(
