@@ -298,7 +298,9 @@ def move_back(
     namespace at `path` (opened by descriptor, never created) back to ours, under its host name,
     left down. Returns what was done; a namespace already gone is not an error."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK: a FIFO planted at the path must not hang the hook; setns() (pyroute2's,
+        # in the adapter) refuses anything that is not a network namespace.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError as exc:
         return [f"network namespace {path} is gone ({exc.strerror}): nothing to move back"]
     ours = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
