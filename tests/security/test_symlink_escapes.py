@@ -10,6 +10,7 @@ and nothing from the image ran. Both resolvers run: openat2 and the descriptor w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import subprocess
@@ -171,3 +172,41 @@ def test_proc_in_root_is_never_written(proc_in_root: World, bindir: Path) -> Non
     assert_safe(done)
     assert Path("/proc/sys/kernel/core_pattern").read_text() == before
     assert stat.S_IMODE(os.stat("/proc/sys/kernel/core_pattern").st_mode) == 0o644
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("target", ["/dev", "/dev/nvidia-caps", LIBDIR, "/run"])
+def test_prestart_device_nodes_and_binds_stay_in_root(world: World, target: str, form: str) -> None:
+    """The prestart mode's own writes (mknod, bind targets) through the same hostile links, in a
+    private mount namespace: whatever lands, lands inside the root."""
+    from test_races import _in_private_mounts
+
+    from gpuctk import rootfs
+    from gpuctk.hook import mknod, nsmount
+
+    plant(world, target, form)
+    source = world.tmp / "driver-lib"
+    source.write_bytes(b"\x7fELF")
+
+    def body() -> None:
+        fd = rootfs.open_root(str(world.root))
+        src = nsmount.Source(str(source), ["ro", "nosuid", "nodev", "rbind"])
+        try:
+            for path, minor in (("/dev/nvidia0", 0), ("/dev/nvidia-caps/nvidia-cap1", 1)):
+                node = {"path": path, "type": "c", "major": 195, "minor": minor}
+                with contextlib.suppress(mknod.NodeError, rootfs.InRootError):
+                    mknod.mknod(fd, node)
+            for dest in (f"{LIBDIR}/libcuda.so.1", "/run/nvidia-persistenced/socket"):
+                with contextlib.suppress(nsmount.NamespaceError, rootfs.InRootError):
+                    nsmount.bind(fd, src, dest)
+            prefix = str(world.root) + "/"
+            with open("/proc/self/mountinfo") as info:
+                points = [line.split()[4] for line in info]
+            assert not [p for p in points if p.startswith(str(world.host))], points
+            assert all(not p.startswith(str(world.tmp)) or p.startswith(prefix) or
+                       p == str(world.root) for p in points)  # fmt: skip
+        finally:
+            src.close()
+            os.close(fd)
+
+    _in_private_mounts(body)
