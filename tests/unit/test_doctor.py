@@ -416,3 +416,48 @@ def test_runtimeclass_with_another_handler(make_node: NodeFactory) -> None:
     check = node.check(report, "kubernetes.runtimeclass")
     assert check["status"] == "failed"
     assert "RuntimeClass nvidia -> handler 'gpu', unknown to the engine" in text(check)
+
+
+def test_simulate_stands_in_for_nvml(make_node: NodeFactory) -> None:
+    node = make_node("a100-mig")
+    env = {k: v for k, v in node.env.items() if not k.startswith(("GPUCTK_NVML", "FAKE_NVML"))}
+    code, report, _ = node.doctor("--simulate", "a100-mig", env=env)
+    assert code == 0, bad(report)
+    assert node.check(report, "nvml.load")["evidence"] == [
+        "machine from profile a100-mig (--simulate)"
+    ]
+    code, report, _ = node.doctor("--simulate", "h100-8", env=env)  # not this node's machine
+    assert code == 2
+    assert node.check(report, "cdi.layout")["status"] == "failed"
+    assert node.check(report, "nvml.device-nodes")["status"] == "failed"
+
+
+def test_crio_and_docker_when_present(make_node: NodeFactory) -> None:
+    node = make_node()
+    shim = BIN / "gpuctk-runtime"
+    crio = node.host / "etc/crio/crio.conf"
+    crio.parent.mkdir(parents=True)
+    crio.write_text('[crio.runtime]\ndefault_runtime = "runc"\n')
+    (crio.parent / "crio.conf.d").mkdir()
+    docker = node.host / "etc/docker/daemon.json"
+    docker.parent.mkdir(parents=True)
+    docker.write_text('{"runtimes": {"nvidia": {"path": "/opt/gone/gpuctk-runtime"}}}')
+    code, report, _ = node.doctor()
+    assert code == 2
+    check = node.check(report, "engine.crio")
+    assert check["status"] == "failed"
+    assert "no 'nvidia' (handlers: none)" in text(check)
+    assert check["fix"].startswith(f"gpuctk runtime configure --runtime crio --config {crio}")
+    check = node.check(report, "engine.docker")
+    assert check["status"] == "failed"
+    assert "runtimes.nvidia.path = '/opt/gone/gpuctk-runtime': not found" in text(check)
+    assert check["fix"].endswith("&& systemctl restart docker")
+
+    (crio.parent / "crio.conf.d/99-gpuctk.conf").write_text(
+        f'[crio.runtime.runtimes.nvidia]\nruntime_path = "{shim}"\nruntime_type = "oci"\n'
+    )
+    docker.write_text(f'{{"runtimes": {{"nvidia": {{"path": "{shim}"}}}}}}')
+    code, report, _ = node.doctor()
+    assert code == 0, bad(report)
+    assert node.check(report, "engine.crio")["evidence"] == [f"runtime_path = {shim}"]
+    assert node.check(report, "engine.docker")["status"] == "ok"
