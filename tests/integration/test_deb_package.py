@@ -208,6 +208,14 @@ def test_install_use_remove_purge(
     assert [h["path"] for h in spec["containerEdits"]["hooks"]] == ["/usr/bin/gpuctk-hook"]
     assert any("libcuda.so" in m["containerPath"] for m in spec["containerEdits"]["mounts"])
 
+    # the installed units are valid systemd units (their ExecStart exists now)
+    if shutil.which("systemd-analyze"):
+        units = [f"/usr/lib/systemd/system/gpuctk-cdi-refresh.{k}" for k in ("service", "path")]
+        verify = subprocess.run(
+            ["systemd-analyze", "verify", "--man=no", *units], capture_output=True, text=True
+        )
+        assert verify.returncode == 0, verify.stdout + verify.stderr
+
     # the launchers are isolated: a planted gpuctk package on PYTHONPATH never loads
     evil = tmp_path / "evil" / "gpuctk"
     evil.mkdir(parents=True)

@@ -1,0 +1,64 @@
+"""The files packaging/deb ships, checked against the code that reads them.
+
+- config.toml: parses as shipped (every key commented out: the defaults), and with every
+  commented key uncommented gives exactly hook/config.py's DEFAULTS, with every key shown;
+- the refresh units and the udev rule name the same service, the launcher and the spec path;
+- the maintainer scripts are POSIX sh that `sh -n` accepts, and never exit non-zero by design
+  (each ends in `exit 0`).
+"""
+
+from __future__ import annotations
+
+import configparser
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuctk.hook import config
+
+DEB = Path(__file__).resolve().parents[2] / "packaging" / "deb"
+SERVICE = "gpuctk-cdi-refresh.service"
+
+
+def test_shipped_config_is_the_defaults() -> None:
+    text = (DEB / "config.toml").read_text()
+    assert config.parse(text, "config.toml").source == "config.toml"
+    uncommented = re.sub(r"(?m)^#(?=[a-z-]+ = )", "", text)
+    settings = config.parse(uncommented, "config.toml")
+    keys = re.findall(r"(?m)^#([a-z-]+) = ", text)
+    assert sorted(keys) == sorted(config.DEFAULTS)
+    for key, value in config.DEFAULTS.items():
+        got = getattr(settings, key.replace("-", "_"))
+        assert (list(got) if isinstance(got, tuple) else got) == value, key
+
+
+def _unit(name: str) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string((DEB / name).read_text())
+    return parser
+
+
+def test_units_and_rule_agree() -> None:
+    service = _unit(SERVICE)
+    assert service["Service"]["Type"] == "oneshot"
+    assert service["Service"]["ExecStart"].startswith(
+        "/usr/bin/gpuctk cdi generate --output /var/run/cdi/nvidia.yaml"
+    )
+    assert service["Unit"]["ConditionPathExists"] == "/proc/driver/nvidia/version"
+    path = _unit("gpuctk-cdi-refresh.path")
+    assert path["Path"]["Unit"] == SERVICE
+    assert "@MULTIARCH@/libnvidia-ml.so.1" in (DEB / "gpuctk-cdi-refresh.path").read_text()
+    rule = (DEB / "71-gpuctk.rules").read_text()
+    assert f"start {SERVICE}" in rule and 'SUBSYSTEM=="module"' in rule
+
+
+@pytest.mark.parametrize("script", ["postinst", "prerm", "postrm"])
+def test_maintainer_scripts(script: str) -> None:
+    path = DEB / script
+    assert path.stat().st_mode & 0o111
+    text = path.read_text()
+    assert text.startswith("#!/bin/sh\n") and text.rstrip().endswith("exit 0")
+    subprocess.run(["sh", "-n", str(path)], check=True)
