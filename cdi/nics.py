@@ -17,14 +17,14 @@ The device nodes live under /dev/infiniband/ with the sysfs names (udev's rule).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from gpuctk.cdi.topology import PciPath, path_of_dir, read_numa
+from gpuctk.records import record
 
 DEV_DIR = "/dev/infiniband"
 
 
-@dataclass(frozen=True)
+@record
 class CharNode:
     """A character device node: its path in /dev and its numbers."""
 
@@ -33,7 +33,7 @@ class CharNode:
     minor: int
 
 
-@dataclass(frozen=True)
+@record
 class Nic:
     """One RDMA device (an HCA port set, or a RoCE function)."""
 

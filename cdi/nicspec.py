@@ -294,8 +294,6 @@ def render_doc(doc: dict[str, Any], fmt: str) -> bytes:
         import json
 
         return (json.dumps(doc, indent=2) + "\n").encode()
-    import yaml
+    from gpuctk.cdi import yamlout
 
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    text: str = yaml.dump(doc, Dumper=dumper, sort_keys=False, default_flow_style=False)
-    return f"---\n{text}".encode()
+    return yamlout.dump(doc).encode()

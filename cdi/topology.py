@@ -20,7 +20,8 @@ use fake trees.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+
+from gpuctk.records import record
 
 LINK_TYPES = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")  # closest first
 LINK_HELP = {
@@ -33,7 +34,7 @@ LINK_HELP = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class PciPath:
     """A PCI device's place: its chain from the host bridge (`pci0000:00`) down to itself."""
 
