@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FOLDER, LIB, World, assert_safe, run_tool
 from fixtures.images import make_bundle, unique_name
+from secworld import FOLDER, LIB, World, assert_safe, run_tool
 
 PLANT_SITE = """
 import os
@@ -58,7 +58,8 @@ def test_launchers_ignore_python_variables(world: World, bindir: Path) -> None:
     done = run_tool(bindir / "gpuctk-hook", args, world.state(), {**env, "PYTHONHOME": "/none"})
     assert done.returncode == 0, done.stderr
     assert os.readlink(world.root / FOLDER.lstrip("/") / "libfoo.so.1") == "libfoo.so.1.2.3"
-    assert (bindir / "gpuctk-hook").read_text().startswith(f"#!{sys.executable} -I\n")
+    first = (bindir / "gpuctk-hook").read_text().splitlines()[0]
+    assert first.startswith(f"#!{sys.executable} -I"), first
     # the shim's launcher too: `state` passes straight through to the (fake) runtime
     runtime = world.tmp / "fake-runc"
     runtime.write_text(f'#!/bin/sh\necho "$@" > {world.tmp}/runtime-argv\n')

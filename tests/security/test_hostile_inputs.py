@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FOLDER, World, assert_safe, run_tool
+from secworld import FOLDER, World, assert_safe, run_tool
 
 LINK = ["createContainer", "--link", f"libfoo.so.1.2.3::{FOLDER}/libfoo.so.1", "--folder", FOLDER]
 DEEP = b"[" * 200000 + b"]" * 200000

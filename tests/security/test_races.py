@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import FOLDER, LIB, LIBDIR, World, assert_safe, run_tool
+from secworld import FOLDER, LIB, LIBDIR, World, assert_safe, run_tool
 
 from gpuctk import rootfs
 from gpuctk.hook import mounts, nsmount

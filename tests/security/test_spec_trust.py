@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_safe, run_tool
+from secworld import assert_safe, run_tool
 
 KIND = "example.com/gpu"
 NOBODY = 65534

@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import FOLDER, LIB, LIBDIR, World, assert_safe, run_tool
+from secworld import FOLDER, LIB, LIBDIR, World, assert_safe, run_tool
 
 ARGS = [
     "createContainer",
