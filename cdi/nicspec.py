@@ -6,7 +6,8 @@ The NIC spec (kind `nvidia.com/nic` by default, `--nic-kind`) has, in CDI JSON s
   issm nodes and /dev/infiniband/rdma_cm as deviceNodes, and its network interfaces;
 - per GPU, an "affine" device named `gpu<index>` (and the GPU's UUID under the uuid naming
   strategy): the NIC(s) closest to that GPU by PCI topology (gpuctk.cdi.topology), taken only
-  when they are at most `--nic-affinity` away (NODE by default: never across sockets).
+  when they are at most `--nic-affinity` away (NODE by default: never across sockets); only
+  for the GPUs `--device-id` selects, when it is given.
   Ask for both: `--device nvidia.com/gpu=0 --device nvidia.com/nic=gpu0`;
 - `all`: every NIC.
 
@@ -157,6 +158,7 @@ def build_doc(
     dev_root: str = "/",
     hook_path: str = "/usr/bin/gpuctk-hook",
     uuid_names: bool = True,
+    device_ids: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The NIC spec as a CDI JSON document, cdiVersion set to the minimum it needs.
 
@@ -174,6 +176,8 @@ def build_doc(
 
     devices: list[dict[str, Any]] = [{"name": n.name, "containerEdits": edits([n])} for n in nics]
     for gpu in machine.gpus:
+        if device_ids and not selected(gpu, device_ids):
+            continue
         _, near = closest(gpu, nics, sys_root, affinity)
         if not near:
             continue
@@ -188,6 +192,14 @@ def build_doc(
 def usable(nics: tuple[Nic, ...]) -> tuple[Nic, ...]:
     """The NICs that give a container something: device nodes or network interfaces."""
     return tuple(n for n in nics if n.nodes or n.netdevs)
+
+
+def selected(gpu: Gpu, device_ids: tuple[str, ...]) -> bool:
+    """Whether `--device-id` names this GPU or one of its MIG devices (any naming strategy)."""
+    names = {str(gpu.index), gpu.uuid, f"gpu{gpu.index}"}
+    for mig in gpu.mig_devices:
+        names |= {mig.name, mig.uuid, f"mig{mig.name}"}
+    return bool(names & set(device_ids))
 
 
 def nic_output_path(output: str | None, nic_output: str | None) -> str | None:
@@ -279,6 +291,7 @@ def build(
         dev_root=roots.dev_root,
         hook_path=opts.hook_path,
         uuid_names="uuid" in opts.name_strategies,
+        device_ids=opts.device_ids,
     )
     affine = sum(1 for d in doc["devices"] if d["name"].startswith("gpu"))
     summary = (

@@ -245,3 +245,13 @@ def test_virtual_rdma_device_without_pci_or_nodes(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     assert "rxe0: no device nodes and no network interfaces" in p.stderr
     assert not (tmp_path / "n-nic.yaml").exists()
+
+
+def test_device_id_limits_affine_devices(sysfs: Path, tmp_path: Path) -> None:
+    out = tmp_path / "nvidia.json"
+    p = generate("--sys-root", str(sysfs), "--nics", "--device-id", "4", "--output", str(out))
+    assert p.returncode == 0, p.stderr
+    nic = json.loads((tmp_path / "nvidia-nic.json").read_text())
+    uuid4 = load_profile("h100-8").gpus[4].uuid
+    assert set(devices(nic)) == {"mlx5_0", "mlx5_1", "mlx5_2", "gpu4", uuid4, "all"}
+    assert moved(devices(nic)["gpu4"]) == ["ens2f0np0"]
