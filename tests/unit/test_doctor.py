@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -461,3 +462,43 @@ def test_crio_and_docker_when_present(make_node: NodeFactory) -> None:
     assert code == 0, bad(report)
     assert node.check(report, "engine.crio")["evidence"] == [f"runtime_path = {shim}"]
     assert node.check(report, "engine.docker")["status"] == "ok"
+
+
+def fake_containerd(node: DoctorNode, argv: list[str], started_ago: float) -> None:
+    """A containerd process in the node's proc root, started `started_ago` seconds ago."""
+    proc = node.roots.proc_root
+    now = time.time()
+    ticks = os.sysconf("SC_CLK_TCK")
+    btime = int(now) - 100_000
+    (proc / "stat").write_text(f"cpu  1 2 3 4\nbtime {btime}\n")
+    pid = proc / "4242"
+    pid.mkdir(exist_ok=True)
+    (pid / "comm").write_text("containerd\n")
+    (pid / "cmdline").write_bytes("\0".join(["/usr/bin/containerd", *argv, ""]).encode())
+    start = int((now - started_ago - btime) * ticks)
+    fields = ["S", *["0"] * 18, str(start), *["0"] * 10]  # starttime is field 22 of stat
+    (pid / "stat").write_text(f"4242 (containerd) {' '.join(fields)}\n")
+
+
+def test_containerd_not_restarted_after_configure(make_node: NodeFactory) -> None:
+    node = make_node()
+    fake_containerd(node, [], started_ago=3600)  # default --config: <host>/etc/containerd/...
+    code, report, _ = node.doctor()
+    check = node.check(report, "engine.containerd.loaded")
+    assert check["status"] == "warning"
+    assert "after containerd (pid 4242) started: the running daemon does not know" in text(check)
+    assert check["fix"] == "systemctl restart containerd"
+    assert code == 1
+
+    old = time.time() - 7200
+    for path in (node.containerd_config, node.containerd_config.parent / "conf.d/99-gpuctk.toml"):
+        os.utime(path, (old, old))
+    code, report, _ = node.doctor()
+    check = node.check(report, "engine.containerd.loaded")
+    assert check["status"] == "ok"
+    assert check["evidence"] == ["containerd (pid 4242) started after 2 config file(s)"]
+    assert code == 0
+
+    fake_containerd(node, ["--config", "/srv/other.toml"], started_ago=3600)
+    code, report, _ = node.doctor()
+    assert node.check(report, "engine.containerd.loaded")["status"] == "skipped"
