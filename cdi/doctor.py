@@ -11,7 +11,9 @@ pynvml only when NVML is asked, PyYAML only when a spec or manifest is YAML.
 
 from __future__ import annotations
 
+import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -34,17 +36,37 @@ def run_checks(ctx: Context) -> list[Result]:
     )
 
     found = Findings()
-    driver = doctor_driver.driver_checks(ctx, found)
-    nvml = doctor_driver.nvml_checks(ctx, found)
+    driver = _guarded("driver", doctor_driver.driver_checks, ctx, found)
+    nvml = _guarded("nvml", doctor_driver.nvml_checks, ctx, found)
     # The runtime config names the spec dirs the shim reads, so it is read before the CDI layer.
-    runtime = doctor_runtime.runtime_checks(ctx, found)
+    runtime = _guarded("runtime", doctor_runtime.runtime_checks, ctx, found)
     found.spec_dirs = ctx.spec_dirs or (found.settings.spec_dirs if found.settings else ())
     found.spec_dirs = found.spec_dirs or ("/etc/cdi", "/var/run/cdi")
-    cdi = doctor_cdi.cdi_checks(ctx, found)
-    engine = doctor_engine.engine_checks(ctx, found)
-    k8s = doctor_k8s.k8s_checks(ctx, found)
-    probe = [doctor_probe.check_probe(ctx, found)]
+    cdi = _guarded("cdi", doctor_cdi.cdi_checks, ctx, found)
+    engine = _guarded("engine", doctor_engine.engine_checks, ctx, found)
+    k8s = _guarded("kubernetes", doctor_k8s.k8s_checks, ctx, found)
+    probe = _guarded("probe", lambda c, f: [doctor_probe.check_probe(c, f)], ctx, found)
     return [*driver, *nvml, *cdi, *runtime, *engine, *k8s, *probe]
+
+
+def _guarded(
+    layer: str, checks: Callable[[Context, Findings], list[Result]], ctx: Context, found: Findings
+) -> list[Result]:
+    """The layer's results; a bug in one layer becomes one failed result, not a lost report."""
+    try:
+        return checks(ctx, found)
+    except Exception as exc:
+        from gpuctk.cdi.doctor_report import failed
+
+        logging.getLogger(__name__).debug("doctor: %s layer failed", layer, exc_info=True)
+        return [
+            failed(
+                f"{layer}.internal",
+                f"{layer} checks ran to the end",
+                [f"internal error: {type(exc).__name__}: {exc}"],
+                "gpuctk --debug doctor   # and report it: this is a gpuctk bug",
+            )
+        ]
 
 
 @click.command("doctor", context_settings={"help_option_names": ["-h", "--help"]})

@@ -150,3 +150,25 @@ def test_help_documents_the_exit_codes_and_layers() -> None:
         assert line in done.stdout
     for layer in ("driver", "nvml", "cdi", "runtime", "engine", "kubernetes", "probe"):
         assert f"\n    {layer} " in done.stdout
+
+
+def test_a_bug_in_one_layer_does_not_lose_the_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from gpuctk.cdi import doctor, doctor_k8s
+    from gpuctk.cdi.doctor_context import Context, Findings
+
+    def boom(ctx: Context, found: Findings) -> list[report.Result]:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(doctor_k8s, "k8s_checks", boom)
+    root = str(tmp_path)
+    ctx = Context(dev_root=root, proc_root=root, sys_root=root, host_root=root, simulate="l4",
+                  path=str(tmp_path / "no-bin"))  # fmt: skip
+    results = doctor.run_checks(ctx)
+    layers = [r.layer for r in results]
+    assert layers.index("engine") < layers.index("kubernetes") < layers.index("probe")
+    internal = [r for r in results if r.id == "kubernetes.internal"]
+    assert len(internal) == 1 and internal[0].status == "failed"
+    assert internal[0].evidence == ("internal error: RuntimeError: boom",)
+    assert report.exit_code(results) == 2
