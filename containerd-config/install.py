@@ -29,13 +29,17 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any, TypeVar
 
 import click
 
 from gpuctk.containerd import install_host as host_mod
 from gpuctk.containerd.install_host import Record, resolve, run_in_host
 from gpuctk.errors import GpuctkError, InputError, OutputError, UsageError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_PREFIX = "/usr/local/gpuctk"
 DEFAULT_BIN_DIR = "/usr/local/bin"
@@ -220,6 +224,10 @@ _RESTART_COMMAND = click.option(
 )
 
 
+def _path_option(name: str, default: str, help_: str, metavar: str = "PATH") -> Callable[[F], F]:
+    return click.option(name, default=default, show_default=True, metavar=metavar, help=help_)
+
+
 @click.command("install", context_settings={"help_option_names": ["-h", "--help"]})
 @_HOST_ROOT
 @click.option(
@@ -228,22 +236,18 @@ _RESTART_COMMAND = click.option(
     help="The application to copy: a Python prefix with gpuctk in it (default: this one, "
     f"{sys.prefix}).",
 )
-@click.option("--prefix", default=DEFAULT_PREFIX, show_default=True, help="Host path of the copy.")
-@click.option(
-    "--bin-dir", default=DEFAULT_BIN_DIR, show_default=True, help="Host folder for the launchers."
-)
-@click.option(
-    "--cdi-output", default=DEFAULT_SPEC, show_default=True, help="Host path of the CDI spec."
-)
+@_path_option("--prefix", DEFAULT_PREFIX, "Host path of the copy.")
+@_path_option("--bin-dir", DEFAULT_BIN_DIR, "Host folder for the launchers.", "DIR")
+@_path_option("--cdi-output", DEFAULT_SPEC, "Host path of the CDI spec.")
 @click.option("--no-cdi", is_flag=True, help="Do not generate a CDI spec.")
 @click.option("--driver-root", metavar="DIR", help="Host path of the driver root (generate).")
 @click.option("--dev-root", metavar="DIR", help="Host path of the /dev root (generate).")
 @click.option("--nvml-library", metavar="PATH", help="Host path of libnvidia-ml.so.1 (generate).")
 @click.option("--simulate", metavar="PROFILE", help="Generate for a machine profile (no GPU).")
-@click.option("--containerd-config", default=DEFAULT_CONFIG, show_default=True, help="Host path.")
-@click.option("--drop-in", default=DEFAULT_DROP_IN, show_default=True, help="Host path.")
+@_path_option("--containerd-config", DEFAULT_CONFIG, "Host path of containerd's main config.")
+@_path_option("--drop-in", DEFAULT_DROP_IN, "Host path of the drop-in gpuctk owns.")
 @click.option("--no-containerd", is_flag=True, help="Do not configure containerd.")
-@click.option("--runtime-name", default="nvidia", show_default=True, help="Handler name.")
+@_path_option("--runtime-name", "nvidia", "Handler name (a RuntimeClass `handler`).", "NAME")
 @click.option("--set-as-default", is_flag=True, help="Make it containerd's default runtime.")
 @click.option(
     "--config-source",
