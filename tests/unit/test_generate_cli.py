@@ -43,7 +43,7 @@ def assert_failed_cleanly(p: subprocess.CompletedProcess[str], code: int, words:
 def test_simulate_to_stdout_and_json_by_extension(tmp_path: Path) -> None:
     p = run(["--simulate", "l4"])
     assert p.returncode == 0, p.stderr
-    assert p.stdout.startswith("---\ncdiVersion: \"0.5.0\"\nkind: nvidia.com/gpu\n")
+    assert p.stdout.startswith('---\ncdiVersion: "0.5.0"\nkind: nvidia.com/gpu\n')
     out = tmp_path / "spec.json"
     p = run(["--simulate", "h100-8", "--output", str(out)])
     assert p.returncode == 0, p.stderr
