@@ -367,9 +367,12 @@ def test_low_level_runtime_missing(make_node: NodeFactory) -> None:
     assert check["fix"].endswith(f"in {node.runtime_config}")
 
 
-def test_shim_not_on_path(make_node: NodeFactory) -> None:
+def test_shim_not_on_path(make_node: NodeFactory, tmp_path: Path) -> None:
     node = make_node()
-    env = dict(node.env, PATH="/usr/sbin:/usr/bin:/sbin:/bin")
+    only_runc = tmp_path / "only-runc"  # not the system PATH: a gpuctk package may be installed
+    only_runc.mkdir()
+    (only_runc / "runc").symlink_to(shutil.which("runc") or "/usr/sbin/runc")
+    env = dict(node.env, PATH=str(only_runc))
     code, report, _ = node.doctor(env=env)
     assert code == 2
     assert node.check(report, "runtime.shim")["status"] == "failed"
