@@ -24,6 +24,7 @@ builds (keyed on the dependency list and interpreter): the tests do, under tests
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import hashlib
 import json
@@ -110,7 +111,8 @@ def build_venv(dest: Path, python: str = "/usr/bin/python3") -> Path:
         if not cached.is_dir():
             tmp = Path(tempfile.mkdtemp(prefix=".deps-venv-", dir=cache))
             _make_venv(tmp / "v", python)
-            os.rename(tmp / "v", cached) if not cached.exists() else None
+            with contextlib.suppress(OSError):  # another build made it meanwhile: use theirs
+                os.rename(tmp / "v", cached)
             shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(cached, dest, symlinks=True)
     else:
