@@ -248,3 +248,16 @@ def test_generation_failure_leaves_containerd_alone(node: Node) -> None:
     assert node.gpuctk("uninstall", "--host-root", str(node.root)).returncode == 0
     assert not (node.root / "usr/local/gpuctk").exists()
     assert not (node.upper / "local/bin/gpuctk").exists()
+
+
+def test_node_without_containerd_config(node: Node) -> None:
+    """containerd on its defaults (no config.toml): install creates it, uninstall removes it."""
+    (node.root / "etc/containerd/config.toml").unlink()
+    pristine = node.state()
+    proc = node.gpuctk(*node.install_argv("--config-source", "file"))
+    assert proc.returncode == 0, proc.stderr
+    runtimes = node.dump()["plugins"][CRI]["containerd"]["runtimes"]
+    assert runtimes["nvidia"]["options"]["BinaryName"] == "/usr/local/bin/gpuctk-runtime"
+    assert runtimes["runc"]["runtime_type"] == "io.containerd.runc.v2"  # the built-in kept
+    assert node.gpuctk("uninstall", "--host-root", str(node.root)).returncode == 0
+    assert node.state() == pristine
