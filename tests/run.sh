@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one test command (README's second set-up command, and what .ci/run calls).
 # Installs everything the tests need on a fresh Debian 12 machine (run as root):
-#   - apt: runc, crun, podman, containerd, gcc (for the fake libnvidia-ml.so.1), iproute2
+#   - apt: runc, crun, podman, containerd, gcc (for the fake libnvidia-ml.so.1), iproute2,
+#     python3 + python3-venv (the deb's venv is built on Debian's python3)
 #   - Debian's non-free component, so that the NVIDIA 535 driver packages can be downloaded
 #     for the driver-root fixture (tests/fixtures/driver_root.py)
 #   - a virtual environment in .venv with gpuctk (editable) and the test tools
@@ -16,6 +17,9 @@ need_apt=()
 for cmd in runc crun podman containerd ctr gcc ip mkfs.ext4; do
     command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$cmd")
 done
+# the deb and `gpuctk install` tests build their venv with Debian's own python3 (the package
+# depends on it), whatever Python runs the tests
+/usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_apt+=(python3-venv)
 src=/etc/apt/sources.list.d/debian.sources
 nonfree_missing=0
 if [ -f "$src" ] && ! grep -q 'non-free' "$src"; then nonfree_missing=1; fi
@@ -33,7 +37,7 @@ if [ "${#need_apt[@]}" -gt 0 ] || [ "$nonfree_missing" = 1 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
         runc crun podman containerd gcc libc6-dev iproute2 e2fsprogs \
-        uidmap fuse-overlayfs slirp4netns conmon catatonit >/dev/null
+        uidmap fuse-overlayfs slirp4netns conmon catatonit python3 python3-venv >/dev/null
 fi
 
 PY=${PYTHON:-python3}
