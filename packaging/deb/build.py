@@ -109,6 +109,7 @@ def build_venv(dest: Path, python: str = "/usr/bin/python3") -> Path:
     if cache:
         cached = Path(cache) / f"deps-venv-{_deps_key(python)}"
         if not cached.is_dir():
+            Path(cache).mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=".deps-venv-", dir=cache))
             _make_venv(tmp / "v", python)
             with contextlib.suppress(OSError):  # another build made it meanwhile: use theirs
