@@ -19,9 +19,16 @@ immutable, and `replace(r, field=value)` makes a changed copy.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, dataclass_transform
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: the shim imports records, typing costs ~3 ms
+if TYPE_CHECKING:
+    from typing import Any, TypeVar, dataclass_transform
 
-T = TypeVar("T")
+    T = TypeVar("T")
+else:
+
+    def dataclass_transform(**_: object) -> object:
+        return lambda function: function
+
 
 _FIELDS = "__record_fields__"
 _DEFAULTS = "__record_defaults__"
