@@ -134,3 +134,73 @@ def read_ld_cache(path: str, *, max_size: int = MAX_CACHE_SIZE) -> tuple[LdCache
     if len(data) > max_size:
         raise ValueError(f"{path} is larger than {max_size} bytes: not an ld.so.cache")
     return parse_ld_cache(data)
+
+
+# ---- writing (the shim's ld cache without ldconfig) ----------------------------------------
+
+HWCAP_EXTENSION = 1 << 62  # DL_CACHE_HWCAP_EXTENSION: an entry that points into the extension
+
+
+def libcmp(a: str, b: str) -> int:
+    """glibc's _dl_cache_libcmp: like strcmp, but runs of digits compare as numbers, and a digit
+    sorts after any other character."""
+    i = j = 0
+    while i < len(a):
+        if a[i].isdigit() and a[i].isascii():
+            if not (j < len(b) and b[j].isdigit() and b[j].isascii()):
+                return 1
+            si, sj = i, j
+            while i < len(a) and a[i].isdigit() and a[i].isascii():
+                i += 1
+            while j < len(b) and b[j].isdigit() and b[j].isascii():
+                j += 1
+            va, vb = int(a[si:i]), int(b[sj:j])
+            if va != vb:
+                return va - vb
+        elif j < len(b) and b[j].isdigit() and b[j].isascii():
+            return -1
+        elif j >= len(b) or a[i] != b[j]:
+            return ord(a[i]) - (ord(b[j]) if j < len(b) else 0)
+        else:
+            i += 1
+            j += 1
+    return -(ord(b[j]) if j < len(b) else 0)
+
+
+def _compare(e1: LdCacheEntry, e2: LdCacheEntry) -> int:
+    """ldconfig's entry order (elf/cache.c compare): names in descending libcmp order (the
+    loader's binary search relies on it), then higher flags, then more specific hwcaps first."""
+    res = libcmp(e2.key, e1.key)
+    if res:
+        return res
+    if e1.flags != e2.flags:
+        return 1 if e1.flags < e2.flags else -1
+    b1, b2 = e1.hwcap.bit_count(), e2.hwcap.bit_count()
+    if b1 != b2:
+        return 1 if b2 > b1 else -1
+    if e1.hwcap != e2.hwcap:
+        return 1 if e2.hwcap > e1.hwcap else -1
+    return 0
+
+
+def build_ld_cache(entries: list[LdCacheEntry]) -> bytes:
+    """A new-format ("glibc-ld.so.cache1.1") cache of `entries`, in ldconfig's order, without the
+    extension section: entries that point into an extension (glibc-hwcaps) are left out."""
+    from functools import cmp_to_key
+
+    kept = sorted((e for e in entries if not e.hwcap & HWCAP_EXTENSION), key=cmp_to_key(_compare))
+    strings = bytearray()
+    offsets: dict[str, int] = {}
+    start = _NEW_HEADER + len(kept) * _NEW_ENTRY
+
+    def offset(text: str) -> int:
+        if text not in offsets:
+            offsets[text] = start + len(strings)
+            strings.extend(os.fsencode(text) + b"\0")
+        return offsets[text]
+
+    table = bytearray()
+    for e in kept:
+        table += struct.pack("<iIIIQ", e.flags, offset(e.key), offset(e.value), 0, e.hwcap)
+    header = MAGIC_NEW + struct.pack("<IIB3xI12x", len(kept), len(strings), 2, 0)
+    return bytes(header + table + strings)

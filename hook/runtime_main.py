@@ -257,6 +257,9 @@ def inject(inv: Invocation, settings: Settings, log: RuncLog) -> None:
         log.debug(f"{inv.container}: no GPU requested; {path} left as it is")
         return
     req, edits = resolved
+    from gpuctk.hook import shimroot
+
+    edits = shimroot.take_over(doc, bundle, edits, log.debug)
     apply.apply(doc, edits)
     write_config(path, doc, st)
     log.info(f"{inv.container}: injected {cdiedits.describe(req)}")

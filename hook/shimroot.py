@@ -1,0 +1,181 @@
+"""The shim does the hook's in-root work itself, so that no hook process runs at container start.
+
+A generated spec carries ONE `gpuctk-hook createContainer --link TARGET::LINK... --folder DIR...`
+entry: make the SONAME links, list the driver folders for the loader, refresh the ld cache. A
+hook process costs a Python start plus an ldconfig run (~50 ms of a ~60 ms runc lifecycle
+here). When gpuctk-runtime applies the spec, the container root is already mounted (the engine
+mounts it before `create`), so the shim can do the same before runc runs:
+
+- each LINK whose TARGET is a driver file the spec mounts becomes one more bind mount of that
+  host file at LINK (what a loader sees through a symlink, without writing into the image);
+- `/etc/ld.so.conf.d/00-gpuctk.conf` lists the folders (an image's later ldconfig keeps them);
+- `/etc/ld.so.cache` is rewritten with the image's own entries plus one per injected library
+  under its SONAME (read from the host file's ELF header), in ldconfig's order and format
+  (gpuctk.cdi.ldcache.build_ld_cache), so `ldconfig -p` and the loader find libcuda.so.1
+  without any ldconfig running.
+
+Writes go through gpuctk.rootfs (resolved inside the root, never following the image's
+symlinks out of it). Anything this cannot do exactly as the hook would (an option other than
+--link/--folder, a link target that is an image file, a musl image, an image without an ld
+cache, a read-only or foreign-mount root) leaves the edits untouched: the hook then runs as
+before. Set `GPUCTK_SHIM_INROOT=0` in the shim's environment to always use the hook.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+from gpuctk import rootfs
+from gpuctk.hook import inroot
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from gpuctk.cdi.ldcache import LdCacheEntry
+
+LD_CACHE = "/etc/ld.so.cache"
+# ELF (class, machine) -> ld.so.cache flags (FLAG_ELF_LIBC6 | the architecture's required bits)
+_CACHE_FLAGS = {(64, 62): 0x0303, (32, 3): 0x0003, (64, 183): 0x0A03}
+_MAX_CACHE = 64 << 20
+
+
+def _our_hook(hook: Any) -> bool:
+    args = hook.get("args") if isinstance(hook, dict) else None
+    return (
+        isinstance(args, list)
+        and len(args) >= 2
+        and hook.get("hookName") == "createContainer"
+        and isinstance(hook.get("path"), str)
+        and posixpath.basename(hook["path"]) == "gpuctk-hook"
+        and args[1] == "createContainer"
+        and all(isinstance(a, str) for a in args)
+    )
+
+
+class _Fallback(Exception):
+    """This container needs the hook after all (the message says why, for the debug log)."""
+
+
+def take_over(
+    config: dict[str, Any], bundle: str, edits: dict[str, Any], debug: Callable[[str], None]
+) -> dict[str, Any]:
+    """`edits` with the gpuctk hook replaced by mounts, after doing its in-root work in the
+    container root; `edits` unchanged when the hook must run (see the module docstring)."""
+    if os.environ.get("GPUCTK_SHIM_INROOT", "1") == "0":
+        return edits
+    hooks = edits.get("hooks") or []
+    ours = [h for h in hooks if _our_hook(h)]
+    if len(ours) != 1:
+        return edits
+    try:
+        mounts = _work(config, bundle, edits, ours[0]["args"][2:])
+    except _Fallback as exc:
+        debug(f"in-root work left to gpuctk-hook: {exc}")
+        return edits
+    except (rootfs.InRootError, OSError, ValueError) as exc:
+        debug(f"in-root work left to gpuctk-hook: {exc}")
+        return edits
+    done = dict(edits)
+    done["mounts"] = [*(edits.get("mounts") or []), *mounts]
+    done["hooks"] = [h for h in hooks if h is not ours[0]]
+    return done
+
+
+def _work(
+    config: dict[str, Any], bundle: str, edits: dict[str, Any], argv: list[str]
+) -> list[dict[str, Any]]:
+    from gpuctk.hook import oci_state
+    from gpuctk.hook.hook_main import parse
+
+    try:
+        values, ignored = parse("createContainer", argv)
+    except Exception as exc:
+        raise _Fallback(f"hook arguments: {exc}") from None
+    if ignored or any(values[k] for k in values if k not in ("link", "folder")):
+        raise _Fallback("the hook has options beyond --link and --folder")
+    links = dict(reversed([inroot.parse_link(s)[::-1] for s in values["link"]]))  # link->target
+    folders = [inroot.check_folder(f) for f in values["folder"]]
+    by_dest = {
+        posixpath.normpath(m["containerPath"]): m
+        for m in edits.get("mounts") or []
+        if isinstance(m, dict) and isinstance(m.get("containerPath"), str)
+    }
+    root_path = oci_state.rootfs_path(config, bundle)
+    root_fd = rootfs.open_root(root_path)
+    try:
+        if inroot.musl_arches(root_fd):
+            raise _Fallback("a musl loader in the image")
+        new_mounts = _link_mounts(root_fd, links, by_dest)
+        cache = rootfs.read_file_in_root(root_fd, LD_CACHE, _MAX_CACHE) if folders else None
+        if folders and cache is None:
+            raise _Fallback(f"the image has no {LD_CACHE}")
+        if folders:
+            entries = _library_entries([*by_dest.values(), *new_mounts], folders)
+            inroot.write_ld_conf(root_fd, folders)
+            _write_cache(root_fd, cache or b"", entries)
+    finally:
+        os.close(root_fd)
+    return new_mounts
+
+
+def _link_mounts(
+    root_fd: int, links: dict[str, str], by_dest: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """One bind mount per link whose target (through other links) is a mounted driver file."""
+    out = []
+    for link, target in links.items():
+        path, seen = link, set()
+        while path in links and path not in seen:  # follow the spec's own link chain
+            seen.add(path)
+            step = links[path]
+            path = posixpath.normpath(
+                step if step.startswith("/") else posixpath.join(posixpath.dirname(path), step)
+            )
+        mount = by_dest.get(path)
+        if mount is None:
+            if rootfs.stat_in_root(root_fd, path) is not None:
+                raise _Fallback(f"link {link} -> {target} targets a file of the image")
+            continue  # as the hook: a target not in the container (a capability left out)
+        if link in by_dest:
+            continue
+        out.append({**mount, "containerPath": link})
+    return out
+
+
+def _library_entries(mounts: list[dict[str, Any]], folders: list[str]) -> list[LdCacheEntry]:
+    """A cache entry for each mounted file in `folders` whose name is its own SONAME."""
+    from gpuctk.cdi.elf import read_elf_fd
+    from gpuctk.cdi.ldcache import LdCacheEntry
+
+    wanted = set(folders)
+    entries = []
+    for m in mounts:
+        dest = posixpath.normpath(m["containerPath"])
+        if posixpath.dirname(dest) not in wanted or not isinstance(m.get("hostPath"), str):
+            continue
+        try:
+            fd = os.open(m["hostPath"], os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            info = read_elf_fd(fd)
+        except (OSError, ValueError):
+            continue
+        finally:
+            os.close(fd)
+        flags = _CACHE_FLAGS.get((info.elf_class, info.machine))
+        name = posixpath.basename(dest)
+        if flags is not None and info.soname == name:
+            entries.append(LdCacheEntry(name, dest, flags))
+    return entries
+
+
+def _write_cache(root_fd: int, old: bytes, added: list[LdCacheEntry]) -> None:
+    from gpuctk.cdi.ldcache import build_ld_cache, parse_ld_cache
+
+    new_keys = {(e.key, e.flags) for e in added}
+    kept = [e for e in parse_ld_cache(old) if (e.key, e.flags) not in new_keys]
+    rootfs.write_file_in_root(root_fd, LD_CACHE, build_ld_cache([*kept, *added]), 0o644)
