@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from gpuctk.cdi import cliopts
 from gpuctk.cdi.discover import Roots
 from gpuctk.cdi.generate import DEFAULT_STRATEGIES, NAME_STRATEGIES, Options
 from gpuctk.cdi.nicspec import nic_options
@@ -105,36 +106,19 @@ def output_format(fmt: str | None, output: str | None) -> str:
     show_default=True,
     help="Path of gpuctk-hook on the host, written into the spec's hook entry.",
 )
-@click.option(
-    "--driver-root",
-    default="/",
-    show_default=True,
-    envvar="NVIDIA_DRIVER_ROOT",
-    help="Root of the driver files and the NVML library (e.g. /run/nvidia/driver for a "
-    "containerised driver). Host paths in the spec keep this prefix; container paths drop it.",
+@cliopts.driver_root(
+    "Root of the driver files and the NVML library (e.g. /run/nvidia/driver for a "
+    "containerised driver). Host paths in the spec keep this prefix; container paths drop it."
 )
-@click.option(
-    "--dev-root",
-    default="/",
-    show_default=True,
-    envvar="NVIDIA_DEV_ROOT",
-    help="Root under which /dev/nvidia* nodes are found.",
-)
+@cliopts.dev_root("Root under which /dev/nvidia* nodes are found.")
 @click.option(
     "--proc-root", default="/proc", show_default=True, help="Where /proc is (MIG minors)."
 )
-@click.option("--sys-root", default="/sys", show_default=True, help="Where /sys is (DRM nodes).")
-@click.option(
-    "--nvml-library",
-    metavar="PATH",
-    envvar="GPUCTK_NVML_LIBRARY",
-    help="Load this libnvidia-ml.so.1 instead of the driver root's or the system's.",
-)
-@click.option(
-    "--simulate",
-    metavar="PROFILE",
-    help="Use an embedded machine profile instead of NVML (no GPU needed): "
-    "h100-8, h100-8-mig7, a100-mig, l4, or a profile .yaml path.",
+@cliopts.sys_root("Where /sys is (DRM nodes).")
+@cliopts.nvml_library
+@cliopts.simulate(
+    "Use an embedded machine profile instead of NVML (no GPU needed): "
+    "h100-8, h100-8-mig7, a100-mig, l4, or a profile .yaml path."
 )
 @nic_options
 def generate(

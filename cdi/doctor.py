@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from gpuctk.cdi import cliopts
 from gpuctk.cdi.doctor_context import Context, Findings
 from gpuctk.cdi.doctor_report import Result
 
@@ -85,22 +86,10 @@ def _guarded(
     default=None,
     help="Colour the table. Default: only when standard output is a terminal.",
 )
-@click.option(
-    "--driver-root",
-    default="/",
-    show_default=True,
-    envvar="NVIDIA_DRIVER_ROOT",
-    help="Root of the driver files and NVML (e.g. /run/nvidia/driver).",
-)
-@click.option(
-    "--dev-root",
-    default="/",
-    show_default=True,
-    envvar="NVIDIA_DEV_ROOT",
-    help="Root under which /dev/nvidia* are found.",
-)
+@cliopts.driver_root("Root of the driver files and NVML (e.g. /run/nvidia/driver).")
+@cliopts.dev_root("Root under which /dev/nvidia* are found.")
 @click.option("--proc-root", default="/proc", show_default=True, help="Where /proc is.")
-@click.option("--sys-root", default="/sys", show_default=True, help="Where /sys is.")
+@cliopts.sys_root("Where /sys is.")
 @click.option(
     "--host-root",
     default="/",
@@ -118,16 +107,9 @@ def _guarded(
 @click.option(
     "--kind", default="nvidia.com/gpu", show_default=True, help="CDI kind the GPUs are under."
 )
-@click.option(
-    "--nvml-library",
-    metavar="PATH",
-    envvar="GPUCTK_NVML_LIBRARY",
-    help="Load this libnvidia-ml.so.1 instead of the driver root's or the system's.",
-)
-@click.option(
-    "--simulate",
-    metavar="PROFILE",
-    help="Take the machine from a profile instead of NVML (h100-8, a100-mig, ... or a .yaml).",
+@cliopts.nvml_library
+@cliopts.simulate(
+    "Take the machine from a profile instead of NVML (h100-8, a100-mig, ... or a .yaml)."
 )
 @click.option(
     "--runtime-config",

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from gpuctk.cdi import cliopts
+
 if TYPE_CHECKING:
     from gpuctk.cdi.machine import Machine
     from gpuctk.cdi.nics import Nic
@@ -192,38 +194,14 @@ def render_text(report: dict[str, Any]) -> str:
     show_default=True,
     help="Tables for people, or one JSON document for scripts.",
 )
-@click.option(
-    "--simulate",
-    metavar="PROFILE",
-    help="Use an embedded machine profile instead of NVML (h100-8, h100-8-mig7, a100-mig, l4, "
-    "or a profile .yaml path).",
+@cliopts.simulate(
+    "Use an embedded machine profile instead of NVML (h100-8, h100-8-mig7, a100-mig, l4, "
+    "or a profile .yaml path)."
 )
-@click.option(
-    "--driver-root",
-    default="/",
-    show_default=True,
-    envvar="NVIDIA_DRIVER_ROOT",
-    help="Root of the driver files and the NVML library (e.g. /run/nvidia/driver).",
-)
-@click.option(
-    "--dev-root",
-    default="/",
-    show_default=True,
-    envvar="NVIDIA_DEV_ROOT",
-    help="Root under which /dev/nvidia* and /dev/infiniband/* are looked for.",
-)
-@click.option(
-    "--sys-root",
-    default="/sys",
-    show_default=True,
-    help="Where /sys is (PCI topology, RDMA devices).",
-)
-@click.option(
-    "--nvml-library",
-    metavar="PATH",
-    envvar="GPUCTK_NVML_LIBRARY",
-    help="Load this libnvidia-ml.so.1 instead of the driver root's or the system's.",
-)
+@cliopts.driver_root("Root of the driver files and the NVML library (e.g. /run/nvidia/driver).")
+@cliopts.dev_root("Root under which /dev/nvidia* and /dev/infiniband/* are looked for.")
+@cliopts.sys_root("Where /sys is (PCI topology, RDMA devices).")
+@cliopts.nvml_library
 def info(
     fmt: str,
     simulate: str | None,
