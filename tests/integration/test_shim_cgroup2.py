@@ -27,7 +27,6 @@ skip with crun's own message; where crun can run, they run.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.gpucheck import SCRIPT, Node, check_nodes, generate, seen
+from fixtures.gpucheck import SCRIPT, Node, check_nodes, need_runtime, seen, shim_machines
 from fixtures.images import make_bundle, run_container, unique_name
 
 pytestmark = pytest.mark.integration
@@ -57,24 +56,9 @@ true
 _CRUN_V2: dict[str, str | None] = {}  # why plain crun cannot run on cgroup v2 here (probed once)
 
 
-def _need(runtime: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("real runtimes need root")
-    if shutil.which(runtime) is None:
-        pytest.skip(f"{runtime} not installed")
-    if not Path(SHIM).exists():
-        pytest.skip("gpuctk-runtime console script not installed in the venv")
-
-
 @pytest.fixture(scope="module")
 def machines(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> dict[str, Node]:
-    if os.geteuid() != 0:
-        pytest.skip("mknod and real runtimes need root")
-    base = tmp_path_factory.mktemp("shim-v2-machines")
-    return {
-        "h100-8": generate(base / "h100", driver_root, "h100-8", base / "h100/cdi/nvidia.json"),
-        "a100-mig": generate(base / "a100", driver_root, "a100-mig", base / "a100/cdi/nvidia.json"),
-    }
+    return shim_machines(tmp_path_factory.mktemp("shim-v2-machines"), driver_root)
 
 
 @pytest.fixture
@@ -89,7 +73,7 @@ def shim_v2(
     ) -> subprocess.CompletedProcess[str]:
         nonlocal count
         count += 1
-        _need(runtime)
+        need_runtime(runtime)
         if runtime == "crun":
             _skip_unless_crun_runs_on_v2(tmp_path, fresh_rootfs)
         toml = tmp_path / f"gpuctk-{count}.toml"

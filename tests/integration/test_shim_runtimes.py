@@ -19,7 +19,6 @@ make `run` exit 1 with a clear message, config.json unchanged and no container c
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.gpucheck import SCRIPT, Node, check_nodes, generate, seen
+from fixtures.gpucheck import SCRIPT, Node, check_nodes, need_runtime, seen, shim_machines
 from fixtures.images import make_bundle, run_container, runtime_argv, unique_name
 
 pytestmark = pytest.mark.integration
@@ -39,24 +38,9 @@ RUNTIMES = ["runc", "crun"]
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def _need(runtime: str) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("real runtimes need root")
-    if shutil.which(runtime) is None:
-        pytest.skip(f"{runtime} not installed")
-    if not Path(SHIM).exists():
-        pytest.skip("gpuctk-runtime console script not installed in the venv")
-
-
 @pytest.fixture(scope="module")
 def machines(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> dict[str, Node]:
-    if os.geteuid() != 0:
-        pytest.skip("mknod and real runtimes need root")
-    base = tmp_path_factory.mktemp("shim-machines")
-    return {
-        "h100-8": generate(base / "h100", driver_root, "h100-8", base / "h100/cdi/nvidia.json"),
-        "a100-mig": generate(base / "a100", driver_root, "a100-mig", base / "a100/cdi/nvidia.yaml"),
-    }
+    return shim_machines(tmp_path_factory.mktemp("shim-machines"), driver_root)
 
 
 def shim_argv(runtime: str) -> list[str]:
@@ -83,7 +67,7 @@ def shim(
     ) -> tuple[subprocess.CompletedProcess[str], Path]:
         nonlocal count
         count += 1
-        _need(runtime)
+        need_runtime(runtime)
         spec_dir = node.spec_dir if isinstance(node, Node) else node
         toml = tmp_path / f"gpuctk-{count}.toml"
         toml.write_text(
