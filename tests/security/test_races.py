@@ -14,15 +14,16 @@ import json
 import os
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from fixtures.privmounts import in_private_mounts
 from secworld import FOLDER, LIB, LIBDIR, World, assert_safe, run_tool
 
 from gpuctk import rootfs
-from gpuctk.hook import mounts, nsmount
+from gpuctk.hook import nsmount
 
 _libc = ctypes.CDLL(None, use_errno=True)
 RUNS = 12
@@ -86,29 +87,6 @@ def test_folder_flipped_to_a_symlink_while_the_hook_runs(
     assert flips[0] > RUNS  # it really flipped while the hook ran
 
 
-def _in_private_mounts(body: Callable[[], None]) -> None:
-    """Run `body` in a forked child with a private mount namespace; re-raise its failure."""
-    import traceback
-
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        code = 0
-        try:
-            mounts.unshare_private_mounts()
-            body()
-        except BaseException:
-            os.write(write_fd, traceback.format_exc().encode())
-            code = 1
-        os._exit(code)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        report = pipe.read().decode()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, report
-
-
 def _mount_points() -> list[str]:
     with open("/proc/self/mountinfo") as info:
         return [line.split()[4] for line in info]
@@ -148,7 +126,7 @@ def test_mount_target_replaced_while_binding(
         assert not escaped, f"mounts outside the root: {escaped}"
         assert errors < 40 or form == "dotdot", "no bind went through at all"
 
-    _in_private_mounts(body)
+    in_private_mounts(body)
 
 
 @pytest.mark.integration

@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fixtures.privmounts import in_private_mounts
 from secworld import FOLDER, LIB, LIBDIR, World, assert_safe, run_tool
 
 ARGS = [
@@ -179,7 +180,6 @@ def test_proc_in_root_is_never_written(proc_in_root: World, bindir: Path) -> Non
 def test_prestart_device_nodes_and_binds_stay_in_root(world: World, target: str, form: str) -> None:
     """The prestart mode's own writes (mknod, bind targets) through the same hostile links, in a
     private mount namespace: whatever lands, lands inside the root."""
-    from test_races import _in_private_mounts
 
     from gpuctk import rootfs
     from gpuctk.hook import mknod, nsmount
@@ -209,4 +209,4 @@ def test_prestart_device_nodes_and_binds_stay_in_root(world: World, target: str,
             src.close()
             os.close(fd)
 
-    _in_private_mounts(body)
+    in_private_mounts(body)

@@ -10,37 +10,15 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from fixtures.privmounts import in_private_mounts
 
 from gpuctk import rootfs
-from gpuctk.hook import mknod, mounts, nsmount
+from gpuctk.hook import mknod, nsmount
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod and mounts need root")
-
-
-def in_private_mounts(body: Callable[[], None]) -> None:
-    """Run `body` in a forked child with its own mount namespace; re-raise its failure."""
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        code = 0
-        try:
-            mounts.unshare_private_mounts()
-            body()
-        except BaseException:
-            os.write(write_fd, traceback.format_exc().encode())
-            code = 1
-        os._exit(code)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as pipe:
-        report = pipe.read().decode()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, report
 
 
 def test_options() -> None:
