@@ -141,23 +141,27 @@ def read_ld_cache(path: str, *, max_size: int = MAX_CACHE_SIZE) -> tuple[LdCache
 HWCAP_EXTENSION = 1 << 62  # DL_CACHE_HWCAP_EXTENSION: an entry that points into the extension
 
 
+_DIGITS = frozenset("0123456789")
+
+
 def libcmp(a: str, b: str) -> int:
     """glibc's _dl_cache_libcmp: like strcmp, but runs of digits compare as numbers, and a digit
     sorts after any other character."""
     i = j = 0
     while i < len(a):
-        if a[i].isdigit() and a[i].isascii():
-            if not (j < len(b) and b[j].isdigit() and b[j].isascii()):
-                return 1
+        a_digit, b_digit = a[i] in _DIGITS, j < len(b) and b[j] in _DIGITS
+        if a_digit and b_digit:
             si, sj = i, j
-            while i < len(a) and a[i].isdigit() and a[i].isascii():
+            while i < len(a) and a[i] in _DIGITS:
                 i += 1
-            while j < len(b) and b[j].isdigit() and b[j].isascii():
+            while j < len(b) and b[j] in _DIGITS:
                 j += 1
             va, vb = int(a[si:i]), int(b[sj:j])
             if va != vb:
                 return va - vb
-        elif j < len(b) and b[j].isdigit() and b[j].isascii():
+        elif a_digit:
+            return 1
+        elif b_digit:
             return -1
         elif j >= len(b) or a[i] != b[j]:
             return ord(a[i]) - (ord(b[j]) if j < len(b) else 0)

@@ -72,10 +72,7 @@ def take_over(
         return edits
     try:
         mounts = _work(config, bundle, edits, ours[0]["args"][2:])
-    except _Fallback as exc:
-        debug(f"in-root work left to gpuctk-hook: {exc}")
-        return edits
-    except (rootfs.InRootError, OSError, ValueError) as exc:
+    except (_Fallback, rootfs.InRootError, OSError, ValueError) as exc:
         debug(f"in-root work left to gpuctk-hook: {exc}")
         return edits
     done = dict(edits)
