@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import struct
-from functools import lru_cache
 
 from gpuctk.records import record
 
@@ -163,12 +162,22 @@ def read_elf(path: str) -> ElfInfo:
         os.close(fd)
 
 
-@lru_cache(maxsize=1024)
-def _cached(path: str, _identity: tuple[int, int, int, int]) -> ElfInfo | None:
+_MEMO: dict[tuple[str, tuple[int, int, int, int]], ElfInfo | None] = {}
+_MEMO_MAX = 1024  # entries; cleared when full (no functools: this module is on the create path)
+
+
+def _cached(path: str, identity: tuple[int, int, int, int]) -> ElfInfo | None:
+    key = (path, identity)
+    if key in _MEMO:
+        return _MEMO[key]
     try:
-        return read_elf(path)
+        info: ElfInfo | None = read_elf(path)
     except (OSError, ValueError):
-        return None
+        info = None
+    if len(_MEMO) >= _MEMO_MAX:
+        _MEMO.clear()
+    _MEMO[key] = info
+    return info
 
 
 def elf_info(path: str) -> ElfInfo | None:

@@ -26,20 +26,24 @@ document. Both name the file.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
-from collections.abc import Callable
-from typing import Any
 
+from gpuctk import jsonfast
 from gpuctk.errors import InputError, ValidationError
 from gpuctk.fs import read_limited
+
+TYPE_CHECKING = False  # not typing's: importing typing costs the create path ~3 ms
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 32
 SPEC_EXTENSIONS = (".json", ".yaml", ".yml")
 
-StatCheck = Callable[[os.stat_result], "str | None"]
+if TYPE_CHECKING:
+    StatCheck = Callable[[os.stat_result], "str | None"]
 
 
 class _DocumentError(Exception):
@@ -100,12 +104,13 @@ def _json_constant(name: str) -> Any:
 
 def decode_json(text: str) -> Any:
     try:
-        return json.loads(text, object_pairs_hook=_json_pairs, parse_constant=_json_constant)
-    except json.JSONDecodeError as exc:
-        where = f"line {exc.lineno}, column {exc.colno}"
-        raise _DocumentError(f"invalid JSON: {exc.msg} ({where})") from None
+        return jsonfast.loads(text, pairs_hook=_json_pairs, parse_constant=_json_constant)
     except RecursionError:
         raise _DocumentError("nested too deeply") from None
+    except ValueError as exc:
+        if str(exc) == "JSON nested too deeply":
+            raise _DocumentError("nested too deeply") from None
+        raise _DocumentError(f"invalid JSON: {exc}") from None
 
 
 def decode_yaml(text: str) -> Any:
@@ -116,19 +121,23 @@ def decode_yaml(text: str) -> Any:
 
 
 def depth_exceeds(value: Any, max_depth: int) -> bool:
-    """True when `value` nests lists/dicts deeper than `max_depth` (iterative, no recursion)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > max_depth:
-            return True
-        stack.extend((child, depth + 1) for child in children)
+    """True when `value` nests lists/dicts deeper than `max_depth` (iterative, no recursion:
+    one level at a time, the children gathered by C-level `extend`)."""
+    level: list[Any] = [value]
+    depth = 1
+    while level:
+        below: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                below.extend(item.values())
+            elif isinstance(item, list):
+                below.extend(item)
+            else:
+                continue
+            if depth > max_depth:
+                return True
+        level = below
+        depth += 1
     return False
 
 

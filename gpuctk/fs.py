@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 
@@ -26,11 +25,13 @@ def read_limited(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:
+def atomic_write(path: str, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
     """Write `data` to `path` atomically: temp file in the same folder, fsync, rename.
 
     Readers see either the old file or the new one, never a partial file. On any failure the
-    existing file is left untouched and OutputError says what went wrong.
+    existing file is left untouched and OutputError says what went wrong. `durable=False` skips
+    the two fsyncs, for files nobody needs after a crash (a bundle's config.json about to be
+    read by runc, a container's ld cache): each fsync is a disk flush on the create path.
     """
     directory = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(directory):
@@ -53,20 +54,27 @@ def atomic_write(path: str, data: bytes, mode: int = 0o644) -> None:
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.rename(tmp, path)
     except OSError as exc:
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105 - contextlib would cost the create path an import
             os.unlink(tmp)
+        except OSError:
+            pass
         reason = exc.strerror or str(exc)
         if exc.errno == errno.ENOSPC:
             reason = "no space left on device"
         raise OutputError(f"cannot write {path}: {reason}") from exc
-    with contextlib.suppress(OSError):
+    if not durable:
+        return
+    try:
         dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+    except OSError:
+        pass

@@ -15,13 +15,13 @@ Failures are InRootError (a GpuctkError) carrying the errno.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import errno
 import os
 import posixpath
 import stat
+import struct
 
+from gpuctk import libc
 from gpuctk.errors import GpuctkError
 
 RESOLVE_NO_MAGICLINKS = 0x02
@@ -40,13 +40,6 @@ class InRootError(GpuctkError):
         self.errno = err
 
 
-class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-_long = ctypes.c_long
 _openat2_state: bool | None = None  # None: not probed yet
 
 
@@ -57,12 +50,13 @@ def use_openat2(enabled: bool | None) -> None:
 
 
 def _raw_openat2(dirfd: int, path: bytes, flags: int, mode: int, resolve: int) -> int:
-    how = _OpenHow(flags, mode, resolve)
+    how = struct.pack("=QQQ", flags, mode, resolve)  # struct open_how, passed by address
+    syscall, long = libc.function("syscall", "l"), libc.long_arg
     for _ in range(64):  # EAGAIN: a concurrent rename or mount made `..` resolution unsafe
-        fd = _libc.syscall(_long(_SYS_OPENAT2), _long(dirfd), path, ctypes.byref(how), _long(24))
+        fd = syscall(long(_SYS_OPENAT2), long(dirfd), path, how, long(len(how)))
         if fd >= 0:
             return int(fd)
-        err = ctypes.get_errno()
+        err = libc.get_errno()
         if err not in (errno.EAGAIN, errno.EINTR):
             raise OSError(err, os.strerror(err))
     raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
@@ -235,10 +229,14 @@ def listdir_in_root(root_fd: int, path: str) -> list[str]:
 
 def mount_id(fd: int) -> int:
     """The id of the mount a descriptor is on (mnt_id in /proc/self/fdinfo)."""
-    with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
-        for line in info:
-            if line.startswith("mnt_id:"):
-                return int(line.split()[1])
+    info = os.open(f"/proc/self/fdinfo/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(info, 1 << 16)  # bytes: a text open would import a codec per start
+    finally:
+        os.close(info)
+    for line in data.split(b"\n"):
+        if line.startswith(b"mnt_id:"):
+            return int(line.split()[1])
     raise InRootError("no mnt_id in /proc/self/fdinfo", errno.ENOSYS)
 
 
@@ -306,17 +304,19 @@ def write_file_in_root(
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
     except OSError as exc:
-        with contextlib.suppress(OSError):
+        try:  # noqa: SIM105 - contextlib would cost the create path an import
             os.unlink(tmp, dir_fd=pfd)
+        except OSError:
+            pass
         raise _fail("write", path, exc) from exc
     finally:
         os.close(pfd)
 
 
 def _exchange(pfd: int, a: str, b: str) -> None:
-    rc = _libc.renameat2(pfd, a.encode(), pfd, b.encode(), _RENAME_EXCHANGE)
+    rc = libc.function("renameat2")(pfd, a.encode(), pfd, b.encode(), _RENAME_EXCHANGE)
     if rc != 0:
-        err = ctypes.get_errno()
+        err = libc.get_errno()
         raise OSError(err, os.strerror(err))
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import posixpath
-import re
 import stat
 
 from gpuctk import rootfs
@@ -20,8 +19,8 @@ LD_CONF_FILE = LD_CONF_DIR + "/00-gpuctk.conf"  # "00-": driver folders come fir
 LD_SO_CONF = "/etc/ld.so.conf"
 LD_SO_CONF_TEXT = b"include /etc/ld.so.conf.d/*.conf\n"
 MUSL_DEFAULT_PATH = ("/lib", "/usr/local/lib", "/usr/lib")  # musl's search path with no file
-_MUSL_LOADER = re.compile(r"^ld-musl-([A-Za-z0-9_]+)\.so\.1$")
-_GLIBC_LOADER = re.compile(r"^(ld-linux[A-Za-z0-9_.-]*|ld64|ld)\.so\.\d+$")
+_WORD = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+_LOADER_TAIL = _WORD | {".", "-"}
 _LIB_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/lib32")
 
 
@@ -79,10 +78,30 @@ def create_symlinks(root_fd: int, links: list[tuple[str, str]]) -> int:
     return changed
 
 
+def musl_arch(name: str) -> str | None:
+    """ "x86_64" for "ld-musl-x86_64.so.1" (the arch in ASCII letters, digits, "_"), else None.
+    (String tests, not `re`: this module is on the container-create path.)"""
+    if name.startswith("ld-musl-") and name.endswith(".so.1"):
+        arch = name[len("ld-musl-") : -len(".so.1")]
+        if arch and all(c in _WORD for c in arch):
+            return arch
+    return None
+
+
+def is_glibc_loader(name: str) -> bool:
+    """Whether `name` is a glibc dynamic loader's: ld-linux*.so.N, ld64.so.N or ld.so.N."""
+    stem, sep, version = name.rpartition(".so.")
+    if not sep or not (version.isascii() and version.isdigit()):
+        return False
+    if stem in ("ld64", "ld"):
+        return True
+    return stem.startswith("ld-linux") and all(c in _LOADER_TAIL for c in stem[8:])
+
+
 def musl_arches(root_fd: int) -> list[str]:
     """Architectures of the musl loaders in /lib (ld-musl-<arch>.so.1)."""
     names = rootfs.listdir_in_root(root_fd, "/lib")
-    return sorted({m.group(1) for m in map(_MUSL_LOADER.match, names) if m})
+    return sorted({arch for arch in map(musl_arch, names) if arch})
 
 
 def has_glibc(root_fd: int) -> bool:
@@ -90,7 +109,7 @@ def has_glibc(root_fd: int) -> bool:
     if any(rootfs.stat_in_root(root_fd, p) for p in ("/etc/ld.so.cache", LD_SO_CONF)):
         return True
     return any(
-        _GLIBC_LOADER.match(name) for d in _LIB_DIRS for name in rootfs.listdir_in_root(root_fd, d)
+        is_glibc_loader(name) for d in _LIB_DIRS for name in rootfs.listdir_in_root(root_fd, d)
     )
 
 
@@ -127,7 +146,8 @@ def update_musl_path(root_fd: int, arch: str, folders: list[str]) -> bool:
     if data is None:
         current = list(MUSL_DEFAULT_PATH)
     else:
-        current = [p for p in re.split(r"[:\n]", data.decode("utf-8", "replace")) if p.strip()]
+        text = data.decode("utf-8", "replace").replace(":", "\n")
+        current = [p for p in text.split("\n") if p.strip()]
     missing = [f for f in folders if f not in current]
     if not missing:
         return False

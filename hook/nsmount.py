@@ -148,11 +148,10 @@ class Source:
 
 
 def _mount_id(fd: int) -> int:
-    with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
-        for line in info:
-            if line.startswith("mnt_id:"):
-                return int(line.split()[1])
-    raise OSError(errno.ENOSYS, "no mnt_id in fdinfo")
+    try:
+        return rootfs.mount_id(fd)
+    except rootfs.InRootError:
+        raise OSError(errno.ENOSYS, "no mnt_id in fdinfo") from None
 
 
 def _create(root_fd: int, path: str, directory: bool) -> None:

@@ -11,12 +11,12 @@ namespaces with the real init pid, must enter /proc/<pid>/ns/mnt after checking 
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import stat
 import sys
 
+from gpuctk import jsonfast
 from gpuctk.errors import InputError
 from gpuctk.fs import read_limited
 
@@ -58,9 +58,8 @@ def _no_constant(name: str) -> Any:
 def parse_json(data: bytes, what: str) -> Any:
     """Decode strict JSON (UTF-8, no duplicate keys, bounded nesting) or raise InputError."""
     try:
-        return json.loads(
-            data.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constant
-        )
+        text = data.decode("utf-8")
+        return jsonfast.loads(text, pairs_hook=_no_duplicates, parse_constant=_no_constant)
     except UnicodeDecodeError as exc:
         raise InputError(f"{what} is not UTF-8 (byte {exc.start})") from exc
     except RecursionError as exc:

@@ -13,8 +13,8 @@ was. Flags are read as runc (Go flag + urfave/cli) reads them: `--bundle X`, `--
 `-b X`, `-b=X`, `-bundle X`, flags after the container id; crun's `-bX` too.
 
 Imports at start: os, sys, time and gpuctk.errors; the rest only on `create`/`run`. config.json
-is read and written with the C scanner and encoder of the stdlib `_json` module directly: the
-`json` package would import `re` (and `enum`) for nothing.
+is read and written with the C scanner and encoder of the stdlib `_json` module directly
+(gpuctk.jsonfast): the `json` package would import `re` (and `enum`) for nothing.
 """
 
 from __future__ import annotations
@@ -110,74 +110,18 @@ def parse_argv(args: Sequence[str]) -> Invocation:
     return inv
 
 
-class _ScanContext:
-    """The attributes `_json.make_scanner` reads (json.JSONDecoder's, without its imports)."""
-
-    strict = True
-    object_hook = None
-    object_pairs_hook = None
-    parse_float = float
-    parse_int = int
-
-    @staticmethod
-    def parse_constant(name: str) -> Any:
-        raise ValueError(f"{name} is not valid JSON")
-
-
 def loads(text: str) -> Any:
     """Decode one JSON document (NaN/Infinity refused); ValueError when malformed."""
-    try:
-        import _json
+    from gpuctk.jsonfast import loads as fast_loads
 
-        scan = _json.make_scanner(_ScanContext())  # type: ignore[arg-type]
-    except (ImportError, AttributeError):  # pragma: no cover - CPython always has it
-        import json
-
-        return json.loads(text, parse_constant=_ScanContext.parse_constant)
-    ws = " \t\n\r"
-    start = len(text) - len(text.lstrip(ws))
-    try:
-        value, end = scan(text, start)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
-    except (StopIteration, ValueError, SystemError):
-        # The C scanner reports details through json.decoder, which it does not import: let
-        # the json package say what is wrong (an error path only, its import cost is moot).
-        import json
-
-        try:
-            json.loads(text, parse_constant=_ScanContext.parse_constant)
-        except ValueError as exc:
-            raise ValueError(str(exc)) from None
-        raise ValueError("invalid JSON") from None
-    if text[end:].strip(ws):
-        raise ValueError(f"extra data after the JSON document at character {end}")
-    return value
-
-
-_FLAGS = (False, False, False)  # sort_keys, skipkeys, allow_nan
-
-
-def _unencodable(value: Any) -> Any:
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+    return fast_loads(text)
 
 
 def dumps(value: Any) -> bytes:
     """Compact UTF-8 JSON (non-ASCII kept; \\u escapes when a string cannot be UTF-8)."""
-    try:
-        import _json
+    from gpuctk.jsonfast import dumps as fast_dumps
 
-        for escape in (_json.encode_basestring, _json.encode_basestring_ascii):
-            encoder = _json.make_encoder(None, _unencodable, escape, None, ":", ",", *_FLAGS)
-            try:
-                return "".join(encoder(value, 0)).encode("utf-8")
-            except UnicodeEncodeError:
-                continue
-        raise ValueError("cannot encode the document")
-    except (ImportError, AttributeError, TypeError):  # pragma: no cover
-        import json
-
-        return json.dumps(value, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return fast_dumps(value)
 
 
 def read_config(path: str) -> tuple[dict[str, Any], os.stat_result]:
@@ -218,7 +162,7 @@ def write_config(path: str, doc: Mapping[str, Any], st: os.stat_result) -> None:
         data = dumps(doc)
     except (ValueError, TypeError) as exc:
         raise ValidationError(f"cannot encode the edited OCI config: {exc}") from None
-    atomic_write(path, data, mode=st.st_mode & 0o7777)
+    atomic_write(path, data, mode=st.st_mode & 0o7777, durable=False)  # runc reads it next
     if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
         try:
             os.chown(path, st.st_uid, st.st_gid)

@@ -124,7 +124,7 @@ def test_elf_info_is_memoised_on_identity(tmp_path: Path, monkeypatch: pytest.Mo
     calls = []
     real = elf.read_elf
     monkeypatch.setattr(elf, "read_elf", lambda p: calls.append(p) or real(p))
-    elf._cached.cache_clear()
+    elf._MEMO.clear()
     assert elf.elf_info(str(path)) == elf.elf_info(str(path))
     assert len(calls) == 1
     path.write_bytes(make_elf("libm.so.2") + b"\0")  # new identity (size changes)
