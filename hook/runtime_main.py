@@ -188,6 +188,52 @@ def find_runtime(names: Sequence[str], environ: Mapping[str, str] | None = None)
     )
 
 
+def remember_runtime(runtime: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Write the runtime memo the sh front of gpuctk-runtime reads (gpuctk.launchers): the
+    config file in force and whether it exists, PATH, and the resolved `runtime`, so that the
+    verbs after a create skip Python. Written only into a folder owned by this uid and not
+    writable by others (created 0700 if missing), only when it changes, never fsync'd (it is
+    a cache: a lost or stale memo just means a Python start). True when the memo is current."""
+    from gpuctk import launchers
+    from gpuctk.hook.config import config_path
+
+    env = os.environ if environ is None else environ
+    folder = env.get(launchers.STATE_DIR_ENV) or launchers.DEFAULT_STATE_DIR
+    conf, _ = config_path(env)
+    present = "present" if os.path.exists(conf) else "absent"
+    lines = (launchers.MEMO_TAG, conf, present, env.get("PATH", ""), runtime)
+    if any("\n" in line or "\r" in line for line in lines):
+        return False  # not representable in the sh front's line reads
+    text = "".join(f"{line}\n" for line in lines).encode()
+    memo = os.path.join(folder, "runtime")
+    try:
+        with open(memo, "rb") as f:
+            if f.read(len(text) + 1) == text:
+                return True
+    except OSError:
+        pass
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return False
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return False
+    if (st.st_mode & 0o170000) != 0o040000 or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return False  # not ours alone: never leave a memo where others could swap it
+    from gpuctk.errors import OutputError
+    from gpuctk.fs import atomic_write
+
+    try:
+        atomic_write(memo, text, mode=0o644, durable=False)
+    except OutputError:
+        return False
+    return True
+
+
 def inject(inv: Invocation, settings: Settings, log: RuncLog) -> None:
     """Steps 1-4 for a `create`/`run` (no-op when the container asks for nothing)."""
     from gpuctk.cdi import apply
@@ -216,15 +262,19 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     try:
         from gpuctk.hook import config
 
+        settings_ok = True
         try:
             settings = config.load()
         except GpuctkError as exc:
+            settings_ok = False
             if inv.verb in INJECT_VERBS:
                 raise
             log.warning(f"gpuctk-runtime: {exc.message}; using the default runtimes")
             settings = config.Settings()
         log.configure(settings.log_file, settings.log_level)
         runtime = find_runtime(settings.runtimes)
+        if settings_ok:
+            remember_runtime(runtime)
         if inv.verb in INJECT_VERBS:
             inject(inv, settings, log)
     except GpuctkError as exc:

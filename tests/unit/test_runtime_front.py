@@ -1,0 +1,178 @@
+"""gpuctk-runtime's sh front (gpuctk.launchers.runtime_front_text) and its memo
+(gpuctk.hook.runtime_main.remember_runtime): create/run always reach Python; every other verb
+goes straight to the runtime in the memo, and only while the memo is still true.
+
+Two fake low-level runtimes tell who ran: the config names A, a memo written by hand names B.
+The front running B proves it read the memo (Python would resolve A from the config)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuctk import launchers
+from gpuctk.hook.runtime_main import remember_runtime
+
+
+class Node:
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.state = tmp_path / "state"
+        self.state.mkdir(mode=0o700)
+        self.runtimes = {}
+        for name in ("A", "B"):
+            path = tmp_path / f"runtime-{name}"
+            path.write_text(f'#!/bin/sh\necho "{name} $*"\n')
+            path.chmod(0o755)
+            self.runtimes[name] = path
+        self.config = tmp_path / "config.toml"
+        self.config.write_text(f'runtimes = ["{self.runtimes["A"]}"]\n')
+        self.front = tmp_path / "gpuctk-runtime"
+        self.front.write_text(launchers.runtime_front_text(sys.executable))
+        self.front.chmod(0o755)
+        self.env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "GPUCTK_CONFIG": str(self.config),
+            "GPUCTK_STATE_DIR": str(self.state),
+        }
+        self.memo = self.state / "runtime"
+
+    def write_memo(self, runtime: str = "", **changes: str) -> None:
+        lines = {
+            "tag": launchers.MEMO_TAG,
+            "conf": str(self.config),
+            "state": "present",
+            "path": self.env["PATH"],
+            "runtime": runtime or str(self.runtimes["B"]),
+        }
+        lines.update(changes)
+        self.memo.write_text("".join(f"{v}\n" for v in lines.values()))
+        future = time.time() + 5  # newer than the config, whatever the clock granularity
+        os.utime(self.memo, (future, future))
+
+    def run(self, *args: str, **env: str) -> str:
+        done = subprocess.run(
+            [str(self.front), *args], env={**self.env, **env},
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout.split()[0]  # which runtime ran
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    return Node(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["state", "c1"],
+        ["delete", "--force", "c1"],
+        ["--root", "/run/x", "kill", "c1", "KILL"],
+        ["--log", "create", "start", "c1"],  # "create" is --log's value
+        ["-log-format", "json", "start", "c1"],
+        ["--log=/tmp/l", "--debug", "start", "c1"],
+        ["--", "start", "c1"],
+        ["features"],
+        ["start", "create"],  # a container named "create"
+    ],
+)
+def test_other_verbs_go_to_the_memo_runtime_without_python(node: Node, args: list[str]) -> None:
+    node.write_memo()
+    assert node.run(*args) == "B"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["create", "--bundle", "{bundle}", "c1"],
+        ["--log", "/tmp/l", "create", "-b", "{bundle}", "c1"],
+        ["--log=/tmp/l", "run", "--bundle={bundle}", "c1"],
+        ["--systemd-cgroup", "--", "create", "--bundle", "{bundle}", "c1"],
+        ["--version"],  # no verb at all
+    ],
+)
+def test_create_run_and_unreadable_arguments_start_python(node: Node, args: list[str]) -> None:
+    bundle = node.tmp / "bundle"  # asks for no GPU: Python's create leaves it as it is
+    bundle.mkdir()
+    (bundle / "config.json").write_text('{"ociVersion": "1.0.2", "process": {"env": []}}')
+    node.write_memo()
+    assert node.run(*(a.replace("{bundle}", str(bundle)) for a in args)) == "A"
+
+
+@pytest.mark.parametrize(
+    "stale",
+    [
+        {"tag": "gpuctk-runtime memo 0"},
+        {"conf": "/etc/other.toml"},
+        {"state": "absent"},
+        {"path": "/usr/bin:/bin"},
+        {"runtime": "/nonexistent/runc"},
+    ],
+)
+def test_a_memo_that_no_longer_holds_is_ignored(node: Node, stale: dict[str, str]) -> None:
+    node.write_memo(**stale)
+    assert node.run("state", "c1") == "A"
+
+
+def test_python_rewrites_the_memo_and_the_front_then_uses_it(node: Node) -> None:
+    assert not node.memo.exists()
+    assert node.run("state", "c1") == "A"  # no memo yet: Python, which writes one
+    lines = node.memo.read_text().splitlines()
+    assert lines == [
+        launchers.MEMO_TAG, str(node.config), "present", node.env["PATH"], str(node.runtimes["A"])
+    ]  # fmt: skip
+    node.runtimes["A"].chmod(0o644)  # the memo's runtime is no longer executable ...
+    node.config.write_text(f'runtimes = ["{node.runtimes["A"]}", "{node.runtimes["B"]}"]\n')
+    assert node.run("state", "c1") == "B"  # ... so Python resolves again: B
+    assert node.memo.read_text().splitlines()[-1] == str(node.runtimes["B"])
+
+
+def test_a_config_changed_after_the_memo_takes_effect_at_once(node: Node) -> None:
+    node.write_memo()
+    assert node.run("state", "c1") == "B"
+    future = time.time() + 10
+    os.utime(node.config, (future, future))  # edited after the memo was written
+    assert node.run("state", "c1") == "A"
+
+
+def test_a_missing_config_is_not_the_config_the_memo_saw(node: Node) -> None:
+    node.write_memo()
+    node.config.unlink()
+    done = subprocess.run(
+        [str(node.front), "state", "c1"], env=node.env, capture_output=True, text=True, check=False
+    )
+    assert "B" not in done.stdout  # Python: GPUCTK_CONFIG names a missing file
+    assert "no such file" in done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_memo_owned_by_someone_else_is_never_used(node: Node) -> None:
+    node.write_memo()
+    os.chown(node.memo, 65534, 65534)
+    assert node.run("state", "c1") == "A"
+
+
+def test_remember_runtime_writes_only_into_a_private_folder(tmp_path: Path) -> None:
+    env = {"PATH": "/bin", "GPUCTK_CONFIG": str(tmp_path / "none.toml")}
+    private = tmp_path / "new"
+    assert remember_runtime("/usr/bin/runc", {**env, "GPUCTK_STATE_DIR": str(private)})
+    assert private.stat().st_mode & 0o777 == 0o700
+    memo = private / "runtime"
+    assert memo.read_text().splitlines()[2:] == ["absent", "/bin", "/usr/bin/runc"]
+    before = memo.stat().st_mtime_ns, memo.stat().st_ino
+    assert remember_runtime("/usr/bin/runc", {**env, "GPUCTK_STATE_DIR": str(private)})
+    assert (memo.stat().st_mtime_ns, memo.stat().st_ino) == before  # unchanged: not rewritten
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert not remember_runtime("/usr/bin/runc", {**env, "GPUCTK_STATE_DIR": str(shared)})
+    assert list(shared.iterdir()) == []
+    assert not remember_runtime("/usr/bin/ru\nnc", {**env, "GPUCTK_STATE_DIR": str(private)})
+    assert memo.read_text().splitlines()[-1] == "/usr/bin/runc"
