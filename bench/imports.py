@@ -4,10 +4,13 @@
                                       [--spec json|yaml]
 
 Runs each entry point as an operator's install runs it (bench/common.py installed_bin: a
-regular install with the `-IS` launchers), under `<venv python> -IS -X importtime <launcher>`,
+regular install with the `-IS` launchers), under `<venv python> -IS -X importtime <launcher>`
+(for gpuctk-runtime, whose launcher is a sh front, its Python half: `-c CODE <launcher>`),
 and summarises the import tree CPython reports on stderr:
 
-- gpuctk-runtime pass-through  `gpuctk-runtime state x` (every verb but create/run);
+- gpuctk-runtime pass-through  `gpuctk-runtime state x` when its sh front has no usable memo
+                               and starts Python (with a memo, no Python runs at all: see
+                               gpuctk.launchers);
 - gpuctk-runtime create        `create --bundle B --pid-file P NAME` of a container that asks
                                for 1 GPU (NVIDIA_VISIBLE_DEVICES=0) on a fresh overlay of the
                                debian test image: requests, CDI registry, apply, the in-root
@@ -188,7 +191,10 @@ def make_cases(
         f'runtimes = ["/bin/true"]\nspec-dirs = ["{spec_dir}"]\nlog-file = "{work}/gpuctk.log"\n'
     )
     env = {"PATH": PATH_ENV.partition("=")[2], "GPUCTK_CONFIG": str(toml)}
+    from gpuctk.launchers import _RUNTIME_PYTHON  # what the sh front runs with -IS -c
+
     runtime = str(bindir / "gpuctk-runtime")
+    trace_runtime = [*trace, "-c", _RUNTIME_PYTHON, runtime]
     pid_file = str(work / "create.pid")
 
     # create: one bundle; before each run a fresh overlay at the same path, config.json restored
@@ -219,10 +225,10 @@ def make_cases(
     hook_env = dict(e.partition("=")[::2] for e in hook.get("env", []))
     return [
         Case("python -IS -c pass (floor)", [*trace, "-c", "pass"], env),
-        Case("gpuctk-runtime pass-through (state x)", [*trace, runtime, "state", "x"], env),
+        Case("gpuctk-runtime pass-through (state x)", [*trace_runtime, "state", "x"], env),
         Case(
             f"gpuctk-runtime create (1 GPU, {PROFILE} spec)",
-            [*trace, runtime, "create", "--bundle", str(bundle), "--pid-file", pid_file, "bench"],
+            [*trace_runtime, "create", "--bundle", str(bundle), "--pid-file", pid_file, "bench"],
             env,
             prepare=prepare_create,
         ),
@@ -252,7 +258,7 @@ def print_text(results: dict[str, dict[str, Any]], runs: int, top: int, tree: bo
     print(f"imports at start, -X importtime, the median of {runs} runs shown ({PROFILE} spec)")
     for title, r in results.items():
         print(f"\n== {title}")
-        shown = " ".join(r["argv"][4:])  # past `python -IS -X importtime`
+        shown = " ".join(a for a in r["argv"][4:] if "\n" not in a)  # no -c CODE
         print(f"   {shown if len(shown) <= 160 else shown[:150] + ' ...'}")
         extra = r["module_count"] - floor["module_count"]
         print(

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
     from typing import Any
 
+    from gpuctk.cdi.speccache import SpecCache
+
     Loader = Callable[[str], dict[str, Any]]
 
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
@@ -67,11 +69,11 @@ class Block:
         return f"Block({self.spec.path!r}, {self.device!r})"
 
 
-def _load_spec_file(path: str) -> dict[str, Any]:
+def _load_spec_file(path: str, cache: SpecCache | None = None) -> dict[str, Any]:
     from gpuctk.cdi.specfile import load_spec_file
     from gpuctk.cdi.spectrust import file_problem
 
-    return load_spec_file(path, check_stat=file_problem)
+    return load_spec_file(path, check_stat=file_problem, cache=cache)
 
 
 def _spec_problem(doc: dict[str, Any]) -> str | None:
@@ -225,10 +227,16 @@ def spec_paths(directory: str) -> list[str]:
     return [os.path.join(directory, n) for n in names]
 
 
-def load(dirs: Sequence[str] = DEFAULT_SPEC_DIRS, *, loader: Loader | None = None) -> Registry:
+def load(
+    dirs: Sequence[str] = DEFAULT_SPEC_DIRS,
+    *,
+    loader: Loader | None = None,
+    cache: SpecCache | None = None,
+) -> Registry:
     """Read every spec in `dirs` (later dirs win). Never raises for a bad file or dir: those
-    land in `Registry.errors`."""
-    read = loader or _load_spec_file
+    land in `Registry.errors`. With a `cache` (gpuctk.cdi.speccache, the shim's), unchanged
+    spec files are not decoded again, and the cache is saved before returning."""
+    read = loader or (lambda path: _load_spec_file(path, cache))
     registry = Registry(dirs)
     from gpuctk.cdi.spectrust import dir_problem
 
@@ -268,4 +276,6 @@ def load(dirs: Sequence[str] = DEFAULT_SPEC_DIRS, *, loader: Loader | None = Non
                 registry.errors.append(f"{path}: {problem}")
                 continue
             registry.add(SpecFile(path, priority, doc["kind"], doc))
+    if cache is not None:
+        cache.save()
     return registry

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from gpuctk.cdi.speccache import SpecCache
+
 MAX_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 32
 SPEC_EXTENSIONS = (".json", ".yaml", ".yml")
@@ -50,14 +52,11 @@ class _DocumentError(Exception):
     """Raised inside the decoders; becomes a ValidationError naming the file."""
 
 
-def read_bytes(
-    path: str,
-    *,
-    max_bytes: int = MAX_BYTES,
-    check_stat: StatCheck | None = None,
-    follow_symlinks: bool = True,
-) -> bytes:
-    """The content of the regular file at `path`, at most `max_bytes` long."""
+def _open_checked(
+    path: str, max_bytes: int, check_stat: StatCheck | None, follow_symlinks: bool
+) -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file at `path` that `check_stat` accepts, and its stat; the
+    caller closes it."""
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
     if not follow_symlinks:
         flags |= os.O_NOFOLLOW
@@ -79,12 +78,36 @@ def read_bytes(
                 raise InputError(f"{path}: refused: {reason}")
         if st.st_size > max_bytes:
             raise InputError(f"{path}: too large ({st.st_size} bytes; the limit is {max_bytes})")
+    except OSError as exc:
+        os.close(fd)
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _read_open(fd: int, path: str, max_bytes: int) -> bytes:
+    try:
         data = read_limited(fd, max_bytes)
-        if len(data) > max_bytes:
-            raise InputError(f"{path}: too large (more than {max_bytes} bytes)")
-        return data
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:
+        raise InputError(f"{path}: too large (more than {max_bytes} bytes)")
+    return data
+
+
+def read_bytes(
+    path: str,
+    *,
+    max_bytes: int = MAX_BYTES,
+    check_stat: StatCheck | None = None,
+    follow_symlinks: bool = True,
+) -> bytes:
+    """The content of the regular file at `path`, at most `max_bytes` long."""
+    fd, _ = _open_checked(path, max_bytes, check_stat, follow_symlinks)
+    try:
+        return _read_open(fd, path, max_bytes)
     finally:
         os.close(fd)
 
@@ -177,13 +200,27 @@ def load_spec_file(
     max_depth: int = MAX_DEPTH,
     check_stat: StatCheck | None = None,
     follow_symlinks: bool = True,
+    cache: SpecCache | None = None,
 ) -> dict[str, Any]:
-    """The spec document at `path` as a plain dict (not yet validated beyond decoding)."""
+    """The spec document at `path` as a plain dict (not yet validated beyond decoding).
+
+    With a `cache` (gpuctk.cdi.speccache), a file whose identity (device, inode, size, mtime,
+    ctime of the descriptor opened here, after `check_stat` accepted it) is in the cache is not
+    read or decoded again; one that was is offered to the cache."""
     name = os.fspath(path)
-    data = read_bytes(
-        name, max_bytes=max_bytes, check_stat=check_stat, follow_symlinks=follow_symlinks
-    )
-    return decode_spec(data, name, is_json=is_json_path(name), max_depth=max_depth)
+    fd, st = _open_checked(name, max_bytes, check_stat, follow_symlinks)
+    try:
+        if cache is not None:
+            cached = cache.get(name, st)
+            if cached is not None:
+                return cached
+        data = _read_open(fd, name, max_bytes)
+    finally:
+        os.close(fd)
+    doc = decode_spec(data, name, is_json=is_json_path(name), max_depth=max_depth)
+    if cache is not None:
+        cache.put(name, st, doc)
+    return doc
 
 
 def _type_name(value: Any) -> str:

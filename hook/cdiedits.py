@@ -38,9 +38,10 @@ def resolve(
     if not req:
         return None
     from gpuctk.cdi import apply, registry
+    from gpuctk.cdi.speccache import SpecCache
     from gpuctk.hook import drivercaps, require
 
-    reg = registry.load(settings.spec_dirs)
+    reg = registry.load(settings.spec_dirs, cache=SpecCache.for_this_process())
     for refused in reg.refused:
         warn(f"CDI spec {refused}")
     blocks = reg.common(req.kind) if req.driver_only else reg.resolve(req.devices)

@@ -21,6 +21,15 @@ CACHE = Path(os.environ.get("GPUCTK_TEST_CACHE", TESTS / ".cache"))
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
+# gpuctk-runtime keeps its runtime memo and spec cache in $GPUCTK_STATE_DIR (default
+# /run/gpuctk): the tests' shims keep theirs in a private folder, never the host's.
+if "GPUCTK_STATE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["GPUCTK_STATE_DIR"] = os.path.join(
+        tempfile.mkdtemp(prefix="gpuctk-test-state-"), "state"
+    )
+
 pytest_plugins = [
     "fixtures.fake_nvml",
     "fixtures.driver_root",

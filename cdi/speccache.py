@@ -1,0 +1,165 @@
+"""A pre-parsed cache of the CDI spec files, for the container-create path.
+
+Every `gpuctk-runtime create` reads the spec dirs. Decoding a spec costs ~1 ms as JSON and, as
+YAML (what `nvidia-ctk` and most guides write), ~30 ms: PyYAML's import alone. The shim keeps the
+decoded documents in one file, `$GPUCTK_STATE_DIR/specs.cache` (default /run/gpuctk, a tmpfs:
+gone at reboot), in `marshal` format (built in, ~0.15 ms for an 8-GPU spec).
+
+Keyed on the identity of the descriptor the loader opened, after the trust policy accepted it:
+path, device, inode, size, mtime and ctime (ns). A spec rewritten by rename (what `gpuctk cdi
+generate` does) has a new inode; one edited in place a new mtime/ctime, which no user can set
+back (ctime). A file is cached only once it has been left alone for SETTLE_NS: the kernel's
+file timestamps are coarse (a jiffy), so two writes in one tick could share an identity, the
+"racy git" problem; an entry from a file that settled cannot be shadowed that way.
+
+Trust: the cache is read only from a folder owned by this uid and writable by no one else, and
+only when the file is owned by this uid and not group/world-writable (checked on the open
+descriptor); `marshal` is not meant for hostile input, and with these checks only the shim's own
+uid (root) can have written it. Anything unexpected (missing, corrupt, foreign) is an empty
+cache; writing is atomic (rename), never fsync'd, and failures are ignored: a cache miss only
+costs the parse. `GPUCTK_SPEC_CACHE=0` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+FILE_NAME = "specs.cache"
+FORMAT = "gpuctk-specs-1"
+MAX_BYTES = 32 << 20
+MAX_ENTRIES = 64
+SETTLE_NS = 1_000_000_000
+
+
+def _key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _private(st: os.stat_result) -> bool:
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
+class SpecCache:
+    """The decoded spec documents of one cache file (see the module docstring)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.path = os.path.join(folder, FILE_NAME)
+        self.entries: dict[str, tuple[tuple[int, ...], dict[str, Any]]] = {}
+        self.used: set[str] = set()
+        self.dirty = False
+        self.hits = 0
+        self._load()
+
+    @classmethod
+    def for_this_process(cls, environ: dict[str, str] | None = None) -> SpecCache | None:
+        """The cache in $GPUCTK_STATE_DIR (default /run/gpuctk), or None when turned off."""
+        from gpuctk.launchers import DEFAULT_STATE_DIR, STATE_DIR_ENV
+
+        env = os.environ if environ is None else environ
+        if env.get("GPUCTK_SPEC_CACHE", "1") == "0":
+            return None
+        return cls(env.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
+
+    def _folder_ok(self) -> bool:
+        try:
+            st = os.lstat(self.folder)
+        except OSError:
+            return False
+        return (st.st_mode & 0o170000) == 0o040000 and _private(st)
+
+    def _load(self) -> None:
+        if not self._folder_ok():
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            if (st.st_mode & 0o170000) != 0o100000 or not _private(st):
+                return
+            if st.st_size > MAX_BYTES:
+                return
+            from gpuctk.fs import read_limited
+
+            data = read_limited(fd, MAX_BYTES)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+        import marshal
+
+        try:
+            doc = marshal.loads(data)
+        except (EOFError, ValueError, TypeError):
+            return
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            return
+        entries = doc.get("entries")
+        if isinstance(entries, dict):
+            self.entries = {
+                path: entry
+                for path, entry in entries.items()
+                if isinstance(path, str)
+                and isinstance(entry, tuple)
+                and len(entry) == 2
+                and isinstance(entry[1], dict)
+            }
+
+    def get(self, path: str, st: os.stat_result) -> dict[str, Any] | None:
+        """The cached document for `path` if it was cached from a file of this identity."""
+        entry = self.entries.get(path)
+        if entry is None or entry[0] != _key(st):
+            return None
+        self.used.add(path)
+        self.hits += 1
+        return entry[1]
+
+    def put(self, path: str, st: os.stat_result, doc: dict[str, Any]) -> None:
+        """Offer a freshly decoded document; kept only if its file has settled."""
+        self.used.add(path)
+        if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < SETTLE_NS:
+            if self.entries.pop(path, None) is not None:
+                self.dirty = True
+            return
+        self.entries[path] = (_key(st), doc)
+        self.dirty = True
+
+    def save(self) -> bool:
+        """Write the cache if it changed (entries of vanished files dropped); True if written."""
+        if not self.dirty:
+            return False
+        keep = {
+            path: entry
+            for path, entry in self.entries.items()
+            if path in self.used or os.path.exists(path)
+        }
+        if len(keep) > MAX_ENTRIES:
+            keep = {p: e for p, e in keep.items() if p in self.used}
+        try:  # noqa: SIM105 - contextlib would cost the create path an import
+            os.mkdir(self.folder, 0o700)
+        except OSError:
+            pass
+        if not self._folder_ok():
+            return False
+        import marshal
+
+        from gpuctk.errors import OutputError
+        from gpuctk.fs import atomic_write
+
+        try:
+            data = marshal.dumps({"format": FORMAT, "entries": keep})
+        except ValueError:  # an unmarshallable value: never from JSON or safe YAML
+            return False
+        try:
+            atomic_write(self.path, data, mode=0o600, durable=False)
+        except OutputError:
+            return False
+        self.dirty = False
+        return True
