@@ -10,7 +10,7 @@ import click
 
 from gpuctk.cdi import cliopts
 from gpuctk.cdi.discover import Roots
-from gpuctk.cdi.generate import DEFAULT_STRATEGIES, NAME_STRATEGIES, Options
+from gpuctk.cdi.generate import DEFAULT_STRATEGIES, LIBRARY_MODES, NAME_STRATEGIES, Options
 from gpuctk.cdi.nicspec import nic_options
 from gpuctk.cdi.spec import Spec
 from gpuctk.errors import OutputError, UsageError
@@ -106,6 +106,25 @@ def output_format(fmt: str | None, output: str | None) -> str:
     show_default=True,
     help="Path of gpuctk-hook on the host, written into the spec's hook entry.",
 )
+@click.option(
+    "--library-mode",
+    type=click.Choice(LIBRARY_MODES),
+    default="hook",
+    show_default=True,
+    help="hook: mount each driver library at its own path; gpuctk-hook makes the SONAME links and "
+    "the ld cache at container create. mounts: no hook entry; each library is mounted "
+    "read-only at its SONAME (instead of its own path) in /usr/lib/<triplet> and /usr/lib64 "
+    "(/usr/lib for 32-bit), where the image's glibc loader looks when its ld cache has no "
+    "entry (Debian, Ubuntu, Fedora, RHEL, UBI), which saves the hook process in engines that "
+    "apply CDI themselves (podman, containerd 1.7+, CRI-O); gpuctk-runtime does the hook's "
+    "work without a process in either mode. Keep hook for: images whose own ld.so.cache names"
+    " a driver library (CUDA compat libraries in ld.so.conf: the cache wins over the mounts);"
+    " tools that read `ldconfig -p` (it lists no driver library in this mode: Triton needs "
+    "TRITON_LIBCUDA_PATH=/usr/lib64); dlopen by names other than the SONAME, libcuda.so, "
+    "libnvidia-opticalflow.so, libGLX_indirect.so.0; NVIDIA_REQUIRE_* checks by "
+    "gpuctk-runtime or the prestart and precreate hooks (the machine facts ride in the hook "
+    "entry). musl images cannot load the driver in either mode.",
+)
 @cliopts.driver_root(
     "Root of the driver files and the NVML library (e.g. /run/nvidia/driver for a "
     "containerised driver). Host paths in the spec keep this prefix; container paths drop it."
@@ -130,6 +149,7 @@ def generate(
     no_all_device: bool,
     device_ids: tuple[str, ...],
     hook_path: str,
+    library_mode: str,
     driver_root: str,
     dev_root: str,
     proc_root: str,
@@ -144,14 +164,16 @@ def generate(
     Reads the GPUs through NVML and the driver files under --driver-root, and writes one
     device per GPU (per MIG device where MIG is enabled) under each naming strategy, an
     `all` device, and the common edits: control nodes, driver libraries, binaries,
-    firmware, IPC sockets, graphics configs and one gpuctk-hook entry. The cdiVersion is
-    the lowest that the content needs, so older engines accept it.
+    firmware, IPC sockets, graphics configs and one gpuctk-hook entry (none with
+    --library-mode mounts). The cdiVersion is the lowest that the content needs, so older
+    engines accept it.
 
     \b
     Examples:
       gpuctk cdi generate --output /var/run/cdi/nvidia.yaml
       gpuctk cdi generate --driver-root /run/nvidia/driver --format json
       gpuctk cdi generate --simulate a100-mig        # no GPU needed
+      gpuctk cdi generate --library-mode mounts -o /var/run/cdi/nvidia.yaml   # no hook
     """
     from gpuctk.cdi import discover
     from gpuctk.cdi.generate import build_spec
@@ -197,6 +219,7 @@ def generate(
         all_device=not no_all_device,
         device_ids=device_ids,
         hook_path=hook_path,
+        library_mode=library_mode,
     )
     spec = build_spec(machine, files, opts, nodes)
     nic_spec = None

@@ -67,6 +67,7 @@ class DriverFile:
     kind: str  # "library" | "binary" | "firmware" | "config" | "socket"
     capability: str  # gpuctk.cdi.capabilities: utility, compute, graphics, ...
     soname: str | None = None  # DT_SONAME, libraries only
+    arch: str | None = None  # ELF machine ("x86_64", "i386", ...: gpuctk.cdi.elf), libraries only
 
 
 @record
@@ -198,7 +199,7 @@ def _libraries(r: _Root, version: str) -> dict[str, DriverFile]:
         if info is None:
             continue
         capability = caps.capability_of(name, elf32=info.elf_class == 32)
-        found[real] = DriverFile(r.host(real), real, "library", capability, info.soname)
+        found[real] = DriverFile(r.host(real), real, "library", capability, info.soname, info.arch)
     return found
 
 

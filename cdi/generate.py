@@ -2,7 +2,9 @@
 
 One device per GPU (per MIG device for a GPU with MIG enabled), under each naming strategy,
 an `all` device, and the common edits: control nodes, driver file mounts, the env marker and ONE
-createContainer hook entry that runs gpuctk-hook for the in-root work.
+createContainer hook entry that runs gpuctk-hook for the in-root work. With library_mode
+"mounts" there is no hook entry: the libraries are mounted at their SONAMEs in the image
+loader's own folders instead (gpuctk.cdi.libmounts).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from gpuctk.records import record, replace
 
 NAME_STRATEGIES = ("index", "uuid", "type-index")
 DEFAULT_STRATEGIES = ("index", "uuid")
+LIBRARY_MODES = ("hook", "mounts")  # --library-mode; "mounts": gpuctk.cdi.libmounts
 READ_ONLY = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 SOCKET = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
 HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -31,6 +34,7 @@ class Options:
     all_device: bool = True
     device_ids: tuple[str, ...] = ()  # limit generation to these (any strategy's name)
     hook_path: str = "/usr/bin/gpuctk-hook"
+    library_mode: str = "hook"  # "hook" | "mounts" (gpuctk.cdi.libmounts)
 
 
 @record
@@ -103,9 +107,33 @@ def common_edits(
     machine: Machine, files: DriverFiles, opts: Options, nodes: NodeLookup
 ) -> ContainerEdits:
     mounts: dict[str, Mount] = {}
-    for group in (files.libraries, files.binaries, files.firmware, files.configs, files.sockets):
+    hooks: tuple[Hook, ...] = ()
+    others: tuple[tuple[DriverFile, ...], ...] = (
+        files.binaries,
+        files.firmware,
+        files.configs,
+        files.sockets,
+    )
+    if opts.library_mode == "mounts":  # SONAME mounts instead of the hook (gpuctk.cdi.libmounts)
+        from gpuctk.cdi.libmounts import library_mounts
+
+        mounts = {m.container_path: m for m in library_mounts(files.libraries, READ_ONLY)}
+    else:
+        hooks = (_hook(machine, files, opts),)
+        others = (files.libraries, *others)
+    for group in others:
         for f in group:
             mounts.setdefault(f.container_path, _mount(f))
+    return ContainerEdits(
+        env=("NVIDIA_VISIBLE_DEVICES=void",),
+        device_nodes=tuple(_device_node(n) for n in nodes.control()),
+        mounts=tuple(sorted(mounts.values(), key=lambda m: m.container_path)),
+        hooks=hooks,
+    )
+
+
+def _hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
+    """The createContainer entry: SONAME links, ld cache folders, and the machine facts."""
     args = ["gpuctk-hook", "createContainer"]
     for target, link in files.symlinks:
         args += ["--link", f"{target}::{link}"]
@@ -127,19 +155,15 @@ def common_edits(
             ),
         )
     )
-    hook = Hook("createContainer", opts.hook_path, tuple(args), (HOOK_ENV_PATH, *facts_env))
-    return ContainerEdits(
-        env=("NVIDIA_VISIBLE_DEVICES=void",),
-        device_nodes=tuple(_device_node(n) for n in nodes.control()),
-        mounts=tuple(sorted(mounts.values(), key=lambda m: m.container_path)),
-        hooks=(hook,),
-    )
+    return Hook("createContainer", opts.hook_path, tuple(args), (HOOK_ENV_PATH, *facts_env))
 
 
 def build_spec(machine: Machine, files: DriverFiles, opts: Options, nodes: NodeLookup) -> Spec:
     """The whole spec, with cdiVersion set to the minimum its content needs."""
     from gpuctk.cdi.version import minimum_version
 
+    if opts.library_mode not in LIBRARY_MODES:
+        raise UsageError(f"unknown library mode {opts.library_mode!r} (hook or mounts)")
     units = device_units(machine, opts, nodes)
     if not units:
         raise NoDevicesError(
