@@ -143,8 +143,12 @@ def test_install_twice_then_uninstall(node: Node) -> None:
     assert (root / "usr/local/gpuctk/bin/python3").exists()
     assert (root / "usr/local/gpuctk/.gpuctk-install.json").is_file()
     for name in ("gpuctk", "gpuctk-runtime", "gpuctk-hook"):
-        first = (root / "usr/local/bin" / name).read_text().splitlines()[0]
-        assert first.startswith("#!/usr/local/gpuctk/bin/python3 -I")  # isolated mode
+        text = (root / "usr/local/bin" / name).read_text()
+        if name == "gpuctk-runtime":  # the sh front: Python only for create/run, isolated
+            assert text.startswith("#!/bin/sh\n")
+            assert "\nexec /usr/local/gpuctk/bin/python3 -IS -c '" in text
+        else:
+            assert text.startswith("#!/usr/local/gpuctk/bin/python3 -I")  # isolated mode
     # the launchers work on the node, from the copy alone (not the checkout or the cache)
     ver = node.chroot("/usr/local/bin/gpuctk", "--version")
     assert ver.returncode == 0 and "gpuctk" in ver.stdout, ver.stderr
