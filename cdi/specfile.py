@@ -128,11 +128,9 @@ def _json_constant(name: str) -> Any:
 def decode_json(text: str) -> Any:
     try:
         return jsonfast.loads(text, pairs_hook=_json_pairs, parse_constant=_json_constant)
-    except RecursionError:
+    except jsonfast.NestingError:
         raise _DocumentError("nested too deeply") from None
     except ValueError as exc:
-        if str(exc) == "JSON nested too deeply":
-            raise _DocumentError("nested too deeply") from None
         raise _DocumentError(f"invalid JSON: {exc}") from None
 
 

@@ -6,7 +6,8 @@ these wrappers call with the same settings `json.loads`/`json.dumps` would. The 
 is imported only on an error path, to say what is wrong with a malformed document.
 
     loads(text)                       one document; NaN/Infinity refused; ValueError
-    loads(text, pairs_hook=f)         f(list of (key, value)) builds each object
+    loads(text, pairs_hook=f)         f(list of (key, value)) builds each object;
+                                      unique_pairs refuses duplicate keys
     dumps(value)                      compact UTF-8 bytes, non-ASCII kept
 """
 
@@ -20,8 +21,36 @@ if TYPE_CHECKING:
 _WS = " \t\n\r"
 
 
+class NestingError(ValueError):
+    """The document nests deeper than the interpreter's recursion limit."""
+
+
+def unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A `pairs_hook` that refuses an object naming a key twice (ValueError)."""
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
+
+
+class _HookError(Exception):
+    """A ValueError raised by a caller's hook, carried past the scanner's own ValueErrors."""
+
+
+def _carried(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def call(arg: Any) -> Any:
+        try:
+            return hook(arg)
+        except ValueError as exc:
+            raise _HookError(exc) from None
+
+    return call
 
 
 class _Context:
@@ -61,11 +90,13 @@ def loads(
 ) -> Any:
     """Decode one JSON document, as `json.loads(text, object_pairs_hook=pairs_hook,
     parse_constant=parse_constant)` would; ValueError (with json's message) when malformed.
-    Exceptions raised by the hooks propagate unchanged."""
+    NestingError (a ValueError) when it nests too deeply for the interpreter. Exceptions
+    raised by the hooks propagate unchanged."""
     try:
         import _json
 
-        scan = _json.make_scanner(_Context(pairs_hook, parse_constant))  # type: ignore[arg-type]
+        context = _Context(pairs_hook and _carried(pairs_hook), _carried(parse_constant))
+        scan = _json.make_scanner(context)  # type: ignore[arg-type]
     except (ImportError, AttributeError):  # pragma: no cover - CPython always has it
         import json
 
@@ -73,8 +104,10 @@ def loads(
     start = len(text) - len(text.lstrip(_WS))
     try:
         value, end = scan(text, start)
+    except _HookError as exc:
+        raise exc.args[0] from None
     except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
+        raise NestingError("JSON nested too deeply") from None
     except (StopIteration, ValueError, SystemError):
         # The C scanner reports details through json.decoder, which it does not import.
         raise ValueError(_detail(text, parse_constant=_refuse_constant)) from None

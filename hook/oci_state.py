@@ -42,27 +42,14 @@ class State:
         )
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
 def parse_json(data: bytes, what: str) -> Any:
     """Decode strict JSON (UTF-8, no duplicate keys, bounded nesting) or raise InputError."""
     try:
         text = data.decode("utf-8")
-        return jsonfast.loads(text, pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        return jsonfast.loads(text, pairs_hook=jsonfast.unique_pairs)  # NaN/Infinity refused
     except UnicodeDecodeError as exc:
         raise InputError(f"{what} is not UTF-8 (byte {exc.start})") from exc
-    except RecursionError as exc:
+    except jsonfast.NestingError as exc:
         raise InputError(f"{what} is nested too deeply") from exc
     except ValueError as exc:
         raise InputError(f"{what} is not valid JSON: {exc}") from exc

@@ -34,7 +34,7 @@ def transform(data: bytes, settings: Settings) -> bytes:
         hooklog.log("debug", "precreate: no GPU requested; config unchanged", to_stderr=False)
         return data
     from gpuctk.cdi import apply
-    from gpuctk.hook.runtime_main import dumps
+    from gpuctk.jsonfast import dumps
 
     req, edits = got
     apply.apply(doc, edits)

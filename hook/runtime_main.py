@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 MAX_CONFIG = 32 * 1024 * 1024
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 INJECT_VERBS = frozenset(("create", "run"))
-_GLOBAL_VALUE_FLAGS = frozenset(
+GLOBAL_VALUE_FLAGS = frozenset(
     ("log", "log-format", "root", "criu", "rootless", "cgroup-manager", "log-level")
 )
 _VERB_VALUE_FLAGS = frozenset(
@@ -77,7 +77,7 @@ def parse_argv(args: Sequence[str]) -> Invocation:
             inv.verb = token
             break
         name, value = _flag(token)
-        if value is None and name in _GLOBAL_VALUE_FLAGS and i < len(args):
+        if value is None and name in GLOBAL_VALUE_FLAGS and i < len(args):
             value, i = args[i], i + 1
         if name == "log":
             inv.log = value or ""
@@ -110,20 +110,6 @@ def parse_argv(args: Sequence[str]) -> Invocation:
     return inv
 
 
-def loads(text: str) -> Any:
-    """Decode one JSON document (NaN/Infinity refused); ValueError when malformed."""
-    from gpuctk.jsonfast import loads as fast_loads
-
-    return fast_loads(text)
-
-
-def dumps(value: Any) -> bytes:
-    """Compact UTF-8 JSON (non-ASCII kept; \\u escapes when a string cannot be UTF-8)."""
-    from gpuctk.jsonfast import dumps as fast_dumps
-
-    return fast_dumps(value)
-
-
 def read_config(path: str) -> tuple[dict[str, Any], os.stat_result]:
     """The OCI config at `path` as a dict, with its stat; InputError/ValidationError."""
     from gpuctk.fs import read_limited
@@ -146,6 +132,8 @@ def read_config(path: str) -> tuple[dict[str, Any], os.stat_result]:
     finally:
         os.close(fd)
     try:
+        from gpuctk.jsonfast import loads
+
         doc = loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValidationError(f"malformed OCI config {path}: {exc}") from None
@@ -157,6 +145,7 @@ def read_config(path: str) -> tuple[dict[str, Any], os.stat_result]:
 def write_config(path: str, doc: Mapping[str, Any], st: os.stat_result) -> None:
     """Replace `path` atomically with `doc`, keeping its mode and owner."""
     from gpuctk.fs import atomic_write
+    from gpuctk.jsonfast import dumps
 
     try:
         data = dumps(doc)
@@ -212,20 +201,11 @@ def remember_runtime(runtime: str, environ: Mapping[str, str] | None = None) -> 
                 return True
     except OSError:
         pass
-    try:
-        os.mkdir(folder, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
-        return False
-    try:
-        st = os.lstat(folder)
-    except OSError:
-        return False
-    if (st.st_mode & 0o170000) != 0o040000 or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        return False  # not ours alone: never leave a memo where others could swap it
     from gpuctk.errors import OutputError
-    from gpuctk.fs import atomic_write
+    from gpuctk.fs import atomic_write, private_folder
+
+    if not private_folder(folder, create=True):
+        return False  # not ours alone: never leave a memo where others could swap it
 
     try:
         atomic_write(memo, text, mode=0o644, durable=False)

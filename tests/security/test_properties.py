@@ -21,10 +21,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuctk import jsonfast
 from gpuctk.cdi import devnodes, elf, ldcache
 from gpuctk.cdi.names import is_qualified_name
 from gpuctk.errors import InputError, RequestError, UsageError
-from gpuctk.hook import inroot, oci_state, requests, runtime_main
+from gpuctk.hook import inroot, oci_state, requests
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KIND = "nvidia.com/gpu"
@@ -123,7 +124,7 @@ def test_config_json_shapes(config: dict[str, Any], volumes: bool, unprivileged:
 
 
 @SETTINGS
-@given(st.binary(max_size=600) | JSON.map(lambda v: runtime_main.dumps(v)))
+@given(st.binary(max_size=600) | JSON.map(jsonfast.dumps))
 def test_json_decoders(data: bytes) -> None:
     with contextlib.suppress(InputError):
         oci_state.parse_state(data)
@@ -132,10 +133,10 @@ def test_json_decoders(data: bytes) -> None:
     except UnicodeDecodeError:
         return
     try:
-        value = runtime_main.loads(text)
+        value = jsonfast.loads(text)
     except ValueError:
         return
-    assert runtime_main.loads(runtime_main.dumps(value).decode()) == value
+    assert jsonfast.loads(jsonfast.dumps(value).decode()) == value
 
 
 @SETTINGS

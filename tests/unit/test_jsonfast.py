@@ -92,3 +92,16 @@ def test_libc_calls_and_errno() -> None:
     assert libc.get_errno() == 9  # EBADF
     with pytest.raises(AttributeError):
         libc.function("gpuctk_no_such_function")
+
+
+def test_too_deep_is_its_own_error_and_the_hook_says_so() -> None:
+    from gpuctk.errors import InputError
+    from gpuctk.hook import oci_state
+
+    deep = "[" * 100000 + "]" * 100000
+    with pytest.raises(jsonfast.NestingError):
+        jsonfast.loads(deep)
+    with pytest.raises(InputError, match="state is nested too deeply"):
+        oci_state.parse_json(deep.encode(), "state")
+    with pytest.raises(ValueError, match="duplicate key 'a'"):
+        jsonfast.loads('{"a": 1, "a": 2}', pairs_hook=jsonfast.unique_pairs)

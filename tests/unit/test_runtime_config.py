@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from gpuctk.errors import InputError, ValidationError
 from gpuctk.hook import config
 from gpuctk.hook.runclog import RuncLog, format_line, rfc3339
-from gpuctk.hook.runtime_main import dumps, loads, parse_argv
+from gpuctk.hook.runtime_main import parse_argv
+from gpuctk.jsonfast import dumps, loads
 
 
 def test_defaults_when_the_default_file_is_missing(tmp_path: Path) -> None:
