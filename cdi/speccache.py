@@ -66,15 +66,10 @@ class SpecCache:
             return None
         return cls(env.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
 
-    def _folder_ok(self) -> bool:
-        try:
-            st = os.lstat(self.folder)
-        except OSError:
-            return False
-        return (st.st_mode & 0o170000) == 0o040000 and _private(st)
-
     def _load(self) -> None:
-        if not self._folder_ok():
+        from gpuctk.fs import private_folder, read_limited
+
+        if not private_folder(self.folder):
             return
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -86,8 +81,6 @@ class SpecCache:
                 return
             if st.st_size > MAX_BYTES:
                 return
-            from gpuctk.fs import read_limited
-
             data = read_limited(fd, MAX_BYTES)
         except OSError:
             return
@@ -142,16 +135,13 @@ class SpecCache:
         }
         if len(keep) > MAX_ENTRIES:
             keep = {p: e for p, e in keep.items() if p in self.used}
-        try:  # noqa: SIM105 - contextlib would cost the create path an import
-            os.mkdir(self.folder, 0o700)
-        except OSError:
-            pass
-        if not self._folder_ok():
-            return False
         import marshal
 
         from gpuctk.errors import OutputError
-        from gpuctk.fs import atomic_write
+        from gpuctk.fs import atomic_write, private_folder
+
+        if not private_folder(self.folder, create=True):
+            return False
 
         try:
             data = marshal.dumps({"format": FORMAT, "entries": keep})

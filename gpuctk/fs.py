@@ -25,6 +25,22 @@ def read_limited(fd: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def private_folder(path: str, *, create: bool = False) -> bool:
+    """Whether `path` is a folder (not a symlink) owned by this uid that nobody else can write;
+    with `create`, a missing one is made first, mode 0700."""
+    if create:
+        try:  # noqa: SIM105 - contextlib would cost the create path an import
+            os.mkdir(path, 0o700)
+        except OSError:
+            pass
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    is_dir = (st.st_mode & 0o170000) == 0o040000
+    return is_dir and st.st_uid == os.geteuid() and not st.st_mode & 0o022
+
+
 def atomic_write(path: str, data: bytes, mode: int = 0o644, durable: bool = True) -> None:
     """Write `data` to `path` atomically: temp file in the same folder, fsync, rename.
 

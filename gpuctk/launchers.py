@@ -75,8 +75,13 @@ def launcher_text(python: str, module: str, function: str) -> str:
 MEMO_TAG = "gpuctk-runtime memo 1"
 STATE_DIR_ENV = "GPUCTK_STATE_DIR"
 DEFAULT_STATE_DIR = "/run/gpuctk"
-DEFAULT_CONFIG = "/etc/gpuctk/config.toml"  # gpuctk.hook.config.DEFAULT_PATH
-_GLOBAL_VALUE_FLAGS = "log|log-format|root|criu|rootless|cgroup-manager|log-level"  # runtime_main
+# The spine may not import gpuctk.hook (tests/unit/test_layering.py): these two mirror
+# gpuctk.hook.config.DEFAULT_PATH and gpuctk.hook.runtime_main.GLOBAL_VALUE_FLAGS, and
+# tests/unit/test_runtime_front.py checks that they are equal.
+DEFAULT_CONFIG = "/etc/gpuctk/config.toml"
+GLOBAL_VALUE_FLAGS = frozenset(
+    ("log", "log-format", "root", "criu", "rootless", "cgroup-manager", "log-level")
+)
 
 # The Python half of the runtime front: run with `-IS -c CODE "$0" "$@"` (no single quotes).
 _RUNTIME_PYTHON = """import sys
@@ -99,6 +104,7 @@ raise SystemExit(main())
 def runtime_front_text(python: str) -> str:
     """The text of the gpuctk-runtime launcher: a POSIX sh front (see the module docstring)."""
     _check_interpreter(python)
+    value_flags = "|".join(sorted(GLOBAL_VALUE_FLAGS))
     return f"""#!/bin/sh
 # gpuctk launcher (gpuctk.launchers): gpuctk-runtime's POSIX sh front; see that module.
 # create/run start Python; any other verb goes to the low-level runtime in the memo.
@@ -117,7 +123,7 @@ for arg do
 		while case $name in -*) true ;; *) false ;; esac; do name=${{name#-}}; done
 		case $arg in
 		*=*) ;;
-		*) case $name in {_GLOBAL_VALUE_FLAGS}) want=value ;; esac ;;
+		*) case $name in {value_flags}) want=value ;; esac ;;
 		esac ;;
 	*) verb=$arg; break ;;
 	esac

@@ -159,6 +159,13 @@ def test_a_memo_owned_by_someone_else_is_never_used(node: Node) -> None:
     assert node.run("state", "c1") == "A"
 
 
+def test_the_front_reads_flags_and_config_as_the_python_side() -> None:
+    from gpuctk.hook import config, runtime_main
+
+    assert launchers.GLOBAL_VALUE_FLAGS == runtime_main.GLOBAL_VALUE_FLAGS
+    assert launchers.DEFAULT_CONFIG == config.DEFAULT_PATH
+
+
 def test_remember_runtime_writes_only_into_a_private_folder(tmp_path: Path) -> None:
     env = {"PATH": "/bin", "GPUCTK_CONFIG": str(tmp_path / "none.toml")}
     private = tmp_path / "new"
