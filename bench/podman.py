@@ -3,7 +3,7 @@
     .venv/bin/python bench/podman.py [--runs 30] [--json out.json]
 
 `podman run --rm --network none --device nvidia.com/gpu=0 IMAGE /bin/true` (podman 4.3.1 with
-runc, its own store, vfs, cgroupfs; the debian test image) alternated round by round with:
+runc, its own store, overlay, cgroupfs; the debian test image) alternated round by round with:
 
 - no device          the same command without --device: the baseline;
 - hook spec          `gpuctk cdi generate --library-mode hook` (the default): the driver
@@ -32,6 +32,8 @@ import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from common import CACHE, installed_bin
@@ -73,6 +75,48 @@ def make_specs(work: Path, bindir: Path) -> dict[str, Path]:
     return specs
 
 
+@contextmanager
+def podman_runner(work: Path, bindir: Path) -> Iterator[tuple[list[str], Callable[[str], float]]]:
+    """(case names, run(case) -> seconds of one `podman run --rm`), over a private podman with
+    the specs of make_specs; `bench/lifecycle.py` interleaves these with its runc rounds."""
+    specs = make_specs(work, bindir)
+    with private_podman(work, IMAGE, "overlay") as base:
+
+        def run(case: str) -> float:
+            device = [] if case == "no device" else ["--device", "nvidia.com/gpu=0"]
+            argv = [
+                "unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE, "sh",
+                str(specs[case]), *base, "run", "--rm", "--network", "none",
+                "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",  # root's
+                *device, IMAGE, "/bin/true",  # hard limits here are below podman's asks
+            ]  # fmt: skip
+            start = time.perf_counter()
+            done = subprocess.run(argv, capture_output=True, text=True, check=False)
+            elapsed = time.perf_counter() - start
+            if done.returncode != 0:
+                raise SystemExit(f"{case}: podman failed: {done.stderr}")
+            return elapsed
+
+        yield list(specs), run
+
+
+def summarize(times: dict[str, list[float]]) -> dict[str, float]:
+    """Print each case's median and each spec's paired difference from no device; returns
+    those differences (ms)."""
+    added: dict[str, float] = {}
+    for case, samples in times.items():
+        ms = [t * 1e3 for t in samples]
+        line = f"  {case:16s} median {statistics.median(ms):6.1f} ms  min {min(ms):6.1f} ms"
+        if case != "no device":
+            diffs = [1e3 * (a - b) for a, b in zip(samples, times["no device"], strict=True)]
+            added[case] = statistics.median(diffs)
+            line += f"  adds {added[case]:+6.1f} ms (paired median)"
+        print(line)
+    saved = added["hook spec"] - added["mounts spec"]
+    print(f"  the mounts spec saves {saved:.1f} ms per start against the hook spec")
+    return added
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=30)
@@ -83,25 +127,7 @@ def main() -> None:
     bindir = installed_bin()
     work = Path(tempfile.mkdtemp(prefix="gpuctk-bench-podman-"))
     try:
-        specs = make_specs(work, bindir)
-        with private_podman(work, IMAGE) as base:
-
-            def run(case: str) -> float:
-                device = [] if case == "no device" else ["--device", "nvidia.com/gpu=0"]
-                argv = [
-                    "unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE, "sh",
-                    str(specs[case]), *base, "run", "--rm", "--network", "none",
-                    "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",  # root's
-                    *device, IMAGE, "/bin/true",  # hard limits here are below podman's asks
-                ]  # fmt: skip
-                start = time.perf_counter()
-                done = subprocess.run(argv, capture_output=True, text=True, check=False)
-                elapsed = time.perf_counter() - start
-                if done.returncode != 0:
-                    raise SystemExit(f"{case}: podman failed: {done.stderr}")
-                return elapsed
-
-            cases = list(specs)
+        with podman_runner(work, bindir) as (cases, run):
             for case in cases:  # warm-up
                 run(case)
             times: dict[str, list[float]] = {case: [] for case in cases}
@@ -111,17 +137,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"podman run --rm /bin/true, {args.runs} alternating rounds (1 simulated L4)")
-    added: dict[str, float] = {}
-    for case in cases:
-        ms = [t * 1e3 for t in times[case]]
-        line = f"  {case:16s} median {statistics.median(ms):6.1f} ms  min {min(ms):6.1f} ms"
-        if case != "no device":
-            diffs = [1e3 * (a - b) for a, b in zip(times[case], times["no device"], strict=True)]
-            added[case] = statistics.median(diffs)
-            line += f"  adds {added[case]:+6.1f} ms (paired median)"
-        print(line)
-    saved = added["hook spec"] - added["mounts spec"]
-    print(f"  the mounts spec saves {saved:.1f} ms per start against the hook spec")
+    added = summarize(times)
     if args.json:
         doc = {"runs": args.runs, "median_ms": {c: statistics.median(t) * 1e3 for c, t in
                times.items()}, "added_ms": added}  # fmt: skip
