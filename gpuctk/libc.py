@@ -1,14 +1,16 @@
 """C library calls for the container-create path, through `_ctypes` without the `ctypes` package.
 
 `import ctypes` costs ~4-8 ms per Python start here (it builds every C type, imports `struct`,
-`types` and its endianness helpers); the shim and the hook need two functions: `syscall` (for
-openat2) and `renameat2`. This module builds exactly those from the `_ctypes` extension the
+`types` and its endianness helpers); the shim and the hook need a few functions: `syscall` (for
+openat2), `renameat2`, and in the hook `mount`, `umount2`, `unshare`, `prctl`, `capget`,
+`capset`. This module builds exactly those from the `_ctypes` extension the
 package itself wraps (dlopen of the running program, a CFuncPtr subclass with the cdecl and
-use-errno flags, a C `long` and `int` type), which costs ~0.5 ms. Where `_ctypes` lacks any of
-that, it falls back to `ctypes` itself, so the result is the same, only slower to load.
+use-errno flags, a C `long`, `int` and `char[]` type), which costs ~0.5 ms. Where `_ctypes`
+lacks any of that, it falls back to `ctypes` itself: the same result, only slower to load.
 
     function("renameat2", restype="i")  -> callable; errno after a call: get_errno()
     long_arg(n)                          a C long argument (for variadic calls such as syscall)
+    buffer(data)                         a mutable char[] (a struct the kernel reads or fills)
 
 Arguments: Python ints are passed as C int, bytes as `const char *` (the buffer itself), long_arg(n)
 as C long: the rules of ctypes without argtypes.
@@ -27,7 +29,7 @@ _handle: Any = None
 
 
 def _simple(code: str) -> Any:
-    """The C simple type for a struct-module code ("l": long, "i": int)."""
+    """The C simple type for a struct-module code ("l": long, "i": int, "c": char)."""
     if code not in _TYPES:
         import _ctypes
 
@@ -87,6 +89,26 @@ def long_arg(value: int) -> Any:
         import ctypes
 
         return ctypes.c_long(value)
+
+
+def buffer(data: bytes) -> Any:
+    """A mutable C `char[len(data)]` holding `data`, passed to a function as a pointer to its
+    first byte (for structures the kernel fills or reads); `.raw` gives its bytes back."""
+    try:
+        import _ctypes
+
+        array = type(
+            f"c_char_Array_{len(data)}",
+            (_ctypes.Array,),
+            {"_type_": _simple("c"), "_length_": len(data)},
+        )
+        buf = array()
+    except (ImportError, TypeError):  # pragma: no cover
+        import ctypes
+
+        buf = (ctypes.c_char * len(data))()
+    buf.raw = data
+    return buf
 
 
 def get_errno() -> int:

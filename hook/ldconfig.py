@@ -20,14 +20,13 @@ only ones inside the chroot are the image's: it is refused with a message naming
 
 from __future__ import annotations
 
-import ctypes
 import os
 import select
-import signal
 import stat
 import struct
 import time
 
+from gpuctk import libc
 from gpuctk.errors import GpuctkError
 from gpuctk.hook import mounts
 
@@ -37,6 +36,8 @@ TIMEOUT = 60.0
 WARNING = "gpuctk-hook: warning: "  # lines the child writes for the hook to log as warnings
 _PT_INTERP = 3
 _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL = 24, 38, 47, 4
+_CAP_V3 = 0x20080522  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words per set
+_SIGKILL = 9  # not signal.SIGKILL: `import signal` pulls in enum, ~5 ms per hook start
 
 
 class LdconfigError(GpuctkError):
@@ -109,19 +110,10 @@ def open_host_ldconfig(path: str | None = None) -> tuple[int, str]:
     raise LdconfigError(f"no host ldconfig found (looked for {', '.join(candidates)})")
 
 
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("eff", ctypes.c_uint32), ("perm", ctypes.c_uint32), ("inh", ctypes.c_uint32)]
-
-
 def _child(
     root: tuple[int, str], exe_fd: int, argv: list[str], out_fd: int, null_fd: int, last_cap: int
 ) -> None:
     """In the forked child: confine, then exec. Never returns."""
-    libc = ctypes.CDLL(None, use_errno=True)
     step, err_fd = "start", out_fd
     try:
         step = "unshare the mount namespace"
@@ -140,18 +132,21 @@ def _child(
         mounts.detach("/proc")
         mounts.detach("/sys")
         step = "drop capabilities"
+        prctl = libc.function("prctl")
         for cap in range(last_cap + 1):
-            if cap not in KEEP_CAPS and libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-                raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP")
-        libc.prctl(_PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL, 0, 0, 0)
-        header, data = _CapHeader(0x20080522, 0), (_CapData * 2)()
-        if libc.capget(ctypes.byref(header), data) != 0:
-            raise OSError(ctypes.get_errno(), "capget")
-        data[0].inh = data[1].inh = 0
-        if libc.capset(ctypes.byref(header), data) != 0:
-            raise OSError(ctypes.get_errno(), "capset")
-        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+            if cap not in KEEP_CAPS and prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                raise OSError(libc.get_errno(), "PR_CAPBSET_DROP")
+        prctl(_PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL, 0, 0, 0)
+        header = libc.buffer(struct.pack("=Ii", _CAP_V3, 0))  # struct __user_cap_header_struct
+        data = libc.buffer(bytes(24))  # struct __user_cap_data_struct[2]: eff, perm, inh
+        if libc.function("capget")(header, data) != 0:
+            raise OSError(libc.get_errno(), "capget")
+        eff0, perm0, _, eff1, perm1, _ = struct.unpack("=6I", data.raw)
+        data = libc.buffer(struct.pack("=6I", eff0, perm0, 0, eff1, perm1, 0))  # no inheritable
+        if libc.function("capset")(header, data) != 0:
+            raise OSError(libc.get_errno(), "capset")
+        if prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(libc.get_errno(), "PR_SET_NO_NEW_PRIVS")
         step = "set up descriptors"
         os.dup2(null_fd, 0)
         os.dup2(out_fd, 1)
@@ -186,7 +181,7 @@ def run_confined(
 ) -> str:
     """Run the opened host ldconfig with `args` confined to the root (`root_fd`, whose trusted
     host path is `root_path`); returns its output."""
-    with open("/proc/sys/kernel/cap_last_cap", encoding="ascii") as f:
+    with open("/proc/sys/kernel/cap_last_cap", "rb") as f:
         last_cap = int(f.read())
     null_fd = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
     read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
@@ -220,7 +215,7 @@ def _collect(pid: int, read_fd: int, deadline: float) -> tuple[bytes, int | None
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, _SIGKILL)
             os.waitpid(pid, 0)
             return b"".join(chunks), None
         ready, _, _ = select.select([read_fd], [], [], left)
@@ -237,6 +232,6 @@ def _collect(pid: int, read_fd: int, deadline: float) -> tuple[bytes, int | None
         if done:
             return b"".join(chunks), status
         time.sleep(0.001)
-    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, _SIGKILL)
     os.waitpid(pid, 0)
     return b"".join(chunks), None

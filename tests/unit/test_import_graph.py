@@ -360,3 +360,21 @@ def test_a_door_is_the_only_way_in(graph: Graph, door: tuple[str, str]) -> None:
     ways_in = [e for e in _all_edges(graph) if e.target == target]
     bad = [e for e in ways_in if (e.importer, e.target) not in LAZY_DOORS or not e.lazy]
     assert not bad, f"{target} is also reached by {bad}"
+
+
+# The createContainer hook (what podman, CRI-O and containerd's own CDI run on every GPU start):
+# modules that cost milliseconds per start and that its work does not need. gpuctk.libc falls
+# back to ctypes only on a CPython without the _ctypes internals it uses; gpuctk.jsonfast imports
+# json only to word the message for malformed JSON (error paths: both lazy, checked below).
+HOOK_AVOIDS = ("ctypes", "signal", "re", "enum", "contextlib", "typing", "json", "dataclasses")
+ERROR_PATHS = frozenset({("gpuctk.libc", "ctypes"), ("gpuctk.jsonfast", "json")})
+
+
+def test_the_create_container_hook_stays_lean(graph: Graph) -> None:
+    for importer, target in ERROR_PATHS:
+        edges = [e for e in graph.edges_of(importer) if e.target == target]
+        assert edges and all(e.lazy for e in edges), (importer, target)
+    reached = graph.walk(("gpuctk.hook.actions",), DOORS | ERROR_PATHS)
+    assert "gpuctk.hook.ldconfig" in reached and "gpuctk.hook.mounts" in reached
+    heavy = sorted(m for m in reached if m in HOOK_AVOIDS)
+    assert not heavy, "\n".join(f"{m}: {chain(reached, m)}" for m in heavy)
