@@ -11,6 +11,8 @@ runc, its own store, overlay, cgroupfs; the debian test image) alternated round 
                      links and the ld cache;
 - mounts spec        `--library-mode mounts`: each library at its SONAME in the loader's
                      own folders, no hook process;
+- mounts, compute    the mounts spec of `--driver-capabilities utility,compute` (a compute-only
+                     node: the utility and compute files and the firmware, ~30 mounts not 81);
 - mounts, no libs    the hook spec with its hook removed: what the mounts and device nodes
                      alone cost (its libraries are not loadable: a reference, not a choice).
 
@@ -55,19 +57,23 @@ def make_specs(work: Path, bindir: Path) -> dict[str, Path]:
     roots = make_node_roots(work / "node", load_profile("l4"))
     specs: dict[str, Path] = {"no device": work / "empty"}
     specs["no device"].mkdir()
-    for mode in ("hook", "mounts"):
-        folder = work / mode
+    for case, mode, caps in (
+        ("hook spec", "hook", "all"),
+        ("mounts spec", "mounts", "all"),
+        ("mounts, compute", "mounts", "utility,compute"),
+    ):
+        folder = work / case.replace(" ", "-").replace(",", "")
         folder.mkdir()
         subprocess.run(
             [str(bindir / "gpuctk"), "cdi", "generate", "--simulate", "l4",
              "--driver-root", str(driver_root), "--dev-root", str(roots.dev_root),
              "--proc-root", str(roots.proc_root), "--sys-root", str(roots.sys_root),
              "--hook-path", str(bindir / "gpuctk-hook"), "--library-mode", mode,
-             "--output", str(folder / "nvidia.json")],
+             "--driver-capabilities", caps, "--output", str(folder / "nvidia.json")],
             check=True, capture_output=True,
         )  # fmt: skip
-        specs[f"{mode} spec"] = folder
-    doc = json.loads((work / "hook" / "nvidia.json").read_text())
+        specs[case] = folder
+    doc = json.loads((work / "hook-spec" / "nvidia.json").read_text())
     doc["containerEdits"].pop("hooks", None)
     (work / "bare").mkdir()
     (work / "bare" / "nvidia.json").write_text(json.dumps(doc))

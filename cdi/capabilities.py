@@ -82,6 +82,21 @@ def capability_of(basename: str, *, elf32: bool = False) -> str:
     return _BY_STEM.get(stem, UTILITY)
 
 
+def parse_strict(value: str) -> frozenset[str]:
+    """An operator's capability list ("utility,compute", "all"): ValueError naming any word
+    that is not a capability (unlike the container's variable, where unknown words are
+    ignored as the reference runtime does)."""
+    words = [w.strip() for w in value.split(",") if w.strip()]
+    if not words:
+        raise ValueError("no capability given")
+    unknown = sorted({w for w in words if w not in ALL and w != "all"})
+    if unknown:
+        raise ValueError(
+            f"unknown capabilities {', '.join(unknown)} (known: all, {', '.join(ALL)})"
+        )
+    return frozenset(ALL) if "all" in words else frozenset(words)
+
+
 def parse_capabilities(value: str | None) -> frozenset[str]:
     """NVIDIA_DRIVER_CAPABILITIES as a set: unset or empty means the default, "all" means all.
 

@@ -125,6 +125,19 @@ def output_format(fmt: str | None, output: str | None) -> str:
     "gpuctk-runtime or the prestart and precreate hooks (the machine facts ride in the hook "
     "entry). musl images cannot load the driver in either mode.",
 )
+@click.option(
+    "--driver-capabilities",
+    default="all",
+    show_default=True,
+    metavar="LIST",
+    help="Driver capabilities whose files the spec mounts: all, or a comma-separated list of "
+    "utility, compute, video, graphics, display, ngx, compat32 (firmware is always mounted). "
+    "Engines that apply CDI themselves (podman, containerd 1.7+, CRI-O) mount every file of "
+    "the spec into every GPU container and cannot honour NVIDIA_DRIVER_CAPABILITIES; on a "
+    "compute-only node, utility,compute cuts the spec from ~45 to ~20 files and each "
+    "container start by ~1 ms per mount left out. gpuctk-runtime still applies each "
+    "container's NVIDIA_DRIVER_CAPABILITIES within what the spec has.",
+)
 @cliopts.driver_root(
     "Root of the driver files and the NVML library (e.g. /run/nvidia/driver for a "
     "containerised driver). Host paths in the spec keep this prefix; container paths drop it."
@@ -150,6 +163,7 @@ def generate(
     device_ids: tuple[str, ...],
     hook_path: str,
     library_mode: str,
+    driver_capabilities: str,
     driver_root: str,
     dev_root: str,
     proc_root: str,
@@ -174,6 +188,7 @@ def generate(
       gpuctk cdi generate --driver-root /run/nvidia/driver --format json
       gpuctk cdi generate --simulate a100-mig        # no GPU needed
       gpuctk cdi generate --library-mode mounts -o /var/run/cdi/nvidia.yaml   # no hook
+      gpuctk cdi generate --driver-capabilities utility,compute   # compute-only node
     """
     from gpuctk.cdi import discover
     from gpuctk.cdi.generate import build_spec
@@ -189,6 +204,12 @@ def generate(
             raise UsageError(f"{flag}: {problem} (example: --vendor nvidia.com --class gpu)")
     if hook_path and not os.path.isabs(hook_path):
         raise UsageError(f"--hook-path must be an absolute path, got {hook_path!r}")
+    from gpuctk.cdi.capabilities import parse_strict
+
+    try:
+        selected = parse_strict(driver_capabilities)
+    except ValueError as exc:
+        raise UsageError(f"--driver-capabilities: {exc}") from None
     fmt = output_format(fmt, output)
     if output:
         # Fail on an unwritable destination before any discovery work.
@@ -212,7 +233,9 @@ def generate(
     else:
         machine = discover.machine_from_nvml(roots, nvml_library)
         nodes = discover.real_nodes(roots)
-    files = discover.driver_files(roots, machine)
+    from gpuctk.cdi.driverfiles import select_capabilities
+
+    files = select_capabilities(discover.driver_files(roots, machine), selected)
     opts = Options(
         kind=f"{vendor}/{device_class}",
         name_strategies=tuple(dict.fromkeys(strategies or DEFAULT_STRATEGIES)),

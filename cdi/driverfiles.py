@@ -274,6 +274,25 @@ def _listed(r: _Root, table: tuple[tuple[tuple[str, ...], str, int], ...], kind:
     return list(out.values())
 
 
+def select_capabilities(files: DriverFiles, selected: frozenset[str]) -> DriverFiles:
+    """`files` cut down to the driver capabilities in `selected` (gpuctk.cdi.capabilities):
+    libraries, binaries, configs and sockets of other capabilities go, with the SONAME links
+    and ld folders that only they needed. Firmware always stays: the kernel driver may load
+    it from the container's root on a GPU's first open, whatever the container asked for."""
+    if selected >= frozenset(caps.ALL):
+        return files
+    libraries = [f for f in files.libraries if f.capability in selected]
+    return DriverFiles(
+        libraries=tuple(libraries),
+        binaries=tuple(f for f in files.binaries if f.capability in selected),
+        firmware=files.firmware,
+        configs=tuple(f for f in files.configs if f.capability in selected),
+        sockets=tuple(f for f in files.sockets if f.capability in selected),
+        symlinks=tuple(_links(libraries)),
+        ld_folders=tuple(dict.fromkeys(posixpath.dirname(f.container_path) for f in libraries)),
+    )
+
+
 def discover_driver_files(driver_root: str, driver_version: str) -> DriverFiles:
     """Every driver file of version `driver_version` under `driver_root`.
 

@@ -15,8 +15,9 @@ Controls (dlopen fails in both, so the test sees the mounts): the hook spec less
 (the same files at the driver's own paths), and the mounts spec less its /usr/lib/x86_64-linux-gnu
 mounts (/usr/lib64 alone does not serve a Debian image). An image whose own ld.so.cache names a
 libcuda.so.1 (CUDA compat style): the loader takes it before any mount (the case `--help` says
-still needs hook mode). Last, gpuctk-runtime's `create` on this spec: nothing for it to take
-over, it applies the mounts, and runc's container loads the driver.
+still needs hook mode). A compute-only spec (`--driver-capabilities utility,compute`) loads
+libcuda and NVML and leaves the graphics libraries out. Last, gpuctk-runtime's `create` on this
+spec: nothing for it to take over, it applies the mounts, and runc's container loads the driver.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ PRIVATE_CDI = (
 class Podman:
     def __init__(self, base: list[str], specs: dict[str, Path]) -> None:
         self.base = base
-        self.specs = specs  # "mounts", "hook", "bare", "lib64" -> spec folder
+        self.specs = specs  # "mounts", "hook", "bare", "lib64", "compute" -> spec folder
 
     def argv(self, spec: str, script: str = 'exec "$@"') -> list[str]:
         return ["unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE_CDI + script,
@@ -81,15 +82,19 @@ class Podman:
         )  # fmt: skip
 
 
-def _generate(work: Path, driver_root: Path, mode: str) -> dict[str, Any]:
-    roots = make_node_roots(work / mode / "node", load_profile(PROFILE))
-    out = work / mode / "cdi" / "nvidia.json"
+def _generate(
+    work: Path, driver_root: Path, mode: str, name: str = "", extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    name = name or mode
+    roots = make_node_roots(work / name / "node", load_profile(PROFILE))
+    out = work / name / "cdi" / "nvidia.json"
     out.parent.mkdir()
     cmd = [
         str(BIN / "gpuctk"), "cdi", "generate", "--simulate", PROFILE,
         "--driver-root", str(driver_root), "--dev-root", str(roots.dev_root),
         "--proc-root", str(roots.proc_root), "--sys-root", str(roots.sys_root),
         "--hook-path", str(BIN / "gpuctk-hook"), "--library-mode", mode, "--output", str(out),
+        *extra,
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
@@ -137,6 +142,7 @@ def podman(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> Itera
     work = tmp_path_factory.mktemp("podman-libmounts")
     hook = _generate(work, driver_root, "hook")
     mounts = _generate(work, driver_root, "mounts")
+    _generate(work, driver_root, "mounts", "compute", ("--driver-capabilities", "utility,compute"))
     # The negative controls: no SONAME names at all; SONAME names only in /usr/lib64.
     bare = json.loads(json.dumps(hook))
     del bare["containerEdits"]["hooks"]
@@ -150,7 +156,8 @@ def podman(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> Itera
     Path("/run/cdi").mkdir(parents=True, exist_ok=True)
     with private_podman(work, IMAGE) as base:
         _variant_images(base, work)
-        yield Podman(base, {m: work / m / "cdi" for m in ("hook", "mounts", "bare", "lib64")})
+        names = ("hook", "mounts", "bare", "lib64", "compute")
+        yield Podman(base, {m: work / m / "cdi" for m in names})
 
 
 def spec(podman: Podman, name: str) -> dict[str, Any]:
@@ -220,6 +227,18 @@ def test_debian_image_loads_the_driver_by_soname(podman: Podman) -> None:
         assert f"OK {lib}" in lines, p.stdout
     assert "LS /usr/lib64/libcuda.so.1" in lines  # the image had no /usr/lib64
     assert "LDCACHE 0" in lines  # found by the loader's fallback, not through the cache
+
+
+def test_a_compute_only_spec(podman: Podman) -> None:
+    """`--driver-capabilities utility,compute`: podman mounts less than half the files, and a
+    container still loads libcuda and NVML by SONAME; the graphics libraries are absent."""
+    full, cut = (spec(podman, n)["containerEdits"]["mounts"] for n in ("mounts", "compute"))
+    assert len(cut) < len(full) / 2
+    p = podman.run(INSPECT + "; dlopen-test libGLX_nvidia.so.0; ls /usr/bin", spec="compute")
+    lines = p.stdout.splitlines()
+    for lib in ("libcuda.so.1", "libnvidia-ml.so.1", "libcuda.so"):
+        assert f"OK {lib}" in lines, p.stdout + p.stderr
+    assert "OK libGLX_nvidia.so.0" not in lines and "nvidia-smi" in lines
 
 
 def test_the_loader_searches_the_system_folders(podman: Podman) -> None:

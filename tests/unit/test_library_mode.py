@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from gpuctk.cdi import capabilities as caps
 from gpuctk.cdi.driverfiles import DriverFile, DriverFiles
 from gpuctk.cdi.generate import READ_ONLY, Options, build_spec
 from gpuctk.cdi.libmounts import library_mounts, loader_dirs
@@ -201,3 +202,80 @@ def test_cli_on_the_debian_driver_root(
     names = {p.removeprefix("/usr/lib/x86_64-linux-gnu/").removeprefix("nvidia/current/")
              for p in links}  # fmt: skip
     assert {n for n in names if f"/usr/lib/x86_64-linux-gnu/{n}" not in by_path} == set()
+
+
+def test_select_capabilities_keeps_only_the_selected_files() -> None:
+    from gpuctk.cdi.driverfiles import select_capabilities
+
+    fw = DriverFile("/drv/lib/firmware/gsp.bin", "/lib/firmware/gsp.bin", "firmware", "utility")
+    smi = DriverFile("/drv/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi", "binary", "utility")
+    icd = DriverFile("/drv/vk.json", "/usr/share/vulkan/icd.d/nvidia_icd.json", "config",
+                     "graphics")  # fmt: skip
+    files = DriverFiles(
+        libraries=LIBS, binaries=(smi,), firmware=(fw,), configs=(icd,),
+        symlinks=(("x", "y"),), ld_folders=("/old",),
+    )  # fmt: skip
+    assert select_capabilities(files, frozenset(caps.ALL)) is files
+    cut = select_capabilities(files, frozenset({"utility"}))
+    assert {f.soname for f in cut.libraries} == {"libnvidia-ml.so.1", None}
+    assert cut.binaries == (smi,) and cut.firmware == (fw,) and cut.configs == ()
+    assert cut.ld_folders == ("/usr/lib/x86_64-linux-gnu",)
+    assert [link for _, link in cut.symlinks] == ["/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"]
+    none = select_capabilities(files, frozenset({"video"}))
+    assert none.libraries == () and none.firmware == (fw,)  # firmware always: the GPU's first open
+    assert none.symlinks == () and none.ld_folders == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("all", set(caps.ALL)), ("utility,compute", {"utility", "compute"}),
+     (" compute , utility ", {"utility", "compute"}), ("video,all", set(caps.ALL))],
+)  # fmt: skip
+def test_parse_strict(value: str, expected: set[str]) -> None:
+    assert caps.parse_strict(value) == expected
+
+
+@pytest.mark.parametrize("value", ["", " , ", "compute,bogus", "COMPUTE"])
+def test_parse_strict_names_the_bad_words(value: str) -> None:
+    with pytest.raises(ValueError, match=r"bogus|COMPUTE|no capability"):
+        caps.parse_strict(value)
+
+
+@pytest.mark.parametrize("mode", ["hook", "mounts"])
+def test_cli_driver_capabilities(tmp_path: Path, driver_root: Path, mode: str) -> None:
+    """A compute-only node: the spec mounts the utility and compute files only (and firmware),
+    the hook entry links and lists only their folders, and a bad word is a usage error that
+    writes nothing."""
+    specs = {}
+    for value in ("all", "utility,compute"):
+        out = tmp_path / f"{value}.json"
+        p = subprocess.run(
+            [GPUCTK, "cdi", "generate", "--simulate", "l4", "--driver-root", str(driver_root),
+             "--library-mode", mode, "--driver-capabilities", value, "-o", str(out)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        assert validate_files([out], SCHEMA) == {str(out): []}
+        specs[value] = json.loads(out.read_text())["containerEdits"]
+    full, cut = (mounts_of({"containerEdits": specs[v]}) for v in ("all", "utility,compute"))
+    assert len(cut) < len(full) / 2
+    names = {p.rsplit("/", 1)[1] for p in cut}
+    assert {"nvidia-smi", "nvidia-cuda-mps-server", "gsp_ga10x.bin"} <= names
+    assert any(n.startswith("libcuda.so") for n in names)
+    assert any(n.startswith("libnvidia-ml.so") for n in names)
+    graphics = [n for n in names if "GLX" in n or "EGL" in n or "vulkan" in n or "vdpau" in n]
+    assert graphics == []
+    assert set(cut) <= set(full) and all(cut[p] == full[p] for p in cut)
+    if mode == "hook":
+        args = specs["utility,compute"]["hooks"][0]["args"]
+        links = [a for a in args if "::" in a]
+        assert links and not [a for a in links if "GLX" in a or "EGL" in a or "vdpau" in a]
+        assert any("libcuda.so.1" in a for a in links)
+    bad = tmp_path / "bad.json"
+    p = subprocess.run(
+        [GPUCTK, "cdi", "generate", "--simulate", "l4", "--driver-root", str(driver_root),
+         "--driver-capabilities", "compute,graphcs", "-o", str(bad)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert p.returncode == 2 and "--driver-capabilities" in p.stderr and "graphcs" in p.stderr
+    assert not bad.exists()
