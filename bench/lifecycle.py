@@ -17,8 +17,10 @@ run so that machine noise hits them alike:
 - sh + one python start  gpuctk-runtime's shape with nothing in it: an sh front on every verb
                     and one `python -IS` that only execs runc on create (the floor for
                     gpuctk's design: one Python process per container);
-- gpuctk ...        gpuctk-runtime as installed (the sh front; Python on create only): 1 GPU,
-                    8 GPUs, 8 MIG devices, 1 GPU with NVIDIA_DRIVER_CAPABILITIES=all.
+- gpuctk ...        gpuctk-runtime as installed (the sh front; Python on create only): a
+                    container that asks for no GPU (the front's grep sends it straight to
+                    runc), 1 GPU, 8 GPUs, 8 MIG devices, 1 GPU with
+                    NVIDIA_DRIVER_CAPABILITIES=all.
 
 With podman installed (and unless --no-podman), as many podman rounds follow, alternating
 bench/podman.py's cases: `podman run --rm /bin/true` with no device, with the default hook
@@ -257,6 +259,7 @@ def main() -> None:
         "runc + GPU edits": ([runc], one, edit_ahead),
         "python shim (floor)": ([floor], [], None),
         "sh + one python start": ([one_start], [], None),
+        "gpuctk, no GPU asked": ([shim], [], None),
         "gpuctk 1 GPU": ([shim], one, None),
         "gpuctk 8 GPUs": ([shim], ["NVIDIA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7"], None),
         "gpuctk 8 MIG devices": ([shim], [f"NVIDIA_VISIBLE_DEVICES={MIG8}"], None),

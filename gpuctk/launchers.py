@@ -28,6 +28,17 @@ same PATH, is newer than that config file, and its runtime is an executable file
 else (no memo yet, a changed config, an argument list it cannot read) starts Python, which
 resolves the runtime as always and writes the memo again. So a config change takes effect at
 once, and the verbs that follow a create go to the runtime that create used.
+
+A `create`/`run` skips Python too when its config.json cannot be asking for a GPU: the memo
+also holds the request markers of the config in force (gpuctk.hook.runtime_main
+request_markers: `NVIDIA_VISIBLE_DEVICES`, each annotation prefix, and with
+accept-volume-mounts the device-list folder name), and the front finds the bundle as runc
+reads `--bundle`/`-b` (the current folder without one) and runs the host's grep (/usr/bin or
+/bin, fixed paths) over config.json for them and for `\\u` (a JSON escape could spell any
+of them). No match: the low-level runtime, at once. A match, crun's `--config`/`-f` or
+attached `-bDIR`, no markers in the memo, no grep, or anything else: Python, which decides
+as always. A GPU node whose runtime handler is also the default one (every pod through
+gpuctk-runtime) pays for Python only on the containers that ask for a GPU.
 """
 
 from __future__ import annotations
@@ -72,16 +83,20 @@ def launcher_text(python: str, module: str, function: str) -> str:
     )
 
 
-MEMO_TAG = "gpuctk-runtime memo 1"
+MEMO_TAG = "gpuctk-runtime memo 2"
 STATE_DIR_ENV = "GPUCTK_STATE_DIR"
 DEFAULT_STATE_DIR = "/run/gpuctk"
-# The spine may not import gpuctk.hook (tests/unit/test_layering.py): these two mirror
-# gpuctk.hook.config.DEFAULT_PATH and gpuctk.hook.runtime_main.GLOBAL_VALUE_FLAGS, and
-# tests/unit/test_runtime_front.py checks that they are equal.
+# The spine may not import gpuctk.hook (tests/unit/test_layering.py): these mirror
+# gpuctk.hook.config.DEFAULT_PATH and gpuctk.hook.runtime_main.GLOBAL_VALUE_FLAGS and
+# VERB_VALUE_FLAGS, and tests/unit/test_runtime_front.py checks that they are equal.
 DEFAULT_CONFIG = "/etc/gpuctk/config.toml"
 GLOBAL_VALUE_FLAGS = frozenset(
     ("log", "log-format", "root", "criu", "rootless", "cgroup-manager", "log-level")
 )
+VERB_VALUE_FLAGS = frozenset(
+    ("bundle", "b", "console-socket", "pid-file", "preserve-fds", "config", "f", "pidfd-socket")
+)
+GREPS = ("/usr/bin/grep", "/bin/grep")
 
 # The Python half of the runtime front: run with `-IS -c CODE "$0" "$@"` (no single quotes).
 _RUNTIME_PYTHON = """import sys
@@ -104,18 +119,73 @@ raise SystemExit(main())
 def runtime_front_text(python: str) -> str:
     """The text of the gpuctk-runtime launcher: a POSIX sh front (see the module docstring)."""
     _check_interpreter(python)
-    value_flags = "|".join(sorted(GLOBAL_VALUE_FLAGS))
+    global_flags = "|".join(sorted(GLOBAL_VALUE_FLAGS))
+    verb_flags = "|".join(sorted(VERB_VALUE_FLAGS))
     return f"""#!/bin/sh
 # gpuctk launcher (gpuctk.launchers): gpuctk-runtime's POSIX sh front; see that module.
-# create/run start Python; any other verb goes to the low-level runtime in the memo.
+# Verbs other than create/run go to the low-level runtime in the memo; so does a create whose
+# config.json holds none of the memo's request markers; anything else starts Python.
 memo=${{{STATE_DIR_ENV}:-{DEFAULT_STATE_DIR}}}/runtime
+memo_holds() {{
+	[ -f "$memo" ] && [ -O "$memo" ] || return 1
+	{{ IFS= read -r tag; IFS= read -r m_conf; IFS= read -r m_state; IFS= read -r m_path
+		IFS= read -r m_runtime; IFS= read -r m_create; }} <"$memo"
+	conf=${{GPUCTK_CONFIG:-{DEFAULT_CONFIG}}}
+	if [ -e "$conf" ]; then state=present; else state=absent; fi
+	[ "$tag" = "{MEMO_TAG}" ] && [ "$m_conf" = "$conf" ] && [ "$m_state" = "$state" ] &&
+		[ "$m_path" = "${{PATH-}}" ] && ! [ "$conf" -nt "$memo" ] &&
+		[ -f "$m_runtime" ] && [ -x "$m_runtime" ]
+}}
+no_request() {{ # CONFIG MARKER...: true when CONFIG is a file that holds no MARKER and no \\u
+	cfg=$1
+	shift
+	n=$#
+	while [ "$n" -gt 0 ]; do set -- "$@" -e "$1"; shift; n=$((n - 1)); done
+	[ -f "$cfg" ] && [ -r "$cfg" ] || return 1
+	for g in {" ".join(GREPS)}; do
+		if [ -x "$g" ]; then
+			"$g" -q -F "$@" -e '\\u' -- "$cfg"
+			[ $? -eq 1 ]
+			return
+		fi
+	done
+	return 1
+}}
 want=verb
 verb=
+bundle=
+fast=yes
 for arg do
 	case $want in
 	value) want=verb; continue ;;
-	next) verb=$arg; break ;;
+	next) verb=$arg; want=args; continue ;;
+	bundle) bundle=$arg; want=args; continue ;;
+	skip) want=args; continue ;;
 	esac
+	if [ "$want" = args ]; then
+		case $verb in create|run) ;; *) break ;; esac
+		case $arg in
+		--) break ;;
+		-?*)
+			name=${{arg%%=*}}
+			while case $name in -*) true ;; *) false ;; esac; do name=${{name#-}}; done
+			case $arg in
+			*=*)
+				case $name in
+				bundle|b) bundle=${{arg#*=}} ;;
+				config|f) fast=no ;;
+				esac ;;
+			*)
+				case $name in
+				bundle|b) want=bundle ;;
+				config|f) fast=no; want=skip ;;
+				{verb_flags}) want=skip ;;
+				*) case $arg in -[bf]?*) fast=no ;; esac ;;
+				esac ;;
+			esac ;;
+		esac
+		continue
+	fi
 	case $arg in
 	--) want=next ;;
 	-?*)
@@ -123,24 +193,31 @@ for arg do
 		while case $name in -*) true ;; *) false ;; esac; do name=${{name#-}}; done
 		case $arg in
 		*=*) ;;
-		*) case $name in {value_flags}) want=value ;; esac ;;
+		*) case $name in {global_flags}) want=value ;; esac ;;
 		esac ;;
-	*) verb=$arg; break ;;
+	*) verb=$arg; want=args ;;
 	esac
 done
 case $verb in
-''|create|run) ;;
+'') ;;
+create|run)
+	if [ "$fast" = yes ] && memo_holds; then
+		case $m_create in
+		create-grep"	"?*)
+			set -f
+			IFS="	"
+			if no_request "${{bundle:-.}}/config.json" ${{m_create#create-grep"	"}}; then
+				unset IFS
+				set +f
+				exec "$m_runtime" "$@"
+			fi
+			unset IFS
+			set +f ;;
+		esac
+	fi ;;
 *)
-	if [ -f "$memo" ] && [ -O "$memo" ]; then
-		{{ IFS= read -r tag; IFS= read -r m_conf; IFS= read -r m_state; IFS= read -r m_path
-			IFS= read -r m_runtime; }} <"$memo"
-		conf=${{GPUCTK_CONFIG:-{DEFAULT_CONFIG}}}
-		if [ -e "$conf" ]; then state=present; else state=absent; fi
-		if [ "$tag" = "{MEMO_TAG}" ] && [ "$m_conf" = "$conf" ] && [ "$m_state" = "$state" ] &&
-			[ "$m_path" = "${{PATH-}}" ] && ! [ "$conf" -nt "$memo" ] &&
-			[ -f "$m_runtime" ] && [ -x "$m_runtime" ]; then
-			exec "$m_runtime" "$@"
-		fi
+	if memo_holds; then
+		exec "$m_runtime" "$@"
 	fi ;;
 esac
 exec {python} -IS -c '{_RUNTIME_PYTHON}' "$0" "$@"

@@ -38,7 +38,7 @@ INJECT_VERBS = frozenset(("create", "run"))
 GLOBAL_VALUE_FLAGS = frozenset(
     ("log", "log-format", "root", "criu", "rootless", "cgroup-manager", "log-level")
 )
-_VERB_VALUE_FLAGS = frozenset(
+VERB_VALUE_FLAGS = frozenset(
     ("bundle", "b", "console-socket", "pid-file", "preserve-fds", "config", "f", "pidfd-socket")
 )
 
@@ -99,9 +99,9 @@ def parse_argv(args: Sequence[str]) -> Invocation:
             continue
         name, value = _flag(token)
         crun_attached = token[1:2] in ("b", "f") and len(token) > 2  # crun's -bDIR, -fFILE
-        if value is None and name not in _VERB_VALUE_FLAGS and crun_attached:
+        if value is None and name not in VERB_VALUE_FLAGS and crun_attached:
             name, value = token[1], token[2:]
-        if value is None and name in _VERB_VALUE_FLAGS and i < len(args):
+        if value is None and name in VERB_VALUE_FLAGS and i < len(args):
             value, i = args[i], i + 1
         if name in ("bundle", "b") and value is not None:
             inv.bundle = value
@@ -177,12 +177,31 @@ def find_runtime(names: Sequence[str], environ: Mapping[str, str] | None = None)
     )
 
 
-def remember_runtime(runtime: str, environ: Mapping[str, str] | None = None) -> bool:
+def request_markers(settings: Settings) -> list[str] | None:
+    """Strings at least one of which a config.json that asks for a GPU must contain, as
+    gpuctk.hook.requests reads requests under `settings`: the NVIDIA_VISIBLE_DEVICES name,
+    each annotation prefix, and with accept-volume-mounts the device-list mount folder. None
+    when one cannot be given to the sh front (empty, or with a tab or line break in it)."""
+    from gpuctk.hook.requests import VISIBLE_DEVICES
+
+    markers = [VISIBLE_DEVICES, *settings.annotation_prefixes]
+    if settings.accept_volume_mounts:
+        markers.append("nvidia-container-devices")
+    if any(not m or "\t" in m or "\n" in m or "\r" in m for m in markers):
+        return None
+    return markers
+
+
+def remember_runtime(
+    runtime: str, environ: Mapping[str, str] | None = None, markers: list[str] | None = None
+) -> bool:
     """Write the runtime memo the sh front of gpuctk-runtime reads (gpuctk.launchers): the
-    config file in force and whether it exists, PATH, and the resolved `runtime`, so that the
-    verbs after a create skip Python. Written only into a folder owned by this uid and not
-    writable by others (created 0700 if missing), only when it changes, never fsync'd (it is
-    a cache: a lost or stale memo just means a Python start). True when the memo is current."""
+    config file in force and whether it exists, PATH, the resolved `runtime`, so that the
+    verbs after a create skip Python, and the request `markers` (request_markers), so that a
+    create whose config.json contains none of them skips Python too (without markers, every
+    create starts Python). Written only into a folder owned by this uid and not writable by
+    others (created 0700 if missing), only when it changes, never fsync'd (it is a cache: a
+    lost or stale memo just means a Python start). True when the memo is current."""
     from gpuctk import launchers
     from gpuctk.hook.config import config_path
 
@@ -190,7 +209,8 @@ def remember_runtime(runtime: str, environ: Mapping[str, str] | None = None) -> 
     folder = env.get(launchers.STATE_DIR_ENV) or launchers.DEFAULT_STATE_DIR
     conf, _ = config_path(env)
     present = "present" if os.path.exists(conf) else "absent"
-    lines = (launchers.MEMO_TAG, conf, present, env.get("PATH", ""), runtime)
+    create = "\t".join(["create-grep", *markers]) if markers else "create-python"
+    lines = (launchers.MEMO_TAG, conf, present, env.get("PATH", ""), runtime, create)
     if any("\n" in line or "\r" in line for line in lines):
         return False  # not representable in the sh front's line reads
     text = "".join(f"{line}\n" for line in lines).encode()
@@ -254,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         log.configure(settings.log_file, settings.log_level)
         runtime = find_runtime(settings.runtimes)
         if settings_ok:
-            remember_runtime(runtime)
+            remember_runtime(runtime, markers=request_markers(settings))
         if inv.verb in INJECT_VERBS:
             inject(inv, settings, log)
     except GpuctkError as exc:

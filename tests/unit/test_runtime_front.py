@@ -7,6 +7,7 @@ The front running B proves it read the memo (Python would resolve A from the con
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -49,17 +50,20 @@ class Node:
             "state": "present",
             "path": self.env["PATH"],
             "runtime": runtime or str(self.runtimes["B"]),
+            "create": "create-python",
         }
         lines.update(changes)
         self.memo.write_text("".join(f"{v}\n" for v in lines.values()))
         future = time.time() + 5  # newer than the config, whatever the clock granularity
         os.utime(self.memo, (future, future))
 
-    def run(self, *args: str, **env: str) -> str:
+    def run(self, *args: str, cwd: Path | None = None, **env: str) -> str:
         done = subprocess.run(
-            [str(self.front), *args], env={**self.env, **env},
+            [str(self.front), *args], env={**self.env, **env}, cwd=cwd,
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
+        if done.returncode != 0 and "gpuctk-runtime: " in done.stderr:
+            return "Python"  # Python ran, and refused the request (no spec dirs here)
         assert done.returncode == 0, done.stderr
         return done.stdout.split()[0]  # which runtime ran
 
@@ -126,12 +130,13 @@ def test_python_rewrites_the_memo_and_the_front_then_uses_it(node: Node) -> None
     assert node.run("state", "c1") == "A"  # no memo yet: Python, which writes one
     lines = node.memo.read_text().splitlines()
     assert lines == [
-        launchers.MEMO_TAG, str(node.config), "present", node.env["PATH"], str(node.runtimes["A"])
+        launchers.MEMO_TAG, str(node.config), "present", node.env["PATH"],
+        str(node.runtimes["A"]), "create-grep\tNVIDIA_VISIBLE_DEVICES\tcdi.k8s.io/",
     ]  # fmt: skip
     node.runtimes["A"].chmod(0o644)  # the memo's runtime is no longer executable ...
     node.config.write_text(f'runtimes = ["{node.runtimes["A"]}", "{node.runtimes["B"]}"]\n')
     assert node.run("state", "c1") == "B"  # ... so Python resolves again: B
-    assert node.memo.read_text().splitlines()[-1] == str(node.runtimes["B"])
+    assert node.memo.read_text().splitlines()[4] == str(node.runtimes["B"])
 
 
 def test_a_config_changed_after_the_memo_takes_effect_at_once(node: Node) -> None:
@@ -163,7 +168,104 @@ def test_the_front_reads_flags_and_config_as_the_python_side() -> None:
     from gpuctk.hook import config, runtime_main
 
     assert launchers.GLOBAL_VALUE_FLAGS == runtime_main.GLOBAL_VALUE_FLAGS
+    assert launchers.VERB_VALUE_FLAGS == runtime_main.VERB_VALUE_FLAGS
     assert launchers.DEFAULT_CONFIG == config.DEFAULT_PATH
+
+
+# --- create without Python when config.json asks for no GPU -------------------------------
+
+MARKERS = "create-grep\tNVIDIA_VISIBLE_DEVICES\tcdi.k8s.io/"
+NO_GPU = {"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin", "HOME=/root"]},
+          "annotations": {"io.kubernetes.cri.sandbox-id": "x"}}  # fmt: skip
+
+
+def _bundle(node: Node, doc: dict[str, object] | str, name: str = "bundle") -> Path:
+    bundle = node.tmp / name
+    bundle.mkdir(exist_ok=True)
+    text = doc if isinstance(doc, str) else json.dumps(doc)
+    (bundle / "config.json").write_text(text)
+    return bundle
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["create", "--bundle", "{bundle}", "c1"],
+        ["--log", "/tmp/l", "create", "-b", "{bundle}", "c1"],
+        ["--log=/tmp/l", "run", "--bundle={bundle}", "c1"],
+        ["--systemd-cgroup", "--", "create", "--bundle", "{bundle}", "c1"],
+        ["create", "--pid-file", "/run/p", "-bundle", "{bundle}", "--console-socket", "/s", "c1"],
+        ["create", "--bundle", "/elsewhere", "--bundle", "{bundle}", "c1"],  # the last one wins
+        ["create", "--no-pivot", "c1", "--bundle", "{bundle}"],  # flags after the id
+        ["create", "c1"],  # no --bundle: the current folder, as runc
+    ],
+)
+def test_a_create_that_asks_for_no_gpu_skips_python(node: Node, args: list[str]) -> None:
+    bundle = _bundle(node, NO_GPU)
+    node.write_memo(create=MARKERS)
+    assert node.run(*(a.replace("{bundle}", str(bundle)) for a in args), cwd=bundle) == "B"
+
+
+@pytest.mark.parametrize(
+    ("doc", "args"),
+    [
+        ({**NO_GPU, "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}}, []),
+        ({**NO_GPU, "process": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}}, []),
+        ({**NO_GPU, "annotations": {"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}}, []),
+        # JSON may spell any character as an escape: the front cannot see through one
+        ('{"process": {"env": ["NVIDIA_VISIBLE_\\u0044EVICES=0"]}}', []),
+        ('{"annotations": {"x": "\\u0041"}}', []),
+        (NO_GPU, ["--config", "other.json"]),  # crun's config name: Python reads it
+        (NO_GPU, ["-f", "other.json"]),
+        (NO_GPU, ["-b{bundle}"]),  # crun's attached form
+        (None, []),  # no config.json at all: Python says so
+    ],
+)
+def test_a_create_that_may_ask_for_a_gpu_starts_python(
+    node: Node, doc: dict[str, object] | str | None, args: list[str]
+) -> None:
+    bundle = _bundle(node, NO_GPU if doc is None else doc)
+    if doc is None:
+        (bundle / "config.json").unlink()
+    (bundle / "other.json").write_text(json.dumps(NO_GPU))
+    node.write_memo(create=MARKERS)
+    flags = [a.replace("{bundle}", str(bundle)) for a in args] or ["--bundle", str(bundle)]
+    assert node.run("create", *flags, "c1", cwd=bundle) in ("A", "Python")
+
+
+def test_without_markers_in_the_memo_every_create_starts_python(node: Node) -> None:
+    bundle = _bundle(node, NO_GPU)
+    node.write_memo()  # create-python
+    assert node.run("create", "--bundle", str(bundle), "c1") == "A"
+    node.write_memo(create="create-grep")  # no marker at all: never trusted
+    assert node.run("create", "--bundle", str(bundle), "c1") == "A"
+
+
+def test_the_configured_markers_are_the_ones_searched(node: Node) -> None:
+    """Python writes the markers of the config in force; the front searches exactly those."""
+    bundle = _bundle(node, {**NO_GPU, "annotations": {"example.com/gpus": "nvidia.com/gpu=0"}})
+    node.config.write_text(
+        f'runtimes = ["{node.runtimes["A"]}"]\n'
+        'annotation-prefixes = ["example.com/"]\naccept-volume-mounts = true\n'
+    )
+    assert node.run("state", "c1") == "A"  # Python writes the memo
+    assert node.memo.read_text().splitlines()[5] == (
+        "create-grep\tNVIDIA_VISIBLE_DEVICES\texample.com/\tnvidia-container-devices"
+    )
+    assert node.run("create", "--bundle", str(bundle), "c1") == "Python"  # asks: Python
+    mounts = {**NO_GPU, "mounts": [{"source": "/dev/null", "type": "bind",
+              "destination": "/var/run/nvidia-container-devices/0"}]}  # fmt: skip
+    assert node.run("create", "--bundle", str(_bundle(node, mounts, "m")), "c1") == "Python"
+    assert node.run("create", "--bundle", str(_bundle(node, NO_GPU, "n")), "c1") == "A"
+
+
+def test_request_markers_refuse_what_the_front_cannot_search() -> None:
+    from gpuctk.hook.config import Settings
+    from gpuctk.hook.runtime_main import request_markers
+
+    assert request_markers(Settings()) == ["NVIDIA_VISIBLE_DEVICES", "cdi.k8s.io/"]
+    assert request_markers(Settings({"annotation-prefixes": [""]})) is None
+    assert request_markers(Settings({"annotation-prefixes": ["a\tb"]})) is None
 
 
 def test_remember_runtime_writes_only_into_a_private_folder(tmp_path: Path) -> None:
@@ -172,7 +274,8 @@ def test_remember_runtime_writes_only_into_a_private_folder(tmp_path: Path) -> N
     assert remember_runtime("/usr/bin/runc", {**env, "GPUCTK_STATE_DIR": str(private)})
     assert private.stat().st_mode & 0o777 == 0o700
     memo = private / "runtime"
-    assert memo.read_text().splitlines()[2:] == ["absent", "/bin", "/usr/bin/runc"]
+    lines = memo.read_text().splitlines()
+    assert lines[2:] == ["absent", "/bin", "/usr/bin/runc", "create-python"]  # no markers given
     before = memo.stat().st_mtime_ns, memo.stat().st_ino
     assert remember_runtime("/usr/bin/runc", {**env, "GPUCTK_STATE_DIR": str(private)})
     assert (memo.stat().st_mtime_ns, memo.stat().st_ino) == before  # unchanged: not rewritten
@@ -182,4 +285,4 @@ def test_remember_runtime_writes_only_into_a_private_folder(tmp_path: Path) -> N
     assert not remember_runtime("/usr/bin/runc", {**env, "GPUCTK_STATE_DIR": str(shared)})
     assert list(shared.iterdir()) == []
     assert not remember_runtime("/usr/bin/ru\nnc", {**env, "GPUCTK_STATE_DIR": str(private)})
-    assert memo.read_text().splitlines()[-1] == "/usr/bin/runc"
+    assert memo.read_text().splitlines()[4] == "/usr/bin/runc"
