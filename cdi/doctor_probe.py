@@ -4,7 +4,9 @@ The container runs on a fresh overlay of `--probe-rootfs` (default `/`: the host
 filesystem, read-only below a tmpfs upper layer, so nothing it writes reaches the host), asks for
 `NVIDIA_VISIBLE_DEVICES=<--probe-device>` and reports what it sees: the GPU device nodes, the
 result of opening each /dev/nvidiaN, whether the ld cache lists libcuda.so.1 and
-libnvidia-ml.so.1 (the gpuctk-hook entry ran), and `nvidia-smi -L` when the image has it.
+libnvidia-ml.so.1 (the gpuctk-hook entry ran) or, failing that, whether they sit in one of
+the loader's system folders, where a `--library-mode mounts` spec puts them and the loader
+finds them without a cache entry, and `nvidia-smi -L` when the image has it.
 The verdict compares that with the active CDI spec's nodes for the device.
 
 Clean-up always runs: `gpuctk-runtime delete --force`, lazy unmounts of the overlay and its
@@ -36,7 +38,10 @@ for f in /dev/nvidia[0-9]*; do
   if err=$( (: < "$f") 2>&1 ); then echo "OPEN $f ok"; else echo "OPEN $f $err"; fi
 done
 for l in libcuda.so.1 libnvidia-ml.so.1; do
-  ldconfig -p 2>/dev/null | grep -qE "^[[:space:]]+$l " && echo "LDCACHE $l"
+  if ldconfig -p 2>/dev/null | grep -qE "^[[:space:]]+$l "; then echo "LDCACHE $l"; continue; fi
+  for d in /lib/*-linux-gnu /usr/lib/*-linux-gnu /lib64 /usr/lib64; do
+    if [ -e "$d/$l" ]; then echo "SYSDIR $l $d"; break; fi
+  done
 done
 if command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi -L 2>&1 | head -n 4 | sed 's/^/SMI /'
@@ -159,6 +164,7 @@ def _verdict(out: str, expected: set[str], device: str) -> Result:
     nodes = set(_tagged(out, "NODE"))
     opened = _tagged(out, "OPEN")
     ldcache = set(_tagged(out, "LDCACHE"))
+    sysdir = dict(line.split(" ", 1) for line in _tagged(out, "SYSDIR") if " " in line)
     smi = _tagged(out, "SMI")
     evidence = [
         f"NVIDIA_VISIBLE_DEVICES={device}: {len(nodes)} GPU device node(s) in the container"
@@ -182,9 +188,17 @@ def _verdict(out: str, expected: set[str], device: str) -> Result:
             "the device cgroup blocks the GPU: check the engine's cgroup driver (SystemdCgroup) "
             "and `systemctl daemon-reload` side effects; then restart the container",
         )
-    missing_libs = sorted({"libcuda.so.1", "libnvidia-ml.so.1"} - ldcache)
+    evidence += [
+        f"{lib}: in {folder}, a loader system folder (a --library-mode mounts spec)"
+        for lib, folder in sorted(sysdir.items())
+        if lib not in ldcache
+    ]
+    missing_libs = sorted({"libcuda.so.1", "libnvidia-ml.so.1"} - ldcache - set(sysdir))
     if missing_libs:
-        evidence.append(f"ld cache lacks {', '.join(missing_libs)} (the gpuctk-hook entry ran?)")
+        evidence.append(
+            f"ld cache and loader system folders lack {', '.join(missing_libs)}"
+            " (the gpuctk-hook entry ran?)"
+        )
     if no_driver or missing_libs:
         evidence.append(
             "the node answers ENXIO: no driver behind it (driver not loaded, or a test node)"

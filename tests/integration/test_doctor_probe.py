@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from fixtures.doctornode import DoctorNode, build_node
+from fixtures.doctornode import DoctorNode, build_node, generate_spec
 
 pytestmark = pytest.mark.integration
 
@@ -66,13 +66,32 @@ def test_probe_gets_one_gpu_and_cleans_up(
         == f"NVIDIA_VISIBLE_DEVICES=1:0: {spec_nodes} GPU device node(s) in the container"
     )
     assert "open /dev/nvidia1: ENXIO (No such device or address)" in evidence
-    assert not any("ld cache lacks" in e for e in evidence)  # the hook rebuilt the ld cache
+    assert not any(" lack " in e for e in evidence)  # the hook rebuilt the ld cache
     assert "ENXIO" in evidence[-1]
     assert check["fix"].startswith("modprobe nvidia")
     others = {c["id"]: c["status"] for c in report["checks"] if c["id"] != "probe.container"}
     assert set(others.values()) <= {"ok", "skipped"}
     assert code == 1
     assert leftovers() == before
+
+
+def test_probe_of_a_mounts_spec_finds_the_libraries_in_the_loader_folders(
+    node: DoctorNode, image_rootfs: Callable[[str], Path]
+) -> None:
+    """`--library-mode mounts`: no ld cache entry, the SONAMEs in the loader's own folders;
+    the probe says where it found them and does not warn about the ld cache."""
+    generate_spec(node.spec, node.profile, node.driver_root, node.roots, node.env,
+                  ("--library-mode", "mounts"))  # fmt: skip
+    rootfs = ["--probe-rootfs", str(image_rootfs("debian"))]
+    _, report, stderr = node.doctor("--probe", *rootfs, "--probe-device", "1:0")
+    check = node.check(report, "probe.container")
+    evidence = check["evidence"]
+    assert any(
+        e.startswith("libcuda.so.1: in /usr/lib/x86_64-linux-gnu, a loader system folder")
+        for e in evidence
+    ), (check, stderr)
+    assert not any(" lack " in e for e in evidence), evidence
+    assert check["status"] == "warning" and check["fix"].startswith("modprobe nvidia")  # ENXIO
 
 
 def test_probe_reports_the_shim_error_and_cleans_up(node: DoctorNode, tmp_path: Path) -> None:

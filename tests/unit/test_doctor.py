@@ -505,3 +505,27 @@ def test_containerd_not_restarted_after_configure(make_node: NodeFactory) -> Non
     fake_containerd(node, ["--config", "/srv/other.toml"], started_ago=3600)
     code, report, _ = node.doctor()
     assert node.check(report, "engine.containerd.loaded")["status"] == "skipped"
+
+
+# --- the probe's verdict on what the container saw (gpuctk.cdi.doctor_probe._verdict) --------
+
+
+def _probe_out(*libs: str) -> str:
+    return "\n".join(["NODE /dev/nvidia0", "OPEN /dev/nvidia0 ok", *libs])
+
+
+def test_probe_verdict_ld_cache_or_loader_folder() -> None:
+    from gpuctk.cdi.doctor_probe import _verdict
+
+    both = ("LDCACHE libcuda.so.1", "LDCACHE libnvidia-ml.so.1")
+    assert _verdict(_probe_out(*both), {"/dev/nvidia0"}, "0").status == "ok"
+    # a mounts spec: no cache entry, the SONAMEs in the loader's system folders
+    mounts = ("SYSDIR libcuda.so.1 /usr/lib/x86_64-linux-gnu",
+              "SYSDIR libnvidia-ml.so.1 /usr/lib64")  # fmt: skip
+    result = _verdict(_probe_out(*mounts), {"/dev/nvidia0"}, "0")
+    assert result.status == "ok", result
+    assert any("libcuda.so.1: in /usr/lib/x86_64-linux-gnu" in e for e in result.evidence)
+    # neither: the warning names what is missing
+    result = _verdict(_probe_out("LDCACHE libnvidia-ml.so.1"), {"/dev/nvidia0"}, "0")
+    assert result.status == "warning"
+    assert any("lack libcuda.so.1" in e for e in result.evidence)
