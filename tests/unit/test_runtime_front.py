@@ -92,16 +92,15 @@ def test_other_verbs_go_to_the_memo_runtime_without_python(node: Node, args: lis
     assert node.run(*args) == "B"
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["create", "--bundle", "{bundle}", "c1"],
-        ["--log", "/tmp/l", "create", "-b", "{bundle}", "c1"],
-        ["--log=/tmp/l", "run", "--bundle={bundle}", "c1"],
-        ["--systemd-cgroup", "--", "create", "--bundle", "{bundle}", "c1"],
-        ["--version"],  # no verb at all
-    ],
-)
+CREATE_FORMS = [
+    ["create", "--bundle", "{bundle}", "c1"],
+    ["--log", "/tmp/l", "create", "-b", "{bundle}", "c1"],
+    ["--log=/tmp/l", "run", "--bundle={bundle}", "c1"],
+    ["--systemd-cgroup", "--", "create", "--bundle", "{bundle}", "c1"],
+]
+
+
+@pytest.mark.parametrize("args", [*CREATE_FORMS, ["--version"]])  # --version: no verb at all
 def test_create_run_and_unreadable_arguments_start_python(node: Node, args: list[str]) -> None:
     bundle = node.tmp / "bundle"  # asks for no GPU: Python's create leaves it as it is
     bundle.mkdir()
@@ -190,10 +189,7 @@ def _bundle(node: Node, doc: dict[str, object] | str, name: str = "bundle") -> P
 @pytest.mark.parametrize(
     "args",
     [
-        ["create", "--bundle", "{bundle}", "c1"],
-        ["--log", "/tmp/l", "create", "-b", "{bundle}", "c1"],
-        ["--log=/tmp/l", "run", "--bundle={bundle}", "c1"],
-        ["--systemd-cgroup", "--", "create", "--bundle", "{bundle}", "c1"],
+        *CREATE_FORMS,
         ["create", "--pid-file", "/run/p", "-bundle", "{bundle}", "--console-socket", "/s", "c1"],
         ["create", "--bundle", "/elsewhere", "--bundle", "{bundle}", "c1"],  # the last one wins
         ["create", "--no-pivot", "c1", "--bundle", "{bundle}"],  # flags after the id
