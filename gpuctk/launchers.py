@@ -34,8 +34,9 @@ also holds the request markers of the config in force (gpuctk.hook.runtime_main
 request_markers: `NVIDIA_VISIBLE_DEVICES`, each annotation prefix, and with
 accept-volume-mounts the device-list folder name), and the front finds the bundle as runc
 reads `--bundle`/`-b` (the current folder without one) and runs the host's grep (/usr/bin or
-/bin, fixed paths) over config.json for them and for `\\u` (a JSON escape could spell any
-of them). No match: the low-level runtime, at once. A match, crun's `--config`/`-f` or
+/bin, fixed paths) over config.json for them and for the escapes `\\u` and `\\/` (JSON
+may spell any character as `\\u`, and `/` as `\\/`; the markers hold no other character
+JSON escapes). No match: the low-level runtime, at once. A match, crun's `--config`/`-f` or
 attached `-bDIR`, no markers in the memo, no grep, or anything else: Python, which decides
 as always. A GPU node whose runtime handler is also the default one (every pod through
 gpuctk-runtime) pays for Python only on the containers that ask for a GPU.
@@ -136,7 +137,7 @@ memo_holds() {{
 		[ "$m_path" = "${{PATH-}}" ] && ! [ "$conf" -nt "$memo" ] &&
 		[ -f "$m_runtime" ] && [ -x "$m_runtime" ]
 }}
-no_request() {{ # CONFIG MARKER...: true when CONFIG is a file that holds no MARKER and no \\u
+no_request() {{ # CONFIG MARKER...: true when CONFIG holds no MARKER and no \\u or \\/ escape
 	cfg=$1
 	shift
 	n=$#
@@ -144,7 +145,7 @@ no_request() {{ # CONFIG MARKER...: true when CONFIG is a file that holds no MAR
 	[ -f "$cfg" ] && [ -r "$cfg" ] || return 1
 	for g in {" ".join(GREPS)}; do
 		if [ -x "$g" ]; then
-			"$g" -q -F "$@" -e '\\u' -- "$cfg"
+			"$g" -q -F "$@" -e '\\u' -e '\\/' -- "$cfg"
 			[ $? -eq 1 ]
 			return
 		fi

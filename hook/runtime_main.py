@@ -181,13 +181,15 @@ def request_markers(settings: Settings) -> list[str] | None:
     """Strings at least one of which a config.json that asks for a GPU must contain, as
     gpuctk.hook.requests reads requests under `settings`: the NVIDIA_VISIBLE_DEVICES name,
     each annotation prefix, and with accept-volume-mounts the device-list mount folder. None
-    when one cannot be given to the sh front (empty, or with a tab or line break in it)."""
+    when one cannot be given to the sh front: empty, or with a character that JSON writes
+    escaped other than `/` (a quote, a backslash, a control character), which the front's
+    plain-text search could miss (it sends any `\\u` or `\\/` escape to Python)."""
     from gpuctk.hook.requests import VISIBLE_DEVICES
 
     markers = [VISIBLE_DEVICES, *settings.annotation_prefixes]
     if settings.accept_volume_mounts:
         markers.append("nvidia-container-devices")
-    if any(not m or "\t" in m or "\n" in m or "\r" in m for m in markers):
+    if any(not m or any(c in '"\\' or c < " " for c in m) for m in markers):
         return None
     return markers
 

@@ -211,6 +211,7 @@ def test_a_create_that_asks_for_no_gpu_skips_python(node: Node, args: list[str])
         # JSON may spell any character as an escape: the front cannot see through one
         ('{"process": {"env": ["NVIDIA_VISIBLE_\\u0044EVICES=0"]}}', []),
         ('{"annotations": {"x": "\\u0041"}}', []),
+        ('{"annotations": {"cdi.k8s.io\\/gpu": "nvidia.com/gpu=0"}}', []),  # "/" as "\/"
         (NO_GPU, ["--config", "other.json"]),  # crun's config name: Python reads it
         (NO_GPU, ["-f", "other.json"]),
         (NO_GPU, ["-b{bundle}"]),  # crun's attached form
@@ -262,6 +263,8 @@ def test_request_markers_refuse_what_the_front_cannot_search() -> None:
     assert request_markers(Settings()) == ["NVIDIA_VISIBLE_DEVICES", "cdi.k8s.io/"]
     assert request_markers(Settings({"annotation-prefixes": [""]})) is None
     assert request_markers(Settings({"annotation-prefixes": ["a\tb"]})) is None
+    for escaped in ('a"b', "a\\b"):  # JSON writes these escaped: plain text would miss them
+        assert request_markers(Settings({"annotation-prefixes": [escaped]})) is None
 
 
 def test_remember_runtime_writes_only_into_a_private_folder(tmp_path: Path) -> None:
