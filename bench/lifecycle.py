@@ -22,11 +22,11 @@ run so that machine noise hits them alike:
                     runc), 1 GPU, 8 GPUs, 8 MIG devices, 1 GPU with
                     NVIDIA_DRIVER_CAPABILITIES=all.
 
-With podman installed (and unless --no-podman), as many podman rounds follow, alternating
-bench/podman.py's cases: `podman run --rm /bin/true` with no device, with the default hook
-spec, with the `--library-mode mounts` spec (all capabilities, and utility,compute) and with
-the hook spec minus its hook (one simulated L4); it prints what each spec adds to podman's
-start (paired medians).
+With podman installed (and unless --no-podman), as many podman rounds follow (bench/podman.py
+measure), alternating its cases: `podman run --rm /bin/true` with no device, with the default
+hook spec, with the `--library-mode mounts` spec (all capabilities, and utility,compute) and
+with the hook spec minus its hook (one simulated L4); it prints what each spec adds to
+podman's start (paired medians).
 
 The specs come from `gpuctk cdi generate --simulate h100-8` and `--simulate h100-8-mig7` (the
 latter as kind nvidia.com/mig) over the Debian 535 driver root and mknod'ed device nodes. Then,
@@ -49,15 +49,14 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import podman
 from common import CACHE, installed_bin
 from fixtures.driver_root import build_driver_root
 from fixtures.gpucheck import generate
 from fixtures.images import build_image, make_bundle, overlay, unmount
-from podman import podman_runner, summarize
 
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PROFILE = "h100-8"
@@ -267,30 +266,20 @@ def main() -> None:
     }
 
     samples: dict[str, list[float]] = {name: [] for name in cases}
-    with_podman = not args.no_podman and shutil.which("podman") is not None
     podman_times: dict[str, list[float]] = {}
     try:
-        with ExitStack() as stack:
-            pod_cases: list[str] = []
-            pod_run: Callable[[str], float] = float
-            if with_podman:  # float: never called without cases
-                (work / "podman").mkdir()
-                pod_cases, pod_run = stack.enter_context(podman_runner(work / "podman", bindir))
-                podman_times = {case: [] for case in pod_cases}
-            time.sleep(1.1)  # the specs settle (gpuctk.cdi.speccache.SETTLE_NS), as on a node
-            for argv, env, prepare in cases.values():  # warm-up: page cache, .pyc, spec cache
-                lifecycle(argv, image, work, env, prepare)
-            for case in pod_cases:
-                pod_run(case)
-            for _ in range(args.runs):
-                for name, (argv, env, prepare) in cases.items():
-                    samples[name].append(lifecycle(argv, image, work, env, prepare))
-            # podman's rounds after runc's: a podman run leaves work behind (conmon, storage
-            # cleanup) that would land on the next runc case and blur its ~50 ms
-            for i in range(args.runs):
-                for case in pod_cases if i % 2 == 0 else pod_cases[::-1]:
-                    podman_times[case].append(pod_run(case))
+        time.sleep(1.1)  # the specs settle (gpuctk.cdi.speccache.SETTLE_NS), as on a node
+        for argv, env, prepare in cases.values():  # warm-up: page cache, .pyc, spec cache
+            lifecycle(argv, image, work, env, prepare)
+        for _ in range(args.runs):
+            for name, (argv, env, prepare) in cases.items():
+                samples[name].append(lifecycle(argv, image, work, env, prepare))
         rss = peak_rss(bindir, image, work, dry, spec)
+        # podman's rounds after runc's: a podman run leaves work behind (conmon, storage
+        # cleanup) that would land on the next runc case and blur its ~50 ms
+        if not args.no_podman and shutil.which("podman") is not None:
+            (work / "podman").mkdir()
+            podman_times = podman.measure(work / "podman", bindir, args.runs)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -319,16 +308,16 @@ def main() -> None:
     verdict = "meets" if ratio_8_1 <= 1.10 else "MISSES"
     print(f"  target: 8 GPUs within 10% of 1 GPU -> {ratio_8_1:.3f}x {verdict}")
     start = results["sh + one python start"]["median_ms"] - bare
-    work = one - ahead - start
+    own_work = one - ahead - start
     print(f"  of gpuctk 1 GPU over runc ({one - bare:.1f} ms): runc's own work for the GPU mounts"
           f" and nodes {ahead - bare:.1f} ms, the sh fronts and one Python start {start:.1f} ms,"
-          f" gpuctk's own work {work:.1f} ms")  # fmt: skip
+          f" gpuctk's own work {own_work:.1f} ms")  # fmt: skip
     for name, mib in rss.items():
         print(f"  peak RSS {name:32s} {mib:5.1f} MiB ({'meets' if mib < 30 else 'MISSES'} < 30)")
     podman_added: dict[str, float] = {}
     if podman_times:
         print(f"podman run --rm /bin/true, the same {args.runs} rounds (1 simulated L4)")
-        podman_added = summarize(podman_times)
+        podman_added = podman.summarize(podman_times)
         print("  target (issue 7): a quarter of what the NVIDIA spec adds in the same engine;"
               " not installable here (+48 ms in the issue: a quarter is 12 ms) -> mounts spec"
               f" {podman_added['mounts spec']:+.1f} ms, compute-only mounts spec"
@@ -341,7 +330,7 @@ def main() -> None:
             "gpu8_vs_gpu1": ratio_8_1,
             "gpuctk_process_ms": one - ahead,
             "python_start_ms": start,
-            "gpuctk_work_ms": work,
+            "gpuctk_work_ms": own_work,
             "gpu_edits_in_runc_ms": ahead - bare,
             "peak_rss_mib": rss,
             "podman_median_ms": {c: statistics.median(t) * 1e3 for c, t in podman_times.items()},

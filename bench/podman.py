@@ -34,8 +34,6 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from common import CACHE, installed_bin
@@ -81,10 +79,9 @@ def make_specs(work: Path, bindir: Path) -> dict[str, Path]:
     return specs
 
 
-@contextmanager
-def podman_runner(work: Path, bindir: Path) -> Iterator[tuple[list[str], Callable[[str], float]]]:
-    """(case names, run(case) -> seconds of one `podman run --rm`), over a private podman with
-    the specs of make_specs; `bench/lifecycle.py` interleaves these with its runc rounds."""
+def measure(work: Path, bindir: Path, runs: int) -> dict[str, list[float]]:
+    """Seconds of each `podman run --rm` per case (make_specs' cases, over a private podman):
+    a warm-up run of each, then `runs` rounds, the order reversed every other round."""
     specs = make_specs(work, bindir)
     with private_podman(work, IMAGE, "overlay") as base:
 
@@ -103,7 +100,14 @@ def podman_runner(work: Path, bindir: Path) -> Iterator[tuple[list[str], Callabl
                 raise SystemExit(f"{case}: podman failed: {done.stderr}")
             return elapsed
 
-        yield list(specs), run
+        cases = list(specs)
+        for case in cases:  # warm-up
+            run(case)
+        times: dict[str, list[float]] = {case: [] for case in cases}
+        for i in range(runs):
+            for case in cases if i % 2 == 0 else cases[::-1]:
+                times[case].append(run(case))
+    return times
 
 
 def summarize(times: dict[str, list[float]]) -> dict[str, float]:
@@ -133,13 +137,7 @@ def main() -> None:
     bindir = installed_bin()
     work = Path(tempfile.mkdtemp(prefix="gpuctk-bench-podman-"))
     try:
-        with podman_runner(work, bindir) as (cases, run):
-            for case in cases:  # warm-up
-                run(case)
-            times: dict[str, list[float]] = {case: [] for case in cases}
-            for i in range(args.runs):
-                for case in cases if i % 2 == 0 else cases[::-1]:
-                    times[case].append(run(case))
+        times = measure(work, bindir, args.runs)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"podman run --rm /bin/true, {args.runs} alternating rounds (1 simulated L4)")
