@@ -163,39 +163,34 @@ for arg do
 	bundle) bundle=$arg; want=args; continue ;;
 	skip) want=args; continue ;;
 	esac
+	case $arg in
+	-?*)
+		name=${{arg%%=*}}
+		while case $name in -*) true ;; *) false ;; esac; do name=${{name#-}}; done ;;
+	esac
 	if [ "$want" = args ]; then
 		case $verb in create|run) ;; *) break ;; esac
 		case $arg in
 		--) break ;;
+		-?*=*)
+			case $name in
+			bundle|b) bundle=${{arg#*=}} ;;
+			config|f) fast=no; break ;;
+			esac ;;
 		-?*)
-			name=${{arg%%=*}}
-			while case $name in -*) true ;; *) false ;; esac; do name=${{name#-}}; done
-			case $arg in
-			*=*)
-				case $name in
-				bundle|b) bundle=${{arg#*=}} ;;
-				config|f) fast=no ;;
-				esac ;;
-			*)
-				case $name in
-				bundle|b) want=bundle ;;
-				config|f) fast=no; want=skip ;;
-				{verb_flags}) want=skip ;;
-				*) case $arg in -[bf]?*) fast=no ;; esac ;;
-				esac ;;
+			case $name in
+			bundle|b) want=bundle ;;
+			config|f) fast=no; break ;;
+			{verb_flags}) want=skip ;;
+			*) case $arg in -[bf]?*) fast=no; break ;; esac ;;
 			esac ;;
 		esac
 		continue
 	fi
 	case $arg in
 	--) want=next ;;
-	-?*)
-		name=${{arg%%=*}}
-		while case $name in -*) true ;; *) false ;; esac; do name=${{name#-}}; done
-		case $arg in
-		*=*) ;;
-		*) case $name in {global_flags}) want=value ;; esac ;;
-		esac ;;
+	-?*=*) ;;
+	-?*) case $name in {global_flags}) want=value ;; esac ;;
 	*) verb=$arg; want=args ;;
 	esac
 done
