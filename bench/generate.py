@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import CACHE, installed_bin
+from common import CACHE, installed_bin, installed_python
 from fixtures.devroot import make_node_roots
 from fixtures.driver_root import build_driver_root
 from fixtures.fake_nvml import build_fake_nvml, write_fake_profile
@@ -44,7 +44,7 @@ def main() -> None:
 
     bindir = installed_bin()
     gpuctk = str(bindir / "gpuctk")
-    python = str(bindir.parent / "bin" / "python")
+    python = str(installed_python(bindir))
     lib = build_fake_nvml(CACHE)
     driver_root = build_driver_root(CACHE)
     work = Path(tempfile.mkdtemp(prefix="gpuctk-bench-"))

@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import CACHE, installed_bin
+from common import CACHE, installed_bin, installed_python
 from fixtures.driver_root import build_driver_root
 from fixtures.gpucheck import generate
 from fixtures.images import build_image, make_bundle, overlay, unmount
@@ -185,7 +185,7 @@ def fresh_root(image: Path, place: Path) -> Path:
 def make_cases(
     bindir: Path, work: Path, image: Path, spec_dir: Path, spec: dict[str, Any]
 ) -> list[Case]:
-    python = str(bindir.parent / "bin" / "python")
+    python = str(installed_python(bindir))
     trace = [python, "-IS", "-X", "importtime"]
     toml = work / "gpuctk.toml"
     toml.write_text(

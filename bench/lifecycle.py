@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import podman
-from common import CACHE, installed_bin
+from common import CACHE, installed_bin, installed_python
 from fixtures.driver_root import build_driver_root
 from fixtures.gpucheck import generate
 from fixtures.images import build_image, make_bundle, overlay, unmount
@@ -240,8 +240,8 @@ def main() -> None:
     # node's specs (the shared /run/gpuctk may hold entries of other runs' spec dirs).
     os.environ["GPUCTK_STATE_DIR"] = str(work / "state")
     shim = str(bindir / "gpuctk-runtime")
-    floor = write_floor_shim(work / "floor-shim", bindir.parent / "bin" / "python", runc)
-    one_start = write_one_start_shim(work / "one-start", bindir.parent / "bin" / "python", runc)
+    floor = write_floor_shim(work / "floor-shim", installed_python(bindir), runc)
+    one_start = write_one_start_shim(work / "one-start", installed_python(bindir), runc)
     dry = work / "dry.toml"  # the shim's edits without starting anything
     dry.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{spec_dir}"]\n')
 

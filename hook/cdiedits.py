@@ -24,6 +24,17 @@ def resolve(
 ) -> tuple[Request, dict[str, Any]] | None:
     """(request, merged edits) for the OCI config `doc`; None when it asks for nothing.
     RequestError for an unknown device or an unmet requirement."""
+    req = request(doc, settings, warn)
+    if req is None:
+        return None
+    return req, edits_for(req, doc, settings, warn)[0]
+
+
+def request(
+    doc: Mapping[str, Any], settings: Settings, warn: Callable[[str], object]
+) -> Request | None:
+    """What the OCI config `doc` asks for under `settings`, its notes warned; None for
+    nothing. RequestError for a malformed request."""
     from gpuctk.hook import requests
 
     req = requests.requested(
@@ -35,11 +46,19 @@ def resolve(
     )
     for note in req.notes:
         warn(note)
-    if not req:
-        return None
+    return req if req else None
+
+
+def edits_for(
+    req: Request, doc: Mapping[str, Any], settings: Settings, warn: Callable[[str], object]
+) -> tuple[dict[str, Any], list[str]]:
+    """The merged edits for `req` (from `doc`), resolved in the spec dirs (capability filter,
+    NVIDIA_REQUIRE_* checked, hooks given an explicit env), and the registry's errors (spec
+    files or dirs it could not use). RequestError for an unknown device or an unmet
+    requirement."""
     from gpuctk.cdi import apply, registry
     from gpuctk.cdi.speccache import SpecCache
-    from gpuctk.hook import drivercaps, require
+    from gpuctk.hook import drivercaps, requests, require
 
     reg = registry.load(settings.spec_dirs, cache=SpecCache.for_this_process())
     for refused in reg.refused:
@@ -61,7 +80,7 @@ def resolve(
         notes += require.check(env, facts, gpus)
     for note in notes:
         warn(note)
-    return req, explicit_hook_env(apply.merge(parts))
+    return explicit_hook_env(apply.merge(parts)), list(reg.errors)
 
 
 HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)

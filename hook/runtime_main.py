@@ -237,21 +237,43 @@ def remember_runtime(
 
 
 def inject(inv: Invocation, settings: Settings, log: RuncLog) -> None:
-    """Steps 1-4 for a `create`/`run` (no-op when the container asks for nothing)."""
+    """Steps 1-4 for a `create`/`run` (no-op when the container asks for nothing). A request
+    resolved before in the same specs takes its remembered plan (gpuctk.hook.plans)."""
     from gpuctk.cdi import apply
-    from gpuctk.hook import cdiedits
+    from gpuctk.hook import cdiedits, shimroot
+    from gpuctk.hook.plans import Plans, key_of
 
     bundle = inv.bundle or os.getcwd()
     path = os.path.join(bundle, inv.config_name)
     doc, st = read_config(path)
-    resolved = cdiedits.resolve(doc, settings, log.warning)
-    if resolved is None:
+    req = cdiedits.request(doc, settings, log.warning)
+    if req is None:
         log.debug(f"{inv.container}: no GPU requested; {path} left as it is")
         return
-    req, edits = resolved
-    from gpuctk.hook import shimroot
+    from gpuctk.hook.requests import env_map
 
-    edits = shimroot.take_over(doc, bundle, edits, log.debug)
+    process = doc.get("process")
+    key = key_of(req, env_map(process.get("env") if isinstance(process, dict) else None))
+    plans = Plans.for_this_process(settings.spec_dirs)
+    plan = plans.get(key) if plans is not None else None
+    if plan is not None and plans is not None:
+        log.debug(f"{inv.container}: the request's plan remembered in {plans.path}")
+        for note in plan["notes"]:
+            log.warning(note)
+        edits, prep = plan["edits"], plan["prep"]
+    else:
+        before = plans.snapshot() if plans is not None else None
+        notes: list[str] = []
+
+        def warn(note: str) -> None:
+            notes.append(note)
+            log.warning(note)
+
+        edits, errors = cdiedits.edits_for(req, doc, settings, warn)
+        prep = shimroot.prepare(edits)
+        if plans is not None and not errors:
+            plans.offer(key, before, {"edits": edits, "notes": notes, "prep": prep})
+    edits = shimroot.take_over(doc, bundle, edits, log.debug, prep)
     apply.apply(doc, edits)
     write_config(path, doc, st)
     log.info(f"{inv.container}: injected {cdiedits.describe(req)}")

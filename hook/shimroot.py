@@ -60,10 +60,15 @@ class _Fallback(Exception):
 
 
 def take_over(
-    config: dict[str, Any], bundle: str, edits: dict[str, Any], debug: Callable[[str], None]
+    config: dict[str, Any],
+    bundle: str,
+    edits: dict[str, Any],
+    debug: Callable[[str], None],
+    prep: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`edits` with the gpuctk hook replaced by mounts, after doing its in-root work in the
-    container root; `edits` unchanged when the hook must run (see the module docstring)."""
+    container root; `edits` unchanged when the hook must run (see the module docstring).
+    `prep` is prepare(edits) when the caller has it (gpuctk.hook.plans): not parsed again."""
     if os.environ.get("GPUCTK_SHIM_INROOT", "1") == "0":
         return edits
     hooks = edits.get("hooks") or []
@@ -71,7 +76,10 @@ def take_over(
     if len(ours) != 1:
         return edits
     try:
-        mounts = _work(config, bundle, edits, ours[0]["args"][2:])
+        prep = prep if prep is not None else prepare(edits)
+        if prep.get("fallback") is not None:
+            raise _Fallback(prep["fallback"])
+        mounts = _work(config, bundle, edits, prep)
     except (_Fallback, rootfs.InRootError, OSError, ValueError) as exc:
         debug(f"in-root work left to gpuctk-hook: {exc}")
         return edits
@@ -81,25 +89,85 @@ def take_over(
     return done
 
 
-def _work(
-    config: dict[str, Any], bundle: str, edits: dict[str, Any], argv: list[str]
-) -> list[dict[str, Any]]:
-    from gpuctk.hook import oci_state
+def prepare(edits: dict[str, Any]) -> dict[str, Any]:
+    """What the in-root work needs from `edits` alone, for any container: the hook's links
+    (link -> target) and folders, and the ELF facts (file identity, cache flags, SONAME) of
+    every mounted file a cache entry may name. {"fallback": why} when the hook must run;
+    {} when there is no hook of ours. Plain data (gpuctk.hook.plans keeps it)."""
+    ours = [h for h in edits.get("hooks") or [] if _our_hook(h)]
+    if len(ours) != 1:
+        return {}
     from gpuctk.hook.hook_main import parse
 
     try:
-        values, ignored = parse("createContainer", argv)
+        values, ignored = parse("createContainer", ours[0]["args"][2:])
     except Exception as exc:
-        raise _Fallback(f"hook arguments: {exc}") from None
+        return {"fallback": f"hook arguments: {exc}"}
     if ignored or any(values[k] for k in values if k not in ("link", "folder")):
-        raise _Fallback("the hook has options beyond --link and --folder")
-    links = dict(reversed([inroot.parse_link(s)[::-1] for s in values["link"]]))  # link->target
-    folders = [inroot.check_folder(f) for f in values["folder"]]
-    by_dest = {
+        return {"fallback": "the hook has options beyond --link and --folder"}
+    try:
+        links = dict(reversed([inroot.parse_link(s)[::-1] for s in values["link"]]))
+        folders = [inroot.check_folder(f) for f in values["folder"]]
+    except (rootfs.InRootError, ValueError) as exc:
+        return {"fallback": str(exc)}
+    by_dest = _by_dest(edits)
+    wanted = set(folders)
+    hosts = {
+        m["hostPath"]
+        for dest, m in by_dest.items()
+        if posixpath.dirname(dest) in wanted and isinstance(m.get("hostPath"), str)
+    }
+    for link in links:  # a link mount takes its target's host file
+        target = _chain_end(links, link)
+        if posixpath.dirname(link) in wanted and target in by_dest:
+            host = by_dest[target].get("hostPath")
+            if isinstance(host, str):
+                hosts.add(host)
+    return {"links": links, "folders": folders, "elf": {h: _elf_facts(h) for h in sorted(hosts)}}
+
+
+def _by_dest(edits: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {
         posixpath.normpath(m["containerPath"]): m
         for m in edits.get("mounts") or []
         if isinstance(m, dict) and isinstance(m.get("containerPath"), str)
     }
+
+
+def _identity(path: str) -> tuple[int, int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _elf_facts(host: str) -> tuple[Any, ...] | None:
+    """(identity, cache flags or None, SONAME) of the host file `host`; None if unreadable."""
+    from gpuctk.cdi.elf import read_elf_fd
+
+    try:
+        fd = os.open(host, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        info = read_elf_fd(fd)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return (ident, _CACHE_FLAGS.get((info.elf_class, info.machine)), info.soname)
+
+
+def _work(
+    config: dict[str, Any], bundle: str, edits: dict[str, Any], prep: dict[str, Any]
+) -> list[dict[str, Any]]:
+    from gpuctk.hook import oci_state
+
+    links, folders = prep["links"], prep["folders"]
+    by_dest = _by_dest(edits)
     root_path = oci_state.rootfs_path(config, bundle)
     root_fd = rootfs.open_root(root_path)
     try:
@@ -110,12 +178,25 @@ def _work(
         if folders and cache is None:
             raise _Fallback(f"the image has no {LD_CACHE}")
         if folders:
-            entries = _library_entries([*by_dest.values(), *new_mounts], folders)
+            mounted = [*by_dest.values(), *new_mounts]
+            entries = _library_entries(mounted, folders, prep.get("elf") or {})
             inroot.write_ld_conf(root_fd, folders)
             _write_cache(root_fd, cache or b"", entries)
     finally:
         os.close(root_fd)
     return new_mounts
+
+
+def _chain_end(links: dict[str, str], link: str) -> str:
+    """Where `link` leads through the spec's own link chain (the last path not a link)."""
+    path, seen = link, set()
+    while path in links and path not in seen:
+        seen.add(path)
+        step = links[path]
+        path = posixpath.normpath(
+            step if step.startswith("/") else posixpath.join(posixpath.dirname(path), step)
+        )
+    return path
 
 
 def _link_mounts(
@@ -124,13 +205,7 @@ def _link_mounts(
     """One bind mount per link whose target (through other links) is a mounted driver file."""
     out = []
     for link, target in links.items():
-        path, seen = link, set()
-        while path in links and path not in seen:  # follow the spec's own link chain
-            seen.add(path)
-            step = links[path]
-            path = posixpath.normpath(
-                step if step.startswith("/") else posixpath.join(posixpath.dirname(path), step)
-            )
+        path = _chain_end(links, link)
         mount = by_dest.get(path)
         if mount is None:
             if rootfs.stat_in_root(root_fd, path) is not None:
@@ -142,30 +217,29 @@ def _link_mounts(
     return out
 
 
-def _library_entries(mounts: list[dict[str, Any]], folders: list[str]) -> list[LdCacheEntry]:
-    """A cache entry for each mounted file in `folders` whose name is its own SONAME."""
-    from gpuctk.cdi.elf import read_elf_fd
+def _library_entries(
+    mounts: list[dict[str, Any]], folders: list[str], known: dict[str, Any]
+) -> list[LdCacheEntry]:
+    """A cache entry for each mounted file in `folders` whose name is its own SONAME. The
+    ELF facts come from `known` (prepare's) while the host file is the one they were read
+    from, else from the file."""
     from gpuctk.cdi.ldcache import LdCacheEntry
 
     wanted = set(folders)
     entries = []
     for m in mounts:
         dest = posixpath.normpath(m["containerPath"])
-        if posixpath.dirname(dest) not in wanted or not isinstance(m.get("hostPath"), str):
+        host = m.get("hostPath")
+        if posixpath.dirname(dest) not in wanted or not isinstance(host, str):
             continue
-        try:
-            fd = os.open(m["hostPath"], os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError:
+        facts = known.get(host)
+        if not isinstance(facts, tuple) or len(facts) != 3 or facts[0] != _identity(host):
+            facts = _elf_facts(host)
+        if facts is None:
             continue
-        try:
-            info = read_elf_fd(fd)
-        except (OSError, ValueError):
-            continue
-        finally:
-            os.close(fd)
-        flags = _CACHE_FLAGS.get((info.elf_class, info.machine))
+        _, flags, soname = facts
         name = posixpath.basename(dest)
-        if flags is not None and info.soname == name:
+        if flags is not None and soname == name:
             entries.append(LdCacheEntry(name, dest, flags))
     return entries
 

@@ -1,0 +1,202 @@
+"""Resolved requests, remembered: the shim's create path without the CDI registry.
+
+What a container gets for a request depends only on the request and the CDI specs: the same
+`NVIDIA_VISIBLE_DEVICES=0` on the same spec files always resolves to the same merged edits, the
+same notes and the same in-root preparation (the hook's links and folders, the SONAME of each
+injected library from its ELF header). gpuctk-runtime resolves a request once, in full, and keeps
+the result (a "plan") in `$GPUCTK_STATE_DIR/plans.cache` (default /run/gpuctk, a tmpfs), in
+`marshal` format. The next create with the same request takes the plan, after a few stat calls,
+instead of importing and running the registry, the capability filter, the merge, the hook
+argument parser and the ELF reader (~4-5 ms of a ~16 ms create here).
+
+A plan is keyed on the request as gpuctk.hook.requests read it (kind, device names or driver
+only), the raw NVIDIA_DRIVER_CAPABILITIES value and the NVIDIA_REQUIRE_* requirements that
+gpuctk.hook.require would check. It is valid for one "world": the spec dirs in force and, for
+each, the identity (device, inode, size, mtime, ctime in ns) of the dir and of every spec file
+listed in it, plus the identity of this module's own file (any reinstall of gpuctk rewrites it).
+A dir's mtime and ctime change when an entry is added, removed or renamed, or its owner or mode
+changes; a file's when it is written, chowned or chmodded. So a plan is used only while the trust
+policy and the spec contents it was resolved under still hold. Like the spec cache, a world is
+recorded only when every dir and file in it had been left alone for SETTLE_NS (coarse kernel
+timestamps: two writes in one tick could share an identity) and looked the same before and after
+the registry read it, and only when the registry reported no error at all.
+
+Failures are never remembered: a request that does not resolve, or whose requirement is unmet,
+goes through the full path every time and fails there with its message. The per-container work
+stays per container: the request itself, the in-root checks (musl loader, an image file where a
+link would go, the image's ld cache) and every write.
+
+Trust: read only from a folder owned by this uid that nobody else can write, and only a file
+owned by this uid that is not group/world-writable (checked on the open descriptor): `marshal`
+is not meant for hostile input. Anything unexpected is an empty cache; writes are atomic and
+never fsync'd. `GPUCTK_SPEC_CACHE=0` turns this off together with the spec cache.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+    from gpuctk.hook.requests import Request
+
+FILE_NAME = "plans.cache"
+FORMAT = "gpuctk-plans-1"
+MAX_BYTES = 8 << 20
+MAX_PLANS = 32
+SETTLE_NS = 1_000_000_000  # as gpuctk.cdi.speccache.SETTLE_NS (not imported: ~0.2 ms)
+CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"  # as gpuctk.hook.drivercaps.ENV
+
+
+def _identity(path: str) -> tuple[int, int, int, int, int] | None:
+    """(dev, ino, size, mtime_ns, ctime_ns) of `path` (symlinks followed), None if missing."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def key_of(req: Request, env: Mapping[str, str]) -> tuple[Any, ...]:
+    """The plan key of a request: what resolution depends on besides the specs."""
+    from gpuctk.hook.require import requirements
+
+    return (req.kind, req.driver_only, req.devices, env.get(CAPS_ENV), tuple(requirements(env)))
+
+
+class Plans:
+    """The remembered plans of one state folder, for one list of spec dirs."""
+
+    def __init__(self, folder: str, spec_dirs: Sequence[str]) -> None:
+        self.folder = folder
+        self.path = os.path.join(folder, FILE_NAME)
+        self.spec_dirs = tuple(spec_dirs)
+        self.world: tuple[Any, ...] | None = None
+        self.plans: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._current: bool | None = None
+        self._load()
+
+    @classmethod
+    def for_this_process(
+        cls, spec_dirs: Sequence[str], environ: Mapping[str, str] | None = None
+    ) -> Plans | None:
+        """The plans in $GPUCTK_STATE_DIR (default /run/gpuctk), or None when turned off."""
+        from gpuctk.launchers import DEFAULT_STATE_DIR, STATE_DIR_ENV
+
+        env = os.environ if environ is None else environ
+        if env.get("GPUCTK_SPEC_CACHE", "1") == "0":
+            return None
+        return cls(env.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR, spec_dirs)
+
+    def _load(self) -> None:
+        from gpuctk.fs import private_folder, read_limited
+
+        if not private_folder(self.folder):
+            return
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return
+        try:
+            st = os.fstat(fd)
+            if (st.st_mode & 0o170000) != 0o100000 or st.st_uid != os.geteuid():
+                return
+            if st.st_mode & 0o022 or st.st_size > MAX_BYTES:
+                return
+            data = read_limited(fd, MAX_BYTES)
+        except OSError:
+            return
+        finally:
+            os.close(fd)
+        import marshal
+
+        try:
+            doc = marshal.loads(data)
+        except (EOFError, ValueError, TypeError):
+            return
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            return
+        world, plans = doc.get("world"), doc.get("plans")
+        if isinstance(world, tuple) and isinstance(plans, dict):
+            self.world, self.plans = world, plans
+
+    def snapshot(self) -> tuple[Any, ...] | None:
+        """The world as it is now: this module, each spec dir and each spec file listed in it,
+        by identity. None when something in it is not settled yet (or cannot be listed)."""
+        import time
+
+        from gpuctk.cdi.registry import spec_paths
+
+        now = time.time_ns()
+        code = _identity(__file__)
+        dirs, files = [], []
+        for directory in self.spec_dirs:
+            ident = _identity(directory)
+            dirs.append((directory, ident))
+            if ident is None:
+                continue
+            try:
+                paths = spec_paths(directory)
+            except OSError:
+                return None
+            for path in paths:
+                files.append((path, _identity(path)))
+        for _, ident in (("", code), *dirs, *files):
+            if ident is not None and now - max(ident[3], ident[4]) < SETTLE_NS:
+                return None
+        return (code, self.spec_dirs, tuple(dirs), tuple(files))
+
+    def _still_current(self) -> bool:
+        """Whether the stored world still holds: only stat calls, no listing (a dir's own
+        identity changes with its entries)."""
+        if self._current is None:
+            world = self.world
+            self._current = (
+                world is not None
+                and len(world) == 4
+                and world[1] == self.spec_dirs
+                and world[0] == _identity(__file__)
+                and all(_identity(p) == ident for p, ident in (*world[2], *world[3]))
+            )
+        return self._current
+
+    def get(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
+        """The plan for `key`, if one was remembered in the world that still holds."""
+        plan = self.plans.get(key)
+        if plan is None or not isinstance(plan, dict) or not self._still_current():
+            return None
+        return plan
+
+    def offer(
+        self, key: tuple[Any, ...], before: tuple[Any, ...] | None, plan: dict[str, Any]
+    ) -> bool:
+        """Remember `plan` if the world `before` the resolution is the world after it; True
+        if written."""
+        if before is None or self.snapshot() != before:
+            return False
+        if self.world != before or not self._still_current():
+            self.plans = {}
+        self.world, self._current = before, True
+        self.plans.pop(key, None)
+        self.plans[key] = plan
+        while len(self.plans) > MAX_PLANS:
+            del self.plans[next(iter(self.plans))]
+        import marshal
+
+        from gpuctk.errors import OutputError
+        from gpuctk.fs import atomic_write, private_folder
+
+        try:
+            data = marshal.dumps({"format": FORMAT, "world": self.world, "plans": self.plans})
+        except ValueError:
+            return False
+        if len(data) > MAX_BYTES or not private_folder(self.folder, create=True):
+            return False
+        try:
+            atomic_write(self.path, data, mode=0o600, durable=False)
+        except OutputError:
+            return False
+        return True
