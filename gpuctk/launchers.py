@@ -39,7 +39,10 @@ may spell any character as `\\u`, and `/` as `\\/`; the markers hold no other ch
 JSON escapes). No match: the low-level runtime, at once. A match, crun's `--config`/`-f` or
 attached `-bDIR`, no markers in the memo, no grep, or anything else: Python, which decides
 as always. A GPU node whose runtime handler is also the default one (every pod through
-gpuctk-runtime) pays for Python only on the containers that ask for a GPU.
+gpuctk-runtime) pays for Python only on the containers that ask for a GPU. When the memo holds
+on such a create, the front hands its runtime to Python (`GPUCTK_FRONT_RUNTIME`, removed from
+the environment before the runtime runs), which then neither searches for the runtime nor
+rewrites the memo; the front unsets that variable first, so only the front can set it.
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ def launcher_text(python: str, module: str, function: str) -> str:
 
 MEMO_TAG = "gpuctk-runtime memo 2"
 STATE_DIR_ENV = "GPUCTK_STATE_DIR"
+# set by the front for the Python it starts on create, when the memo holds: its runtime
+FRONT_RUNTIME_ENV = "GPUCTK_FRONT_RUNTIME"
 DEFAULT_STATE_DIR = "/run/gpuctk"
 # The spine may not import gpuctk.hook (tests/unit/test_layering.py): these mirror
 # gpuctk.hook.config.DEFAULT_PATH and gpuctk.hook.runtime_main.GLOBAL_VALUE_FLAGS and
@@ -126,6 +131,7 @@ def runtime_front_text(python: str) -> str:
 # gpuctk launcher (gpuctk.launchers): gpuctk-runtime's POSIX sh front; see that module.
 # Verbs other than create/run go to the low-level runtime in the memo; so does a create whose
 # config.json holds none of the memo's request markers; anything else starts Python.
+unset {FRONT_RUNTIME_ENV}
 memo=${{{STATE_DIR_ENV}:-{DEFAULT_STATE_DIR}}}/runtime
 memo_holds() {{
 	[ -f "$memo" ] && [ -O "$memo" ] || return 1
@@ -210,6 +216,8 @@ create|run)
 			unset IFS
 			set +f ;;
 		esac
+		{FRONT_RUNTIME_ENV}=$m_runtime # the memo holds: Python need not resolve it again
+		export {FRONT_RUNTIME_ENV}
 	fi ;;
 *)
 	if memo_holds; then

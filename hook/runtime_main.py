@@ -282,6 +282,8 @@ def inject(inv: Invocation, settings: Settings, log: RuncLog) -> None:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     args = list(sys.argv[1:] if argv is None else argv)
     inv = parse_argv(args)
+    front = os.environ.pop("GPUCTK_FRONT_RUNTIME", "")  # gpuctk.launchers.FRONT_RUNTIME_ENV
+    front = front if front.startswith("/") else ""
     log = RuncLog(inv.log, inv.log_format, level="debug" if inv.debug else "info")
     try:
         from gpuctk.hook import config
@@ -296,9 +298,12 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             log.warning(f"gpuctk-runtime: {exc.message}; using the default runtimes")
             settings = config.Settings()
         log.configure(settings.log_file, settings.log_level)
-        runtime = find_runtime(settings.runtimes)
-        if settings_ok:
-            remember_runtime(runtime, markers=request_markers(settings))
+        if front and settings_ok and inv.verb in INJECT_VERBS:
+            runtime = front  # the sh front checked its memo against this config and PATH
+        else:
+            runtime = find_runtime(settings.runtimes)
+            if settings_ok:
+                remember_runtime(runtime, markers=request_markers(settings))
         if inv.verb in INJECT_VERBS:
             inject(inv, settings, log)
     except GpuctkError as exc:

@@ -32,7 +32,10 @@ class Node:
             path.chmod(0o755)
             self.runtimes[name] = path
         self.config = tmp_path / "config.toml"
-        self.config.write_text(f'runtimes = ["{self.runtimes["A"]}"]\n')
+        self.log = tmp_path / "gpuctk.log"  # Python's create logs at debug level: it ran
+        self.config.write_text(
+            f'runtimes = ["{self.runtimes["A"]}"]\nlog-file = "{self.log}"\nlog-level = "debug"\n'
+        )
         self.front = tmp_path / "gpuctk-runtime"
         self.front.write_text(launchers.runtime_front_text(sys.executable))
         self.front.chmod(0o755)
@@ -56,6 +59,12 @@ class Node:
         self.memo.write_text("".join(f"{v}\n" for v in lines.values()))
         future = time.time() + 5  # newer than the config, whatever the clock granularity
         os.utime(self.memo, (future, future))
+
+    def python_ran(self) -> bool:
+        """Whether Python logged anything since the last call (it logs every create)."""
+        ran = self.log.exists() and self.log.read_text() != ""
+        self.log.write_text("")
+        return ran
 
     def run(self, *args: str, cwd: Path | None = None, **env: str) -> str:
         done = subprocess.run(
@@ -100,13 +109,42 @@ CREATE_FORMS = [
 ]
 
 
-@pytest.mark.parametrize("args", [*CREATE_FORMS, ["--version"]])  # --version: no verb at all
-def test_create_run_and_unreadable_arguments_start_python(node: Node, args: list[str]) -> None:
+@pytest.mark.parametrize("args", CREATE_FORMS)
+def test_create_and_run_start_python_which_takes_the_runtime_from_the_front(
+    node: Node, args: list[str]
+) -> None:
     bundle = node.tmp / "bundle"  # asks for no GPU: Python's create leaves it as it is
     bundle.mkdir()
     (bundle / "config.json").write_text('{"ociVersion": "1.0.2", "process": {"env": []}}')
     node.write_memo()
-    assert node.run(*(a.replace("{bundle}", str(bundle)) for a in args)) == "A"
+    node.python_ran()
+    # the memo holds, so the front hands its runtime (B) to Python, which does not resolve
+    # the config's (A) again: the verbs after this create go to B too
+    assert node.run(*(a.replace("{bundle}", str(bundle)) for a in args)) == "B"
+    assert node.python_ran()
+
+
+def test_unreadable_arguments_start_python(node: Node) -> None:
+    node.write_memo()
+    assert node.run("--version") == "A"  # no verb at all: Python resolves the runtime
+
+
+def test_the_front_runtime_reaches_python_only_from_the_front(node: Node) -> None:
+    bundle = node.tmp / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text('{"ociVersion": "1.0.2", "process": {"env": []}}')
+    show = node.tmp / "runtime-C"  # what a runtime exec'd by Python sees of the variable
+    show.write_text('#!/bin/sh\necho "C ${GPUCTK_FRONT_RUNTIME-unset}"\n')
+    show.chmod(0o755)
+    node.write_memo(runtime=str(show))
+    out = subprocess.run(
+        [str(node.front), "create", "--bundle", str(bundle), "c1"], env=node.env,
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert out.split() == ["C", "unset"]  # used, then removed before the runtime ran
+    node.write_memo(path="/elsewhere")  # the memo does not hold: the engine's value is dropped
+    create = ["create", "--bundle", str(bundle), "c1"]
+    assert node.run(*create, GPUCTK_FRONT_RUNTIME=str(node.runtimes["B"])) == "A"
 
 
 @pytest.mark.parametrize(
@@ -199,7 +237,9 @@ def _bundle(node: Node, doc: dict[str, object] | str, name: str = "bundle") -> P
 def test_a_create_that_asks_for_no_gpu_skips_python(node: Node, args: list[str]) -> None:
     bundle = _bundle(node, NO_GPU)
     node.write_memo(create=MARKERS)
+    node.python_ran()
     assert node.run(*(a.replace("{bundle}", str(bundle)) for a in args), cwd=bundle) == "B"
+    assert not node.python_ran()  # B from the front itself, not from Python
 
 
 @pytest.mark.parametrize(
@@ -227,15 +267,20 @@ def test_a_create_that_may_ask_for_a_gpu_starts_python(
     (bundle / "other.json").write_text(json.dumps(NO_GPU))
     node.write_memo(create=MARKERS)
     flags = [a.replace("{bundle}", str(bundle)) for a in args] or ["--bundle", str(bundle)]
-    assert node.run("create", *flags, "c1", cwd=bundle) in ("A", "Python")
+    node.python_ran()
+    ran = node.run("create", *flags, "c1", cwd=bundle)
+    assert ran == "Python" or (ran in ("A", "B") and node.python_ran())
 
 
 def test_without_markers_in_the_memo_every_create_starts_python(node: Node) -> None:
     bundle = _bundle(node, NO_GPU)
     node.write_memo()  # create-python
-    assert node.run("create", "--bundle", str(bundle), "c1") == "A"
+    node.python_ran()
+    assert node.run("create", "--bundle", str(bundle), "c1") == "B"
+    assert node.python_ran()
     node.write_memo(create="create-grep")  # no marker at all: never trusted
-    assert node.run("create", "--bundle", str(bundle), "c1") == "A"
+    assert node.run("create", "--bundle", str(bundle), "c1") == "B"
+    assert node.python_ran()
 
 
 def test_the_configured_markers_are_the_ones_searched(node: Node) -> None:
