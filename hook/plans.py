@@ -62,9 +62,14 @@ def _identity(path: str) -> tuple[int, int, int, int, int] | None:
 
 def key_of(req: Request, env: Mapping[str, str]) -> tuple[Any, ...]:
     """The plan key of a request: what resolution depends on besides the specs."""
-    from gpuctk.hook.require import requirements
+    needs = any(k.startswith("NVIDIA_REQUIRE_") or k == "CUDA_VERSION" for k in env)
+    if needs:  # gpuctk.hook.require reads only these (and NVIDIA_DISABLE_REQUIRE with them)
+        from gpuctk.hook.require import requirements
 
-    return (req.kind, req.driver_only, req.devices, env.get(CAPS_ENV), tuple(requirements(env)))
+        reqs = tuple(requirements(env))
+    else:
+        reqs = ()
+    return (req.kind, req.driver_only, req.devices, env.get(CAPS_ENV), reqs)
 
 
 class Plans:

@@ -171,7 +171,7 @@ def _work(
     root_path = oci_state.rootfs_path(config, bundle)
     root_fd = rootfs.open_root(root_path)
     try:
-        if inroot.musl_arches(root_fd):
+        if inroot.has_runnable_musl(root_fd):
             raise _Fallback("a musl loader in the image")
         new_mounts = _link_mounts(root_fd, links, by_dest)
         cache = rootfs.read_file_in_root(root_fd, LD_CACHE, _MAX_CACHE) if folders else None

@@ -431,3 +431,35 @@ def test_a_truly_read_only_root_is_a_clear_error(
         assert os.statvfs(merged).f_flag & os.ST_RDONLY
     finally:
         subprocess.run(["umount", "-l", str(merged)], check=False)
+
+
+@pytest.mark.parametrize(
+    ("loader", "lib_is_link", "expected"),
+    [
+        ("ld-musl-x86_64.so.1", False, True),
+        ("ld-musl-i386.so.1", False, True),
+        ("ld-musl-x86_64.so.1", True, True),  # merged /usr: /lib -> usr/lib
+        ("ld-musl-s390x.so.1", False, False),  # a loader this machine cannot run
+        ("ld-linux-x86-64.so.2", False, False),
+    ],
+)
+def test_has_runnable_musl_looks_for_this_machines_loaders(
+    tmp_path: Path, loader: str, lib_is_link: bool, expected: bool
+) -> None:
+    from gpuctk import rootfs
+    from gpuctk.hook import inroot
+
+    if os.uname().machine != "x86_64":
+        pytest.skip("the cases name x86_64 loaders")
+    root = tmp_path / "root"
+    lib = root / ("usr/lib" if lib_is_link else "lib")
+    lib.mkdir(parents=True)
+    if lib_is_link:
+        (root / "lib").symlink_to("usr/lib")
+    (lib / loader).write_bytes(b"")
+    fd = rootfs.open_root(str(root))
+    try:
+        assert inroot.has_runnable_musl(fd) is expected
+        assert bool(inroot.musl_arches(fd)) is loader.startswith("ld-musl-")
+    finally:
+        os.close(fd)

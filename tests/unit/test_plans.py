@@ -189,3 +189,25 @@ def test_snapshot_is_none_until_settled(tmp_path: Path) -> None:
     assert plans_mod.Plans(str(state), [str(specs)]).get(("k",)) is None  # other dirs
     os.chmod(specs, 0o755 if (specs.stat().st_mode & 0o777) != 0o755 else 0o750)
     assert plans_mod.Plans(str(state), [str(specs), str(tmp_path / "missing")]).get(("k",)) is None
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"PATH": "/bin", "NVIDIA_DRIVER_CAPABILITIES": "utility"},
+        {"CUDA_VERSION": "12.2.0"},
+        {"NVIDIA_REQUIRE_CUDA": "cuda>=12.0", "NVIDIA_DISABLE_REQUIRE": "true"},
+        {"NVIDIA_REQUIRE_ARCH": "sm_90 sm_80"},
+    ],
+)
+def test_the_key_holds_what_require_would_check(env: dict[str, str]) -> None:
+    from gpuctk.hook.requests import Request
+    from gpuctk.hook.require import requirements
+
+    req = Request(["nvidia.com/gpu=0"], source="env", kind="nvidia.com/gpu")
+    key = plans_mod.key_of(req, env)
+    assert key == (
+        "nvidia.com/gpu", False, ("nvidia.com/gpu=0",), env.get("NVIDIA_DRIVER_CAPABILITIES"),
+        tuple(requirements(env)),
+    )  # fmt: skip
