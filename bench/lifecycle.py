@@ -32,9 +32,9 @@ The specs come from `gpuctk cdi generate --simulate h100-8` and `--simulate h100
 latter as kind nvidia.com/mig) over the Debian 535 driver root and mknod'ed device nodes. Then,
 off the clock: peak RSS of the shim's create (low-level runtime /bin/true) and of the spec's
 gpuctk-hook entry, from wait4.
-Targets (issues 3 and 7): 1 GPU at most 1.45x bare runc (issue 3: 1.9x), 8 GPUs within 10% of
-1 GPU, peak RSS under 30 MiB. Builds the fixtures (driver root, device nodes, image) if needed;
-needs root and runc.
+Targets: 1 GPU at most 1.9x bare runc (issue 3); 1 and 8 GPUs at most 1.45x (issue 7); 8 GPUs
+within 10% of 1 GPU, peak RSS under 30 MiB. Builds the fixtures (driver root, device nodes,
+image) if needed; needs root and runc.
 """
 
 from __future__ import annotations
@@ -301,9 +301,11 @@ def main() -> None:
         )
     x1 = results["gpuctk 1 GPU"]["x_runc"]
     x8 = results["gpuctk 8 GPUs"]["x_runc"]
-    for target, issue in ((1.45, 7), (1.9, 3)):
-        verdict = "meets" if max(x1, x8) <= target else "MISSES"
-        print(f"  target (issue {issue}): at most {target}x runc -> 1 GPU {x1:.2f}x,"
+    # issue 7: at 1 and at 8 GPUs; issue 3: its benchmark's 1-GPU container
+    for target, issue, worst in ((1.45, 7, max(x1, x8)), (1.9, 3, x1)):
+        verdict = "meets" if worst <= target else "MISSES"
+        at = "1 and 8 GPUs" if issue == 7 else "1 GPU"
+        print(f"  target (issue {issue}): at most {target}x runc at {at} -> 1 GPU {x1:.2f}x,"
               f" 8 GPUs {x8:.2f}x {verdict}")  # fmt: skip
     verdict = "meets" if ratio_8_1 <= 1.10 else "MISSES"
     print(f"  target: 8 GPUs within 10% of 1 GPU -> {ratio_8_1:.3f}x {verdict}")
