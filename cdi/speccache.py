@@ -40,10 +40,6 @@ def _key(st: os.stat_result) -> tuple[int, int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _private(st: os.stat_result) -> bool:
-    return st.st_uid == os.geteuid() and not st.st_mode & 0o022
-
-
 class SpecCache:
     """The decoded spec documents of one cache file (see the module docstring)."""
 
@@ -67,32 +63,10 @@ class SpecCache:
         return cls(env.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
 
     def _load(self) -> None:
-        from gpuctk.fs import private_folder, read_limited
+        from gpuctk.fs import load_private_marshal
 
-        if not private_folder(self.folder):
-            return
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError:
-            return
-        try:
-            st = os.fstat(fd)
-            if (st.st_mode & 0o170000) != 0o100000 or not _private(st):
-                return
-            if st.st_size > MAX_BYTES:
-                return
-            data = read_limited(fd, MAX_BYTES)
-        except OSError:
-            return
-        finally:
-            os.close(fd)
-        import marshal
-
-        try:
-            doc = marshal.loads(data)
-        except (EOFError, ValueError, TypeError):
-            return
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        doc = load_private_marshal(self.folder, self.path, MAX_BYTES, FORMAT)
+        if doc is None:
             return
         entries = doc.get("entries")
         if isinstance(entries, dict):
@@ -135,21 +109,11 @@ class SpecCache:
         }
         if len(keep) > MAX_ENTRIES:
             keep = {p: e for p, e in keep.items() if p in self.used}
-        import marshal
+        from gpuctk.fs import save_private_marshal
 
-        from gpuctk.errors import OutputError
-        from gpuctk.fs import atomic_write, private_folder
-
-        if not private_folder(self.folder, create=True):
-            return False
-
-        try:
-            data = marshal.dumps({"format": FORMAT, "entries": keep})
-        except ValueError:  # an unmarshallable value: never from JSON or safe YAML
-            return False
-        try:
-            atomic_write(self.path, data, mode=0o600, durable=False)
-        except OutputError:
+        if not save_private_marshal(
+            self.folder, self.path, {"format": FORMAT, "entries": keep}, MAX_BYTES
+        ):
             return False
         self.dirty = False
         return True

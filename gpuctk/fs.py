@@ -7,6 +7,10 @@ import os
 
 from gpuctk.errors import OutputError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 
 def read_limited(fd: int, limit: int) -> bytes:
     """Read from `fd` to its end, but never more than `limit` + 1 bytes.
@@ -94,3 +98,56 @@ def atomic_write(path: str, data: bytes, mode: int = 0o644, durable: bool = True
             os.close(dfd)
     except OSError:
         pass
+
+
+def load_private_marshal(folder: str, path: str, limit: int, fmt: str) -> dict[str, Any] | None:
+    """The `marshal` document at `path` (in `folder`) when only this uid can have written it:
+    the folder private (private_folder), the file a regular one owned by this uid and not
+    group/world-writable (checked on the descriptor), at most `limit` bytes, a dict whose
+    "format" is `fmt`. None for anything else: marshal is not meant for hostile input, and
+    these files are caches (gpuctk.cdi.speccache, gpuctk.hook.plans)."""
+    if not private_folder(folder):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (st.st_mode & 0o170000) != 0o100000 or st.st_uid != os.geteuid():
+            return None
+        if st.st_mode & 0o022 or st.st_size > limit:
+            return None
+        data = read_limited(fd, limit)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    import marshal
+
+    try:
+        doc = marshal.loads(data)
+    except (EOFError, ValueError, TypeError):
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != fmt:
+        return None
+    return doc
+
+
+def save_private_marshal(folder: str, path: str, doc: dict[str, Any], limit: int) -> bool:
+    """Write `doc` (with its "format") to `path` as `marshal`, mode 0600, atomically and
+    without fsync, creating `folder` (0700) if missing; False when the folder is not this
+    uid's alone, the document is larger than `limit` or not marshallable, or the write fails."""
+    import marshal
+
+    try:
+        data = marshal.dumps(doc)
+    except ValueError:  # an unmarshallable value: never from JSON or safe YAML
+        return False
+    if len(data) > limit or not private_folder(folder, create=True):
+        return False
+    try:
+        atomic_write(path, data, mode=0o600, durable=False)
+    except OutputError:
+        return False
+    return True

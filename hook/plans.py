@@ -97,32 +97,10 @@ class Plans:
         return cls(env.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR, spec_dirs)
 
     def _load(self) -> None:
-        from gpuctk.fs import private_folder, read_limited
+        from gpuctk.fs import load_private_marshal
 
-        if not private_folder(self.folder):
-            return
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        except OSError:
-            return
-        try:
-            st = os.fstat(fd)
-            if (st.st_mode & 0o170000) != 0o100000 or st.st_uid != os.geteuid():
-                return
-            if st.st_mode & 0o022 or st.st_size > MAX_BYTES:
-                return
-            data = read_limited(fd, MAX_BYTES)
-        except OSError:
-            return
-        finally:
-            os.close(fd)
-        import marshal
-
-        try:
-            doc = marshal.loads(data)
-        except (EOFError, ValueError, TypeError):
-            return
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        doc = load_private_marshal(self.folder, self.path, MAX_BYTES, FORMAT)
+        if doc is None:
             return
         world, plans = doc.get("world"), doc.get("plans")
         if isinstance(world, tuple) and isinstance(plans, dict):
@@ -189,19 +167,7 @@ class Plans:
         self.plans[key] = plan
         while len(self.plans) > MAX_PLANS:
             del self.plans[next(iter(self.plans))]
-        import marshal
+        from gpuctk.fs import save_private_marshal
 
-        from gpuctk.errors import OutputError
-        from gpuctk.fs import atomic_write, private_folder
-
-        try:
-            data = marshal.dumps({"format": FORMAT, "world": self.world, "plans": self.plans})
-        except ValueError:
-            return False
-        if len(data) > MAX_BYTES or not private_folder(self.folder, create=True):
-            return False
-        try:
-            atomic_write(self.path, data, mode=0o600, durable=False)
-        except OutputError:
-            return False
-        return True
+        doc = {"format": FORMAT, "world": self.world, "plans": self.plans}
+        return save_private_marshal(self.folder, self.path, doc, MAX_BYTES)
