@@ -25,6 +25,8 @@ from __future__ import annotations
 import os
 import time
 
+from gpuctk.fs import stat_identity
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -34,10 +36,6 @@ FORMAT = "gpuctk-specs-1"
 MAX_BYTES = 32 << 20
 MAX_ENTRIES = 64
 SETTLE_NS = 1_000_000_000
-
-
-def _key(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class SpecCache:
@@ -82,7 +80,7 @@ class SpecCache:
     def get(self, path: str, st: os.stat_result) -> dict[str, Any] | None:
         """The cached document for `path` if it was cached from a file of this identity."""
         entry = self.entries.get(path)
-        if entry is None or entry[0] != _key(st):
+        if entry is None or entry[0] != stat_identity(st):
             return None
         self.used.add(path)
         self.hits += 1
@@ -95,7 +93,7 @@ class SpecCache:
             if self.entries.pop(path, None) is not None:
                 self.dirty = True
             return
-        self.entries[path] = (_key(st), doc)
+        self.entries[path] = (stat_identity(st), doc)
         self.dirty = True
 
     def save(self) -> bool:

@@ -12,6 +12,13 @@ if TYPE_CHECKING:
     from typing import Any
 
 
+def stat_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """(dev, ino, size, mtime_ns, ctime_ns): what the caches take a file's identity to be
+    (a rename gives a new inode, a write or chmod a new mtime/ctime, which no user can set
+    back for ctime)."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def read_limited(fd: int, limit: int) -> bytes:
     """Read from `fd` to its end, but never more than `limit` + 1 bytes.
 

@@ -16,10 +16,11 @@ each, the identity (device, inode, size, mtime, ctime in ns) of the dir and of e
 listed in it, plus the identity of this module's own file (any reinstall of gpuctk rewrites it).
 A dir's mtime and ctime change when an entry is added, removed or renamed, or its owner or mode
 changes; a file's when it is written, chowned or chmodded. So a plan is used only while the trust
-policy and the spec contents it was resolved under still hold. Like the spec cache, a world is
-recorded only when every dir and file in it had been left alone for SETTLE_NS (coarse kernel
-timestamps: two writes in one tick could share an identity) and looked the same before and after
-the registry read it, and only when the registry reported no error at all.
+policy and the spec contents it was resolved under still hold. Like the spec cache (and with its
+SETTLE_NS), a world is recorded only when every dir and file in it had been left alone that long
+(coarse kernel timestamps: two writes in one tick could share an identity) and looked the same
+before and after the registry read it, and only when the registry reported no error at all. A
+dir or file that cannot be looked at (not missing: unreadable) means no world at all.
 
 Failures are never remembered: a request that does not resolve, or whose requirement is unmet,
 goes through the full path every time and fails there with its message. The per-container work
@@ -47,17 +48,18 @@ FILE_NAME = "plans.cache"
 FORMAT = "gpuctk-plans-1"
 MAX_BYTES = 8 << 20
 MAX_PLANS = 32
-SETTLE_NS = 1_000_000_000  # as gpuctk.cdi.speccache.SETTLE_NS (not imported: ~0.2 ms)
 CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"  # as gpuctk.hook.drivercaps.ENV
 
 
 def _identity(path: str) -> tuple[int, int, int, int, int] | None:
-    """(dev, ino, size, mtime_ns, ctime_ns) of `path` (symlinks followed), None if missing."""
+    """gpuctk.fs.stat_identity of `path` (symlinks followed), None if missing; OSError for
+    one that cannot be looked at."""
+    from gpuctk.fs import stat_identity
+
     try:
-        st = os.stat(path)
+        return stat_identity(os.stat(path))
     except (FileNotFoundError, NotADirectoryError):
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def key_of(req: Request, env: Mapping[str, str]) -> tuple[Any, ...]:
@@ -112,21 +114,19 @@ class Plans:
         import time
 
         from gpuctk.cdi.registry import spec_paths
+        from gpuctk.cdi.speccache import SETTLE_NS
 
         now = time.time_ns()
-        code = _identity(__file__)
         dirs, files = [], []
-        for directory in self.spec_dirs:
-            ident = _identity(directory)
-            dirs.append((directory, ident))
-            if ident is None:
-                continue
-            try:
-                paths = spec_paths(directory)
-            except OSError:
-                return None
-            for path in paths:
-                files.append((path, _identity(path)))
+        try:
+            code = _identity(__file__)
+            for directory in self.spec_dirs:
+                ident = _identity(directory)
+                dirs.append((directory, ident))
+                if ident is not None:
+                    files += [(path, _identity(path)) for path in spec_paths(directory)]
+        except OSError:
+            return None
         for _, ident in (("", code), *dirs, *files):
             if ident is not None and now - max(ident[3], ident[4]) < SETTLE_NS:
                 return None
@@ -137,13 +137,16 @@ class Plans:
         identity changes with its entries)."""
         if self._current is None:
             world = self.world
-            self._current = (
-                world is not None
-                and len(world) == 4
-                and world[1] == self.spec_dirs
-                and world[0] == _identity(__file__)
-                and all(_identity(p) == ident for p, ident in (*world[2], *world[3]))
-            )
+            try:
+                self._current = (
+                    world is not None
+                    and len(world) == 4
+                    and world[1] == self.spec_dirs
+                    and world[0] == _identity(__file__)
+                    and all(_identity(p) == ident for p, ident in (*world[2], *world[3]))
+                )
+            except OSError:  # a dir or file that cannot be looked at: not the world it was
+                self._current = False
         return self._current
 
     def get(self, key: tuple[Any, ...]) -> dict[str, Any] | None:

@@ -27,6 +27,7 @@ import os
 import posixpath
 
 from gpuctk import rootfs
+from gpuctk.fs import stat_identity
 from gpuctk.hook import inroot
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
@@ -134,12 +135,11 @@ def _by_dest(edits: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
-def _identity(path: str) -> tuple[int, int, int, int, int] | None:
+def _host_identity(host: str) -> tuple[int, int, int, int, int] | None:
     try:
-        st = os.stat(path)
+        return stat_identity(os.stat(host))
     except OSError:
         return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _elf_facts(host: str) -> tuple[Any, ...] | None:
@@ -157,8 +157,7 @@ def _elf_facts(host: str) -> tuple[Any, ...] | None:
         return None
     finally:
         os.close(fd)
-    ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    return (ident, _CACHE_FLAGS.get((info.elf_class, info.machine)), info.soname)
+    return (stat_identity(st), _CACHE_FLAGS.get((info.elf_class, info.machine)), info.soname)
 
 
 def _work(
@@ -233,7 +232,7 @@ def _library_entries(
         if posixpath.dirname(dest) not in wanted or not isinstance(host, str):
             continue
         facts = known.get(host)
-        if not isinstance(facts, tuple) or len(facts) != 3 or facts[0] != _identity(host):
+        if not isinstance(facts, tuple) or len(facts) != 3 or facts[0] != _host_identity(host):
             facts = _elf_facts(host)
         if facts is None:
             continue

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from test_shim import LIB, SHIM, Env, base_config, make_spec, mounts
 
+from gpuctk.cdi import speccache
 from gpuctk.hook import plans as plans_mod
 
 REUSED = "the request's plan remembered in"
@@ -51,7 +52,7 @@ class PlanEnv(Env):
 
 
 def settle() -> None:
-    time.sleep(plans_mod.SETTLE_NS / 1e9 + 0.1)
+    time.sleep(speccache.SETTLE_NS / 1e9 + 0.1)
 
 
 @pytest.fixture
@@ -211,3 +212,19 @@ def test_the_key_holds_what_require_would_check(env: dict[str, str]) -> None:
         "nvidia.com/gpu", False, ("nvidia.com/gpu=0",), env.get("NVIDIA_DRIVER_CAPABILITIES"),
         tuple(requirements(env)),
     )  # fmt: skip
+
+
+def test_a_spec_path_that_cannot_be_looked_at_means_no_world(tmp_path: Path) -> None:
+    specs = tmp_path / "cdi"
+    specs.mkdir()
+    (specs / "a.json").write_text("{}")
+    state = tmp_path / "state"
+    settle()
+    p = plans_mod.Plans(str(state), [str(specs)])
+    world = p.snapshot()
+    assert world is not None and p.offer(("k",), world, {"edits": {}, "notes": [], "prep": {}})
+    (specs / "a.json").unlink()
+    (specs / "a.json").symlink_to("a.json")  # stat: ELOOP, neither missing nor a file
+    again = plans_mod.Plans(str(state), [str(specs)])
+    assert again.get(("k",)) is None  # not an internal error on the create path
+    assert again.snapshot() is None
