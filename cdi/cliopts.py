@@ -21,6 +21,18 @@ nvml_library: Decorator = click.option(
 )
 
 
+def table_or_json(help_: str) -> Decorator:
+    """`--format table|json` (default table), passed as `fmt`."""
+    return click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["table", "json"]),
+        default="table",
+        show_default=True,
+        help=help_,
+    )
+
+
 def driver_root(help_: str) -> Decorator:
     return click.option(
         "--driver-root", default="/", show_default=True, envvar="NVIDIA_DRIVER_ROOT", help=help_

@@ -71,14 +71,7 @@ def _guarded(
 
 
 @click.command("doctor", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="table: for people (colour on a terminal); json: stable, for automation.",
-)
+@cliopts.table_or_json("table: for people (colour on a terminal); json: stable, for automation.")
 @click.option("--verbose", "-v", is_flag=True, help="Show the evidence of passing checks too.")
 @click.option(
     "--color/--no-color",

@@ -186,14 +186,7 @@ def render_text(report: dict[str, Any]) -> str:
 
 
 @click.command("info")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="Tables for people, or one JSON document for scripts.",
-)
+@cliopts.table_or_json("Tables for people, or one JSON document for scripts.")
 @cliopts.simulate(
     "Use an embedded machine profile instead of NVML (h100-8, h100-8-mig7, a100-mig, l4, "
     "or a profile .yaml path)."
