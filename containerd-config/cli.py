@@ -7,7 +7,6 @@ that scripts written for the NVIDIA Container Toolkit need only the command name
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -17,7 +16,6 @@ import click
 from gpuctk.containerd import options as optmod
 from gpuctk.containerd import plan as planmod
 from gpuctk.containerd.options import ENGINES, Options
-from gpuctk.errors import GpuctkError, OutputError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -100,13 +98,7 @@ def _run(opts: Options, planned: planmod.Plan, dry_run: bool, restart: bool) -> 
     if not restart:
         click.echo(f"restart {opts.engine} to apply: systemctl restart {unit}")
         return
-    try:
-        proc = subprocess.run(["systemctl", "restart", unit], capture_output=True, text=True)
-    except OSError as exc:
-        raise OutputError(f"files written; cannot run systemctl: {exc.strerror}") from None
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
-        raise GpuctkError(f"files written; `systemctl restart {unit}` failed: {last}")
+    planmod.restart_service(["systemctl", "restart", unit], "files written")
     click.echo(f"restarted {unit}")
 
 

@@ -37,6 +37,7 @@ import click
 
 from gpuctk.containerd import install_host as host_mod
 from gpuctk.containerd.install_host import Record, resolve, run_in_host
+from gpuctk.containerd.plan import restart_service
 from gpuctk.errors import GpuctkError, InputError, OutputError, UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -77,14 +78,8 @@ def _restart(host: str, command: str | None) -> None:
         argv = ["systemctl", "restart", "containerd"]
     else:  # systemctl refuses to act from a chroot: enter the host's PID 1 namespaces instead
         argv = ["nsenter", "--target", "1", "--mount", "--", "systemctl", "restart", "containerd"]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-    except OSError as exc:
-        raise OutputError(f"configuration written; cannot run {argv[0]}: {exc.strerror}") from None
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
-        raise GpuctkError(f"configuration written; `{shlex.join(argv)}` failed: {last}")
-    click.echo(f"restarted containerd ({shlex.join(argv)})")
+    ran = restart_service(argv, "configuration written")
+    click.echo(f"restarted containerd ({ran})")
 
 
 def _containerd_files(host: str, record: Record) -> tuple[bytes | None, ...]:

@@ -199,3 +199,22 @@ def render(plan: Plan) -> str:
     if not parts:
         parts.append("# nothing to change\n")
     return "".join(parts)
+
+
+def restart_service(argv: list[str], written: str) -> str:
+    """Run the restart command `argv` after `written` ("files written") succeeded; its
+    shell-quoted form on success. OutputError when it cannot run, GpuctkError with its last
+    stderr line when it fails (the files stay written either way: the message says so)."""
+    import shlex
+    import subprocess
+
+    from gpuctk.errors import GpuctkError
+
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise OutputError(f"{written}; cannot run {argv[0]}: {exc.strerror}") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise GpuctkError(f"{written}; `{shlex.join(argv)}` failed: {last}")
+    return shlex.join(argv)
