@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_shim import LIB, SHIM, Env, base_config, make_spec, mounts
+from test_shim import LIB, Env, base_config, make_spec, mounts
 
 from gpuctk.cdi import speccache
 from gpuctk.hook import plans as plans_mod
@@ -27,19 +27,12 @@ class PlanEnv(Env):
         self.state = tmp / "state"
         self.debug_log = tmp / "debug.log"
 
+    def environ(self) -> dict[str, str]:
+        return {**super().environ(), "GPUCTK_STATE_DIR": str(self.state)}
+
     def run(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "GPUCTK_CONFIG": str(self.tmp / "config.toml"),
-            "GPUCTK_STATE_DIR": str(self.state),
-            "FAKE_RECORD": str(self.record),
-            "FAKE_BUNDLE": str(self.bundle),
-        }
         self.debug_log.write_text("")
-        return subprocess.run(
-            [SHIM, "--debug", "--log", str(self.debug_log), *args],
-            env=env, cwd=cwd, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        return super().run("--debug", "--log", str(self.debug_log), *args, cwd=cwd)
 
     def create_with(self, *env: str) -> dict[str, Any]:
         self.write_config(base_config(list(env)))

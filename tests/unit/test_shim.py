@@ -139,15 +139,18 @@ class Env:
         path.chmod(mode)
         return data
 
-    def run(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-        env = {
+    def environ(self) -> dict[str, str]:
+        """The shim's environment: its config, and where the fake runtime records."""
+        return {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "GPUCTK_CONFIG": str(self.tmp / "config.toml"),
             "FAKE_RECORD": str(self.record),
             "FAKE_BUNDLE": str(self.bundle),
         }
+
+    def run(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [SHIM, *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
+            [SHIM, *args], env=self.environ(), cwd=cwd, capture_output=True, text=True, timeout=60
         )
 
     def create(self, *extra: str) -> subprocess.CompletedProcess[str]:
