@@ -65,11 +65,11 @@ def take_over(
     bundle: str,
     edits: dict[str, Any],
     debug: Callable[[str], None],
-    prep: dict[str, Any] | None = None,
+    prep: dict[str, Any],
 ) -> dict[str, Any]:
     """`edits` with the gpuctk hook replaced by mounts, after doing its in-root work in the
     container root; `edits` unchanged when the hook must run (see the module docstring).
-    `prep` is prepare(edits) when the caller has it (gpuctk.hook.plans): not parsed again."""
+    `prep` is prepare(edits), made now or remembered with the plan (gpuctk.hook.plans)."""
     if os.environ.get("GPUCTK_SHIM_INROOT", "1") == "0":
         return edits
     hooks = edits.get("hooks") or []
@@ -77,7 +77,6 @@ def take_over(
     if len(ours) != 1:
         return edits
     try:
-        prep = prep if prep is not None else prepare(edits)
         if prep.get("fallback") is not None:
             raise _Fallback(prep["fallback"])
         mounts = _work(config, bundle, edits, prep)
