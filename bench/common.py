@@ -4,6 +4,7 @@ Python the way an installed package runs (with its .pyc files)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,42 @@ PYTHON_NOTE = ".python"  # in the launchers' folder: the venv interpreter they s
 def installed_python(bindir: Path) -> Path:
     """The venv interpreter behind the launchers in `bindir` (from installed_bin)."""
     return Path((bindir / PYTHON_NOTE).read_text())
+
+
+def installed_bin_at(rev: str) -> Path:
+    """installed_bin() for another revision of this repository (`git archive REV`, built into
+    the deb's venv on /usr/bin/python3 once per commit, under CACHE/bench-rev-<commit>): for
+    timing a change side by side with what it changes, in one run. Returns the launchers'
+    folder."""
+    from fixtures.appvenv import SYSTEM_PYTHON, build_env, have_system_python
+
+    if not have_system_python():
+        raise SystemExit(f"--against needs {SYSTEM_PYTHON} (the deb's interpreter)")
+    found = subprocess.run(
+        ["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if found.returncode != 0:
+        raise SystemExit(f"--against {rev}: not a commit of {REPO}")
+    commit = found.stdout.strip()
+    base = CACHE / f"bench-rev-{commit[:12]}"
+    python = base / "venv" / "bin" / "python3"
+    if not python.exists():
+        shutil.rmtree(base, ignore_errors=True)
+        (base / "src").mkdir(parents=True)
+        archive = subprocess.run(
+            ["git", "archive", commit], cwd=REPO, capture_output=True, check=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(base / "src")], input=archive, check=True)
+        subprocess.run(
+            [sys.executable, str(base / "src" / "packaging" / "deb" / "build.py"), "venv",
+             str(base / "venv"), "--python", SYSTEM_PYTHON],
+            env=build_env(), check=True, capture_output=True,
+        )  # fmt: skip
+    bindir = base / "launchers"
+    bindir.mkdir(exist_ok=True)
+    subprocess.run(
+        [str(python), "-I", "-m", "gpuctk.launchers", str(bindir)], check=True, capture_output=True
+    )
+    (bindir / PYTHON_NOTE).write_text(str(python))
+    return bindir

@@ -1,6 +1,6 @@
 """Benchmark: container create+start+delete through gpuctk-runtime against bare runc.
 
-    .venv/bin/python bench/lifecycle.py [--runs 15] [--json out.json]
+    .venv/bin/python bench/lifecycle.py [--runs 15] [--json out.json] [--against REV]
 
 Each run is `<runtime> create --bundle B --pid-file P NAME`, `start NAME`, a wait for /bin/true to
 exit, and `delete NAME`, all through the runtime under test as containerd's runc shim drives it,
@@ -32,6 +32,9 @@ The specs come from `gpuctk cdi generate --simulate h100-8` and `--simulate h100
 latter as kind nvidia.com/mig) over the Debian 535 driver root and mknod'ed device nodes. Then,
 off the clock: peak RSS of the shim's create (low-level runtime /bin/true) and of the spec's
 gpuctk-hook entry, from wait4.
+`--against REV` adds the 1- and 8-GPU cases through gpuctk as of git revision REV (its own venv
+and state folder) to the rounds, and prints this checkout over REV: on these noisy machines a
+change is judged by that paired comparison within one run, not by figures from two runs.
 Targets: 1 GPU at most 1.9x bare runc (issue 3); 1 and 8 GPUs at most 1.45x (issue 7); 8 GPUs
 within 10% of 1 GPU, peak RSS under 30 MiB. Builds the fixtures (driver root, device nodes,
 image) if needed; needs root and runc.
@@ -53,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import podman
-from common import CACHE, installed_bin, installed_python
+from common import CACHE, installed_bin, installed_bin_at, installed_python
 from fixtures.driver_root import build_driver_root
 from fixtures.gpucheck import generate
 from fixtures.images import build_image, make_bundle, overlay, unmount
@@ -100,11 +103,17 @@ Prepare = Callable[[Path], None]
 
 
 def lifecycle(
-    argv: list[str], image: Path, work: Path, env: list[str], prepare: Prepare | None = None
+    argv: list[str],
+    image: Path,
+    work: Path,
+    env: list[str],
+    prepare: Prepare | None = None,
+    proc_env: dict[str, str] | None = None,
 ) -> float:
-    """Seconds for create, start, wait for /bin/true to exit, delete, each through `argv`, as
-    containerd's runc shim drives a runtime; the overlay and bundle (and `prepare(bundle)`)
-    are set up off the clock."""
+    """Seconds for create, start, wait for /bin/true to exit, delete, each through `argv`
+    (run with `proc_env`, default this process's environment), as containerd's runc shim
+    drives a runtime; the overlay and bundle (and `prepare(bundle)`) are set up off the
+    clock."""
     n = next(_names)
     rootfs = overlay(image, work / f"ov-{n}")
     bundle = make_bundle(work / f"bundle-{n}", rootfs, ["/bin/true"], env=[PATH_ENV, *env])
@@ -114,7 +123,10 @@ def lifecycle(
     pid_file, log = work / f"pid-{n}", work / f"err-{n}"
     try:
         with open(log, "w") as err:
-            quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": err}
+            quiet: dict[str, Any] = {
+                "stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": err,
+                "env": proc_env,
+            }  # fmt: skip
             start = time.perf_counter()
             # No timeout= on any of these: Popen.wait(timeout) polls waitpid with sleeps that
             # double up to 50 ms, which rounds each step up to 32, 64, 114, 164 ms.
@@ -136,7 +148,9 @@ def lifecycle(
                 )
             elapsed = time.perf_counter() - start
     finally:
-        subprocess.run([*argv, "delete", "--force", name], capture_output=True, check=False)
+        subprocess.run(
+            [*argv, "delete", "--force", name], capture_output=True, env=proc_env, check=False
+        )
         unmount(rootfs)
     if any(steps) or len(steps) != 3:
         raise SystemExit(f"{argv[0]} failed (create, start, delete: {steps}):\n{log.read_text()}")
@@ -216,6 +230,13 @@ def main() -> None:
     parser.add_argument(
         "--no-podman", action="store_true", help="skip the podman cases (bench/podman.py)"
     )
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="also time the 1- and 8-GPU cases through gpuctk as of git revision REV (built "
+        "once into its own venv, with its own state folder), alternating with this checkout's, "
+        "and print this checkout's medians over REV's",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         raise SystemExit("needs root (overlay mounts, mknod, runc)")
@@ -265,15 +286,24 @@ def main() -> None:
         "gpuctk 1 GPU, caps all": ([shim], [*one, "NVIDIA_DRIVER_CAPABILITIES=all"], None),
     }
 
+    envs: dict[str, dict[str, str]] = {}
+    if args.against:
+        other = str(installed_bin_at(args.against) / "gpuctk-runtime")
+        for gpus, request in (("1 GPU", one), ("8 GPUs", cases["gpuctk 8 GPUs"][1])):
+            name = f"gpuctk {gpus} @{args.against}"
+            cases[name] = ([other], request, None)
+            # its own memo and caches: the plan cache is only valid for the code that wrote it
+            envs[name] = {**os.environ, "GPUCTK_STATE_DIR": str(work / "state-against")}
+
     samples: dict[str, list[float]] = {name: [] for name in cases}
     podman_times: dict[str, list[float]] = {}
     try:
         time.sleep(1.1)  # the specs settle (gpuctk.cdi.speccache.SETTLE_NS), as on a node
-        for argv, env, prepare in cases.values():  # warm-up: page cache, .pyc, spec cache
-            lifecycle(argv, image, work, env, prepare)
+        for name, (argv, env, prepare) in cases.items():  # warm-up: page cache, .pyc, caches
+            lifecycle(argv, image, work, env, prepare, envs.get(name))
         for _ in range(args.runs):
             for name, (argv, env, prepare) in cases.items():
-                samples[name].append(lifecycle(argv, image, work, env, prepare))
+                samples[name].append(lifecycle(argv, image, work, env, prepare, envs.get(name)))
         rss = peak_rss(bindir, image, work, dry, spec)
         # podman's rounds after runc's: a podman run leaves work behind (conmon, storage
         # cleanup) that would land on the next runc case and blur its ~50 ms
@@ -314,6 +344,13 @@ def main() -> None:
     print(f"  of gpuctk 1 GPU over runc ({one - bare:.1f} ms): runc's own work for the GPU mounts"
           f" and nodes {ahead - bare:.1f} ms, the sh fronts and one Python start {start:.1f} ms,"
           f" gpuctk's own work {own_work:.1f} ms")  # fmt: skip
+    if args.against:
+        for gpus in ("1 GPU", "8 GPUs"):
+            here, there = samples[f"gpuctk {gpus}"], samples[f"gpuctk {gpus} @{args.against}"]
+            paired = statistics.median(a - b for a, b in zip(here, there, strict=True))
+            print(f"  this checkout against {args.against}, {gpus}: median"
+                  f" {statistics.median(here) / statistics.median(there):.3f}x,"
+                  f" paired difference {paired * 1e3:+.1f} ms")  # fmt: skip
     for name, mib in rss.items():
         print(f"  peak RSS {name:32s} {mib:5.1f} MiB ({'meets' if mib < 30 else 'MISSES'} < 30)")
     podman_added: dict[str, float] = {}
