@@ -33,7 +33,8 @@ latter as kind nvidia.com/mig) over the Debian 535 driver root and mknod'ed devi
 off the clock: peak RSS of the shim's create (low-level runtime /bin/true) and of the spec's
 gpuctk-hook entry, from wait4.
 `--against REV` adds the 1- and 8-GPU cases through gpuctk as of git revision REV (its own venv
-and state folder) to the rounds, and prints this checkout over REV: on these noisy machines a
+and state folder) to the rounds, and REV's gpuctk-hook in the podman hook spec, and prints this
+checkout over REV: on these noisy machines a
 change is judged by that paired comparison within one run, not by figures from two runs.
 Targets: 1 GPU at most 1.9x bare runc (issue 3); 1 and 8 GPUs at most 1.45x (issue 7); 8 GPUs
 within 10% of 1 GPU, peak RSS under 30 MiB. Builds the fixtures (driver root, device nodes,
@@ -309,7 +310,8 @@ def main() -> None:
         # cleanup) that would land on the next runc case and blur its ~50 ms
         if not args.no_podman and shutil.which("podman") is not None:
             (work / "podman").mkdir()
-            podman_times = podman.measure(work / "podman", bindir, args.runs)
+            against = (args.against, installed_bin_at(args.against)) if args.against else None
+            podman_times = podman.measure(work / "podman", bindir, args.runs, against)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -1,6 +1,6 @@
 """Benchmark: what a gpuctk spec adds to a container start in an engine that applies CDI itself.
 
-    .venv/bin/python bench/podman.py [--runs 30] [--json out.json]
+    .venv/bin/python bench/podman.py [--runs 30] [--json out.json] [--against REV]
 
 `podman run --rm --network none --device nvidia.com/gpu=0 IMAGE /bin/true` (podman 4.3.1 with
 runc, its own store, overlay, cgroupfs; the debian test image) alternated round by round with:
@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import CACHE, installed_bin
+from common import CACHE, installed_bin, installed_bin_at
 from fixtures.devroot import make_node_roots
 from fixtures.driver_root import build_driver_root
 from fixtures.podman import private_podman
@@ -50,7 +50,9 @@ PRIVATE = (
 )
 
 
-def make_specs(work: Path, bindir: Path) -> dict[str, Path]:
+def make_specs(
+    work: Path, bindir: Path, against: tuple[str, Path] | None = None
+) -> dict[str, Path]:
     driver_root = build_driver_root(CACHE)
     roots = make_node_roots(work / "node", load_profile("l4"))
     specs: dict[str, Path] = {"no device": work / "empty"}
@@ -76,13 +78,24 @@ def make_specs(work: Path, bindir: Path) -> dict[str, Path]:
     (work / "bare").mkdir()
     (work / "bare" / "nvidia.json").write_text(json.dumps(doc))
     specs["mounts, no libs"] = work / "bare"
+    if against is not None:  # the hook spec with REV's gpuctk-hook in its hook entry
+        rev, other = against
+        doc = json.loads((work / "hook-spec" / "nvidia.json").read_text())
+        for hook in doc["containerEdits"]["hooks"]:
+            hook["path"] = str(other / "gpuctk-hook")
+        (work / "hook-rev").mkdir()
+        (work / "hook-rev" / "nvidia.json").write_text(json.dumps(doc))
+        specs[f"hook spec @{rev}"] = work / "hook-rev"
     return specs
 
 
-def measure(work: Path, bindir: Path, runs: int) -> dict[str, list[float]]:
+def measure(
+    work: Path, bindir: Path, runs: int, against: tuple[str, Path] | None = None
+) -> dict[str, list[float]]:
     """Seconds of each `podman run --rm` per case (make_specs' cases, over a private podman):
-    a warm-up run of each, then `runs` rounds, the order reversed every other round."""
-    specs = make_specs(work, bindir)
+    a warm-up run of each, then `runs` rounds, the order reversed every other round.
+    `against` (REV, its launchers' folder) adds the hook spec with REV's gpuctk-hook."""
+    specs = make_specs(work, bindir, against)
     with private_podman(work, IMAGE, "overlay") as base:
 
         def run(case: str) -> float:
@@ -124,6 +137,11 @@ def summarize(times: dict[str, list[float]]) -> dict[str, float]:
         print(line)
     saved = added["hook spec"] - added["mounts spec"]
     print(f"  the mounts spec saves {saved:.1f} ms per start against the hook spec")
+    for case in times:
+        if case.startswith("hook spec @"):
+            diffs = [1e3 * (a - b) for a, b in zip(times["hook spec"], times[case], strict=True)]
+            print(f"  this checkout's hook against {case[len('hook spec ') :]}:"
+                  f" {statistics.median(diffs):+.1f} ms per start (paired median)")  # fmt: skip
     return added
 
 
@@ -131,13 +149,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--json", metavar="PATH", help="also write the results here")
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="also time the hook spec with gpuctk-hook as of git revision REV (built once into "
+        "its own venv) and print this checkout's hook over REV's, paired",
+    )
     args = parser.parse_args()
     if shutil.which("podman") is None:
         raise SystemExit("podman not installed")
     bindir = installed_bin()
+    against = (args.against, installed_bin_at(args.against)) if args.against else None
     work = Path(tempfile.mkdtemp(prefix="gpuctk-bench-podman-"))
     try:
-        times = measure(work, bindir, args.runs)
+        times = measure(work, bindir, args.runs, against)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"podman run --rm /bin/true, {args.runs} alternating rounds (1 simulated L4)")

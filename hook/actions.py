@@ -2,9 +2,14 @@
 
 `run_request` is the whole createContainer mode (and each nvidia-ctk-style verb, which is a
 subset of it): symlinks, modes, then the loader: `/etc/ld.so.conf.d/00-gpuctk.conf`, an
-`/etc/ld.so.conf` when the image lacks one, and the ld cache rebuilt by the host's ldconfig
-confined to the root (gpuctk.hook.ldconfig); musl images get `/etc/ld-musl-<arch>.path` instead.
-A root mounted read-only (crun mounts it so before the hooks) is made writable for the duration.
+`/etc/ld.so.conf` when the image lacks one, and the ld cache. createContainer merges the cache
+in-process as gpuctk-runtime does (gpuctk.hook.ldmerge: the image's cache plus the mounted
+driver libraries, ~1-2 ms); where it cannot (no cache in the image, a library whose SONAME link
+is missing), for `update-ldcache`, and when an ldconfig is named (--ldconfig-path,
+GPUCTK_LDCONFIG), the host's ldconfig rebuilds it, confined to the root (gpuctk.hook.ldconfig:
+~11 ms here on a small image, more with every library the image holds). musl images get
+`/etc/ld-musl-<arch>.path` instead. A root mounted read-only (crun mounts it so before the
+hooks) is made writable for the duration.
 """
 
 from __future__ import annotations
@@ -14,11 +19,11 @@ import posixpath
 
 from gpuctk import rootfs
 from gpuctk.errors import UsageError
-from gpuctk.hook import hooklog, inroot, ldconfig, mounts, oci_state
+from gpuctk.hook import hooklog, inroot, ldmerge, mounts, oci_state
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
 if TYPE_CHECKING:
-    from typing import BinaryIO
+    from typing import Any, BinaryIO
 
 
 class Request:
@@ -58,22 +63,109 @@ class Request:
         self.run_ldconfig = run_ldconfig
 
 
-def locate_root(container_spec: str | None, stdin: BinaryIO | None = None) -> str:
-    """Host path of the container root: from --container-spec, or the OCI state's bundle."""
+def locate(container_spec: str | None, stdin: BinaryIO | None = None) -> tuple[dict[str, Any], str]:
+    """(config.json, host path of the container root): from --container-spec, or the OCI
+    state's bundle."""
     if container_spec:
         spec = os.path.abspath(container_spec)
         config = oci_state.read_config(spec)
-        return oci_state.rootfs_path(config, posixpath.dirname(spec), spec)
+        return config, oci_state.rootfs_path(config, posixpath.dirname(spec), spec)
     state = oci_state.read_state(stdin)
     config = oci_state.read_config(posixpath.join(state.bundle, "config.json"))
-    return oci_state.rootfs_path(config, state.bundle)
+    return config, oci_state.rootfs_path(config, state.bundle)
+
+
+def bind_files(config: dict[str, Any]) -> dict[str, str]:
+    """{container path: host path} of config.json's bind mounts (the last one on a path wins,
+    as it is the one on top)."""
+    out: dict[str, str] = {}
+    for m in config.get("mounts") or []:
+        if not isinstance(m, dict):
+            continue
+        dest, src, opts = m.get("destination"), m.get("source"), m.get("options") or []
+        bind = m.get("type") == "bind" or (
+            isinstance(opts, list) and ("bind" in opts or "rbind" in opts)
+        )
+        if (
+            bind
+            and isinstance(dest, str)
+            and isinstance(src, str)
+            and dest.startswith("/")
+            and src.startswith("/")
+        ):
+            out[posixpath.normpath(dest)] = src
+    return out
+
+
+def merge_cache(
+    root_fd: int, present: list[str], binds: dict[str, str], links: dict[str, str]
+) -> str | None:
+    """Write the root's ld cache as gpuctk-runtime does (gpuctk.hook.ldmerge: the image's
+    cache plus the driver libraries mounted in `present`, under their SONAMEs, from the host
+    files' ELF headers), without running ldconfig. None, with nothing written, when only
+    ldconfig would do: the image has no cache this reader knows, or a mounted library's
+    SONAME is nowhere in the folder (ldconfig would make that link), a folder lies in a
+    mounted folder (whose files ldconfig would find), or no mounted library is in `present`
+    (the folders hold only files of the root: ldconfig indexes what is there)."""
+    wanted = set(present)
+    for folder in present:
+        for up in _self_and_parents(folder):
+            if up in binds:
+                hooklog.log("debug", f"{folder} is in the mounted {up}: ldconfig", to_stderr=False)
+                return None
+    files = [(dest, host) for dest, host in binds.items() if posixpath.dirname(dest) in wanted]
+    for link in links:
+        end = ldmerge.chain_end(links, link)
+        if posixpath.dirname(link) in wanted and end in binds and link not in binds:
+            files.append((link, binds[end]))
+    old = rootfs.read_file_in_root(root_fd, ldmerge.LD_CACHE, ldmerge.MAX_CACHE)
+    if old is None:
+        hooklog.log("debug", f"no {ldmerge.LD_CACHE} in the image: ldconfig", to_stderr=False)
+        return None
+    known: dict[str, Any] = {}
+    entries = ldmerge.library_entries(files, present, known)
+    if not entries:
+        hooklog.log("debug", "no mounted driver library in the folders: ldconfig", to_stderr=False)
+        return None
+    for dest, host in files:
+        facts = known.get(host)
+        soname = facts[2] if facts is not None and facts[1] is not None else None
+        if soname and soname != posixpath.basename(dest):
+            path = posixpath.join(posixpath.dirname(dest), soname)
+            if rootfs.stat_in_root(root_fd, path, follow=False) is None:
+                hooklog.log(
+                    "debug", f"{path} (the SONAME of {dest}) is missing: ldconfig", to_stderr=False
+                )
+                return None
+    try:
+        kept = ldmerge.write_cache(root_fd, old, entries)
+    except ValueError as exc:
+        hooklog.log("debug", f"{ldmerge.LD_CACHE}: {exc}: ldconfig", to_stderr=False)
+        return None
+    return f"ld cache: the image's {kept} entries and {len(entries)} driver libraries (no ldconfig)"
+
+
+def _self_and_parents(folder: str) -> list[str]:
+    """`folder` and each folder above it, up to (not including) "/"."""
+    out = []
+    while folder not in ("/", ""):
+        out.append(folder)
+        folder = posixpath.dirname(folder)
+    return out
 
 
 def update_loader(
-    root_fd: int, root_path: str, folders: list[str], ldconfig_path: str | None, always: bool
+    root_fd: int,
+    root_path: str,
+    folders: list[str],
+    ldconfig_path: str | None,
+    always: bool,
+    merge: tuple[dict[str, str], dict[str, str]] | None = None,
 ) -> str:
     """Make the folders part of the loader's search path; returns what was done, in words.
-    With none of the folders in the root, the cache is rebuilt only when `always`."""
+    With none of the folders in the root, the cache is rebuilt only when `always`. With
+    `merge` (config.json's bind mounts, the links), and no ldconfig asked for by name, the
+    cache is merged in-process (merge_cache) where it can be; else the host's ldconfig runs."""
     present = inroot.existing_folders(root_fd, folders)
     if not present and not always:
         return "none of the folders is in the container: loader left alone"
@@ -85,6 +177,12 @@ def update_loader(
         return "musl loader path" if arches else "no libc loader found: nothing to configure"
     if present:
         inroot.write_ld_conf(root_fd, present)
+    if merge is not None and ldconfig_path is None and not always and present:
+        done = merge_cache(root_fd, present, *merge)
+        if done is not None:
+            return done
+    from gpuctk.hook import ldconfig
+
     exe_fd, exe = ldconfig.open_host_ldconfig(ldconfig_path)
     try:
         args = ["-C", "/etc/ld.so.cache", "-f", inroot.LD_SO_CONF, *present]
@@ -106,7 +204,7 @@ def run_request(req: Request, stdin: BinaryIO | None = None) -> None:
     mode = inroot.parse_mode(req.mode) if req.mode is not None else None
     if req.paths and mode is None:
         raise UsageError(f"{req.verb}: --path needs --mode")
-    root_path = locate_root(req.container_spec, stdin)
+    config, root_path = locate(req.container_spec, stdin)
     root_fd = rootfs.open_root(root_path)
     try:
         with mounts.writable_root(root_fd, root_path) as remounted:
@@ -118,7 +216,8 @@ def run_request(req: Request, stdin: BinaryIO | None = None) -> None:
             done = ""
             if req.run_ldconfig:
                 always = req.verb == "update-ldcache"
-                done = update_loader(root_fd, root_path, folders, req.ldconfig, always)
+                merge = (bind_files(config), {link: target for target, link in links})
+                done = update_loader(root_fd, root_path, folders, req.ldconfig, always, merge)
         hooklog.info(f"{req.verb} {root_path}: {changed} links; {done or 'no loader update'}")
     finally:
         os.close(root_fd)

@@ -27,20 +27,12 @@ import os
 import posixpath
 
 from gpuctk import rootfs
-from gpuctk.fs import stat_identity
-from gpuctk.hook import inroot
+from gpuctk.hook import inroot, ldmerge
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
-
-    from gpuctk.cdi.ldcache import LdCacheEntry
-
-LD_CACHE = "/etc/ld.so.cache"
-# ELF (class, machine) -> ld.so.cache flags (FLAG_ELF_LIBC6 | the architecture's required bits)
-_CACHE_FLAGS = {(64, 62): 0x0303, (32, 3): 0x0003, (64, 183): 0x0A03}
-_MAX_CACHE = 64 << 20
 
 
 def _our_hook(hook: Any) -> bool:
@@ -118,12 +110,13 @@ def prepare(edits: dict[str, Any]) -> dict[str, Any]:
         if posixpath.dirname(dest) in wanted and isinstance(m.get("hostPath"), str)
     }
     for link in links:  # a link mount takes its target's host file
-        target = _chain_end(links, link)
+        target = ldmerge.chain_end(links, link)
         if posixpath.dirname(link) in wanted and target in by_dest:
             host = by_dest[target].get("hostPath")
             if isinstance(host, str):
                 hosts.add(host)
-    return {"links": links, "folders": folders, "elf": {h: _elf_facts(h) for h in sorted(hosts)}}
+    elf = {h: ldmerge.elf_facts(h) for h in sorted(hosts)}
+    return {"links": links, "folders": folders, "elf": elf}
 
 
 def _by_dest(edits: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -132,31 +125,6 @@ def _by_dest(edits: dict[str, Any]) -> dict[str, dict[str, Any]]:
         for m in edits.get("mounts") or []
         if isinstance(m, dict) and isinstance(m.get("containerPath"), str)
     }
-
-
-def _host_identity(host: str) -> tuple[int, int, int, int, int] | None:
-    try:
-        return stat_identity(os.stat(host))
-    except OSError:
-        return None
-
-
-def _elf_facts(host: str) -> tuple[Any, ...] | None:
-    """(identity, cache flags or None, SONAME) of the host file `host`; None if unreadable."""
-    from gpuctk.cdi.elf import read_elf_fd
-
-    try:
-        fd = os.open(host, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        info = read_elf_fd(fd)
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
-    return (stat_identity(st), _CACHE_FLAGS.get((info.elf_class, info.machine)), info.soname)
 
 
 def _work(
@@ -172,29 +140,25 @@ def _work(
         if inroot.has_runnable_musl(root_fd):
             raise _Fallback("a musl loader in the image")
         new_mounts = _link_mounts(root_fd, links, by_dest)
-        cache = rootfs.read_file_in_root(root_fd, LD_CACHE, _MAX_CACHE) if folders else None
+        cache = (
+            rootfs.read_file_in_root(root_fd, ldmerge.LD_CACHE, ldmerge.MAX_CACHE)
+            if folders
+            else None
+        )
         if folders and cache is None:
-            raise _Fallback(f"the image has no {LD_CACHE}")
+            raise _Fallback(f"the image has no {ldmerge.LD_CACHE}")
         if folders:
-            mounted = [*by_dest.values(), *new_mounts]
-            entries = _library_entries(mounted, folders, prep.get("elf") or {})
+            files = [
+                (m["containerPath"], m["hostPath"])
+                for m in [*by_dest.values(), *new_mounts]
+                if isinstance(m.get("hostPath"), str)
+            ]
+            entries = ldmerge.library_entries(files, folders, dict(prep.get("elf") or {}))
             inroot.write_ld_conf(root_fd, folders)
-            _write_cache(root_fd, cache or b"", entries)
+            ldmerge.write_cache(root_fd, cache or b"", entries)
     finally:
         os.close(root_fd)
     return new_mounts
-
-
-def _chain_end(links: dict[str, str], link: str) -> str:
-    """Where `link` leads through the spec's own link chain (the last path not a link)."""
-    path, seen = link, set()
-    while path in links and path not in seen:
-        seen.add(path)
-        step = links[path]
-        path = posixpath.normpath(
-            step if step.startswith("/") else posixpath.join(posixpath.dirname(path), step)
-        )
-    return path
 
 
 def _link_mounts(
@@ -203,7 +167,7 @@ def _link_mounts(
     """One bind mount per link whose target (through other links) is a mounted driver file."""
     out = []
     for link, target in links.items():
-        path = _chain_end(links, link)
+        path = ldmerge.chain_end(links, link)
         mount = by_dest.get(path)
         if mount is None:
             if rootfs.stat_in_root(root_fd, path) is not None:
@@ -213,38 +177,3 @@ def _link_mounts(
             continue
         out.append({**mount, "containerPath": link})
     return out
-
-
-def _library_entries(
-    mounts: list[dict[str, Any]], folders: list[str], known: dict[str, Any]
-) -> list[LdCacheEntry]:
-    """A cache entry for each mounted file in `folders` whose name is its own SONAME. The
-    ELF facts come from `known` (prepare's) while the host file is the one they were read
-    from, else from the file."""
-    from gpuctk.cdi.ldcache import LdCacheEntry
-
-    wanted = set(folders)
-    entries = []
-    for m in mounts:
-        dest = posixpath.normpath(m["containerPath"])
-        host = m.get("hostPath")
-        if posixpath.dirname(dest) not in wanted or not isinstance(host, str):
-            continue
-        facts = known.get(host)
-        if not isinstance(facts, tuple) or len(facts) != 3 or facts[0] != _host_identity(host):
-            facts = _elf_facts(host)
-        if facts is None:
-            continue
-        _, flags, soname = facts
-        name = posixpath.basename(dest)
-        if flags is not None and soname == name:
-            entries.append(LdCacheEntry(name, dest, flags))
-    return entries
-
-
-def _write_cache(root_fd: int, old: bytes, added: list[LdCacheEntry]) -> None:
-    from gpuctk.cdi.ldcache import build_ld_cache, parse_ld_cache
-
-    new_keys = {(e.key, e.flags) for e in added}
-    kept = [e for e in parse_ld_cache(old) if (e.key, e.flags) not in new_keys]
-    rootfs.write_file_in_root(root_fd, LD_CACHE, build_ld_cache([*kept, *added]), 0o644)

@@ -90,6 +90,101 @@ def test_create_container_on_a_debian_image(
     assert (rootfs / "etc/ld.so.conf").read_text().startswith("include")  # the image's own
 
 
+def mounted_lib(tmp_path: Path, rootfs: Path, libfoo: Path, folder: str = FOLDER) -> Path:
+    """A bundle whose config.json bind-mounts the host libfoo at folder/libfoo.so.1.2.3, as an
+    engine writes it from the spec; the file is copied there (the mount, without a container)."""
+    bundle = bundle_for(tmp_path, rootfs)
+    config = json.loads((bundle / "config.json").read_text())
+    dest = f"{folder}/libfoo.so.1.2.3"
+    config["mounts"] = [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": dest, "type": "bind", "source": str(libfoo), "options": ["ro", "rbind"]},
+    ]
+    (bundle / "config.json").write_text(json.dumps(config))
+    (rootfs / folder.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    shutil.copy(libfoo, rootfs / dest.lstrip("/"))
+    return bundle
+
+
+def test_create_container_merges_the_cache_without_ldconfig(
+    tmp_path: Path, fresh_rootfs: Any, libfoo: Path
+) -> None:
+    # the driver library is a bind mount in config.json: its SONAME link's entry is added to
+    # the image's cache in-process (gpuctk.hook.ldmerge), as gpuctk-runtime does; ldconfig
+    # does not run: it would have indexed, and made the SONAME link of, the unmounted copy
+    # in the second folder
+    rootfs = fresh_rootfs("debian")
+    image_cache = [line for line in cache_listing(rootfs).splitlines() if line.startswith("\t")]
+    bundle = mounted_lib(tmp_path, rootfs, libfoo)
+    other = "/usr/lib/x86_64-linux-gnu/other"
+    (rootfs / other.lstrip("/")).mkdir()
+    shutil.copy(libfoo, rootfs / other.lstrip("/") / "libfoo.so.1.2.3")
+    log = tmp_path / "hook.log"
+    args = ["createContainer", "--link", LINK, "--folder", FOLDER, "--folder", other]
+    env = {"GPUCTK_HOOK_LOG": str(log), "GPUCTK_HOOK_LOG_LEVEL": "debug"}
+    done = hook(args, state(bundle), env=env)
+    assert done.returncode == 0, done.stderr
+    listing = cache_listing(rootfs)
+    assert f"libfoo.so.1 (libc6,x86-64) => {FOLDER}/libfoo.so.1" in listing
+    assert f"{other}/" not in listing
+    assert not (rootfs / other.lstrip("/") / "libfoo.so.1").exists()
+    assert set(image_cache) <= set(listing.splitlines())  # the image's entries kept
+    assert "driver libraries (no ldconfig)" in log.read_text()
+    conf = (rootfs / "etc/ld.so.conf.d/00-gpuctk.conf").read_text().splitlines()
+    assert FOLDER in conf and other in conf  # an image's later ldconfig keeps them
+
+
+@pytest.mark.parametrize(
+    "case", ["no ld cache", "no SONAME link", "a mounted folder", "ldconfig named"]
+)
+def test_create_container_leaves_the_cache_to_ldconfig_where_merging_cannot_do(
+    tmp_path: Path, fresh_rootfs: Any, libfoo: Path, case: str
+) -> None:
+    # each of these needs what only ldconfig does: a cache from nothing, the SONAME link it
+    # makes, the files of a mounted folder, or the ldconfig the caller named
+    rootfs = fresh_rootfs("debian")
+    bundle = mounted_lib(tmp_path, rootfs, libfoo)
+    args = ["createContainer", "--link", LINK, "--folder", FOLDER]
+    env = {}
+    if case == "no ld cache":
+        (rootfs / "etc/ld.so.cache").unlink()
+    elif case == "no SONAME link":  # a second mounted copy, in a folder with no link to it
+        other = "/usr/lib/x86_64-linux-gnu/other"
+        config = json.loads((bundle / "config.json").read_text())
+        dest = f"{other}/libfoo.so.1.2.3"
+        config["mounts"].append(
+            {"destination": dest, "type": "bind", "source": str(libfoo), "options": ["rbind"]}
+        )
+        (bundle / "config.json").write_text(json.dumps(config))
+        (rootfs / other.lstrip("/")).mkdir()
+        shutil.copy(libfoo, rootfs / dest.lstrip("/"))
+        args += ["--folder", other]
+    elif case == "a mounted folder":
+        config = json.loads((bundle / "config.json").read_text())
+        config["mounts"].append(
+            {"destination": "/usr/lib/x86_64-linux-gnu/nvidia", "type": "bind",
+             "source": str(tmp_path), "options": ["rbind"]}
+        )  # fmt: skip
+        (bundle / "config.json").write_text(json.dumps(config))
+    else:
+        env = {"GPUCTK_LDCONFIG": "/sbin/ldconfig"}
+    log = tmp_path / "hook.log"
+    env |= {"GPUCTK_HOOK_LOG": str(log), "GPUCTK_HOOK_LOG_LEVEL": "debug"}
+    done = hook(args, state(bundle), env=env)
+    assert done.returncode == 0, done.stderr
+    text = log.read_text()
+    assert "ld cache rebuilt by /sbin/ldconfig" in text
+    why = {
+        "no ld cache": "no /etc/ld.so.cache in the image: ldconfig",
+        "no SONAME link": "other/libfoo.so.1 (the SONAME of",
+        "a mounted folder": f"{FOLDER} is in the mounted /usr/lib/x86_64-linux-gnu/nvidia",
+        "ldconfig named": "ld cache rebuilt",
+    }[case]
+    assert why in text
+    assert f"libfoo.so.1 (libc6,x86-64) => {FOLDER}/libfoo.so.1" in cache_listing(rootfs)
+    assert os.readlink(rootfs / FOLDER.lstrip("/") / "libfoo.so.1") == "libfoo.so.1.2.3"
+
+
 def test_links_only_to_existing_targets_and_never_over_files(
     tmp_path: Path, fresh_rootfs: Any, libfoo: Path
 ) -> None:

@@ -1,0 +1,117 @@
+"""The container's ld cache without running ldconfig: the image's own cache plus the driver.
+
+Both in-root paths use it: gpuctk-runtime before runc (gpuctk.hook.shimroot) and gpuctk-hook
+in its createContainer step (gpuctk.hook.actions), so a container's cache is the same whichever
+engine applied the spec. The image's `/etc/ld.so.cache` is parsed and kept; each injected
+library is added under its SONAME: a mounted driver file whose name is its own SONAME, or a
+SONAME link (the spec's `--link`) that leads to one. Flags and SONAMEs come from the ELF
+headers of the HOST files (the mount sources), never from files of the image. The result is in
+ldconfig's order and format (gpuctk.cdi.ldcache.build_ld_cache), so the loader and `ldconfig -p`
+see what ldconfig would have written for those libraries.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+
+from gpuctk import rootfs
+from gpuctk.fs import stat_identity
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpuctk.cdi.ldcache import LdCacheEntry
+
+LD_CACHE = "/etc/ld.so.cache"
+MAX_CACHE = 64 << 20
+# ELF (class, machine) -> ld.so.cache flags (FLAG_ELF_LIBC6 | the architecture's required bits)
+CACHE_FLAGS = {(64, 62): 0x0303, (32, 3): 0x0003, (64, 183): 0x0A03}
+
+
+def host_identity(host: str) -> tuple[int, int, int, int, int] | None:
+    try:
+        return stat_identity(os.stat(host))
+    except OSError:
+        return None
+
+
+def elf_facts(host: str) -> tuple[Any, ...] | None:
+    """(identity, cache flags or None, SONAME) of the host file `host`; None if it is not a
+    readable regular ELF file (a device or FIFO is never opened)."""
+    from gpuctk.cdi.elf import read_elf_fd
+
+    try:
+        if not stat.S_ISREG(os.stat(host).st_mode):
+            return None
+        fd = os.open(host, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        info = read_elf_fd(fd)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return (stat_identity(st), CACHE_FLAGS.get((info.elf_class, info.machine)), info.soname)
+
+
+def chain_end(links: dict[str, str], link: str) -> str:
+    """Where `link` leads through the spec's own link chain (the last path not a link)."""
+    path, seen = link, set()
+    while path in links and path not in seen:
+        seen.add(path)
+        step = links[path]
+        path = posixpath.normpath(
+            step if step.startswith("/") else posixpath.join(posixpath.dirname(path), step)
+        )
+    return path
+
+
+def facts_for(host: str, known: dict[str, Any]) -> tuple[Any, ...] | None:
+    """elf_facts(host), from `known` while the host file is the one they were read from;
+    what is read is recorded in `known`."""
+    facts = known.get(host)
+    if not isinstance(facts, tuple) or len(facts) != 3 or facts[0] != host_identity(host):
+        facts = known[host] = elf_facts(host)
+    return facts
+
+
+def library_entries(
+    files: list[tuple[str, str]], folders: list[str], known: dict[str, Any]
+) -> list[LdCacheEntry]:
+    """A cache entry for each (container path, host file) in `folders` whose name is the host
+    file's SONAME. ELF facts through facts_for(host, known)."""
+    from gpuctk.cdi.ldcache import LdCacheEntry
+
+    wanted = set(folders)
+    entries = []
+    for dest, host in files:
+        dest = posixpath.normpath(dest)
+        if posixpath.dirname(dest) not in wanted:
+            continue
+        facts = facts_for(host, known)
+        if facts is None:
+            continue
+        _, flags, soname = facts
+        name = posixpath.basename(dest)
+        if flags is not None and soname == name:
+            entries.append(LdCacheEntry(name, dest, flags))
+    return entries
+
+
+def write_cache(root_fd: int, old: bytes, added: list[LdCacheEntry]) -> int:
+    """Write the root's cache: the entries of `old` (the image's cache) that `added` does not
+    replace, then `added`. Returns how many of the image's entries were kept. ValueError if
+    `old` is not a cache this reader knows."""
+    from gpuctk.cdi.ldcache import build_ld_cache, parse_ld_cache
+
+    new_keys = {(e.key, e.flags) for e in added}
+    kept = [e for e in parse_ld_cache(old) if (e.key, e.flags) not in new_keys]
+    rootfs.write_file_in_root(root_fd, LD_CACHE, build_ld_cache([*kept, *added]), 0o644)
+    return len(kept)
