@@ -13,6 +13,9 @@ runc, its own store, overlay, cgroupfs; the debian test image) alternated round 
                      own folders, no hook process;
 - mounts, compute    the mounts spec of `--driver-capabilities utility,compute` (a compute-only
                      node: the utility and compute files and the firmware, ~30 mounts not 81);
+- compute, triplet   the same with `--loader-folders triplet`: the libraries in the Debian/Ubuntu
+                     loader folder only (a node whose images are all of that family), ~19
+                     mounts;
 - mounts, no libs    the hook spec with its hook removed: what the mounts and device nodes
                      alone cost (its libraries are not loadable: a reference, not a choice).
 
@@ -57,10 +60,11 @@ def make_specs(
     roots = make_node_roots(work / "node", load_profile("l4"))
     specs: dict[str, Path] = {"no device": work / "empty"}
     specs["no device"].mkdir()
-    for case, mode, caps in (
-        ("hook spec", "hook", "all"),
-        ("mounts spec", "mounts", "all"),
-        ("mounts, compute", "mounts", "utility,compute"),
+    for case, mode, caps, folders in (
+        ("hook spec", "hook", "all", "triplet,lib64"),
+        ("mounts spec", "mounts", "all", "triplet,lib64"),
+        ("mounts, compute", "mounts", "utility,compute", "triplet,lib64"),
+        ("compute, triplet", "mounts", "utility,compute", "triplet"),
     ):
         folder = work / case.replace(" ", "-").replace(",", "")
         folder.mkdir()
@@ -69,7 +73,8 @@ def make_specs(
              "--driver-root", str(driver_root), "--dev-root", str(roots.dev_root),
              "--proc-root", str(roots.proc_root), "--sys-root", str(roots.sys_root),
              "--hook-path", str(bindir / "gpuctk-hook"), "--library-mode", mode,
-             "--driver-capabilities", caps, "--output", str(folder / "nvidia.json")],
+             "--driver-capabilities", caps, "--loader-folders", folders,
+             "--output", str(folder / "nvidia.json")],
             check=True, capture_output=True,
         )  # fmt: skip
         specs[case] = folder

@@ -126,6 +126,17 @@ def output_format(fmt: str | None, output: str | None) -> str:
     "entry). musl images cannot load the driver in either mode.",
 )
 @click.option(
+    "--loader-folders",
+    default="triplet,lib64",
+    show_default=True,
+    metavar="LIST",
+    help="With --library-mode mounts: the loader folders the libraries are mounted in, "
+    "comma-separated. triplet: /usr/lib/<triplet> (Debian, Ubuntu, and the CUDA images "
+    "built on them); lib64: /usr/lib64, /usr/lib for 32-bit (Fedora, RHEL, UBI, SUSE). One "
+    "family alone halves the library mounts (each ~0.7 ms of every container start in "
+    "podman); an image of the other family then finds no driver library.",
+)
+@click.option(
     "--driver-capabilities",
     default="all",
     show_default=True,
@@ -163,6 +174,7 @@ def generate(
     device_ids: tuple[str, ...],
     hook_path: str,
     library_mode: str,
+    loader_folders: str,
     driver_capabilities: str,
     driver_root: str,
     dev_root: str,
@@ -243,6 +255,9 @@ def generate(
         device_ids=device_ids,
         hook_path=hook_path,
         library_mode=library_mode,
+        loader_folders=tuple(
+            dict.fromkeys(w.strip() for w in loader_folders.split(",") if w.strip())
+        ),
     )
     spec = build_spec(machine, files, opts, nodes)
     nic_spec = None

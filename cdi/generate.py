@@ -35,6 +35,7 @@ class Options:
     device_ids: tuple[str, ...] = ()  # limit generation to these (any strategy's name)
     hook_path: str = "/usr/bin/gpuctk-hook"
     library_mode: str = "hook"  # "hook" | "mounts" (gpuctk.cdi.libmounts)
+    loader_folders: tuple[str, ...] = ("triplet", "lib64")  # mounts mode: libmounts.FAMILIES
 
 
 @record
@@ -117,7 +118,8 @@ def common_edits(
     if opts.library_mode == "mounts":  # SONAME mounts instead of the hook (gpuctk.cdi.libmounts)
         from gpuctk.cdi.libmounts import library_mounts
 
-        mounts = {m.container_path: m for m in library_mounts(files.libraries, READ_ONLY)}
+        lib_mounts = library_mounts(files.libraries, READ_ONLY, opts.loader_folders)
+        mounts = {m.container_path: m for m in lib_mounts}
     else:
         hooks = (_hook(machine, files, opts),)
         others = (files.libraries, *others)
@@ -164,6 +166,19 @@ def build_spec(machine: Machine, files: DriverFiles, opts: Options, nodes: NodeL
 
     if opts.library_mode not in LIBRARY_MODES:
         raise UsageError(f"unknown library mode {opts.library_mode!r} (hook or mounts)")
+    families = ("triplet", "lib64")
+    bad = [f for f in opts.loader_folders if f not in families]
+    if bad or not opts.loader_folders:
+        raise UsageError(
+            f"--loader-folders: {', '.join(bad) or 'nothing'} given; expected triplet, lib64 "
+            "or both (triplet: /usr/lib/<triplet> for Debian/Ubuntu images; lib64: /usr/lib64 "
+            "for Fedora/RHEL/UBI/SUSE images)"
+        )
+    if opts.library_mode != "mounts" and set(opts.loader_folders) != set(families):
+        raise UsageError(
+            "--loader-folders applies to --library-mode mounts only (hook mode adds the "
+            "driver folders to each image's ld cache instead)"
+        )
     units = device_units(machine, opts, nodes)
     if not units:
         raise NoDevicesError(

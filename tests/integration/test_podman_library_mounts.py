@@ -63,7 +63,7 @@ PRIVATE_CDI = (
 class Podman:
     def __init__(self, base: list[str], specs: dict[str, Path]) -> None:
         self.base = base
-        self.specs = specs  # "mounts", "hook", "bare", "lib64", "compute" -> spec folder
+        self.specs = specs  # "mounts", "hook", "bare", "lib64", "compute", "triplet" -> folder
 
     def argv(self, spec: str, script: str = 'exec "$@"') -> list[str]:
         return ["unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE_CDI + script,
@@ -143,20 +143,18 @@ def podman(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> Itera
     hook = _generate(work, driver_root, "hook")
     mounts = _generate(work, driver_root, "mounts")
     _generate(work, driver_root, "mounts", "compute", ("--driver-capabilities", "utility,compute"))
+    _generate(work, driver_root, "mounts", "triplet", ("--loader-folders", "triplet"))
     # The negative controls: no SONAME names at all; SONAME names only in /usr/lib64.
+    _generate(work, driver_root, "mounts", "lib64", ("--loader-folders", "lib64"))
     bare = json.loads(json.dumps(hook))
     del bare["containerEdits"]["hooks"]
-    lib64 = json.loads(json.dumps(mounts))
-    lib64["containerEdits"]["mounts"] = [
-        m for m in mounts["containerEdits"]["mounts"] if not m["containerPath"].startswith(TRIPLET)
-    ]
-    for name, doc in (("bare", bare), ("lib64", lib64)):
-        (work / name / "cdi").mkdir(parents=True)
-        (work / name / "cdi/nvidia.json").write_text(json.dumps(doc))
+    (work / "bare" / "cdi").mkdir(parents=True)
+    (work / "bare" / "cdi/nvidia.json").write_text(json.dumps(bare))
+    assert mounts  # the full spec's folder is work/mounts
     Path("/run/cdi").mkdir(parents=True, exist_ok=True)
     with private_podman(work, IMAGE) as base:
         _variant_images(base, work)
-        names = ("hook", "mounts", "bare", "lib64", "compute")
+        names = ("hook", "mounts", "bare", "lib64", "compute", "triplet")
         yield Podman(base, {m: work / m / "cdi" for m in names})
 
 
@@ -239,6 +237,22 @@ def test_a_compute_only_spec(podman: Podman) -> None:
     for lib in ("libcuda.so.1", "libnvidia-ml.so.1", "libcuda.so"):
         assert f"OK {lib}" in lines, p.stdout + p.stderr
     assert "OK libGLX_nvidia.so.0" not in lines and "nvidia-smi" in lines
+
+
+def test_one_loader_family_halves_the_library_mounts(podman: Podman) -> None:
+    """`--loader-folders triplet`: the libraries in /usr/lib/<triplet> only, for a node of
+    Debian/Ubuntu-based images; the Debian image still loads the driver, and podman makes no
+    /usr/lib64 (the lib64-only spec, the other family's half, fails on it: the control below)."""
+    full, one = (spec(podman, n)["containerEdits"]["mounts"] for n in ("mounts", "triplet"))
+    lib64 = [m for m in one if m["containerPath"].startswith("/usr/lib64/")]
+    assert lib64 == []
+    libs = [m for m in full if m["containerPath"].startswith(("/usr/lib64/", f"{TRIPLET}/"))]
+    assert len(one) == len(full) - len(libs) // 2
+    p = podman.run("ls -d /usr/lib64 2>&1 | sed 's/^/LS /'; " + INSPECT, spec="triplet")
+    lines = p.stdout.splitlines()
+    for lib in ("libcuda.so.1", "libnvidia-ml.so.1", "libcuda.so"):
+        assert f"OK {lib}" in lines, p.stdout + p.stderr
+    assert any(ln.startswith("LS ") and "No such file" in ln for ln in lines), p.stdout
 
 
 def test_the_loader_searches_the_system_folders(podman: Podman) -> None:

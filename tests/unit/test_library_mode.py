@@ -137,6 +137,53 @@ def test_loader_dirs(arch: str | None, elf32: bool, dirs: tuple[str, ...]) -> No
     assert loader_dirs(arch, elf32) == dirs
 
 
+@pytest.mark.parametrize(
+    ("families", "elf32", "dirs"),
+    [
+        (("triplet",), False, ("/usr/lib/x86_64-linux-gnu",)),
+        (("lib64",), False, ("/usr/lib64",)),
+        (("triplet",), True, ("/usr/lib/x86_64-linux-gnu",)),
+        (("lib64",), True, ("/usr/lib",)),
+    ],
+)
+def test_loader_dirs_of_one_family(families: tuple[str, ...], elf32: bool, dirs: Any) -> None:
+    assert loader_dirs("x86_64", elf32, families) == dirs
+    assert loader_dirs("em999", elf32, ("triplet",)) == ()  # no triplet: no folder at all
+
+
+def test_one_loader_family_in_the_spec() -> None:
+    """--loader-folders: the library mounts of one family only; a library with no folder in
+    it (an architecture without a triplet) keeps its own mount rather than vanishing."""
+    paths = {
+        f: {m["containerPath"] for m in spec_for(library_mode="mounts", loader_folders=f)[
+            "containerEdits"]["mounts"]}
+        for f in (("triplet",), ("lib64",), ("triplet", "lib64"))
+    }  # fmt: skip
+    both, triplet, lib64 = paths[("triplet", "lib64")], paths[("triplet",)], paths[("lib64",)]
+    assert "/usr/lib/x86_64-linux-gnu/libcuda.so.1" in triplet
+    assert not any(p.startswith("/usr/lib64/") for p in triplet)
+    assert "/usr/lib64/libcuda.so.1" in lib64
+    in_triplet = {p for p in lib64 if p.startswith("/usr/lib/x86_64-linux-gnu/")}
+    assert in_triplet == {"/usr/lib/x86_64-linux-gnu/libnvidia-nosoname.so.535.309.01"}  # own
+    assert triplet | lib64 == both
+    odd = lib("/x/libodd.so.1.0", "libodd.so.1", arch="em999")
+    out = library_mounts([odd], READ_ONLY, ("triplet",))
+    assert [m.container_path for m in out] == ["/x/libodd.so.1.0"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "folders", "message"),
+    [
+        ("mounts", ("triplet", "lib32"), "lib32 given; expected triplet, lib64"),
+        ("mounts", (), "nothing given"),
+        ("hook", ("triplet",), "applies to --library-mode mounts only"),
+    ],
+)
+def test_loader_folders_are_checked(mode: str, folders: Any, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        spec_for(library_mode=mode, loader_folders=folders)
+
+
 def test_first_library_keeps_a_soname_and_odd_sonames_are_skipped() -> None:
     a = lib("/usr/lib/x86_64-linux-gnu/libcuda.so.535.309.01", "libcuda.so.1")
     b = lib("/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.535.309.01", "libcuda.so.1")
