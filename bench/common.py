@@ -59,15 +59,20 @@ def installed_bin() -> Path:
             )  # fmt: skip
         subprocess.run([str(python), "-m", "compileall", "-q", str(venv / "lib")], check=True)
         bindir = venv / "launchers"
+    return _launchers(python, bindir)
+
+
+PYTHON_NOTE = ".python"  # in the launchers' folder: the venv interpreter they start
+
+
+def _launchers(python: Path, bindir: Path) -> Path:
+    """Write gpuctk.launchers' launchers for the venv of `python` into `bindir`; returns it."""
     bindir.mkdir(exist_ok=True)
     subprocess.run(
         [str(python), "-I", "-m", "gpuctk.launchers", str(bindir)], check=True, capture_output=True
     )
     (bindir / PYTHON_NOTE).write_text(str(python))
     return bindir
-
-
-PYTHON_NOTE = ".python"  # in the launchers' folder: the venv interpreter they start
 
 
 def installed_python(bindir: Path) -> Path:
@@ -106,9 +111,4 @@ def installed_bin_at(rev: str) -> Path:
             env=build_env(), check=True, capture_output=True,
         )  # fmt: skip
     bindir = base / "launchers"
-    bindir.mkdir(exist_ok=True)
-    subprocess.run(
-        [str(python), "-I", "-m", "gpuctk.launchers", str(bindir)], check=True, capture_output=True
-    )
-    (bindir / PYTHON_NOTE).write_text(str(python))
-    return bindir
+    return _launchers(python, bindir)
