@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from gpuctk.cdi import facts
 from gpuctk.cdi.devnodes import NodeInfo
 from gpuctk.cdi.driverfiles import DriverFile, DriverFiles
+from gpuctk.cdi.libmounts import FAMILIES, library_mounts
 from gpuctk.cdi.machine import Gpu, Machine, MigDevice
 from gpuctk.cdi.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
 from gpuctk.errors import NoDevicesError, UsageError
@@ -35,7 +36,7 @@ class Options:
     device_ids: tuple[str, ...] = ()  # limit generation to these (any strategy's name)
     hook_path: str = "/usr/bin/gpuctk-hook"
     library_mode: str = "hook"  # "hook" | "mounts" (gpuctk.cdi.libmounts)
-    loader_folders: tuple[str, ...] = ("triplet", "lib64")  # mounts mode: libmounts.FAMILIES
+    loader_folders: tuple[str, ...] = FAMILIES  # mounts mode (gpuctk.cdi.libmounts)
 
 
 @record
@@ -116,8 +117,6 @@ def common_edits(
         files.sockets,
     )
     if opts.library_mode == "mounts":  # SONAME mounts instead of the hook (gpuctk.cdi.libmounts)
-        from gpuctk.cdi.libmounts import library_mounts
-
         lib_mounts = library_mounts(files.libraries, READ_ONLY, opts.loader_folders)
         mounts = {m.container_path: m for m in lib_mounts}
     else:
@@ -166,15 +165,14 @@ def build_spec(machine: Machine, files: DriverFiles, opts: Options, nodes: NodeL
 
     if opts.library_mode not in LIBRARY_MODES:
         raise UsageError(f"unknown library mode {opts.library_mode!r} (hook or mounts)")
-    families = ("triplet", "lib64")
-    bad = [f for f in opts.loader_folders if f not in families]
+    bad = [f for f in opts.loader_folders if f not in FAMILIES]
     if bad or not opts.loader_folders:
         raise UsageError(
             f"--loader-folders: {', '.join(bad) or 'nothing'} given; expected triplet, lib64 "
             "or both (triplet: /usr/lib/<triplet> for Debian/Ubuntu images; lib64: /usr/lib64 "
             "for Fedora/RHEL/UBI/SUSE images)"
         )
-    if opts.library_mode != "mounts" and set(opts.loader_folders) != set(families):
+    if opts.library_mode != "mounts" and set(opts.loader_folders) != set(FAMILIES):
         raise UsageError(
             "--loader-folders applies to --library-mode mounts only (hook mode adds the "
             "driver folders to each image's ld cache instead)"
