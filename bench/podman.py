@@ -16,6 +16,10 @@ runc, its own store, overlay, cgroupfs; the debian test image) alternated round 
 - compute, triplet   the same with `--loader-folders triplet`: the libraries in the Debian/Ubuntu
                      loader folder only (a node whose images are all of that family), ~19
                      mounts;
+- compute, folder    `--library-mode folder` of the same capabilities: the libraries and
+                     binaries staged in one host folder, mounted at /usr/local/nvidia (the
+                     CUDA images' LD_LIBRARY_PATH; gpuctk.cdi.stage), 4 mounts; no /dev/dri
+                     nodes, as in every compute-only spec;
 - mounts, no libs    the hook spec with its hook removed: what the mounts and device nodes
                      alone cost (its libraries are not loadable: a reference, not a choice).
 
@@ -65,15 +69,18 @@ def make_specs(
         ("mounts spec", "mounts", "all", "triplet,lib64"),
         ("mounts, compute", "mounts", "utility,compute", "triplet,lib64"),
         ("compute, triplet", "mounts", "utility,compute", "triplet"),
+        ("compute, folder", "folder", "utility,compute", ""),
     ):
         folder = work / case.replace(" ", "-").replace(",", "")
         folder.mkdir()
+        where = ["--staging-dir", str(work / "staging")] if mode == "folder" else []
         subprocess.run(
             [str(bindir / "gpuctk"), "cdi", "generate", "--simulate", "l4",
              "--driver-root", str(driver_root), "--dev-root", str(roots.dev_root),
              "--proc-root", str(roots.proc_root), "--sys-root", str(roots.sys_root),
              "--hook-path", str(bindir / "gpuctk-hook"), "--library-mode", mode,
-             "--driver-capabilities", caps, "--loader-folders", folders,
+             "--driver-capabilities", caps, *where,
+             *(["--loader-folders", folders] if folders else []),
              "--output", str(folder / "nvidia.json")],
             check=True, capture_output=True,
         )  # fmt: skip

@@ -123,7 +123,21 @@ def output_format(fmt: str | None, output: str | None) -> str:
     "TRITON_LIBCUDA_PATH=/usr/lib64); dlopen by names other than the SONAME, libcuda.so, "
     "libnvidia-opticalflow.so, libGLX_indirect.so.0; NVIDIA_REQUIRE_* checks by "
     "gpuctk-runtime or the prestart and precreate hooks (the machine facts ride in the hook "
-    "entry). musl images cannot load the driver in either mode.",
+    "entry). musl images cannot load the driver in either mode. folder: no hook and one "
+    "mount: the libraries (with their SONAME links) and binaries are staged once per driver "
+    "in --staging-dir and that folder is mounted at /usr/local/nvidia (lib64/, lib/, bin/), "
+    "the layout every nvidia/cuda and NGC image searches through its LD_LIBRARY_PATH and "
+    "PATH; for nodes that run only such images (another image finds no driver library).",
+)
+@click.option(
+    "--staging-dir",
+    default="/var/lib/gpuctk/driver",
+    show_default=True,
+    metavar="DIR",
+    help="With --library-mode folder: where the driver is staged, one folder per driver "
+    "version and file set (files hard-linked from the driver where the filesystem allows, "
+    "else copied; reused while the driver is unchanged). Must be owned by root and writable "
+    "by nobody else.",
 )
 @click.option(
     "--loader-folders",
@@ -147,7 +161,9 @@ def output_format(fmt: str | None, output: str | None) -> str:
     "the spec into every GPU container and cannot honour NVIDIA_DRIVER_CAPABILITIES; on a "
     "compute-only node, utility,compute cuts the spec from ~45 to ~20 files and each "
     "container start by ~1 ms per mount left out. gpuctk-runtime still applies each "
-    "container's NVIDIA_DRIVER_CAPABILITIES within what the spec has.",
+    "container's NVIDIA_DRIVER_CAPABILITIES within what the spec has. Without graphics and "
+    "display the GPUs' /dev/dri nodes are left out too, as the NVIDIA runtime's legacy mode "
+    "does (each device node costs podman ~3 ms per start).",
 )
 @cliopts.driver_root(
     "Root of the driver files and the NVML library (e.g. /run/nvidia/driver for a "
@@ -174,6 +190,7 @@ def generate(
     device_ids: tuple[str, ...],
     hook_path: str,
     library_mode: str,
+    staging_dir: str,
     loader_folders: str,
     driver_capabilities: str,
     driver_root: str,
@@ -191,7 +208,7 @@ def generate(
     device per GPU (per MIG device where MIG is enabled) under each naming strategy, an
     `all` device, and the common edits: control nodes, driver libraries, binaries,
     firmware, IPC sockets, graphics configs and one gpuctk-hook entry (none with
-    --library-mode mounts). The cdiVersion is the lowest that the content needs, so older
+    --library-mode mounts or folder). The cdiVersion is the lowest that the content needs, so older
     engines accept it.
 
     \b
@@ -200,12 +217,15 @@ def generate(
       gpuctk cdi generate --driver-root /run/nvidia/driver --format json
       gpuctk cdi generate --simulate a100-mig        # no GPU needed
       gpuctk cdi generate --library-mode mounts -o /var/run/cdi/nvidia.yaml   # no hook
+      gpuctk cdi generate --library-mode folder --driver-capabilities utility,compute \
+          -o /var/run/cdi/nvidia.yaml   # CUDA/NGC images only: one mount, no hook
       gpuctk cdi generate --driver-capabilities utility,compute   # compute-only node
     """
     from gpuctk.cdi import discover
-    from gpuctk.cdi.generate import build_spec
+    from gpuctk.cdi.generate import build_spec, check_options, without_drm
     from gpuctk.cdi.names import class_name_problem, vendor_name_problem
     from gpuctk.fs import atomic_write
+    from gpuctk.records import replace
 
     for check, value, flag in (
         (vendor_name_problem, vendor, "--vendor"),
@@ -248,6 +268,8 @@ def generate(
     from gpuctk.cdi.driverfiles import select_capabilities
 
     files = select_capabilities(discover.driver_files(roots, machine), selected)
+    if not selected & {"graphics", "display"}:  # DRM nodes serve graphics and display only
+        nodes = without_drm(nodes)
     opts = Options(
         kind=f"{vendor}/{device_class}",
         name_strategies=tuple(dict.fromkeys(strategies or DEFAULT_STRATEGIES)),
@@ -259,6 +281,15 @@ def generate(
             dict.fromkeys(w.strip() for w in loader_folders.split(",") if w.strip())
         ),
     )
+    check_options(opts)
+    if library_mode == "folder":
+        from gpuctk.cdi.stage import stage_driver
+
+        if not os.path.isabs(staging_dir):
+            raise UsageError(f"--staging-dir must be an absolute path, got {staging_dir!r}")
+        stage_path = stage_driver(files, machine.driver_version, staging_dir)
+        click.echo(f"gpuctk: driver staged in {stage_path}", err=True)
+        opts = replace(opts, stage_path=stage_path)
     spec = build_spec(machine, files, opts, nodes)
     nic_spec = None
     if nic["nics"]:  # RDMA cards: a second spec (gpuctk.cdi.nicspec)

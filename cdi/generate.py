@@ -4,7 +4,8 @@ One device per GPU (per MIG device for a GPU with MIG enabled), under each namin
 an `all` device, and the common edits: control nodes, driver file mounts, the env marker and ONE
 createContainer hook entry that runs gpuctk-hook for the in-root work. With library_mode
 "mounts" there is no hook entry: the libraries are mounted at their SONAMEs in the image
-loader's own folders instead (gpuctk.cdi.libmounts).
+loader's own folders instead (gpuctk.cdi.libmounts); with "folder", neither: one mount of the
+folder where the CLI staged the libraries and binaries (gpuctk.cdi.stage), at /usr/local/nvidia.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from gpuctk.records import record, replace
 
 NAME_STRATEGIES = ("index", "uuid", "type-index")
 DEFAULT_STRATEGIES = ("index", "uuid")
-LIBRARY_MODES = ("hook", "mounts")  # --library-mode; "mounts": gpuctk.cdi.libmounts
+# --library-mode; "mounts": gpuctk.cdi.libmounts, "folder": gpuctk.cdi.stage
+LIBRARY_MODES = ("hook", "mounts", "folder")
 READ_ONLY = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 SOCKET = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
+STAGE_PATH = "/usr/local/nvidia"  # folder mode's mount (gpuctk.cdi.stage)
 HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -35,7 +38,8 @@ class Options:
     all_device: bool = True
     device_ids: tuple[str, ...] = ()  # limit generation to these (any strategy's name)
     hook_path: str = "/usr/bin/gpuctk-hook"
-    library_mode: str = "hook"  # "hook" | "mounts" (gpuctk.cdi.libmounts)
+    library_mode: str = "hook"  # "hook" | "mounts" (gpuctk.cdi.libmounts) | "folder"
+    stage_path: str = ""  # folder mode: the host folder gpuctk.cdi.stage built
     loader_folders: tuple[str, ...] = FAMILIES  # mounts mode (gpuctk.cdi.libmounts)
 
 
@@ -119,6 +123,9 @@ def common_edits(
     if opts.library_mode == "mounts":  # SONAME mounts instead of the hook (gpuctk.cdi.libmounts)
         lib_mounts = library_mounts(files.libraries, READ_ONLY, opts.loader_folders)
         mounts = {m.container_path: m for m in lib_mounts}
+    elif opts.library_mode == "folder":  # one staged folder for libraries and binaries
+        mounts = {STAGE_PATH: Mount(opts.stage_path, STAGE_PATH, READ_ONLY)}
+        others = others[1:]
     else:
         hooks = (_hook(machine, files, opts),)
         others = (files.libraries, *others)
@@ -159,12 +166,24 @@ def _hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
     return Hook("createContainer", opts.hook_path, tuple(args), (HOOK_ENV_PATH, *facts_env))
 
 
-def build_spec(machine: Machine, files: DriverFiles, opts: Options, nodes: NodeLookup) -> Spec:
-    """The whole spec, with cdiVersion set to the minimum its content needs."""
-    from gpuctk.cdi.version import minimum_version
+def without_drm(nodes: NodeLookup) -> NodeLookup:
+    """`nodes` less the GPUs' /dev/dri card and render nodes (a spec without the graphics and
+    display capabilities: nothing else opens them)."""
 
+    def cut(found: tuple[NodeInfo, ...]) -> tuple[NodeInfo, ...]:
+        return tuple(n for n in found if not n.path.startswith("/dev/dri/"))
+
+    return NodeLookup(
+        control=nodes.control,
+        gpu=lambda gpu: cut(nodes.gpu(gpu)),
+        mig=lambda gpu, mig: cut(nodes.mig(gpu, mig)),
+    )
+
+
+def check_options(opts: Options) -> None:
+    """UsageError for options that do not go together (before any work is done)."""
     if opts.library_mode not in LIBRARY_MODES:
-        raise UsageError(f"unknown library mode {opts.library_mode!r} (hook or mounts)")
+        raise UsageError(f"unknown library mode {opts.library_mode!r} (hook, mounts or folder)")
     bad = [f for f in opts.loader_folders if f not in FAMILIES]
     if bad or not opts.loader_folders:
         raise UsageError(
@@ -177,6 +196,15 @@ def build_spec(machine: Machine, files: DriverFiles, opts: Options, nodes: NodeL
             "--loader-folders applies to --library-mode mounts only (hook mode adds the "
             "driver folders to each image's ld cache instead)"
         )
+
+
+def build_spec(machine: Machine, files: DriverFiles, opts: Options, nodes: NodeLookup) -> Spec:
+    """The whole spec, with cdiVersion set to the minimum its content needs."""
+    from gpuctk.cdi.version import minimum_version
+
+    check_options(opts)
+    if (opts.library_mode == "folder") != bool(opts.stage_path):
+        raise UsageError("a stage folder goes with --library-mode folder, and only with it")
     units = device_units(machine, opts, nodes)
     if not units:
         raise NoDevicesError(

@@ -33,11 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.devroot import make_node_roots
 from fixtures.images import build_image, make_bundle, snapshot_tree
-from fixtures.podman import private_podman
+from fixtures.podman import CdiPodman, generate_spec, private_podman
 
-from gpuctk.cdi.profile import load_profile
 from gpuctk.cdi.validate import validate_files
 
 pytestmark = pytest.mark.integration
@@ -52,54 +50,19 @@ TRIPLET = "/usr/lib/x86_64-linux-gnu"
 COMPAT_LIB = "/usr/local/cuda/compat/libcuda.so.1"
 CONTROL = {"nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"}
 ENXIO = "No such device or address"
-# `sh -c PRIVATE_CDI+SCRIPT sh SPEC_DIR PODMAN...` in a new mount namespace: SPEC_DIR is the
-# only CDI folder podman sees, and SCRIPT runs podman as "$@".
-PRIVATE_CDI = (
-    'mount --bind "$1" /run/cdi || exit 97; '
-    "if [ -d /etc/cdi ]; then mount -t tmpfs tmpfs /etc/cdi || exit 97; fi; shift; "
-)
 
 
-class Podman:
-    def __init__(self, base: list[str], specs: dict[str, Path]) -> None:
-        self.base = base
-        self.specs = specs  # "mounts", "hook", "bare", "lib64", "compute", "triplet" -> folder
-
-    def argv(self, spec: str, script: str = 'exec "$@"') -> list[str]:
-        return ["unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE_CDI + script,
-                "sh", str(self.specs[spec]), *self.base]  # fmt: skip
-
-    def run(
+class Podman(CdiPodman):
+    def run(  # type: ignore[override]
         self, script: str, *, spec: str = "mounts", image: str = IMAGE, device: str = "0"
     ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [
-                *self.argv(spec), "run", "--rm", "--network", "none",
-                "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
-                "--device", f"nvidia.com/gpu={device}", image, "/bin/sh", "-c", script,
-            ],
-            capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+        return super().run(script, spec=spec, image=image, device=device)
 
 
 def _generate(
     work: Path, driver_root: Path, mode: str, name: str = "", extra: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    name = name or mode
-    roots = make_node_roots(work / name / "node", load_profile(PROFILE))
-    out = work / name / "cdi" / "nvidia.json"
-    out.parent.mkdir()
-    cmd = [
-        str(BIN / "gpuctk"), "cdi", "generate", "--simulate", PROFILE,
-        "--driver-root", str(driver_root), "--dev-root", str(roots.dev_root),
-        "--proc-root", str(roots.proc_root), "--sys-root", str(roots.sys_root),
-        "--hook-path", str(BIN / "gpuctk-hook"), "--library-mode", mode, "--output", str(out),
-        *extra,
-    ]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stderr
-    doc: dict[str, Any] = json.loads(out.read_text())
-    return doc
+    return generate_spec(work, driver_root, PROFILE, mode, name, extra)
 
 
 def _import(base: list[str], root: Path, name: str, work: Path) -> None:
@@ -155,7 +118,7 @@ def podman(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> Itera
     with private_podman(work, IMAGE) as base:
         _variant_images(base, work)
         names = ("hook", "mounts", "bare", "lib64", "compute", "triplet")
-        yield Podman(base, {m: work / m / "cdi" for m in names})
+        yield Podman(base, {m: work / m / "cdi" for m in names}, IMAGE)
 
 
 def spec(podman: Podman, name: str) -> dict[str, Any]:

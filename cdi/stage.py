@@ -1,0 +1,158 @@
+"""`--library-mode folder`: the driver's libraries and binaries staged in one host folder.
+
+An engine that applies CDI itself (podman, containerd 1.7+, CRI-O) pays for every mount of a
+spec at every container start: ~0.7 ms each in podman 4.3.1 here, ~0.37 ms in runc alone. The
+SONAME mounts of `--library-mode mounts` are one mount per library and loader folder (19 for
+a compute-only L4 spec in one loader family). Folder mode stages the selected libraries, their
+SONAME and development links and the binaries in one folder on the host, once per driver, and
+the spec mounts that folder at /usr/local/nvidia, read-only:
+
+    /usr/local/nvidia/lib64/   64-bit libraries (versioned files, SONAME links, libcuda.so)
+    /usr/local/nvidia/lib/     32-bit libraries (compat32)
+    /usr/local/nvidia/bin/     nvidia-smi, nvidia-debugdump, the MPS binaries, ...
+
+That is the layout GKE mounts and that nvidia-docker 1.0's volume had, and the one every
+nvidia/cuda and NGC image still searches: their image config sets
+LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64 and puts /usr/local/nvidia/bin
+on PATH. An image without that LD_LIBRARY_PATH finds no driver library in this mode (a CDI
+spec cannot add to an image's variable, only replace it, which would break images that set
+their own): those need the hook or mounts mode. gpuctk-runtime does not change this.
+
+Staging (host side, as root):
+
+- The stage is `<staging dir>/<driver version>-<digest>`: the digest covers the layout and
+  each source file's identity (device, inode, size, mtime; not ctime: hard-linking the file
+  changes its ctime), so a driver upgrade, a
+  changed capability selection or a replaced file gives a new folder, and a rerun on an
+  unchanged node reuses the existing one without writing anything.
+- Files are hard-linked from the driver (no copy, no disk) when the staging dir is on the same
+  filesystem, else copied with their modes. A hard link pins the file's content: a driver
+  upgrade that replaces the file by rename (every package manager does) leaves the stage as it
+  was until the spec is generated again.
+- The stage is built in a temporary folder beside it and renamed into place: a reader (a
+  container start) sees no stage or a whole one. Two concurrent runs build their own and one
+  rename wins.
+- The staging dir must be a real folder owned by root that nobody else can write (it is made,
+  mode 0755, if missing); anything else is refused. Older stages are left in place (a spec
+  written earlier, or one generated with other options, may still name them).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import posixpath
+import shutil
+import tempfile
+
+from gpuctk.cdi import capabilities as caps
+from gpuctk.cdi.driverfiles import DriverFiles
+from gpuctk.cdi.libmounts import names_of
+from gpuctk.errors import InputError, OutputError
+from gpuctk.fs import private_folder, stat_identity
+
+DEFAULT_STAGING_DIR = "/var/lib/gpuctk/driver"
+LAYOUT = "gpuctk-stage-1"  # bump when the layout below changes
+
+
+def plan(files: DriverFiles) -> tuple[dict[str, str], dict[str, str]]:
+    """(copies, links) of a stage: {stage-relative path: host file} and {stage-relative link:
+    its relative target}. Libraries go to lib64/ (lib/ for compat32) under their own file
+    names, with each of their names (gpuctk.cdi.libmounts.names_of: SONAME, libcuda.so, the
+    gbm/vdpau backends) as a link; binaries to bin/ under their container names. The first
+    library to claim a name keeps it, as in the other modes."""
+    copies: dict[str, str] = {}
+    links: dict[str, str] = {}
+    for lib in files.libraries:
+        folder = "lib" if lib.capability == caps.COMPAT32 else "lib64"
+        own = posixpath.basename(lib.container_path)
+        path = f"{folder}/{own}"
+        if path in copies or path in links:
+            continue
+        copies[path] = lib.host_path
+        for name in names_of(lib):
+            link = f"{folder}/{name}"
+            if link not in copies and link not in links:
+                links[link] = posixpath.relpath(path, posixpath.dirname(link))
+    for binary in files.binaries:
+        copies.setdefault(f"bin/{posixpath.basename(binary.container_path)}", binary.host_path)
+    return copies, links
+
+
+def stage_name(version: str, copies: dict[str, str], links: dict[str, str]) -> str:
+    """`<version>-<digest>`: the digest of the layout, the links and the identity of every
+    source file (InputError if one cannot be read)."""
+    digest = hashlib.sha256(LAYOUT.encode())
+    for path, host in sorted(copies.items()):
+        try:
+            identity = stat_identity(os.stat(host))[:4]
+        except OSError as exc:
+            raise InputError(f"cannot stage {host}: {exc.strerror}") from None
+        digest.update(f"\0f\0{path}\0{host}\0{identity}".encode())
+    for link, target in sorted(links.items()):
+        digest.update(f"\0l\0{link}\0{target}".encode())
+    return f"{version}-{digest.hexdigest()[:16]}"
+
+
+def _check_staging_dir(staging_dir: str) -> None:
+    try:
+        os.makedirs(staging_dir, 0o755, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(
+            f"cannot create the staging dir {staging_dir}: {exc.strerror} (choose another "
+            "with --staging-dir)"
+        ) from None
+    if not private_folder(staging_dir):
+        raise OutputError(
+            f"refusing to stage the driver in {staging_dir}: it must be a folder (not a "
+            "symlink) owned by this user that nobody else can write (the stage it holds is "
+            "mounted into every GPU container)"
+        )
+
+
+def _place(host: str, dest: str) -> None:
+    """Hard-link `host` at `dest`, or copy it (contents and mode) across filesystems."""
+    try:
+        os.link(host, dest)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            raise
+        shutil.copy2(host, dest, follow_symlinks=False)
+
+
+def stage_driver(files: DriverFiles, version: str, staging_dir: str) -> str:
+    """The stage folder of `files` under `staging_dir`, built if missing (the module's
+    docstring). InputError for an unreadable driver file, OutputError for a staging dir that
+    cannot be used or written."""
+    copies, links = plan(files)
+    staging_dir = os.path.abspath(staging_dir)
+    name = stage_name(version, copies, links)
+    _check_staging_dir(staging_dir)
+    final = os.path.join(staging_dir, name)
+    if os.path.isdir(final) and not os.path.islink(final):
+        return final
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=staging_dir)
+    try:
+        os.chmod(tmp, 0o755)
+        for path, host in sorted(copies.items()):
+            dest = os.path.join(tmp, path)
+            os.makedirs(os.path.dirname(dest), 0o755, exist_ok=True)
+            _place(host, dest)
+        for link, target in sorted(links.items()):
+            dest = os.path.join(tmp, link)
+            os.makedirs(os.path.dirname(dest), 0o755, exist_ok=True)
+            os.symlink(target, dest)
+        try:
+            os.rename(tmp, final)
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not os.path.isdir(final):
+                raise
+            shutil.rmtree(tmp)  # a concurrent run placed the same stage first
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OutputError(
+            f"cannot stage the driver in {staging_dir}: {exc.strerror or exc} "
+            f"({getattr(exc, 'filename', None) or ''}); nothing was changed"
+        ) from None
+    return final

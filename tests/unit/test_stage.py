@@ -1,0 +1,261 @@
+"""`--library-mode folder`: the driver staged in one host folder, mounted at /usr/local/nvidia."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures.devroot import make_node_roots
+
+from gpuctk.cdi import stage
+from gpuctk.cdi.driverfiles import DriverFile, DriverFiles
+from gpuctk.cdi.generate import STAGE_PATH, Options, build_spec
+from gpuctk.cdi.profile import load_profile
+from gpuctk.cdi.simulate import simulated_nodes
+from gpuctk.cdi.validate import validate_files
+from gpuctk.errors import OutputError, UsageError
+
+SCHEMA = Path(__file__).resolve().parents[3] / "shared" / "vendor-data" / "cdi-schema"
+GPUCTK = str(Path(sys.executable).with_name("gpuctk"))
+V = "535.309.01"
+TRIPLET = "/usr/lib/x86_64-linux-gnu"
+
+
+@pytest.fixture
+def driver(tmp_path: Path) -> DriverFiles:
+    """A small driver under tmp_path/drv: four libraries (one 32-bit, one without SONAME), the
+    gbm backend's library and two binaries, each file's content its own name."""
+    entries = [
+        (f"{TRIPLET}/libcuda.so.{V}", "library", "compute", "libcuda.so.1", "x86_64"),
+        (f"{TRIPLET}/libnvidia-ml.so.{V}", "library", "utility", "libnvidia-ml.so.1", "x86_64"),
+        (f"{TRIPLET}/libnvidia-allocator.so.{V}", "library", "compute",
+         "libnvidia-allocator.so.1", "x86_64"),
+        (f"{TRIPLET}/libnvidia-nosoname.so.{V}", "library", "utility", None, "x86_64"),
+        (f"/usr/lib/i386-linux-gnu/libcuda.so.{V}", "library", "compat32", "libcuda.so.1", "i386"),
+        ("/usr/bin/nvidia-smi", "binary", "utility", None, None),
+        ("/usr/bin/nvidia-cuda-mps-control", "binary", "compute", None, None),
+    ]  # fmt: skip
+    files: dict[str, list[DriverFile]] = {"library": [], "binary": []}
+    for path, kind, cap, soname, arch in entries:
+        host = tmp_path / "drv" / path.lstrip("/")
+        host.parent.mkdir(parents=True, exist_ok=True)
+        host.write_text(path)
+        host.chmod(0o755 if kind == "binary" else 0o644)
+        files[kind].append(DriverFile(str(host), path, kind, cap, soname, arch))
+    return DriverFiles(libraries=tuple(files["library"]), binaries=tuple(files["binary"]))
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every entry under `folder`: a link's target, or a file's content, or "dir"."""
+    out = {}
+    for path in sorted(folder.rglob("*")):
+        rel = str(path.relative_to(folder))
+        if path.is_symlink():
+            out[rel] = "-> " + os.readlink(path)
+        else:
+            out[rel] = "dir" if path.is_dir() else path.read_text()
+    return out
+
+
+def test_the_layout(driver: DriverFiles, tmp_path: Path) -> None:
+    folder = Path(stage.stage_driver(driver, V, str(tmp_path / "staging")))
+    assert folder.parent == tmp_path / "staging" and folder.name.startswith(V + "-")
+    assert tree(folder) == {
+        "bin": "dir",
+        "bin/nvidia-cuda-mps-control": "/usr/bin/nvidia-cuda-mps-control",
+        "bin/nvidia-smi": "/usr/bin/nvidia-smi",
+        "lib": "dir",
+        "lib/libcuda.so": f"-> libcuda.so.{V}",
+        "lib/libcuda.so.1": f"-> libcuda.so.{V}",
+        f"lib/libcuda.so.{V}": f"/usr/lib/i386-linux-gnu/libcuda.so.{V}",
+        "lib64": "dir",
+        "lib64/gbm": "dir",
+        "lib64/gbm/nvidia-drm_gbm.so": f"-> ../libnvidia-allocator.so.{V}",
+        "lib64/libcuda.so": f"-> libcuda.so.{V}",
+        "lib64/libcuda.so.1": f"-> libcuda.so.{V}",
+        f"lib64/libcuda.so.{V}": f"{TRIPLET}/libcuda.so.{V}",
+        "lib64/libnvidia-allocator.so.1": f"-> libnvidia-allocator.so.{V}",
+        f"lib64/libnvidia-allocator.so.{V}": f"{TRIPLET}/libnvidia-allocator.so.{V}",
+        "lib64/libnvidia-ml.so.1": f"-> libnvidia-ml.so.{V}",
+        f"lib64/libnvidia-ml.so.{V}": f"{TRIPLET}/libnvidia-ml.so.{V}",
+        f"lib64/libnvidia-nosoname.so.{V}": f"{TRIPLET}/libnvidia-nosoname.so.{V}",
+    }
+    # Every folder is readable by an unprivileged container user; files keep their modes and
+    # are the driver's own inodes (hard links: same filesystem here).
+    for path in [folder, *folder.rglob("*")]:
+        if path.is_dir() and not path.is_symlink():
+            assert path.stat().st_mode & 0o777 == 0o755, path
+    smi = folder / "bin/nvidia-smi"
+    source = tmp_path / "drv/usr/bin/nvidia-smi"
+    assert smi.stat().st_ino == source.stat().st_ino and smi.stat().st_mode & 0o777 == 0o755
+    assert [p.name for p in (tmp_path / "staging").iterdir()] == [folder.name]  # no leftovers
+
+
+def test_a_rerun_reuses_the_stage_and_a_changed_file_makes_a_new_one(
+    driver: DriverFiles, tmp_path: Path
+) -> None:
+    staging = tmp_path / "staging"
+    first = stage.stage_driver(driver, V, str(staging))
+    marker = Path(first) / "lib64"
+    before = marker.stat().st_mtime_ns
+    assert stage.stage_driver(driver, V, str(staging)) == first
+    assert marker.stat().st_mtime_ns == before and len(list(staging.iterdir())) == 1
+    # A driver upgrade replaces the file by rename: a new identity, a new stage; the old stays
+    # (an older spec may still name it) with the old content.
+    host = Path(driver.libraries[0].host_path)
+    new = host.with_name("new")
+    new.write_text("upgraded")
+    new.rename(host)
+    second = stage.stage_driver(driver, V, str(staging))
+    assert second != first and sorted(staging.iterdir()) == sorted(map(Path, (first, second)))
+    assert (Path(second) / f"lib64/libcuda.so.{V}").read_text() == "upgraded"
+    assert (Path(first) / f"lib64/libcuda.so.{V}").read_text() == f"{TRIPLET}/libcuda.so.{V}"
+    # The capability selection is part of the name too.
+    fewer = DriverFiles(libraries=driver.libraries[:1])
+    assert stage.stage_driver(fewer, V, str(staging)) not in (first, second)
+
+
+def test_across_filesystems_the_files_are_copied(
+    driver: DriverFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_link(src: str, dst: str) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link", src)
+
+    monkeypatch.setattr(os, "link", no_link)
+    folder = Path(stage.stage_driver(driver, V, str(tmp_path / "staging")))
+    smi, source = folder / "bin/nvidia-smi", tmp_path / "drv/usr/bin/nvidia-smi"
+    assert smi.stat().st_ino != source.stat().st_ino
+    assert smi.read_text() == "/usr/bin/nvidia-smi" and smi.stat().st_mode & 0o777 == 0o755
+
+
+@pytest.mark.parametrize("kind", ["group-writable", "symlink", "a file"])
+def test_an_unsafe_staging_dir_is_refused(driver: DriverFiles, tmp_path: Path, kind: str) -> None:
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    staging = tmp_path / "staging"
+    if kind == "group-writable":
+        staging.mkdir()
+        staging.chmod(0o775)
+        target = staging
+    elif kind == "symlink":
+        staging.symlink_to(target)
+    else:
+        staging.write_text("")
+    with pytest.raises(OutputError, match=r"staging dir|refusing to stage"):
+        stage.stage_driver(driver, V, str(staging))
+    assert list(target.iterdir()) == []
+
+
+def test_a_failure_midway_leaves_nothing(
+    driver: DriverFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_symlink(src: str, dst: str) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", dst)
+
+    monkeypatch.setattr(os, "symlink", no_symlink)
+    staging = tmp_path / "staging"
+    with pytest.raises(OutputError, match=r"No space left on device.*nothing was changed"):
+        stage.stage_driver(driver, V, str(staging))
+    assert list(staging.iterdir()) == []
+
+
+def test_an_unreadable_driver_file_is_an_input_error(driver: DriverFiles, tmp_path: Path) -> None:
+    Path(driver.binaries[0].host_path).unlink()
+    with pytest.raises(Exception, match=r"cannot stage .*nvidia-smi") as info:
+        stage.stage_driver(driver, V, str(tmp_path / "staging"))
+    assert type(info.value).__name__ == "InputError"
+    assert not (tmp_path / "staging").exists()
+
+
+def test_the_spec_mounts_the_stage_only(driver: DriverFiles) -> None:
+    machine = load_profile("l4")
+    spec = build_spec(
+        machine,
+        driver,
+        Options(library_mode="folder", stage_path="/var/lib/gpuctk/driver/x"),
+        simulated_nodes(machine),
+    ).to_dict()
+    edits = spec["containerEdits"]
+    assert "hooks" not in edits
+    assert [(m["hostPath"], m["containerPath"]) for m in edits["mounts"]] == [
+        ("/var/lib/gpuctk/driver/x", STAGE_PATH)
+    ]
+    with pytest.raises(UsageError, match="stage folder"):
+        build_spec(machine, driver, Options(library_mode="folder"), simulated_nodes(machine))
+
+
+def generate(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([GPUCTK, "cdi", "generate", "--simulate", "l4", *args],
+                          capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+
+
+def test_cli_folder_mode(tmp_path: Path, driver_root: Path) -> None:
+    out, staging = tmp_path / "nvidia.json", tmp_path / "staging"
+    p = generate("--driver-root", str(driver_root), "--library-mode", "folder",
+                 "--staging-dir", str(staging), "-o", str(out))  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert validate_files([out], SCHEMA) == {str(out): []}
+    doc = json.loads(out.read_text())
+    (mount,) = [m for m in doc["containerEdits"]["mounts"] if m["containerPath"] == STAGE_PATH]
+    assert f"driver staged in {mount['hostPath']}" in p.stderr
+    assert (Path(mount["hostPath"]) / "lib64/libcuda.so.1").is_symlink()
+    paths = [m["containerPath"] for m in doc["containerEdits"]["mounts"]]
+    # No library or binary mount of its own (the Xorg modules are display configs).
+    assert not [p for p in paths if p.startswith((f"{TRIPLET}/", "/usr/bin/", "/usr/lib/i386"))]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--library-mode", "folder", "--loader-folders", "triplet"),
+        ("--library-mode", "folder", "--staging-dir", "relative/dir"),
+    ],
+)
+def test_cli_bad_options_stage_nothing(tmp_path: Path, driver_root: Path, args: Any) -> None:
+    staging = tmp_path / "staging"
+    argv = [*args] if "--staging-dir" in args else [*args, "--staging-dir", str(staging)]
+    p = generate("--driver-root", str(driver_root), *argv, "-o", str(tmp_path / "x.json"))
+    assert p.returncode == 2, p.stderr
+    assert "--loader-folders" in p.stderr or "--staging-dir" in p.stderr
+    assert not staging.exists() and not (tmp_path / "x.json").exists()
+
+
+def test_compute_only_specs_leave_the_drm_nodes_out(tmp_path: Path, driver_root: Path) -> None:
+    """The GPUs' /dev/dri card and render nodes serve graphics and display only (as in the
+    NVIDIA runtime's legacy mode): a spec without both leaves them out, one with either keeps
+    them."""
+    roots = make_node_roots(tmp_path / "node", load_profile("l4"))
+    found = {}
+    for value in ("all", "utility,compute", "compute,graphics", "utility,display"):
+        out = tmp_path / f"{value}.json"
+        p = generate("--driver-root", str(driver_root), "--dev-root", str(roots.dev_root),
+                     "--proc-root", str(roots.proc_root), "--sys-root", str(roots.sys_root),
+                     "--driver-capabilities", value, "-o", str(out))  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        doc = json.loads(out.read_text())
+        found[value] = sorted(
+            n["path"] for d in doc["devices"] for n in d["containerEdits"]["deviceNodes"]
+        )
+    assert any(p.startswith("/dev/dri/renderD") for p in found["all"])
+    assert found["compute,graphics"] == found["utility,display"] == found["all"]
+    assert found["utility,compute"] == [p for p in found["all"] if not p.startswith("/dev/dri/")]
+
+
+def test_doctor_reads_the_driver_version_off_the_stage_folder() -> None:
+    """A folder-mode spec has no hook entry (so no machine facts) and no versioned library
+    path: `gpuctk doctor` takes the driver version from the stage folder's name."""
+    from gpuctk.cdi.doctor_cdi import _spec_driver_version
+
+    doc = {"containerEdits": {"mounts": [
+        {"hostPath": "/lib/firmware/nvidia/535.309.01/gsp_ga10x.bin"},
+        {"hostPath": f"/var/lib/gpuctk/driver/{V}-0123456789abcdef", "containerPath": STAGE_PATH},
+    ]}}  # fmt: skip
+    assert _spec_driver_version(doc, None) == V
+    doc["containerEdits"]["mounts"].pop()
+    assert _spec_driver_version(doc, None) is None
