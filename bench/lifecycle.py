@@ -20,7 +20,11 @@ run so that machine noise hits them alike:
 - gpuctk ...        gpuctk-runtime as installed (the sh front; Python on create only): a
                     container that asks for no GPU (the front's grep sends it straight to
                     runc), 1 GPU, 8 GPUs, 8 MIG devices, 1 GPU with
-                    NVIDIA_DRIVER_CAPABILITIES=all.
+                    NVIDIA_DRIVER_CAPABILITIES=all;
+- gpuctk ..., folder spec  1 and 8 GPUs through gpuctk-runtime on a compute node's
+                    `--library-mode folder --driver-capabilities utility,compute` spec: the
+                    driver staged in one host folder, one mount at /usr/local/nvidia that the
+                    shim adds to the image's ld cache (gpuctk.cdi.stage).
 
 With podman installed (and unless --no-podman), as many podman rounds follow (bench/podman.py
 measure), alternating its cases: `podman run --rm /bin/true` with no device, with the default
@@ -288,6 +292,19 @@ def main() -> None:
     }
 
     envs: dict[str, dict[str, str]] = {}
+    # A compute node's `--library-mode folder` spec: the driver staged in one folder
+    # (gpuctk.cdi.stage), one mount where the default spec has the files and their links.
+    folder = work / "folder"
+    staged = ("--library-mode", "folder", "--driver-capabilities", "utility,compute",
+              "--staging-dir", str(folder / "staging"))  # fmt: skip
+    fnode = generate(folder, driver_root, PROFILE, folder / "cdi" / "nvidia.json", bindir, staged)
+    ftoml = folder / "gpuctk.toml"
+    ftoml.write_text(f'runtimes = ["{runc}"]\nspec-dirs = ["{fnode.spec_dir}"]\n')
+    for gpus, request in (("1 GPU", one), ("8 GPUs", cases["gpuctk 8 GPUs"][1])):
+        name = f"gpuctk {gpus}, folder spec"
+        cases[name] = ([shim], request, None)
+        envs[name] = {**os.environ, "GPUCTK_CONFIG": str(ftoml),
+                      "GPUCTK_STATE_DIR": str(folder / "state")}  # fmt: skip
     if args.against:
         other = str(installed_bin_at(args.against) / "gpuctk-runtime")
         for gpus, request in (("1 GPU", one), ("8 GPUs", cases["gpuctk 8 GPUs"][1])):

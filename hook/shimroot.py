@@ -14,6 +14,13 @@ mounts it before `create`), so the shim can do the same before runc runs:
   (gpuctk.cdi.ldcache.build_ld_cache), so `ldconfig -p` and the loader find libcuda.so.1
   without any ldconfig running.
 
+A spec of `gpuctk cdi generate --library-mode folder` has no hook: one mount of the driver
+staged on the host at /usr/local/nvidia (gpuctk.cdi.stage), which CUDA images find through
+their LD_LIBRARY_PATH. Here the shim adds the folder's libraries to the image's ld cache the
+same way (entries under /usr/local/nvidia/lib64, and lib for 32-bit, with the folders in the
+ld.so.conf.d file), so that every glibc image with a cache loads the driver, not only the ones
+that set LD_LIBRARY_PATH. The stage's SONAME links are read on the host, never in the image.
+
 Writes go through gpuctk.rootfs (resolved inside the root, never following the image's
 symlinks out of it). Anything this cannot do exactly as the hook would (an option other than
 --link/--folder, a link target that is an image file, a musl image, an image without an ld
@@ -66,6 +73,9 @@ def take_over(
         return edits
     hooks = edits.get("hooks") or []
     ours = [h for h in hooks if _our_hook(h)]
+    if not ours and prep.get("stage"):
+        _cache_stage(config, bundle, prep["stage"], debug)
+        return edits
     if len(ours) != 1:
         return edits
     try:
@@ -87,6 +97,10 @@ def prepare(edits: dict[str, Any]) -> dict[str, Any]:
     every mounted file a cache entry may name. {"fallback": why} when the hook must run;
     {} when there is no hook of ours. Plain data (gpuctk.hook.plans keeps it)."""
     ours = [h for h in edits.get("hooks") or [] if _our_hook(h)]
+    if not ours:
+        stage = _by_dest(edits).get(STAGE_PATH)
+        host = stage.get("hostPath") if stage else None
+        return {"stage": _stage_files(host)} if isinstance(host, str) else {}
     if len(ours) != 1:
         return {}
     from gpuctk.hook.hook_main import parse
@@ -117,6 +131,60 @@ def prepare(edits: dict[str, Any]) -> dict[str, Any]:
                 hosts.add(host)
     elf = {h: ldmerge.elf_facts(h) for h in sorted(hosts)}
     return {"links": links, "folders": folders, "elf": elf}
+
+
+STAGE_PATH = "/usr/local/nvidia"  # gpuctk.cdi.generate.STAGE_PATH
+STAGE_FOLDERS = ("lib64", "lib")
+
+
+def _stage_files(host: str) -> dict[str, Any] | None:
+    """The cache's view of a staged driver folder on the host: (container path, host file)
+    of each SONAME link in its lib64/ and lib/ whose target is a regular file in the same
+    folder, their ELF facts, and the container folders. None if `host` holds no stage."""
+    files: list[tuple[str, str]] = []
+    folders = []
+    for sub in STAGE_FOLDERS:
+        here = os.path.join(host, sub)
+        try:
+            names = sorted(e.name for e in os.scandir(here) if e.is_symlink())
+        except OSError:
+            continue
+        folders.append(f"{STAGE_PATH}/{sub}")
+        for name in names:
+            target = os.readlink(os.path.join(here, name))
+            if "/" in target:
+                continue  # the stage's SONAME links are plain names in the same folder
+            files.append((f"{STAGE_PATH}/{sub}/{name}", os.path.join(here, target)))
+    if not folders:
+        return None
+    elf = {h: ldmerge.elf_facts(h) for _, h in files}
+    return {"files": files, "folders": folders, "elf": elf}
+
+
+def _cache_stage(
+    config: dict[str, Any], bundle: str, stage: dict[str, Any], debug: Callable[[str], None]
+) -> None:
+    """Add a staged driver folder's libraries to the image's ld cache (the module docstring);
+    an image without a cache, or a musl image, is left as it is (LD_LIBRARY_PATH only)."""
+    from gpuctk.hook import oci_state
+
+    try:
+        root_fd = rootfs.open_root(oci_state.rootfs_path(config, bundle))
+        try:
+            if inroot.has_runnable_musl(root_fd):
+                raise _Fallback("a musl loader in the image")
+            cache = rootfs.read_file_in_root(root_fd, ldmerge.LD_CACHE, ldmerge.MAX_CACHE)
+            if cache is None:
+                raise _Fallback(f"the image has no {ldmerge.LD_CACHE}")
+            folders = list(stage["folders"])
+            files = [tuple(f) for f in stage["files"]]
+            entries = ldmerge.library_entries(files, folders, dict(stage["elf"]))
+            inroot.write_ld_conf(root_fd, folders)
+            ldmerge.write_cache(root_fd, cache, entries)
+        finally:
+            os.close(root_fd)
+    except (_Fallback, rootfs.InRootError, OSError, ValueError) as exc:
+        debug(f"{STAGE_PATH} not added to the ld cache: {exc}")
 
 
 def _by_dest(edits: dict[str, Any]) -> dict[str, dict[str, Any]]:

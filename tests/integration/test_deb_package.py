@@ -40,6 +40,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("runc") is None, reason="runc is not installed"),
 ]
 
+STAGES = "/var/lib/gpuctk/driver"
 SPEC = Path("/var/run/cdi/nvidia.yaml")
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Everything the package or its scripts may create: (folder, only names containing this)
@@ -56,6 +57,7 @@ WATCHED = [
     ("/usr/share/doc", "gpuctk"),
     ("/var/lib/systemd", ""),
     ("/run/cdi", ""),
+    ("/var/lib/gpuctk", ""),
 ]
 
 
@@ -247,14 +249,29 @@ def test_install_use_remove_purge(
     assert "/dev/nvidia1" not in seen(done.stdout, "NODE")
     assert "LDCACHE libcuda.so.1" in done.stdout.splitlines()
 
-    # 4. remove: only the conffile stays, with the admin's edit
+    # a folder-mode spec written by the admin elsewhere stages the driver in the default dir
+    own = tmp_path / "compute.json"
+    folder = subprocess.run(
+        ["/usr/bin/gpuctk", "cdi", "generate", "--simulate", "l4", "--driver-root",
+         str(driver_root), "--library-mode", "folder", "--driver-capabilities",
+         "utility,compute", "-o", str(own)],
+        capture_output=True, text=True, env=base_env, check=False,
+    )  # fmt: skip
+    assert folder.returncode == 0, folder.stderr
+    stages = list(Path(STAGES).iterdir())
+    assert len(stages) == 1 and (stages[0] / "lib64/libcuda.so.1").is_symlink()
+
+    # 4. remove: only the conffile and the driver stage stay, with the admin's edit
     config = Path("/etc/gpuctk/config.toml")
     config.write_text(config.read_text() + 'log-level = "debug"\n')
     removed = dpkg("-r", "gpuctk")
     assert removed.returncode == 0, removed.stdout + removed.stderr
     assert not SPEC.exists()
     left = {k: v for k, v in snapshot().items() if before.get(k) != v}
-    assert set(left) == {"/etc/gpuctk/config.toml"}, sorted(left)
+    assert (stages[0] / "lib64/libcuda.so.1").is_symlink()  # the admin's spec still works
+    assert {k for k in left if not k.startswith("/var/lib/gpuctk")} == {
+        "/etc/gpuctk/config.toml"
+    }, sorted(left)
     assert 'log-level = "debug"' in config.read_text()
     status = dpkg("-s", "gpuctk").stdout
     assert "Status: deinstall ok config-files" in status

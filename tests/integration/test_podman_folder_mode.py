@@ -9,8 +9,9 @@ nvidia/cuda and NGC image sets (LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local
 /usr/local/nvidia/bin first on PATH). Its own dynamic loader must find libcuda.so.1, NVML and
 libcuda.so in /usr/local/nvidia/lib64, as root and as an unprivileged user, and its shell must
 find nvidia-smi. Controls: the same image with the spec less its folder mount (dlopen fails),
-and the plain debian image, which has no such LD_LIBRARY_PATH (dlopen fails: the limit
-`--help` states). The compute-only spec carries no /dev/dri node.
+and the plain debian image, which has no such LD_LIBRARY_PATH (dlopen fails in podman: the
+limit `--help` states). The compute-only spec carries no /dev/dri node. Last, gpuctk-runtime on
+the same spec adds the stage to the image's ld cache, so the plain image loads the driver there.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.images import build_image
+from fixtures.images import build_image, make_bundle
 from fixtures.podman import CdiPodman, generate_spec, private_podman
 
 from gpuctk.cdi.validate import validate_files
@@ -125,3 +127,57 @@ def test_controls_find_no_driver(podman: CdiPodman, name: str, image: str) -> No
     p = podman.run("dlopen-test libcuda.so.1 libnvidia-ml.so.1", spec=name, image=image)
     assert p.returncode == 1, p.stderr + p.stdout
     assert "FAIL libcuda.so.1" in p.stdout and "FAIL libnvidia-ml.so.1" in p.stdout
+
+
+# gpuctk-runtime (the shim) on the same spec: it also adds the stage to the image's ld cache,
+# so an image without the CUDA images' LD_LIBRARY_PATH loads the driver too.
+
+SHIM = str(Path(sys.executable).parent / "gpuctk-runtime")
+
+
+@pytest.mark.parametrize("inroot", ["1", "0"])
+def test_the_shim_adds_the_stage_to_the_ld_cache(
+    podman: CdiPodman, fresh_rootfs: Callable[[str], Path], tmp_path: Path, inroot: str
+) -> None:
+    """The plain debian image (no LD_LIBRARY_PATH) through gpuctk-runtime and runc: its own
+    loader finds libcuda.so.1 through the rewritten cache, and `ldconfig -p` lists it under
+    /usr/local/nvidia/lib64. The control, GPUCTK_SHIM_INROOT=0: the cache is the image's own
+    and dlopen fails."""
+    rootfs = fresh_rootfs("debian")
+    toml = tmp_path / "gpuctk.toml"
+    toml.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{podman.specs["folder"]}"]\n')
+    bundle = make_bundle(
+        tmp_path / "bundle",
+        rootfs,
+        ["/bin/true"],
+        env=["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "NVIDIA_VISIBLE_DEVICES=0"],
+    )
+    done = subprocess.run(
+        [SHIM, "create", "--bundle", str(bundle), "gpuctk-folder-shim"],
+        env={
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "GPUCTK_CONFIG": str(toml),
+            "GPUCTK_STATE_DIR": str(tmp_path / "state"),  # never the host's /run/gpuctk
+            "GPUCTK_SHIM_INROOT": inroot,
+        },
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    config = json.loads((bundle / "config.json").read_text())
+    assert not any((config.get("hooks") or {}).values())
+    assert STAGE in {m["destination"] for m in config["mounts"]}
+    script = "ldconfig -p | grep 'libcuda.so.1 '; dlopen-test libcuda.so.1 libnvidia-ml.so.1"
+    config["process"]["args"] = ["/bin/sh", "-c", script]
+    (bundle / "config.json").write_text(json.dumps(config))
+    name = f"gpuctk-folder-{os.getpid()}-{inroot}"
+    try:
+        ran = subprocess.run(["runc", "run", "--bundle", str(bundle), name],
+                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    finally:
+        subprocess.run(["runc", "delete", "--force", name], capture_output=True, check=False)
+    if inroot == "0":
+        assert ran.returncode == 1 and "FAIL libcuda.so.1" in ran.stdout, ran.stdout
+        return
+    assert ran.returncode == 0, ran.stderr + ran.stdout
+    assert f"=> {STAGE}/lib64/libcuda.so.1" in ran.stdout, ran.stdout
+    assert "OK libcuda.so.1" in ran.stdout and "OK libnvidia-ml.so.1" in ran.stdout
