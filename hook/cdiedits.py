@@ -67,7 +67,12 @@ def edits_for(
     process = doc.get("process")
     env = requests.env_map(process.get("env") if isinstance(process, dict) else None)
     caps, notes = drivercaps.parse(env.get(drivercaps.ENV))
-    parts = [b.edits if b.device else drivercaps.filter_edits(b.edits, caps) for b in blocks]
+    parts = [
+        drivercaps.filter_device_edits(b.edits, caps)
+        if b.device
+        else drivercaps.filter_edits(b.edits, caps)
+        for b in blocks
+    ]
     if require.requirements(env):
         facts = None
         gpus = []

@@ -6,9 +6,10 @@ honours it, as libnvidia-container does in legacy mode. Default (unset or empty)
 
 Only the spec-level edits are filtered, and within them only the mounts of driver libraries and
 binaries (and the graphics/display config files); device nodes, IPC sockets (mounted noexec),
-firmware and anything not recognised stay. A library's capability comes from its file name
-(gpuctk.cdi.capabilities.capability_of); a 32-bit library (in an i386/lib32 folder, or in
-/usr/lib or /lib when the spec also mounts libraries from /usr/lib64 or /lib64) needs
+firmware and anything not recognised stay. A device's own edits lose their /dev/dri nodes unless
+graphics or display is asked for (filter_device_edits). A library's capability comes from its
+file name (gpuctk.cdi.capabilities.capability_of); a 32-bit library (in an i386/lib32 folder, or
+in /usr/lib or /lib when the spec also mounts libraries from /usr/lib64 or /lib64) needs
 `compat32` as well as its own capability. The hook's `--link TARGET::LINK` arguments whose
 target is a dropped file (or a dropped link) are dropped too.
 """
@@ -130,6 +131,22 @@ def _filter_links(args: list[str], dropped: set[str]) -> list[str]:
         out.append(args[i])
         i += 1
     return out
+
+
+def filter_device_edits(edits: Mapping[str, Any], selected: frozenset[str]) -> Mapping[str, Any]:
+    """A device's `edits` less its /dev/dri card and render nodes unless `selected` has
+    graphics or display: only those open them, and libnvidia-container's legacy mode adds them
+    for those two only (each node is one more mknod and device rule at every start). The
+    input is returned as it is when nothing goes."""
+    nodes = edits.get("deviceNodes")
+    if not isinstance(nodes, list) or selected & {caps.GRAPHICS, caps.DISPLAY}:
+        return edits
+    kept = [
+        n
+        for n in nodes
+        if not (isinstance(n, dict) and str(n.get("path", "")).startswith("/dev/dri/"))
+    ]
+    return edits if len(kept) == len(nodes) else {**edits, "deviceNodes": kept}
 
 
 def filter_edits(edits: Mapping[str, Any], selected: frozenset[str]) -> dict[str, Any]:

@@ -5,8 +5,9 @@ mknod'ed device nodes, in a temp spec dir named by the hook's GPUCTK_CONFIG. Eac
 on a fresh overlay of the debian image; config.json is never rewritten: everything the container
 gets comes from the hook, in the container's mount namespace and device cgroup. Inside:
 
-- exactly the requested /dev/nvidia* nodes (and the GPU's /dev/dri nodes): /dev/nvidia0 plus the
-  control nodes for NVIDIA_VISIBLE_DEVICES=0, no /dev/nvidia1;
+- exactly the requested /dev/nvidia* nodes: /dev/nvidia0 plus the control nodes for
+  NVIDIA_VISIBLE_DEVICES=0, no /dev/nvidia1, and the GPU's /dev/dri nodes only when
+  NVIDIA_DRIVER_CAPABILITIES asks for graphics;
 - opening /dev/nvidia0 gives ENXIO (the device cgroup allows it; no driver behind it), while a
   GPU node bind-mounted by config.json without a cgroup rule (/dev/blocked-gpu) gives EPERM: the
   cgroup does filter, and the hook's rule is what lets nvidia0 through;
@@ -73,10 +74,13 @@ class Node:
         self.toml = base / "gpuctk.toml"
         self.toml.write_text(f'spec-dirs = ["{self.spec_dir}"]\n')
 
-    def nodes(self, name: str) -> set[str]:
+    def nodes(self, name: str, drm: bool = False) -> set[str]:
+        """The spec's nodes for device `name`, the /dev/dri ones only with `drm` (asked for
+        by NVIDIA_DRIVER_CAPABILITIES graphics or display)."""
         (dev,) = [d for d in self.spec["devices"] if d["name"] == name]
         edits = [self.spec["containerEdits"], dev["containerEdits"]]
-        return {n["path"] for e in edits for n in e.get("deviceNodes", [])}
+        paths = {n["path"] for e in edits for n in e.get("deviceNodes", [])}
+        return paths if drm else {p for p in paths if not p.startswith("/dev/dri/")}
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +191,17 @@ def test_driver_capabilities_utility(node: Node, prestart: Any) -> None:
     assert not any(lib.startswith("libcuda.so") for lib in libs)
     assert "LDCACHE libcuda.so.1" not in done.stdout
     assert "No such device or address" in opened(done.stdout, "/dev/nvidia0")
+
+
+def test_graphics_brings_the_drm_nodes(node: Node, prestart: Any) -> None:
+    """The /dev/dri card and render nodes come with graphics (or display) only, as in the
+    NVIDIA runtime's legacy mode; the default (utility,compute) leaves them out."""
+    done = prestart(["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,graphics"])
+    assert done.returncode == 0, done.stderr
+    nodes = seen(done.stdout, "NODE")
+    drm = node.nodes("0", drm=True) - node.nodes("0")
+    assert drm and {p for p in drm if p.startswith("/dev/dri/renderD")}
+    assert nodes == node.nodes("0", drm=True)
 
 
 def test_nothing_requested(node: Node, prestart: Any, tmp_path: Path) -> None:

@@ -140,6 +140,17 @@ def test_driver_capabilities_utility(runtime: str, machines: dict[str, Node], sh
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
+def test_graphics_brings_the_drm_nodes(runtime: str, machines: dict[str, Node], shim: Any) -> None:
+    """The GPU's /dev/dri card and render nodes come with graphics (or display) only, as in
+    the NVIDIA runtime's legacy mode: the default (utility,compute) leaves them out."""
+    node = machines["h100-8"]
+    done, _ = shim(runtime, node, ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=all"])
+    drm = node.nodes("0", drm=True) - node.nodes("0")
+    assert any(p.startswith("/dev/dri/renderD") for p in drm), drm
+    check_nodes(done, node.nodes("0", drm=True))
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.parametrize(
     ("case", "message"),
     [
