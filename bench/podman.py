@@ -108,6 +108,7 @@ def measure(
     a warm-up run of each, then `runs` rounds, the order reversed every other round.
     `against` (REV, its launchers' folder) adds the hook spec with REV's gpuctk-hook."""
     specs = make_specs(work, bindir, against)
+    Path("/run/cdi").mkdir(parents=True, exist_ok=True)  # the private namespace's mount point
     with private_podman(work, IMAGE, "overlay") as base:
 
         def run(case: str) -> float:
