@@ -127,7 +127,9 @@ def output_format(fmt: str | None, output: str | None) -> str:
     "mount: the libraries (with their SONAME links) and binaries are staged once per driver "
     "in --staging-dir and that folder is mounted at /usr/local/nvidia (lib64/, lib/, bin/), "
     "the layout every nvidia/cuda and NGC image searches through its LD_LIBRARY_PATH and "
-    "PATH; for nodes that run only such images (another image finds no driver library).",
+    "PATH; for nodes that run only such images in engines that apply CDI themselves (another "
+    "image finds no driver library there; gpuctk-runtime adds the folder to every image's ld "
+    "cache).",
 )
 @click.option(
     "--staging-dir",
@@ -208,8 +210,8 @@ def generate(
     device per GPU (per MIG device where MIG is enabled) under each naming strategy, an
     `all` device, and the common edits: control nodes, driver libraries, binaries,
     firmware, IPC sockets, graphics configs and one gpuctk-hook entry (none with
-    --library-mode mounts or folder). The cdiVersion is the lowest that the content needs, so older
-    engines accept it.
+    --library-mode mounts or folder). The cdiVersion is the lowest that the content
+    needs, so older engines accept it.
 
     \b
     Examples:
@@ -217,8 +219,7 @@ def generate(
       gpuctk cdi generate --driver-root /run/nvidia/driver --format json
       gpuctk cdi generate --simulate a100-mig        # no GPU needed
       gpuctk cdi generate --library-mode mounts -o /var/run/cdi/nvidia.yaml   # no hook
-      gpuctk cdi generate --library-mode folder --driver-capabilities utility,compute \
-          -o /var/run/cdi/nvidia.yaml   # CUDA/NGC images only: one mount, no hook
+      gpuctk cdi generate --library-mode folder -o /var/run/cdi/nvidia.yaml   # CUDA images
       gpuctk cdi generate --driver-capabilities utility,compute   # compute-only node
     """
     from gpuctk.cdi import discover
