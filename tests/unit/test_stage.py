@@ -259,3 +259,25 @@ def test_doctor_reads_the_driver_version_off_the_stage_folder() -> None:
     assert _spec_driver_version(doc, None) == V
     doc["containerEdits"]["mounts"].pop()
     assert _spec_driver_version(doc, None) is None
+
+
+def test_the_shim_reads_only_the_stages_own_links(tmp_path: Path) -> None:
+    """gpuctk-runtime's view of a stage (hook/shimroot): each SONAME link in lib64/ and lib/
+    whose target is a plain name in the same folder; a link out of the folder is skipped, and
+    a mount that holds no lib folder is no stage."""
+    from gpuctk.hook import shimroot
+
+    lib64 = tmp_path / "stage" / "lib64"
+    lib64.mkdir(parents=True)
+    (lib64 / f"libcuda.so.{V}").write_bytes(b"not an ELF file")
+    (lib64 / "libcuda.so.1").symlink_to(f"libcuda.so.{V}")
+    (lib64 / "libout.so.1").symlink_to("/etc/passwd")
+    (lib64 / "libup.so.1").symlink_to("../../etc/passwd")
+    seen = shimroot._stage_files(str(tmp_path / "stage"))
+    assert seen is not None
+    assert seen["folders"] == [f"{STAGE_PATH}/lib64"]
+    assert seen["files"] == [(f"{STAGE_PATH}/lib64/libcuda.so.1", str(lib64 / f"libcuda.so.{V}"))]
+    assert shimroot._stage_files(str(tmp_path)) is None
+    edits = {"mounts": [{"hostPath": str(tmp_path / "stage"), "containerPath": STAGE_PATH}]}
+    assert shimroot.prepare(edits)["stage"]["folders"] == [f"{STAGE_PATH}/lib64"]
+    assert shimroot.prepare({"mounts": []}) == {}
