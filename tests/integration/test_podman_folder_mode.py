@@ -20,13 +20,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.gpucheck import runc_run, shim_edit
 from fixtures.images import build_image, make_bundle
 from fixtures.podman import CdiPodman, generate_spec, private_podman
 
@@ -132,8 +132,6 @@ def test_controls_find_no_driver(podman: CdiPodman, name: str, image: str) -> No
 # gpuctk-runtime (the shim) on the same spec: it also adds the stage to the image's ld cache,
 # so an image without the CUDA images' LD_LIBRARY_PATH loads the driver too.
 
-SHIM = str(Path(sys.executable).parent / "gpuctk-runtime")
-
 
 @pytest.mark.parametrize("inroot", ["1", "0"])
 def test_the_shim_adds_the_stage_to_the_ld_cache(
@@ -144,37 +142,17 @@ def test_the_shim_adds_the_stage_to_the_ld_cache(
     /usr/local/nvidia/lib64. The control, GPUCTK_SHIM_INROOT=0: the cache is the image's own
     and dlopen fails."""
     rootfs = fresh_rootfs("debian")
-    toml = tmp_path / "gpuctk.toml"
-    toml.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{podman.specs["folder"]}"]\n')
     bundle = make_bundle(
-        tmp_path / "bundle",
-        rootfs,
-        ["/bin/true"],
+        tmp_path / "bundle", rootfs, ["/bin/true"],
         env=["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "NVIDIA_VISIBLE_DEVICES=0"],
-    )
-    done = subprocess.run(
-        [SHIM, "create", "--bundle", str(bundle), "gpuctk-folder-shim"],
-        env={
-            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-            "GPUCTK_CONFIG": str(toml),
-            "GPUCTK_STATE_DIR": str(tmp_path / "state"),  # never the host's /run/gpuctk
-            "GPUCTK_SHIM_INROOT": inroot,
-        },
-        capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    config = json.loads((bundle / "config.json").read_text())
+    config = shim_edit(
+        bundle, podman.specs["folder"], tmp_path / "state", GPUCTK_SHIM_INROOT=inroot
+    )
     assert not any((config.get("hooks") or {}).values())
     assert STAGE in {m["destination"] for m in config["mounts"]}
     script = "ldconfig -p | grep 'libcuda.so.1 '; dlopen-test libcuda.so.1 libnvidia-ml.so.1"
-    config["process"]["args"] = ["/bin/sh", "-c", script]
-    (bundle / "config.json").write_text(json.dumps(config))
-    name = f"gpuctk-folder-{os.getpid()}-{inroot}"
-    try:
-        ran = subprocess.run(["runc", "run", "--bundle", str(bundle), name],
-                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-    finally:
-        subprocess.run(["runc", "delete", "--force", name], capture_output=True, check=False)
+    ran = runc_run(bundle, config, script, f"gpuctk-folder-{os.getpid()}-{inroot}")
     if inroot == "0":
         assert ran.returncode == 1 and "FAIL libcuda.so.1" in ran.stdout, ran.stdout
         return

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.gpucheck import runc_run, shim_edit
 from fixtures.images import build_image, make_bundle, snapshot_tree
 from fixtures.podman import CdiPodman, generate_spec, private_podman
 
@@ -258,43 +259,23 @@ def test_an_image_cache_entry_shadows_the_mounts(podman: Podman) -> None:
 
 # gpuctk-runtime (the shim) on the same spec: no hook to take over; it applies the mounts.
 
-SHIM = str(BIN / "gpuctk-runtime")
-
 
 def test_the_shim_applies_the_mounts_spec(
     podman: Podman, fresh_rootfs: Callable[[str], Path], tmp_path: Path
 ) -> None:
     rootfs = fresh_rootfs("debian")
     before = snapshot_tree(rootfs)
-    toml = tmp_path / "gpuctk.toml"
-    toml.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{podman.specs["mounts"]}"]\n')
     bundle = make_bundle(
         tmp_path / "bundle", rootfs, ["/bin/true"], env=["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0"]
     )
-    done = subprocess.run(
-        [SHIM, "create", "--bundle", str(bundle), "gpuctk-libmounts-shim"],
-        env={
-            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-            "GPUCTK_CONFIG": str(toml),
-            "GPUCTK_STATE_DIR": str(tmp_path / "state"),  # never the host's /run/gpuctk
-        },
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    config = json.loads((bundle / "config.json").read_text())
+    config = shim_edit(bundle, podman.specs["mounts"], tmp_path / "state")
     assert not any((config.get("hooks") or {}).values())
     assert snapshot_tree(rootfs) == before  # nothing written into the root
     by_dest = {m["destination"]: m for m in config["mounts"]}
     assert by_dest[f"{TRIPLET}/libcuda.so.1"]["source"].endswith("libcuda.so.535.309.01")
     assert f"{TRIPLET}/libGLX_nvidia.so.0" not in by_dest  # NVIDIA_DRIVER_CAPABILITIES default
     # The container's own view, with real runc.
-    config["process"]["args"] = ["/bin/sh", "-c", "dlopen-test libcuda.so.1 libnvidia-ml.so.1"]
-    (bundle / "config.json").write_text(json.dumps(config))
-    name = f"gpuctk-libmounts-{os.getpid()}"
-    try:
-        ran = subprocess.run(["runc", "run", "--bundle", str(bundle), name],
-                             capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-    finally:
-        subprocess.run(["runc", "delete", "--force", name], capture_output=True, check=False)
+    script = "dlopen-test libcuda.so.1 libnvidia-ml.so.1"
+    ran = runc_run(bundle, config, script, f"gpuctk-libmounts-{os.getpid()}")
     assert ran.returncode == 0, ran.stderr + ran.stdout
     assert "OK libcuda.so.1" in ran.stdout and "OK libnvidia-ml.so.1" in ran.stdout

@@ -121,13 +121,19 @@ def test_a_rerun_reuses_the_stage_and_a_changed_file_makes_a_new_one(
     assert stage.stage_driver(fewer, V, str(staging)) not in (first, second)
 
 
+def failing(monkeypatch: pytest.MonkeyPatch, call: str, code: int) -> None:
+    """os.`call`(src, dst) fails with errno `code` for the rest of the test."""
+
+    def fail(src: str, dst: str) -> None:
+        raise OSError(code, os.strerror(code), dst)
+
+    monkeypatch.setattr(os, call, fail)
+
+
 def test_across_filesystems_the_files_are_copied(
     driver: DriverFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def no_link(src: str, dst: str) -> None:
-        raise OSError(errno.EXDEV, "Invalid cross-device link", src)
-
-    monkeypatch.setattr(os, "link", no_link)
+    failing(monkeypatch, "link", errno.EXDEV)
     folder = Path(stage.stage_driver(driver, V, str(tmp_path / "staging")))
     smi, source = folder / "bin/nvidia-smi", tmp_path / "drv/usr/bin/nvidia-smi"
     assert smi.stat().st_ino != source.stat().st_ino
@@ -155,10 +161,7 @@ def test_an_unsafe_staging_dir_is_refused(driver: DriverFiles, tmp_path: Path, k
 def test_a_failure_midway_leaves_nothing(
     driver: DriverFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def no_symlink(src: str, dst: str) -> None:
-        raise OSError(errno.ENOSPC, "No space left on device", dst)
-
-    monkeypatch.setattr(os, "symlink", no_symlink)
+    failing(monkeypatch, "symlink", errno.ENOSPC)
     staging = tmp_path / "staging"
     with pytest.raises(OutputError, match=r"No space left on device.*nothing was changed"):
         stage.stage_driver(driver, V, str(staging))
