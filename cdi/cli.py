@@ -123,13 +123,15 @@ def output_format(fmt: str | None, output: str | None) -> str:
     "TRITON_LIBCUDA_PATH=/usr/lib64); dlopen by names other than the SONAME, libcuda.so, "
     "libnvidia-opticalflow.so, libGLX_indirect.so.0; NVIDIA_REQUIRE_* checks by "
     "gpuctk-runtime or the prestart and precreate hooks (the machine facts ride in the hook "
-    "entry). musl images cannot load the driver in either mode. folder: no hook and one "
-    "mount: the libraries (with their SONAME links) and binaries are staged once per driver "
-    "in --staging-dir and that folder is mounted at /usr/local/nvidia (lib64/, lib/, bin/), "
-    "the layout every nvidia/cuda and NGC image searches through its LD_LIBRARY_PATH and "
-    "PATH; for nodes that run only such images in engines that apply CDI themselves (another "
-    "image finds no driver library there; gpuctk-runtime adds the folder to every image's ld "
-    "cache).",
+    "entry). musl images cannot load the driver in either mode. folder: no hook and three "
+    "mounts: the libraries (with their SONAME links) and binaries are staged once per driver "
+    "in --staging-dir; that folder is mounted at /usr/local/nvidia (lib64/, lib/, bin/), the "
+    "layout every nvidia/cuda and NGC image searches through its LD_LIBRARY_PATH and PATH, "
+    "and its lib64/ at /usr/lib/<triplet>/glibc-hwcaps/x86-64-v2 and "
+    "/usr/lib64/glibc-hwcaps/x86-64-v2, where glibc 2.33+ looks without a cache entry. In "
+    "engines that apply CDI themselves a non-CUDA image with an older glibc (Ubuntu 20.04, "
+    "Debian 11, UBI 8) finds no driver library; gpuctk-runtime adds the folder to every "
+    "image's ld cache.",
 )
 @click.option(
     "--staging-dir",
@@ -146,7 +148,8 @@ def output_format(fmt: str | None, output: str | None) -> str:
     default="triplet,lib64",
     show_default=True,
     metavar="LIST",
-    help="With --library-mode mounts: the loader folders the libraries are mounted in, "
+    help="With --library-mode mounts (or folder: its glibc-hwcaps mounts): the loader "
+    "folders the libraries are mounted in, "
     "comma-separated. triplet: /usr/lib/<triplet> (Debian, Ubuntu, and the CUDA images "
     "built on them); lib64: /usr/lib64, /usr/lib for 32-bit (Fedora, RHEL, UBI, SUSE). One "
     "family alone halves the library mounts (each ~0.7 ms of every container start in "
@@ -219,7 +222,7 @@ def generate(
       gpuctk cdi generate --driver-root /run/nvidia/driver --format json
       gpuctk cdi generate --simulate a100-mig        # no GPU needed
       gpuctk cdi generate --library-mode mounts -o /var/run/cdi/nvidia.yaml   # no hook
-      gpuctk cdi generate --library-mode folder -o /var/run/cdi/nvidia.yaml   # CUDA images
+      gpuctk cdi generate --library-mode folder -o /var/run/cdi/nvidia.yaml   # 3 mounts
       gpuctk cdi generate --driver-capabilities utility,compute   # compute-only node
     """
     from gpuctk.cdi import discover

@@ -4,18 +4,20 @@ One device per GPU (per MIG device for a GPU with MIG enabled), under each namin
 an `all` device, and the common edits: control nodes, driver file mounts, the env marker and ONE
 createContainer hook entry that runs gpuctk-hook for the in-root work. With library_mode
 "mounts" there is no hook entry: the libraries are mounted at their SONAMEs in the image
-loader's own folders instead (gpuctk.cdi.libmounts); with "folder", neither: one mount of the
-folder where the CLI staged the libraries and binaries (gpuctk.cdi.stage), at /usr/local/nvidia.
+loader's own folders instead (gpuctk.cdi.libmounts); with "folder", neither: the folder where
+the CLI staged the libraries and binaries (gpuctk.cdi.stage) is mounted at /usr/local/nvidia,
+and its lib64/ in the loader folders' glibc-hwcaps/x86-64-v2 (gpuctk.cdi.libmounts.hwcaps_dirs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from gpuctk.cdi import capabilities as caps
 from gpuctk.cdi import facts
 from gpuctk.cdi.devnodes import NodeInfo
 from gpuctk.cdi.driverfiles import DriverFile, DriverFiles
-from gpuctk.cdi.libmounts import FAMILIES, library_mounts
+from gpuctk.cdi.libmounts import FAMILIES, hwcaps_dirs, library_mounts
 from gpuctk.cdi.machine import Gpu, Machine, MigDevice
 from gpuctk.cdi.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
 from gpuctk.errors import NoDevicesError, UsageError
@@ -40,7 +42,7 @@ class Options:
     hook_path: str = "/usr/bin/gpuctk-hook"
     library_mode: str = "hook"  # "hook" | "mounts" (gpuctk.cdi.libmounts) | "folder"
     stage_path: str = ""  # folder mode: the host folder gpuctk.cdi.stage built
-    loader_folders: tuple[str, ...] = FAMILIES  # mounts mode (gpuctk.cdi.libmounts)
+    loader_folders: tuple[str, ...] = FAMILIES  # mounts and folder modes (gpuctk.cdi.libmounts)
 
 
 @record
@@ -125,6 +127,9 @@ def common_edits(
         mounts = {m.container_path: m for m in lib_mounts}
     elif opts.library_mode == "folder":  # one staged folder for libraries and binaries
         mounts = {STAGE_PATH: Mount(opts.stage_path, STAGE_PATH, READ_ONLY)}
+        arch = next((f.arch for f in files.libraries if f.capability != caps.COMPAT32), None)
+        for folder in hwcaps_dirs(arch, opts.loader_folders) if arch else ():
+            mounts[folder] = Mount(f"{opts.stage_path}/lib64", folder, READ_ONLY)
         others = others[1:]
     else:
         hooks = (_hook(machine, files, opts),)
@@ -191,10 +196,10 @@ def check_options(opts: Options) -> None:
             "or both (triplet: /usr/lib/<triplet> for Debian/Ubuntu images; lib64: /usr/lib64 "
             "for Fedora/RHEL/UBI/SUSE images)"
         )
-    if opts.library_mode != "mounts" and set(opts.loader_folders) != set(FAMILIES):
+    if opts.library_mode == "hook" and set(opts.loader_folders) != set(FAMILIES):
         raise UsageError(
-            "--loader-folders applies to --library-mode mounts only (hook mode adds the "
-            "driver folders to each image's ld cache instead)"
+            "--loader-folders applies to --library-mode mounts and folder only (hook mode adds "
+            "the driver folders to each image's ld cache instead)"
         )
 
 

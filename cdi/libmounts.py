@@ -69,6 +69,23 @@ def loader_dirs(
     return (*own, *(("/usr/lib" if elf32 else "/usr/lib64",) if "lib64" in families else ()))
 
 
+# glibc 2.33+ searches `<system folder>/glibc-hwcaps/<level>/` before the folder itself when the
+# ld cache has no entry, for each level the CPU supports (`ld.so --help` lists them). x86-64-v2
+# (SSE4.2, POPCNT: every x86-64 server since ~2009) is the lowest level above the baseline, so
+# distributions leave it empty (RHEL 9's baseline is v2 itself).
+HWCAPS_LEVELS = {"x86_64": "x86-64-v2"}
+
+
+def hwcaps_dirs(arch: str | None, families: tuple[str, ...] = FAMILIES) -> tuple[str, ...]:
+    """The glibc-hwcaps folders of the 64-bit loader folders of `families` on `arch`, where a
+    glibc 2.33+ loader finds a library without an ld cache entry: folder mode's extra mounts of
+    the staged lib64/ (gpuctk.cdi.stage). Empty for an architecture without a level here."""
+    level = HWCAPS_LEVELS.get(arch or "")
+    if level is None:
+        return ()
+    return tuple(f"{d}/glibc-hwcaps/{level}" for d in loader_dirs(arch, False, families))
+
+
 def names_of(lib: DriverFile) -> tuple[str, ...]:
     """The names (relative to a loader folder) by which `lib` is found: its SONAME, then the
     extra names hook mode links (development link, GLVND entry point, gbm/vdpau backends)."""

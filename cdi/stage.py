@@ -14,9 +14,15 @@ the spec mounts that folder at /usr/local/nvidia, read-only:
 That is the layout GKE mounts and that nvidia-docker 1.0's volume had, and the one every
 nvidia/cuda and NGC image still searches: their image config sets
 LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64 and puts /usr/local/nvidia/bin
-on PATH. An image without that LD_LIBRARY_PATH finds no driver library in this mode (a CDI
-spec cannot add to an image's variable, only replace it, which would break images that set
-their own): those need the hook or mounts mode. gpuctk-runtime does not change this.
+on PATH. A CDI spec cannot add to an image's variable, only replace it (which would break
+images that set their own), so for every other image the stage's lib64/ is mounted a second
+time (x86-64), where glibc 2.33+ looks when its ld cache has no entry: the glibc-hwcaps level
+folder of each loader family, /usr/lib/<triplet>/glibc-hwcaps/x86-64-v2 and
+/usr/lib64/glibc-hwcaps/x86-64-v2 (gpuctk.cdi.libmounts.hwcaps_dirs; `--loader-folders`
+chooses the families). Three mounts in all. An image with an older glibc and no such
+LD_LIBRARY_PATH (Ubuntu 20.04, Debian 11, UBI 8 bases) finds no driver library in an engine
+that applies CDI itself; through gpuctk-runtime it does (the shim adds the stage to the
+image's ld cache: gpuctk.hook.shimroot).
 
 Staging (host side, as root):
 

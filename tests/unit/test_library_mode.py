@@ -176,7 +176,7 @@ def test_one_loader_family_in_the_spec() -> None:
     [
         ("mounts", ("triplet", "lib32"), "lib32 given; expected triplet, lib64"),
         ("mounts", (), "nothing given"),
-        ("hook", ("triplet",), "applies to --library-mode mounts only"),
+        ("hook", ("triplet",), "applies to --library-mode mounts and folder only"),
     ],
 )
 def test_loader_folders_are_checked(mode: str, folders: Any, message: str) -> None:

@@ -20,6 +20,7 @@ from gpuctk.cdi.profile import load_profile
 from gpuctk.cdi.simulate import simulated_nodes
 from gpuctk.cdi.validate import validate_files
 from gpuctk.errors import OutputError, UsageError
+from gpuctk.records import replace
 
 SCHEMA = Path(__file__).resolve().parents[3] / "shared" / "vendor-data" / "cdi-schema"
 GPUCTK = str(Path(sys.executable).with_name("gpuctk"))
@@ -186,9 +187,23 @@ def test_the_spec_mounts_the_stage_only(driver: DriverFiles) -> None:
     ).to_dict()
     edits = spec["containerEdits"]
     assert "hooks" not in edits
+    x = "/var/lib/gpuctk/driver/x"
     assert [(m["hostPath"], m["containerPath"]) for m in edits["mounts"]] == [
-        ("/var/lib/gpuctk/driver/x", STAGE_PATH)
+        (f"{x}/lib64", f"{TRIPLET}/glibc-hwcaps/x86-64-v2"),
+        (f"{x}/lib64", "/usr/lib64/glibc-hwcaps/x86-64-v2"),
+        (x, STAGE_PATH),
     ]
+    one = Options(library_mode="folder", stage_path=x, loader_folders=("lib64",))
+    doc = build_spec(machine, driver, one, simulated_nodes(machine)).to_dict()
+    assert [m["containerPath"] for m in doc["containerEdits"]["mounts"]] == [
+        "/usr/lib64/glibc-hwcaps/x86-64-v2",
+        STAGE_PATH,
+    ]
+    # No level is known for another architecture: the stage mount alone.
+    arm = DriverFiles(libraries=tuple(replace(f, arch="aarch64") for f in driver.libraries))
+    doc = build_spec(machine, arm, Options(library_mode="folder", stage_path=x),
+                     simulated_nodes(machine)).to_dict()  # fmt: skip
+    assert [m["containerPath"] for m in doc["containerEdits"]["mounts"]] == [STAGE_PATH]
     with pytest.raises(UsageError, match="stage folder"):
         build_spec(machine, driver, Options(library_mode="folder"), simulated_nodes(machine))
 
@@ -209,14 +224,18 @@ def test_cli_folder_mode(tmp_path: Path, driver_root: Path) -> None:
     assert f"driver staged in {mount['hostPath']}" in p.stderr
     assert (Path(mount["hostPath"]) / "lib64/libcuda.so.1").is_symlink()
     paths = [m["containerPath"] for m in doc["containerEdits"]["mounts"]]
-    # No library or binary mount of its own (the Xorg modules are display configs).
-    assert not [p for p in paths if p.startswith((f"{TRIPLET}/", "/usr/bin/", "/usr/lib/i386"))]
+    # No library or binary mount of its own (the Xorg modules are display configs): the stage,
+    # and its lib64/ in the two loader families' glibc-hwcaps folders.
+    libs = [
+        p for p in paths if p.startswith((f"{TRIPLET}/", "/usr/lib64", "/usr/bin/", "/usr/lib/i3"))
+    ]
+    assert libs == [f"{TRIPLET}/glibc-hwcaps/x86-64-v2", "/usr/lib64/glibc-hwcaps/x86-64-v2"]
 
 
 @pytest.mark.parametrize(
     "args",
     [
-        ("--library-mode", "folder", "--loader-folders", "triplet"),
+        ("--library-mode", "folder", "--loader-folders", "triplet,lib32"),
         ("--library-mode", "folder", "--staging-dir", "relative/dir"),
     ],
 )
