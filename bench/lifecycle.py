@@ -381,7 +381,7 @@ def main() -> None:
               f" {podman_added['mounts spec']:+.1f} ms, compute-only mounts spec"
               f" {podman_added['mounts, compute']:+.1f} ms, the same in the Debian/Ubuntu"
               f" loader folder only {podman_added['compute, triplet']:+.1f} ms, the compute"
-              f" folder spec (CUDA images) {podman_added['compute, folder']:+.1f} ms")  # fmt: skip
+              f" folder spec {podman_added['compute, folder']:+.1f} ms")  # fmt: skip
     folder = [results[f"gpuctk {n}, folder spec"]["x_runc"] for n in ("1 GPU", "8 GPUs")]
     print(f"  issue 7's 1.45x on a compute node's folder spec -> 1 GPU {folder[0]:.2f}x,"
           f" 8 GPUs {folder[1]:.2f}x {'meets' if max(folder) <= 1.45 else 'MISSES'}")  # fmt: skip
