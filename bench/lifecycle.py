@@ -23,8 +23,9 @@ run so that machine noise hits them alike:
                     NVIDIA_DRIVER_CAPABILITIES=all;
 - gpuctk ..., folder spec  1 and 8 GPUs through gpuctk-runtime on a compute node's
                     `--library-mode folder --driver-capabilities utility,compute` spec: the
-                    driver staged in one host folder, one mount at /usr/local/nvidia that the
-                    shim adds to the image's ld cache (gpuctk.cdi.stage).
+                    driver staged in one host folder, mounted at /usr/local/nvidia (which the
+                    shim adds to the image's ld cache) and in two glibc-hwcaps folders
+                    (gpuctk.cdi.stage).
 
 With podman installed (and unless --no-podman), as many podman rounds follow (bench/podman.py
 measure), alternating its cases: `podman run --rm /bin/true` with no device, with the default
@@ -293,7 +294,7 @@ def main() -> None:
 
     envs: dict[str, dict[str, str]] = {}
     # A compute node's `--library-mode folder` spec: the driver staged in one folder
-    # (gpuctk.cdi.stage), one mount where the default spec has the files and their links.
+    # (gpuctk.cdi.stage), three mounts where the default spec has the files and their links.
     folder = work / "folder"
     staged = ("--library-mode", "folder", "--driver-capabilities", "utility,compute",
               "--staging-dir", str(folder / "staging"))  # fmt: skip

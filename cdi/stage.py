@@ -5,7 +5,7 @@ spec at every container start: ~0.7 ms each in podman 4.3.1 here, ~0.37 ms in ru
 SONAME mounts of `--library-mode mounts` are one mount per library and loader folder (19 for
 a compute-only L4 spec in one loader family). Folder mode stages the selected libraries, their
 SONAME and development links and the binaries in one folder on the host, once per driver, and
-the spec mounts that folder at /usr/local/nvidia, read-only:
+the spec mounts that folder at /usr/local/nvidia, read-only (and its lib64/ twice more, below):
 
     /usr/local/nvidia/lib64/   64-bit libraries (versioned files, SONAME links, libcuda.so)
     /usr/local/nvidia/lib/     32-bit libraries (compat32)
