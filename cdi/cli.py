@@ -291,8 +291,8 @@ def generate(
 
         if not os.path.isabs(staging_dir):
             raise UsageError(f"--staging-dir must be an absolute path, got {staging_dir!r}")
-        stage_path = stage_driver(files, machine.driver_version, staging_dir)
-        click.echo(f"gpuctk: driver staged in {stage_path}", err=True)
+        report = lambda line: click.echo(f"gpuctk: {line}", err=True)  # noqa: E731
+        stage_path = stage_driver(files, machine.driver_version, staging_dir, report)
         opts = replace(opts, stage_path=stage_path)
     spec = build_spec(machine, files, opts, nodes)
     nic_spec = None

@@ -51,6 +51,7 @@ import os
 import posixpath
 import shutil
 import tempfile
+from collections.abc import Callable
 
 from gpuctk.cdi import capabilities as caps
 from gpuctk.cdi.driverfiles import DriverFiles
@@ -117,34 +118,46 @@ def _check_staging_dir(staging_dir: str) -> None:
         )
 
 
-def _place(host: str, dest: str) -> None:
-    """Hard-link `host` at `dest`, or copy it (contents and mode) across filesystems."""
+def _place(host: str, dest: str) -> int:
+    """Hard-link `host` at `dest`, or copy it (contents and mode) across filesystems: the
+    bytes copied (0 for a link)."""
     try:
         os.link(host, dest)
+        return 0
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
             raise
         shutil.copy2(host, dest, follow_symlinks=False)
+        return os.path.getsize(dest)
 
 
-def stage_driver(files: DriverFiles, version: str, staging_dir: str) -> str:
+def stage_driver(
+    files: DriverFiles,
+    version: str,
+    staging_dir: str,
+    report: Callable[[str], None] | None = None,
+) -> str:
     """The stage folder of `files` under `staging_dir`, built if missing (the module's
-    docstring). InputError for an unreadable driver file, OutputError for a staging dir that
-    cannot be used or written."""
+    docstring); `report` gets one line on what was done. InputError for an unreadable driver
+    file, OutputError for a staging dir that cannot be used or written."""
     copies, links = plan(files)
     staging_dir = os.path.abspath(staging_dir)
     name = stage_name(version, copies, links)
     _check_staging_dir(staging_dir)
     final = os.path.join(staging_dir, name)
     if os.path.isdir(final) and not os.path.islink(final):
+        if report:
+            report(f"driver stage {final} is current (reused)")
         return final
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=staging_dir)
+    copied = linked = size = 0
     try:
         os.chmod(tmp, 0o755)
         for path, host in sorted(copies.items()):
             dest = os.path.join(tmp, path)
             os.makedirs(os.path.dirname(dest), 0o755, exist_ok=True)
-            _place(host, dest)
+            n = _place(host, dest)
+            copied, linked, size = copied + bool(n), linked + (not n), size + n
         for link, target in sorted(links.items()):
             dest = os.path.join(tmp, link)
             os.makedirs(os.path.dirname(dest), 0o755, exist_ok=True)
@@ -155,6 +168,11 @@ def stage_driver(files: DriverFiles, version: str, staging_dir: str) -> str:
             if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not os.path.isdir(final):
                 raise
             shutil.rmtree(tmp)  # a concurrent run placed the same stage first
+        if report:
+            how = f"{linked} hard-linked" + (
+                f", {copied} copied ({size / 2**20:.0f} MiB: another filesystem)" if copied else ""
+            )
+            report(f"driver staged in {final}: {how}, {len(links)} links")
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise OutputError(
