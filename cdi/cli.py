@@ -144,6 +144,13 @@ def output_format(fmt: str | None, output: str | None) -> str:
     "by nobody else.",
 )
 @click.option(
+    "--prune-stages",
+    is_flag=True,
+    help="With --library-mode folder: after writing the spec, remove the older stages in "
+    "--staging-dir that no CDI spec in /etc/cdi, /var/run/cdi or the --output folder names "
+    "(each pins a driver's files on disk). Containers running on one keep their mount.",
+)
+@click.option(
     "--loader-folders",
     default="triplet,lib64",
     show_default=True,
@@ -196,6 +203,7 @@ def generate(
     hook_path: str,
     library_mode: str,
     staging_dir: str,
+    prune_stages: bool,
     loader_folders: str,
     driver_capabilities: str,
     driver_root: str,
@@ -286,6 +294,8 @@ def generate(
         ),
     )
     check_options(opts)
+    if prune_stages and library_mode != "folder":
+        raise UsageError("--prune-stages goes with --library-mode folder (no other mode stages)")
     if library_mode == "folder":
         from gpuctk.cdi.stage import stage_driver
 
@@ -319,5 +329,11 @@ def generate(
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
         click.echo(f"gpuctk: {summary}", err=True)
+    if prune_stages:
+        from gpuctk.cdi.registry import DEFAULT_SPEC_DIRS
+        from gpuctk.cdi.stage import prune_stages as prune
+
+        where = DEFAULT_SPEC_DIRS + ((os.path.dirname(os.path.abspath(output)),) if output else ())
+        prune(os.path.dirname(opts.stage_path), opts.stage_path, where, report)
     if nic_spec is not None:
         nic_spec.emit()

@@ -40,7 +40,9 @@ Staging (host side, as root):
   rename wins.
 - The staging dir must be a real folder owned by root that nobody else can write (it is made,
   mode 0755, if missing); anything else is refused. Older stages are left in place (a spec
-  written earlier, or one generated with other options, may still name them).
+  written earlier, or one generated with other options, may still name them) unless
+  `--prune-stages` is given: then those that no CDI spec in /etc/cdi, /var/run/cdi or the
+  output's folder names are removed (prune_stages).
 """
 
 from __future__ import annotations
@@ -49,8 +51,10 @@ import errno
 import hashlib
 import os
 import posixpath
+import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 
 from gpuctk.cdi import capabilities as caps
@@ -180,3 +184,44 @@ def stage_driver(
             f"({getattr(exc, 'filename', None) or ''}); nothing was changed"
         ) from None
     return final
+
+
+STAGE_NAME = re.compile(r"\d+(?:\.\d+)+-[0-9a-f]{16}")
+STALE_TMP_S = 3600  # a `.tmp-` folder this old is a run that died halfway
+
+
+def prune_stages(
+    staging_dir: str, keep: str, spec_dirs: tuple[str, ...], report: Callable[[str], None]
+) -> list[str]:
+    """Remove the stages in `staging_dir` other than `keep` that no CDI spec file (*.json,
+    *.yaml, *.yml) in `spec_dirs` names, and `.tmp-` folders left by a run that died an hour
+    or more ago. A running container keeps the files of a removed stage it has mounted (the
+    mount holds them), so only new containers are affected, and no spec names those. Returns
+    the folders removed."""
+    texts = []
+    for folder in spec_dirs:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.name.endswith((".json", ".yaml", ".yml")) and entry.is_file():
+                try:
+                    with open(entry.path, "rb") as f:
+                        texts.append(f.read(1 << 24).decode("utf-8", "replace"))
+                except OSError:
+                    continue
+    removed = []
+    now = time.time()
+    for entry in sorted(os.scandir(staging_dir), key=lambda e: e.name):
+        if entry.path == keep or not entry.is_dir(follow_symlinks=False):
+            continue
+        if STAGE_NAME.fullmatch(entry.name):
+            if any(entry.path in text for text in texts):
+                continue
+        elif not (entry.name.startswith(".tmp-") and now - entry.stat().st_mtime > STALE_TMP_S):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+        report(f"removed {entry.path}: no CDI spec in {', '.join(spec_dirs)} names it")
+    return removed

@@ -309,3 +309,44 @@ def test_the_shim_reads_only_the_stages_own_links(tmp_path: Path) -> None:
     edits = {"mounts": [{"hostPath": str(tmp_path / "stage"), "containerPath": STAGE_PATH}]}
     assert shimroot.prepare(edits)["stage"]["folders"] == [f"{STAGE_PATH}/lib64"]
     assert shimroot.prepare({"mounts": []}) == {}
+
+
+def test_prune_keeps_what_a_spec_names(tmp_path: Path) -> None:
+    """--prune-stages: the current stage and any a spec file names stay; an unnamed one and a
+    `.tmp-` folder an hour old go; anything else in the staging dir is not touched."""
+    staging, specs = tmp_path / "staging", tmp_path / "cdi"
+    specs.mkdir()
+    names = {n: staging / f"{V}-{n * 16}" for n in "abc"}
+    for folder in names.values():
+        (folder / "lib64").mkdir(parents=True)
+    (specs / "other.yaml").write_text(f"mounts:\n- hostPath: {names['b']}\n")
+    (specs / "notes.txt").write_text(str(names["c"]))  # not a spec file
+    old, new = staging / ".tmp-old", staging / ".tmp-new"
+    old.mkdir()
+    new.mkdir()
+    os.utime(old, (1, 1))
+    (staging / "README").write_text("an admin's file")
+    said: list[str] = []
+    removed = stage.prune_stages(str(staging), str(names["a"]), (str(specs), "/nonexistent"),
+                                 said.append)  # fmt: skip
+    assert removed == [str(old), str(names["c"])]
+    assert sorted(p.name for p in staging.iterdir()) == sorted(
+        [".tmp-new", "README", names["a"].name, names["b"].name]
+    )
+    assert len(said) == 2 and "no CDI spec in" in said[0]
+
+
+def test_cli_prune_stages(tmp_path: Path, driver_root: Path) -> None:
+    staging, out = tmp_path / "staging", tmp_path / "cdi" / "nvidia.json"
+    out.parent.mkdir()
+    common = ("--driver-root", str(driver_root), "--library-mode", "folder",
+              "--staging-dir", str(staging), "-o", str(out))  # fmt: skip
+    assert generate(*common).returncode == 0
+    (first,) = staging.iterdir()
+    p = generate(*common, "--driver-capabilities", "utility,compute", "--prune-stages")
+    assert p.returncode == 0, p.stderr
+    (second,) = staging.iterdir()  # the spec was rewritten: nothing names the first any more
+    assert second != first and f"removed {first}" in p.stderr
+    assert str(second) in out.read_text()
+    bad = generate("--driver-root", str(driver_root), "--prune-stages", "-o", str(out))
+    assert bad.returncode == 2 and "--prune-stages goes with" in bad.stderr
