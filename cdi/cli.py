@@ -175,7 +175,7 @@ def output_format(fmt: str | None, output: str | None) -> str:
     "container start by ~1 ms per mount left out. gpuctk-runtime still applies each "
     "container's NVIDIA_DRIVER_CAPABILITIES within what the spec has. Without graphics and "
     "display the GPUs' /dev/dri nodes are left out too, as the NVIDIA runtime's legacy mode "
-    "does (each device node costs podman ~3 ms per start).",
+    "does (each device node cost podman ~3 ms per start here).",
 )
 @cliopts.driver_root(
     "Root of the driver files and the NVML library (e.g. /run/nvidia/driver for a "
@@ -296,12 +296,15 @@ def generate(
     check_options(opts)
     if prune_stages and library_mode != "folder":
         raise UsageError("--prune-stages goes with --library-mode folder (no other mode stages)")
+
+    def report(line: str) -> None:
+        click.echo(f"gpuctk: {line}", err=True)
+
     if library_mode == "folder":
         from gpuctk.cdi.stage import stage_driver
 
         if not os.path.isabs(staging_dir):
             raise UsageError(f"--staging-dir must be an absolute path, got {staging_dir!r}")
-        report = lambda line: click.echo(f"gpuctk: {line}", err=True)  # noqa: E731
         stage_path = stage_driver(files, machine.driver_version, staging_dir, report)
         opts = replace(opts, stage_path=stage_path)
     spec = build_spec(machine, files, opts, nodes)
