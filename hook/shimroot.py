@@ -166,25 +166,43 @@ def _cache_stage(
 ) -> None:
     """Add a staged driver folder's libraries to the image's ld cache (the module docstring);
     an image without a cache, or a musl image, is left as it is (LD_LIBRARY_PATH only)."""
-    from gpuctk.hook import oci_state
-
     try:
-        root_fd = rootfs.open_root(oci_state.rootfs_path(config, bundle))
+        root_fd = _open_glibc_root(config, bundle)
         try:
-            if inroot.has_runnable_musl(root_fd):
-                raise _Fallback("a musl loader in the image")
-            cache = rootfs.read_file_in_root(root_fd, ldmerge.LD_CACHE, ldmerge.MAX_CACHE)
-            if cache is None:
-                raise _Fallback(f"the image has no {ldmerge.LD_CACHE}")
-            folders = list(stage["folders"])
             files = [tuple(f) for f in stage["files"]]
-            entries = ldmerge.library_entries(files, folders, dict(stage["elf"]))
-            inroot.write_ld_conf(root_fd, folders)
-            ldmerge.write_cache(root_fd, cache, entries)
+            _merge_cache(root_fd, files, list(stage["folders"]), stage["elf"])
         finally:
             os.close(root_fd)
     except (_Fallback, rootfs.InRootError, OSError, ValueError) as exc:
         debug(f"{STAGE_PATH} not added to the ld cache: {exc}")
+
+
+def _open_glibc_root(config: dict[str, Any], bundle: str) -> int:
+    """The container root, opened (the caller closes it); _Fallback for a musl image."""
+    from gpuctk.hook import oci_state
+
+    root_fd = rootfs.open_root(oci_state.rootfs_path(config, bundle))
+    try:
+        if inroot.has_runnable_musl(root_fd):
+            raise _Fallback("a musl loader in the image")
+    except BaseException:
+        os.close(root_fd)
+        raise
+    return root_fd
+
+
+def _merge_cache(
+    root_fd: int, files: list[Any], folders: list[str], elf: dict[str, Any] | None
+) -> None:
+    """List `folders` in ld.so.conf.d and write the image's ld cache plus an entry for each
+    (container path, host file) of `files` named by its SONAME (gpuctk.hook.ldmerge; `elf`:
+    the facts already read). _Fallback when the image has no cache."""
+    cache = rootfs.read_file_in_root(root_fd, ldmerge.LD_CACHE, ldmerge.MAX_CACHE)
+    if cache is None:
+        raise _Fallback(f"the image has no {ldmerge.LD_CACHE}")
+    entries = ldmerge.library_entries(files, folders, dict(elf or {}))
+    inroot.write_ld_conf(root_fd, folders)
+    ldmerge.write_cache(root_fd, cache, entries)
 
 
 def _by_dest(edits: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -198,32 +216,18 @@ def _by_dest(edits: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _work(
     config: dict[str, Any], bundle: str, edits: dict[str, Any], prep: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    from gpuctk.hook import oci_state
-
     links, folders = prep["links"], prep["folders"]
     by_dest = _by_dest(edits)
-    root_path = oci_state.rootfs_path(config, bundle)
-    root_fd = rootfs.open_root(root_path)
+    root_fd = _open_glibc_root(config, bundle)
     try:
-        if inroot.has_runnable_musl(root_fd):
-            raise _Fallback("a musl loader in the image")
         new_mounts = _link_mounts(root_fd, links, by_dest)
-        cache = (
-            rootfs.read_file_in_root(root_fd, ldmerge.LD_CACHE, ldmerge.MAX_CACHE)
-            if folders
-            else None
-        )
-        if folders and cache is None:
-            raise _Fallback(f"the image has no {ldmerge.LD_CACHE}")
         if folders:
             files = [
                 (m["containerPath"], m["hostPath"])
                 for m in [*by_dest.values(), *new_mounts]
                 if isinstance(m.get("hostPath"), str)
             ]
-            entries = ldmerge.library_entries(files, folders, dict(prep.get("elf") or {}))
-            inroot.write_ld_conf(root_fd, folders)
-            ldmerge.write_cache(root_fd, cache or b"", entries)
+            _merge_cache(root_fd, files, folders, prep.get("elf"))
     finally:
         os.close(root_fd)
     return new_mounts
