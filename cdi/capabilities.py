@@ -30,6 +30,10 @@ COMPAT32 = "compat32"
 
 ALL = (UTILITY, COMPUTE, VIDEO, GRAPHICS, DISPLAY, NGX, COMPAT32)
 DEFAULT = (UTILITY, COMPUTE)  # NVIDIA_DRIVER_CAPABILITIES unset
+# The GPUs' DRM card and render nodes go with these only (as in libnvidia-container's legacy
+# mode): a spec or container without either gets no node under DRM_NODES.
+DRM_USERS = frozenset((GRAPHICS, DISPLAY))
+DRM_NODES = "/dev/dri/"
 
 # Prefixes of library file names (matched up to ".so"), per capability.
 _LIBRARIES = {

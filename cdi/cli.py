@@ -248,7 +248,7 @@ def generate(
             raise UsageError(f"{flag}: {problem} (example: --vendor nvidia.com --class gpu)")
     if hook_path and not os.path.isabs(hook_path):
         raise UsageError(f"--hook-path must be an absolute path, got {hook_path!r}")
-    from gpuctk.cdi.capabilities import parse_strict
+    from gpuctk.cdi.capabilities import DRM_USERS, parse_strict
 
     try:
         selected = parse_strict(driver_capabilities)
@@ -280,7 +280,7 @@ def generate(
     from gpuctk.cdi.driverfiles import select_capabilities
 
     files = select_capabilities(discover.driver_files(roots, machine), selected)
-    if not selected & {"graphics", "display"}:  # DRM nodes serve graphics and display only
+    if not selected & DRM_USERS:
         nodes = without_drm(nodes)
     opts = Options(
         kind=f"{vendor}/{device_class}",

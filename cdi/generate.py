@@ -176,7 +176,7 @@ def without_drm(nodes: NodeLookup) -> NodeLookup:
     display capabilities: nothing else opens them)."""
 
     def cut(found: tuple[NodeInfo, ...]) -> tuple[NodeInfo, ...]:
-        return tuple(n for n in found if not n.path.startswith("/dev/dri/"))
+        return tuple(n for n in found if not n.path.startswith(caps.DRM_NODES))
 
     return NodeLookup(
         control=nodes.control,

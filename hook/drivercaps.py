@@ -139,12 +139,12 @@ def filter_device_edits(edits: Mapping[str, Any], selected: frozenset[str]) -> M
     for those two only (each node is one more mknod and device rule at every start). The
     input is returned as it is when nothing goes."""
     nodes = edits.get("deviceNodes")
-    if not isinstance(nodes, list) or selected & {caps.GRAPHICS, caps.DISPLAY}:
+    if not isinstance(nodes, list) or selected & caps.DRM_USERS:
         return edits
     kept = [
         n
         for n in nodes
-        if not (isinstance(n, dict) and str(n.get("path", "")).startswith("/dev/dri/"))
+        if not (isinstance(n, dict) and str(n.get("path", "")).startswith(caps.DRM_NODES))
     ]
     return edits if len(kept) == len(nodes) else {**edits, "deviceNodes": kept}
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures import gpucheck
 from fixtures.devroot import make_node_roots
 from fixtures.images import hook_path, make_bundle, run_container, unique_name
 
@@ -75,12 +76,8 @@ class Node:
         self.toml.write_text(f'spec-dirs = ["{self.spec_dir}"]\n')
 
     def nodes(self, name: str, drm: bool = False) -> set[str]:
-        """The spec's nodes for device `name`, the /dev/dri ones only with `drm` (asked for
-        by NVIDIA_DRIVER_CAPABILITIES graphics or display)."""
-        (dev,) = [d for d in self.spec["devices"] if d["name"] == name]
-        edits = [self.spec["containerEdits"], dev["containerEdits"]]
-        paths = {n["path"] for e in edits for n in e.get("deviceNodes", [])}
-        return paths if drm else {p for p in paths if not p.startswith("/dev/dri/")}
+        """The spec's nodes for device `name` (fixtures.gpucheck.Node.nodes)."""
+        return gpucheck.Node(self.spec_dir, self.spec).nodes(name, drm=drm)
 
 
 @pytest.fixture(scope="module")

@@ -350,3 +350,11 @@ def test_cli_prune_stages(tmp_path: Path, driver_root: Path) -> None:
     assert str(second) in out.read_text()
     bad = generate("--driver-root", str(driver_root), "--prune-stages", "-o", str(out))
     assert bad.returncode == 2 and "--prune-stages goes with" in bad.stderr
+
+
+def test_the_shim_mirrors_the_stage_path() -> None:
+    """hook/shimroot keeps its own copy of the stage's container path (the create path does
+    not import gpuctk.cdi.generate): the two must agree."""
+    from gpuctk.hook import shimroot
+
+    assert shimroot.STAGE_PATH == STAGE_PATH
