@@ -63,7 +63,6 @@ from gpuctk.cdi.libmounts import names_of
 from gpuctk.errors import InputError, OutputError
 from gpuctk.fs import private_folder, stat_identity
 
-DEFAULT_STAGING_DIR = "/var/lib/gpuctk/driver"
 LAYOUT = "gpuctk-stage-1"  # bump when the layout below changes
 
 
