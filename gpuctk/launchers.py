@@ -103,6 +103,9 @@ VERB_VALUE_FLAGS = frozenset(
     ("bundle", "b", "console-socket", "pid-file", "preserve-fds", "config", "f", "pidfd-socket")
 )
 GREPS = ("/usr/bin/grep", "/bin/grep")
+# mirror gpuctk.hook.serve.COMM and REQUEST_TAG (tests/unit/test_serve.py checks them)
+SERVE_COMM = "gpuctk-serve"
+SERVE_REQUEST_TAG = "gpuctk-create 1"
 
 # The Python half of the runtime front: run with `-IS -c CODE "$0" "$@"` (no single quotes).
 _RUNTIME_PYTHON = """import sys
@@ -122,17 +125,76 @@ raise SystemExit(main())
 """
 
 
+# The bash half of the create-server path (gpuctk.hook.serve): run with
+# `bash -c CODE "$0" STATE RUNTIME PYCODE "$@"` (no single quotes; bash for `read -t`). It makes
+# its reply FIFO, writes the request, sends its pid, and on the answer: `0` execs the runtime,
+# a status exits with it, `python` (or anything that stopped the request before it was sent)
+# runs the Python shim as without a server; no answer within GPUCTK_SERVE_TIMEOUT seconds
+# (default 60) is an error, since the server may still be at work on the bundle.
+_SERVE_CLIENT = """self=$0 state=$1 runtime=$2 pycode=$3
+shift 3
+rep=$state/create.$$.rep
+req=$state/create.$$.req
+for mk in /usr/bin/mkfifo /bin/mkfifo; do
+	[ -x "$mk" ] || continue
+	if "$mk" -m 600 -- "$rep" 2>/dev/null; then
+		exec 4<>"$rep"
+		set -C
+		if { printf "%s\\0" "@TAG@" "$runtime" "$@" >"$req"; } 2>/dev/null &&
+			{ exec 3<>"$state/create.fifo"; } 2>/dev/null && printf "%s\\n" "$$" >&3; then
+			exec 3>&-
+			limit=${GPUCTK_SERVE_TIMEOUT:-60}
+			case $limit in "" | *[!0-9]*) limit=60 ;; esac
+			if IFS= read -r -t "$limit" reply <&4; then
+				exec 4>&-
+				case $reply in
+				0) exec "$runtime" "$@" ;;
+				[1-9] | [1-9][0-9] | [1-9][0-9][0-9]) exit "$reply" ;;
+				python) ;;
+				*) echo "gpuctk-runtime: the create server answered \\"$reply\\"" >&2; exit 1 ;;
+				esac
+			else
+				read -r spid <"$state/create.pid" 2>/dev/null
+				echo "gpuctk-runtime: the create server (pid ${spid:-gone}) did not answer" \\
+					"within $limit s; see journalctl -u gpuctk-create-server" >&2
+				exit 1
+			fi
+		fi
+		exec 3>&- 4>&-
+	fi
+	break
+done
+@FRONT@=$runtime
+export @FRONT@
+exec @PYTHON@ -IS -c "$pycode" "$self" "$@"
+"""
+
+
 def runtime_front_text(python: str) -> str:
     """The text of the gpuctk-runtime launcher: a POSIX sh front (see the module docstring)."""
     _check_interpreter(python)
     global_flags = "|".join(sorted(GLOBAL_VALUE_FLAGS))
+    client = (
+        _SERVE_CLIENT.replace("@TAG@", SERVE_REQUEST_TAG)
+        .replace("@FRONT@", FRONT_RUNTIME_ENV)
+        .replace("@PYTHON@", python)
+    )
     verb_flags = "|".join(sorted(VERB_VALUE_FLAGS))
     return f"""#!/bin/sh
 # gpuctk launcher (gpuctk.launchers): gpuctk-runtime's POSIX sh front; see that module.
 # Verbs other than create/run go to the low-level runtime in the memo; so does a create whose
 # config.json holds none of the memo's request markers; anything else starts Python.
 unset {FRONT_RUNTIME_ENV}
-memo=${{{STATE_DIR_ENV}:-{DEFAULT_STATE_DIR}}}/runtime
+sdir=${{{STATE_DIR_ENV}:-{DEFAULT_STATE_DIR}}}
+memo=$sdir/runtime
+pycode='{_RUNTIME_PYTHON}'
+serve_up() {{ # a live create server on this state folder (gpuctk.hook.serve), and bash
+	[ -x /bin/bash ] && [ -p "$sdir/create.fifo" ] && [ -O "$sdir/create.fifo" ] || return 1
+	{{ IFS= read -r spid <"$sdir/create.pid"; }} 2>/dev/null || return 1
+	case $spid in '' | *[!0-9]*) return 1 ;; esac
+	[ -O "/proc/$spid" ] && {{ IFS= read -r scomm <"/proc/$spid/comm"; }} 2>/dev/null &&
+		[ "$scomm" = {SERVE_COMM} ]
+}}
 memo_holds() {{
 	[ -f "$memo" ] && [ -O "$memo" ] || return 1
 	{{ IFS= read -r tag; IFS= read -r m_conf; IFS= read -r m_state; IFS= read -r m_path
@@ -216,6 +278,9 @@ create|run)
 			unset IFS
 			set +f ;;
 		esac
+		if serve_up; then
+			exec /bin/bash -c '{client}' "$0" "$sdir" "$m_runtime" "$pycode" "$@"
+		fi
 		{FRONT_RUNTIME_ENV}=$m_runtime # the memo holds: Python need not resolve it again
 		export {FRONT_RUNTIME_ENV}
 	fi ;;
@@ -224,7 +289,7 @@ create|run)
 		exec "$m_runtime" "$@"
 	fi ;;
 esac
-exec {python} -IS -c '{_RUNTIME_PYTHON}' "$0" "$@"
+exec {python} -IS -c "$pycode" "$0" "$@"
 """
 
 

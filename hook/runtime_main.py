@@ -279,12 +279,15 @@ def inject(inv: Invocation, settings: Settings, log: RuncLog) -> None:
     log.info(f"{inv.container}: injected {cdiedits.describe(req)}")
 
 
-def main(argv: Sequence[str] | None = None) -> NoReturn:
-    args = list(sys.argv[1:] if argv is None else argv)
+def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
+    """Everything `main` does before it execs the low-level runtime: (exit status, runtime,
+    log). Status 0: exec the runtime with `args`; anything else: the error is already logged.
+    `front`: the runtime the sh front's memo names (then neither searched for nor
+    remembered). The create server (gpuctk.hook.serve) runs this in a worker, in the
+    environment, folder and stderr of the front that asked."""
     inv = parse_argv(args)
-    front = os.environ.pop("GPUCTK_FRONT_RUNTIME", "")  # gpuctk.launchers.FRONT_RUNTIME_ENV
-    front = front if front.startswith("/") else ""
     log = RuncLog(inv.log, inv.log_format, level="debug" if inv.debug else "info")
+    runtime = ""
     try:
         from gpuctk.hook import config
 
@@ -308,14 +311,23 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             inject(inv, settings, log)
     except GpuctkError as exc:
         log.error(f"gpuctk-runtime: {exc.message}")
-        sys.exit(1)
+        return 1, runtime, log
     except Exception as exc:  # a bug: say so, keep the engine's error path working
         log.error(f"gpuctk-runtime: internal error: {type(exc).__name__}: {exc}")
         if inv.debug:
             import traceback
 
             traceback.print_exc(file=sys.stderr)
-        sys.exit(1)
+        return 1, runtime, log
+    return 0, runtime, log
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    args = list(sys.argv[1:] if argv is None else argv)
+    front = os.environ.pop("GPUCTK_FRONT_RUNTIME", "")  # gpuctk.launchers.FRONT_RUNTIME_ENV
+    status, runtime, log = prepare(args, front if front.startswith("/") else "")
+    if status:
+        sys.exit(status)
     try:
         os.execv(runtime, [runtime, *args])
     except OSError as exc:

@@ -84,7 +84,7 @@ def test_launchers_are_executable_and_name_the_interpreter(tmp_path: Path) -> No
         text = Path(path).read_text()
         if path.endswith("gpuctk-runtime"):  # the sh front (tests/unit/test_runtime_front.py)
             assert text.startswith("#!/bin/sh\n")
-            assert "\nexec /opt/gpuctk/bin/python3 -IS -c '" in text
+            assert '\nexec /opt/gpuctk/bin/python3 -IS -c "$pycode"' in text
         else:
             assert text.startswith("#!/opt/gpuctk/bin/python3 -IS\n")
         assert "\n# gpuctk launcher (gpuctk.launchers)" in text  # what install_host looks for
