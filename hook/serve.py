@@ -143,14 +143,22 @@ def _say(fd: int, text: str) -> None:
         return  # the front is gone: nobody to tell
 
 
-def work(state_dir: str, pid: int) -> int:
-    """One request, in a forked worker: 0 when it was answered (or nobody waits), 1 when the
-    server must answer for it."""
-    req, rep = request_paths(state_dir, pid)
+def open_reply(state_dir: str, pid: int) -> int | None:
+    """The front's reply FIFO, open for writing; None when no front waits on it (it timed out
+    or died: nobody holds it open, or it is gone)."""
     try:
-        out = os.open(rep, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return os.open(
+            request_paths(state_dir, pid)[1],
+            os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
+        )
     except OSError:
-        return 0  # no reader: the front timed out or died
+        return None
+
+
+def work(state_dir: str, pid: int, out: int) -> int:
+    """One request, in a forked worker, answered on `out` (the reply FIFO, which the server
+    opened): 0 when it was answered, anything else when the server must answer for it."""
+    req, rep = request_paths(state_dir, pid)
     answer = "python"
     try:
         try:
@@ -217,13 +225,12 @@ def sweep(state_dir: str) -> int:
 
 
 class Server:
-    """The server's state: its folder, FIFO, and the workers in flight (worker pid -> front
-    pid)."""
+    """The server's state: its folder, FIFO, and the workers in flight."""
 
     def __init__(self, state_dir: str, say: Callable[[str], None]) -> None:
         self.state_dir = state_dir
         self.say = say
-        self.workers: dict[int, int] = {}
+        self.workers: dict[int, tuple[int, int]] = {}  # worker -> (front, reply fd)
         self.stop = False
         self.fifo_fd = -1
         self.lock_fd = -1
@@ -268,11 +275,15 @@ class Server:
         _unlink(self.path(PIDFILE), self.path(FIFO))
 
     def spawn(self, front: int) -> None:
+        out = open_reply(self.state_dir, front)
+        if out is None:
+            _unlink(*request_paths(self.state_dir, front))
+            return
         try:
             worker = os.fork()
         except OSError as exc:
             self.say(f"cannot fork a worker for pid {front}: {exc}; it runs Python")
-            self.answer(front, "python\n")
+            self.answer(front, out, "python\n")
             return
         if worker == 0:
             status = 1
@@ -284,19 +295,17 @@ class Server:
                 os.close(self.fifo_fd)
                 os.close(self.lock_fd)
                 signal.alarm(WORKER_LIMIT_S)
-                status = work(self.state_dir, front)
+                status = work(self.state_dir, front, out)
             finally:
                 os._exit(status)
-        self.workers[worker] = front
+        # the server keeps its copy of the reply FIFO until the worker is reaped: the worker
+        # unlinks the name, and a worker that dies unanswered is answered through it
+        self.workers[worker] = (front, out)
         self.served += 1
 
-    def answer(self, front: int, text: str) -> None:
-        """Answer `front` from the server itself (its worker died, or the server stops)."""
-        req, rep = request_paths(self.state_dir, front)
-        try:
-            fd = os.open(rep, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return
+    def answer(self, front: int, fd: int, text: str) -> None:
+        """Answer `front` on `fd` from the server itself (its worker died, or the server
+        stops), and close `fd`."""
         if text != "python\n":
             try:
                 err = os.open(f"/proc/{front}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NOCTTY)
@@ -309,27 +318,32 @@ class Server:
             text = "1\n"
         _say(fd, text)
         os.close(fd)
-        _unlink(req, rep)
+        _unlink(*request_paths(self.state_dir, front))
 
     def reap(self) -> None:
         while self.workers:
             try:
                 worker, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
+            except ChildProcessError:  # not ours any more: nothing left to answer for
+                for _, out in self.workers.values():
+                    os.close(out)
                 self.workers.clear()
                 return
             if worker == 0:
                 return
-            front = self.workers.pop(worker, None)
-            if front is None:
+            entry = self.workers.pop(worker, None)
+            if entry is None:
                 continue
+            front, out = entry
             if os.WIFSIGNALED(status):
                 why = f"signal {os.WTERMSIG(status)}"
                 self.say(f"worker {worker} for pid {front} killed by {why}")
-                self.answer(front, why + "\n")
+                self.answer(front, out, why + "\n")
             elif os.waitstatus_to_exitcode(status) != 0:
                 self.say(f"worker {worker} for pid {front} failed")
-                self.answer(front, "worker failed\n")
+                self.answer(front, out, "worker failed\n")
+            else:
+                os.close(out)
 
     def requests(self, buf: bytearray) -> list[int]:
         """Complete request lines read so far (pids), malformed ones logged and dropped."""
@@ -384,7 +398,9 @@ class Server:
                 sweep(self.state_dir)
         self.close()
         for front in self.requests(buf):  # queued before the FIFO went: Python serves them
-            self.answer(front, "python\n")
+            out = open_reply(self.state_dir, front)
+            if out is not None:
+                self.answer(front, out, "python\n")
         while self.workers:
             sel.select(1.0)
             self.reap()

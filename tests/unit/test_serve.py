@@ -1,0 +1,281 @@
+"""gpuctk create-server (gpuctk.hook.serve) with the real sh front (gpuctk.launchers).
+
+The front under test names an interpreter that does not exist, so any create that reaches
+Python fails with exit 127: a create that succeeds was served by the server. The server runs
+as a real process (as root, like the unit it ships as) with an environment of its own, which
+names no gpuctk config: the config, folder and stderr in force are the front's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuctk import launchers
+from gpuctk.hook import serve
+from gpuctk.hook.runtime_main import remember_runtime
+
+NO_PYTHON = "/nonexistent/python3"
+SPEC = {
+    "cdiVersion": "0.6.0",
+    "kind": "nvidia.com/gpu",
+    "devices": [{"name": "0", "containerEdits": {"env": ["SERVED=yes"]}}],
+}
+ASKS = {"ociVersion": "1.0.2", "process": {"args": ["/bin/true"], "cwd": "/",
+        "env": ["NVIDIA_VISIBLE_DEVICES=0"]}, "root": {"path": "rootfs"}}  # fmt: skip
+SERVER = "import sys\nfrom gpuctk.cli import main\nsys.exit(main())"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the create server runs as root")
+
+
+class Node:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.state = tmp / "state"
+        self.state.mkdir(mode=0o700)
+        (tmp / "cdi").mkdir()
+        (tmp / "cdi" / "gpu.json").write_text(json.dumps(SPEC))
+        self.runtime = tmp / "runtime-B"
+        self.runtime.write_text('#!/bin/sh\necho "B $*"\n')
+        self.runtime.chmod(0o755)
+        self.config = tmp / "config.toml"
+        self.config.write_text(f'runtimes = ["{self.runtime}"]\nspec-dirs = ["{tmp / "cdi"}"]\n')
+        self.front = tmp / "gpuctk-runtime"
+        self.front.write_text(launchers.runtime_front_text(NO_PYTHON))
+        self.front.chmod(0o755)
+        self.env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "GPUCTK_CONFIG": str(self.config),
+            "GPUCTK_STATE_DIR": str(self.state),
+        }
+        assert remember_runtime(
+            str(self.runtime), self.env, ["NVIDIA_VISIBLE_DEVICES", "cdi.k8s.io/"]
+        )
+        self.bundle = tmp / "bundle"
+        (self.bundle / "rootfs").mkdir(parents=True)
+        self.server: subprocess.Popen[str] | None = None
+
+    def ask(self, config: dict[str, object] = ASKS) -> None:
+        (self.bundle / "config.json").write_text(json.dumps(config))
+
+    def edited(self) -> list[str]:
+        env: list[str] = json.loads((self.bundle / "config.json").read_text())["process"]["env"]
+        return env
+
+    def start(self) -> subprocess.Popen[str]:
+        self.server = subprocess.Popen(
+            [sys.executable, "-c", SERVER, "create-server", "--state-dir", str(self.state)],
+            env={"PATH": self.env["PATH"], "GPUCTK_CONFIG": str(self.tmp / "not-this-one.toml"),
+                 "PYTHONPATH": os.pathsep.join(sys.path)},
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not (self.state / serve.PIDFILE).exists():
+            assert self.server.poll() is None, self.server.communicate()[1]
+            assert time.monotonic() < deadline, "the create server did not start"
+            time.sleep(0.02)
+        return self.server
+
+    def stop(self) -> str:
+        assert self.server is not None
+        self.server.send_signal(signal.SIGTERM)
+        _, err = self.server.communicate(timeout=30)
+        assert self.server.returncode == 0, err
+        self.server = None
+        return err
+
+    def run(
+        self, *args: str, cwd: Path | None = None, **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.front), *args], env={**self.env, **env}, cwd=cwd,
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    def leftovers(self) -> list[str]:
+        return sorted(p.name for p in self.state.iterdir() if p.name.count(".") == 2)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    n = Node(tmp_path)
+    yield n
+    if n.server is not None:
+        n.server.kill()
+        n.server.wait()
+
+
+def test_the_front_mirrors_the_server_names() -> None:
+    assert launchers.SERVE_COMM == serve.COMM
+    assert launchers.SERVE_REQUEST_TAG == serve.REQUEST_TAG
+
+
+def test_without_a_server_a_gpu_create_starts_python(node: Node) -> None:
+    node.ask()
+    done = node.run("create", "--bundle", str(node.bundle), "c1")
+    assert done.returncode == 127 and NO_PYTHON in done.stderr
+    assert "SERVED=yes" not in node.edited()
+
+
+def test_the_server_edits_the_bundle_and_the_front_execs_the_runtime(node: Node) -> None:
+    node.start()
+    node.ask()
+    done = node.run(
+        "--log", str(node.tmp / "log.json"), "create", "--bundle", str(node.bundle), "c1"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"B --log {node.tmp / 'log.json'} create --bundle {node.bundle} c1\n"
+    assert node.edited() == ["NVIDIA_VISIBLE_DEVICES=0", "SERVED=yes"]
+    assert node.leftovers() == []  # the request file and reply FIFO are gone
+    assert "stopped after 1 creates" in node.stop()
+    assert not (node.state / serve.FIFO).exists() and not (node.state / serve.PIDFILE).exists()
+
+
+def test_the_worker_works_in_the_fronts_folder_and_environment(node: Node) -> None:
+    """No --bundle: the bundle is the front's current folder. The spec dirs come from the
+    front's GPUCTK_CONFIG: the server's names a missing file (the defaults, /etc/cdi and
+    /var/run/cdi, where no device gives SERVED=yes)."""
+    node.start()
+    node.ask()
+    assert node.run("create", "c1", cwd=node.bundle).returncode == 0
+    assert "SERVED=yes" in node.edited()
+
+
+def test_an_error_reaches_the_fronts_stderr_and_the_engine_log(node: Node) -> None:
+    node.start()
+    node.ask({**ASKS, "process": {**ASKS["process"], "env": ["NVIDIA_VISIBLE_DEVICES=7"]}})  # type: ignore[dict-item]
+    before = (node.bundle / "config.json").read_text()
+    log = node.tmp / "log.json"
+    done = node.run(
+        "--log", str(log), "--log-format", "json", "create", "-b", str(node.bundle), "c1"
+    )
+    assert done.returncode == 1 and done.stdout == ""  # the runtime never ran
+    assert "unknown CDI device nvidia.com/gpu=7" in done.stderr
+    assert json.loads(log.read_text().splitlines()[-1])["level"] == "error"
+    assert (node.bundle / "config.json").read_text() == before
+
+
+def test_a_container_that_asks_for_nothing_skips_the_server_too(node: Node) -> None:
+    node.start()
+    node.ask({**ASKS, "process": {**ASKS["process"], "env": []}})  # type: ignore[dict-item]
+    assert node.run("create", "-b", str(node.bundle), "c1").stdout.startswith("B create")
+    assert "stopped after 0 creates" in node.stop()
+
+
+def test_a_stopped_server_sends_creates_back_to_python(node: Node) -> None:
+    node.start()
+    node.stop()
+    node.ask()
+    assert node.run("create", "-b", str(node.bundle), "c1").returncode == 127
+
+
+def test_a_pid_file_naming_another_process_is_not_trusted(node: Node) -> None:
+    os.mkfifo(node.state / serve.FIFO, 0o600)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (node.state / serve.PIDFILE).write_text(f"{sleeper.pid}\n")
+        node.ask()
+        done = node.run("create", "-b", str(node.bundle), "c1", GPUCTK_SERVE_TIMEOUT="1")
+        assert done.returncode == 127  # Python, not a wait on a FIFO nobody reads
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_server_that_never_answers_times_out_with_an_error(node: Node) -> None:
+    """A process named gpuctk-serve that owns the FIFO but never reads it: the front gives up
+    after GPUCTK_SERVE_TIMEOUT seconds with an error (the server might still be at work on the
+    bundle, so it does not fall back to Python)."""
+    os.mkfifo(node.state / serve.FIFO, 0o600)
+    mute = subprocess.Popen(
+        [sys.executable, "-c", "import time\nopen('/proc/self/comm', 'w').write('gpuctk-serve')\n"
+         "print(flush=True)\ntime.sleep(60)"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert mute.stdout is not None and mute.stdout.readline() == b"\n"
+        (node.state / serve.PIDFILE).write_text(f"{mute.pid}\n")
+        node.ask()
+        start = time.monotonic()
+        done = node.run("create", "-b", str(node.bundle), "c1", GPUCTK_SERVE_TIMEOUT="1")
+        assert done.returncode == 1, done.stderr
+        assert f"create server (pid {mute.pid}) did not answer within 1 s" in done.stderr
+        assert time.monotonic() - start < 30
+    finally:
+        mute.kill()
+        mute.wait()
+
+
+def test_a_worker_that_dies_is_answered_by_the_server(node: Node) -> None:
+    """The worker blocks writing its log line to the engine's --log, here a FIFO nobody
+    reads, and is killed: the server answers the front with an error instead of leaving it
+    waiting."""
+    node.start()
+    blocker = node.tmp / "log-fifo"
+    os.mkfifo(blocker)
+    node.ask()
+    front = subprocess.Popen(
+        [str(node.front), "--log", str(blocker), "create", "-b", str(node.bundle), "c1"],
+        env=node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert node.server is not None
+    deadline = time.monotonic() + 30
+    workers: list[str] = []
+    while not workers:
+        assert time.monotonic() < deadline, "no worker started"
+        children = Path(f"/proc/{node.server.pid}/task/{node.server.pid}/children")
+        workers = children.read_text().split()
+        time.sleep(0.05)
+    time.sleep(0.3)  # into the blocking open
+    os.kill(int(workers[0]), signal.SIGKILL)
+    out, err = front.communicate(timeout=30)
+    assert front.returncode == 1 and out == ""
+    assert "create server's worker died (signal 9)" in err
+    assert "killed by signal 9" in node.stop()
+
+
+def test_one_server_per_state_folder(node: Node) -> None:
+    node.start()
+    second = subprocess.run(
+        [sys.executable, "-c", SERVER, "create-server", "--state-dir", str(node.state)],
+        env={"PATH": node.env["PATH"], "PYTHONPATH": os.pathsep.join(sys.path)},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert second.returncode == 1
+    assert f"a create server already serves {node.state} (pid {node.server.pid})" in second.stderr  # type: ignore[union-attr]
+
+
+def test_an_unsafe_state_folder_is_refused(node: Node) -> None:
+    node.state.chmod(0o777)
+    done = subprocess.run(
+        [sys.executable, "-c", SERVER, "create-server", "--state-dir", str(node.state)],
+        env={"PATH": node.env["PATH"], "PYTHONPATH": os.pathsep.join(sys.path)},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0 and "nobody else can write" in done.stderr
+    assert not (node.state / serve.FIFO).exists()
+
+
+def test_malformed_lines_are_dropped_and_leftovers_swept(node: Node) -> None:
+    dead = node.state / "create.999999999.req"
+    dead.write_text("x")
+    live = node.state / f"create.{os.getpid()}.req"
+    live.write_text("x")
+    node.start()
+    assert not dead.exists() and live.exists()
+    live.unlink()
+    with open(node.state / serve.FIFO, "w") as fifo:
+        fifo.write("junk\n1\n")
+    node.ask()
+    assert node.run("create", "-b", str(node.bundle), "c1").returncode == 0
+    err = node.stop()
+    assert "ignored a malformed request line: 'junk'" in err
+    assert "'1'" in err and "stopped after 1 creates" in err
