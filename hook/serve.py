@@ -59,7 +59,8 @@ FIFO, PIDFILE, LOCK = "create.fifo", "create.pid", "create.lock"
 WORKER_LIMIT_S = 50  # below the front's default 60 s wait
 MAX_REQUEST = 4 * 1024 * 1024
 SWEEP_S = 60.0  # how often an idle server removes leftovers of fronts that died
-# Imported before the first request: what `gpuctk-runtime create` imports (bench/imports).
+# Imported before the first request: what `gpuctk-runtime create` imports (bench/imports),
+# with what a create imports when it resolves a request and when it takes a remembered plan.
 WARM_MODULES = (
     "gpuctk.hook.runtime_main", "gpuctk.hook.config", "gpuctk.hook.cdiedits",
     "gpuctk.hook.shimroot", "gpuctk.hook.plans", "gpuctk.hook.requests",
@@ -67,7 +68,8 @@ WARM_MODULES = (
     "gpuctk.hook.ldmerge", "gpuctk.hook.hooklog", "gpuctk.cdi.apply", "gpuctk.cdi.registry",
     "gpuctk.cdi.speccache", "gpuctk.cdi.ldcache", "gpuctk.cdi.names",
     "gpuctk.cdi.capabilities", "gpuctk.cdi.facts", "gpuctk.jsonfast", "gpuctk.rootfs",
-    "gpuctk.fs", "gpuctk.records", "gpuctk.launchers",
+    "gpuctk.fs", "gpuctk.records", "gpuctk.launchers", "gpuctk.hook.oci_state",
+    "gpuctk.hook.hook_main", "gpuctk.cdi.elf", "gpuctk.cdi.specfile", "gpuctk.cdi.spectrust",
 )  # fmt: skip
 
 
@@ -288,6 +290,9 @@ class Server:
         if worker == 0:
             status = 1
             try:
+                import gc
+
+                gc.disable()  # a worker lives a few ms: no collection touching shared pages
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -417,6 +422,10 @@ def serve(
             "runs as root"
         )
     warm()
+    import gc
+
+    gc.collect()
+    gc.freeze()  # what warm() made is never collected: a worker's GC leaves those pages shared
     server = Server(state_dir, say)
     try:
         server.open()
@@ -429,3 +438,25 @@ def serve(
     finally:
         server.close()
         say(f"stopped after {server.served} creates")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -I -m gpuctk.hook.serve STATE_DIR`: what `gpuctk create-server` execs, so that
+    the resident process (and every fork of it) carries only the create path, not the CLI."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -I -m gpuctk.hook.serve STATE_DIR", file=sys.stderr)
+        return 2
+
+    def say(line: str) -> None:
+        print(f"gpuctk-serve: {line}", file=sys.stderr, flush=True)
+
+    try:
+        return serve(args[0], say)
+    except GpuctkError as exc:
+        say(f"error: {exc.message}")
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

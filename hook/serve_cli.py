@@ -32,9 +32,9 @@ def create_server(state_dir: str) -> None:
       gpuctk create-server --state-dir /run/gpuctk     # the same, by hand
       GPUCTK_SERVE_TIMEOUT=60                          # the front's wait for an answer (s)
     """
-    from gpuctk.hook import serve
+    import os
+    import sys
 
-    def say(line: str) -> None:
-        click.echo(f"gpuctk-serve: {line}", err=True)
-
-    raise SystemExit(serve.serve(state_dir, say))
+    # a fresh interpreter without click and the CLI: the server, and each worker forked from
+    # it, carry only the create path (smaller to fork, fewer pages to copy on write)
+    os.execv(sys.executable, [sys.executable, "-I", "-m", "gpuctk.hook.serve", state_dir])

@@ -43,11 +43,13 @@ REPO = PACKAGING.parent
 PREFIX = "/opt/gpuctk"
 SOURCES = ("pyproject.toml", "README.md", "gpuctk", "cdi", "hook", "containerd-config")
 MULTIARCH = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
+UNITS = ("gpuctk-cdi-refresh.service", "gpuctk-cdi-refresh.path", "gpuctk-create-server.service")
 MAN_PAGES = {  # page -> argv of the installed launcher that prints the text
     "gpuctk": ["gpuctk", "--help"],
     "gpuctk-cdi-generate": ["gpuctk", "cdi", "generate", "--help"],
     "gpuctk-runtime-configure": ["gpuctk", "runtime", "configure", "--help"],
     "gpuctk-install": ["gpuctk", "install", "--help"],
+    "gpuctk-create-server": ["gpuctk", "create-server", "--help"],
 }
 
 
@@ -274,7 +276,7 @@ def build_deb(out_dir: Path, python: str) -> Path:
             "/usr/share/containers/oci/hooks.d/oci-gpuctk-hook.json",
             (PACKAGING / "hooks.d" / "gpuctk-hook.json").read_text(),
         )
-        for unit in ("gpuctk-cdi-refresh.service", "gpuctk-cdi-refresh.path"):
+        for unit in UNITS:
             _put(root, f"/usr/lib/systemd/system/{unit}", _render(unit, arch))
         _put(root, "/usr/lib/udev/rules.d/71-gpuctk.rules", _render("71-gpuctk.rules", arch))
         _put(root, "/usr/share/doc/gpuctk/README.md", (REPO / "README.md").read_text())
