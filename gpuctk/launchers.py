@@ -43,6 +43,13 @@ gpuctk-runtime) pays for Python only on the containers that ask for a GPU. When 
 on such a create, the front hands its runtime to Python (`GPUCTK_FRONT_RUNTIME`, removed from
 the environment before the runtime runs), which then neither searches for the runtime nor
 rewrites the memo; the front unsets that variable first, so only the front can set it.
+
+Such a create (the memo holds, a marker matched) skips Python altogether while a create server
+serves the state folder (gpuctk.hook.serve, `gpuctk create-server`): a FIFO `create.fifo`
+owned by the caller, and `create.pid` naming a live process of the caller's uid whose comm is
+`gpuctk-serve`. The front then execs a bash client (_SERVE_CLIENT; bash for `read -t`) that
+hands the create to the server and, on its answer, execs the runtime, exits with the
+server's status, or starts Python as above. Anything it cannot check: Python.
 """
 
 from __future__ import annotations
