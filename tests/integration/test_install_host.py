@@ -146,7 +146,7 @@ def test_install_twice_then_uninstall(node: Node) -> None:
         text = (root / "usr/local/bin" / name).read_text()
         if name == "gpuctk-runtime":  # the sh front: Python only for create/run, isolated
             assert text.startswith("#!/bin/sh\n")
-            assert "\nexec /usr/local/gpuctk/bin/python3 -IS -c '" in text
+            assert '\nexec /usr/local/gpuctk/bin/python3 -IS -c "$pycode"' in text
         else:
             assert text.startswith("#!/usr/local/gpuctk/bin/python3 -I")  # isolated mode
     # the launchers work on the node, from the copy alone (not the checkout or the cache)
