@@ -110,7 +110,7 @@ VERB_VALUE_FLAGS = frozenset(
     ("bundle", "b", "console-socket", "pid-file", "preserve-fds", "config", "f", "pidfd-socket")
 )
 GREPS = ("/usr/bin/grep", "/bin/grep")
-# mirror gpuctk.hook.serve.COMM and REQUEST_TAG (tests/unit/test_serve.py checks them)
+# the create server's /proc comm and request tag (gpuctk.hook.serve uses these)
 SERVE_COMM = "gpuctk-serve"
 SERVE_REQUEST_TAG = "gpuctk-create 1"
 

@@ -48,13 +48,14 @@ import signal
 import sys
 
 from gpuctk.errors import GpuctkError, OutputError
+from gpuctk.launchers import FRONT_RUNTIME_ENV
+from gpuctk.launchers import SERVE_COMM as COMM
+from gpuctk.launchers import SERVE_REQUEST_TAG as REQUEST_TAG
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-COMM = "gpuctk-serve"
-REQUEST_TAG = "gpuctk-create 1"
 FIFO, PIDFILE, LOCK = "create.fifo", "create.pid", "create.lock"
 WORKER_LIMIT_S = 50  # below the front's default 60 s wait
 MAX_REQUEST = 4 * 1024 * 1024
@@ -117,15 +118,21 @@ def _front_environ(pid: int) -> dict[str, str]:
         name, sep, value = item.partition(b"=")
         if sep and name:
             env[os.fsdecode(name)] = os.fsdecode(value)
-    env.pop("GPUCTK_FRONT_RUNTIME", None)  # gpuctk.launchers.FRONT_RUNTIME_ENV: front only
+    env.pop(FRONT_RUNTIME_ENV, None)  # only the front sets it
     return env
+
+
+def _open_front_stderr(pid: int) -> int:
+    """The stderr of the front with `pid`, opened anew for appending; OSError when it cannot
+    be (a socket, or the front is gone)."""
+    return os.open(f"/proc/{pid}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NOCTTY)
 
 
 def _to_front_stderr(pid: int) -> None:
     """Point fd 2 (and sys.stderr) at the front's stderr; /dev/null when it cannot be opened
     (a socket): the engine's --log still gets every message."""
     try:
-        fd = os.open(f"/proc/{pid}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NOCTTY)
+        fd = _open_front_stderr(pid)
     except OSError:
         fd = os.open(os.devnull, os.O_WRONLY)
     os.dup2(fd, 2)
@@ -205,25 +212,18 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def sweep(state_dir: str) -> int:
-    """Remove request files and reply FIFOs of fronts that are gone; how many."""
-    removed = 0
+def sweep(state_dir: str) -> None:
+    """Remove request files and reply FIFOs of fronts that are gone."""
     try:
         names = os.listdir(state_dir)
     except OSError:
-        return 0
+        return
     for name in names:
         parts = name.split(".")
         if len(parts) != 3 or parts[0] != "create" or parts[2] not in ("req", "rep"):
             continue
-        if parts[1].isdigit() and _alive(int(parts[1])):
-            continue
-        try:
-            os.unlink(os.path.join(state_dir, name))
-            removed += 1
-        except OSError:
-            pass
-    return removed
+        if not (parts[1].isdigit() and _alive(int(parts[1]))):
+            _unlink(os.path.join(state_dir, name))
 
 
 class Server:
@@ -313,7 +313,7 @@ class Server:
         stops), and close `fd`."""
         if text != "python\n":
             try:
-                err = os.open(f"/proc/{front}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NOCTTY)
+                err = _open_front_stderr(front)
                 why = text.strip()
                 _say(err, f"gpuctk-runtime: the create server's worker died ({why}); see "
                           "the server's log: journalctl -u gpuctk-create-server\n")  # fmt: skip
@@ -371,7 +371,7 @@ class Server:
                 self.say(f"ignored a malformed request line: {text[:80]!r}")
         return pids
 
-    def run(self, ready: Callable[[], None] | None = None) -> int:
+    def run(self) -> int:
         import selectors
 
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -387,8 +387,6 @@ class Server:
         sel.register(self.fifo_fd, selectors.EVENT_READ)
         sel.register(wake_r, selectors.EVENT_READ)
         buf = bytearray()
-        if ready is not None:
-            ready()
         while not self.stop:
             events = sel.select(SWEEP_S)
             try:
@@ -412,9 +410,7 @@ class Server:
         return 0
 
 
-def serve(
-    state_dir: str, say: Callable[[str], None], ready: Callable[[], None] | None = None
-) -> int:
+def serve(state_dir: str, say: Callable[[str], None]) -> int:
     """Run the create server on `state_dir` until SIGTERM/SIGINT."""
     if os.geteuid() != 0:
         raise GpuctkError(
@@ -434,7 +430,7 @@ def serve(
     _set_comm(COMM)
     say(f"serving container creates on {server.path(FIFO)} (pid {os.getpid()})")
     try:
-        return server.run(ready)
+        return server.run()
     finally:
         server.close()
         say(f"stopped after {server.served} creates")
