@@ -67,6 +67,7 @@ from typing import Any
 
 import podman
 from common import CACHE, installed_bin, installed_bin_at, installed_python
+from fixtures.createserver import start_create_server
 from fixtures.driver_root import build_driver_root
 from fixtures.gpucheck import generate
 from fixtures.images import build_image, make_bundle, overlay, unmount
@@ -112,19 +113,10 @@ def _wait_exit(pid: int) -> None:
 Prepare = Callable[[Path], None]
 
 
-def start_server(bindir: Path, state: Path) -> subprocess.Popen[bytes]:
-    """`gpuctk create-server` on `state`, once it serves."""
+def start_server(bindir: Path, state: Path) -> subprocess.Popen[str]:
+    """`gpuctk create-server` (the installed launcher) on `state`, once it serves."""
     state.mkdir(mode=0o700, exist_ok=True)
-    server = subprocess.Popen(
-        [str(bindir / "gpuctk"), "create-server", "--state-dir", str(state)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 30
-    while not (state / "create.pid").exists():
-        if server.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"gpuctk create-server did not start on {state}")
-        time.sleep(0.02)
-    return server
+    return start_create_server(state, [str(bindir / "gpuctk")])
 
 
 def lifecycle(
@@ -327,7 +319,7 @@ def main() -> None:
                       "GPUCTK_STATE_DIR": str(folder / "state")}  # fmt: skip
     # The same through the create server (gpuctk create-server): its own state folders, so
     # that the cases above still start Python.
-    servers: list[subprocess.Popen[bytes]] = []
+    servers: list[subprocess.Popen[str]] = []
     served = {
         "gpuctk 1 GPU, create server": (one, os.environ["GPUCTK_CONFIG"], work / "state-serve"),
         "gpuctk 8 GPUs, create server": (

@@ -16,12 +16,12 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from fixtures.createserver import start_create_server
 from fixtures.gpucheck import generate, need_runtime
 from fixtures.images import make_bundle
 
@@ -34,7 +34,6 @@ SCRIPT = (
     "ls /dev/nvidia0 /dev/nvidiactl; ldconfig -p | grep -c 'libcuda.so.1 ' | sed 's/^/CACHED /';"
     " dlopen-test libcuda.so.1"
 )
-SERVER = "import sys\nfrom gpuctk.cli import main\nsys.exit(main())"
 
 
 class Served:
@@ -55,16 +54,7 @@ class Served:
         self.front = tmp / "gpuctk-runtime"
         self.front.write_text(launchers.runtime_front_text("/nonexistent/python3"))
         self.front.chmod(0o755)
-        self.server = subprocess.Popen(
-            [sys.executable, "-c", SERVER, "create-server", "--state-dir", str(self.state)],
-            env={"PATH": self.env["PATH"], "PYTHONPATH": os.pathsep.join(sys.path)},
-            stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while not (self.state / "create.pid").exists():
-            assert self.server.poll() is None, self.server.communicate()[1]
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        self.server = start_create_server(self.state)
 
     def verb(self, *args: str, stdout: int | None = None) -> subprocess.CompletedProcess[str]:
         """The front with `args`; a create's stdio goes to files (the container keeps them

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fixtures.createserver import CHECKOUT_GPUCTK, start_create_server
 
 from gpuctk import launchers
 from gpuctk.hook import serve
@@ -31,7 +32,6 @@ SPEC = {
 }
 ASKS = {"ociVersion": "1.0.2", "process": {"args": ["/bin/true"], "cwd": "/",
         "env": ["NVIDIA_VISIBLE_DEVICES=0"]}, "root": {"path": "rootfs"}}  # fmt: skip
-SERVER = "import sys\nfrom gpuctk.cli import main\nsys.exit(main())"
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the create server runs as root")
 
@@ -71,17 +71,10 @@ class Node:
         return env
 
     def start(self) -> subprocess.Popen[str]:
-        self.server = subprocess.Popen(
-            [sys.executable, "-c", SERVER, "create-server", "--state-dir", str(self.state)],
-            env={"PATH": self.env["PATH"], "GPUCTK_CONFIG": str(self.tmp / "not-this-one.toml"),
-                 "PYTHONPATH": os.pathsep.join(sys.path)},
-            stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while not (self.state / serve.PIDFILE).exists():
-            assert self.server.poll() is None, self.server.communicate()[1]
-            assert time.monotonic() < deadline, "the create server did not start"
-            time.sleep(0.02)
+        self.server = start_create_server(self.state, env={
+            "PATH": self.env["PATH"], "GPUCTK_CONFIG": str(self.tmp / "not-this-one.toml"),
+            "PYTHONPATH": os.pathsep.join(sys.path),
+        })  # fmt: skip
         return self.server
 
     def stop(self) -> str:
@@ -245,7 +238,7 @@ def test_a_worker_that_dies_is_answered_by_the_server(node: Node) -> None:
 def test_one_server_per_state_folder(node: Node) -> None:
     node.start()
     second = subprocess.run(
-        [sys.executable, "-c", SERVER, "create-server", "--state-dir", str(node.state)],
+        [*CHECKOUT_GPUCTK, "create-server", "--state-dir", str(node.state)],
         env={"PATH": node.env["PATH"], "PYTHONPATH": os.pathsep.join(sys.path)},
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
@@ -256,7 +249,7 @@ def test_one_server_per_state_folder(node: Node) -> None:
 def test_an_unsafe_state_folder_is_refused(node: Node) -> None:
     node.state.chmod(0o777)
     done = subprocess.run(
-        [sys.executable, "-c", SERVER, "create-server", "--state-dir", str(node.state)],
+        [*CHECKOUT_GPUCTK, "create-server", "--state-dir", str(node.state)],
         env={"PATH": node.env["PATH"], "PYTHONPATH": os.pathsep.join(sys.path)},
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
