@@ -4,9 +4,10 @@
 
 A create that asks for a GPU needs gpuctk's Python: ~13 ms of interpreter start and ~4 ms of
 imports before ~3 ms of work, on every container. This server pays the first two once: it
-imports the create path, then waits on a FIFO; for each create it forks a worker that does the
-work of `gpuctk-runtime create` (gpuctk.hook.runtime_main.prepare) in the environment, current
-folder and stderr of the sh front that asked, and answers with the exit status. The front then
+imports the create path, then waits on a FIFO; it hands each create to a worker process
+forked from it, which does the work of `gpuctk-runtime create`
+(gpuctk.hook.runtime_main.prepare) in the environment, current folder and stderr of the sh
+front that asked, and answers with the exit status. The front then
 execs the low-level runtime itself, so runc still runs as the engine's child with the engine's
 stdio and file descriptors, exactly as without the server.
 
@@ -21,8 +22,9 @@ mode 0700, checked by server and front alike):
   `create.PID.req` (NUL-terminated: REQUEST_TAG, the memo's runtime, then its arguments),
   then writes `PID\\n` to `create.fifo` (one write under PIPE_BUF: atomic among fronts) and
   reads one line from its reply FIFO, for at most `GPUCTK_SERVE_TIMEOUT` seconds (default 60);
-- the server forks a worker per line. The worker opens the reply FIFO (write, non-blocking:
-  gone means the front is gone), unlinks both files, reads the request, takes the front's
+- the server hands each line to an idle worker (forking one when none is idle), after
+  opening the reply FIFO itself (write, non-blocking: gone means the front is gone). The
+  worker opens it too, unlinks both files, reads the request, takes the front's
   environment from /proc/PID/environ (less GPUCTK_FRONT_RUNTIME, which only the front sets),
   moves into /proc/PID/cwd, writes its messages to the front's stderr (/proc/PID/fd/2), runs
   `prepare` and writes its status: `0` (the front execs the runtime), `1` (the error is
@@ -30,6 +32,17 @@ mode 0700, checked by server and front alike):
   the front runs the Python shim as without a server). A worker that dies without answering
   (a signal, WORKER_LIMIT_S passed) is answered `1` by the server, with a line on the front's
   stderr.
+- Workers are reused. A worker goes back to its own environment, folder (/) and stderr after
+  each create and tells the server on a pipe (`d`), which then closes its copy of the reply
+  FIFO and counts the worker idle; it serves up to WORKER_REQUESTS creates, and the server
+  keeps up to IDLE_MAX idle. A fresh fork pays ~4 ms more per create here than a worker that
+  served before: copy-on-write faults on the pages it shares with the server (a reference
+  count written is a page copied) and the first run of each code path (CPython specializes
+  bytecode as it runs; a lazily imported extension). So the server forks a spare ahead of
+  need, which copies its shared pages at once (populate, MADV_POPULATE_WRITE), and takes the
+  worker that finished last. What a worker keeps from one create to the next is only the
+  import state and the caches keyed on a host file's identity (gpuctk.cdi.elf, devnodes);
+  config, specs, plans and the memo are read from disk on every create, as by the shim.
 - On SIGTERM/SIGINT the server removes `create.pid` and `create.fifo` (new fronts then start
   Python), answers `python` to the requests still queued, waits for its workers, and exits 0.
 
@@ -58,6 +71,8 @@ if TYPE_CHECKING:
 
 FIFO, PIDFILE, LOCK = "create.fifo", "create.pid", "create.lock"
 WORKER_LIMIT_S = 50  # below the front's default 60 s wait
+WORKER_REQUESTS = 1000  # creates a worker serves before it exits (a new one takes over)
+IDLE_MAX = 4  # idle workers kept; more exit when they finish
 MAX_REQUEST = 4 * 1024 * 1024
 SWEEP_S = 60.0  # how often an idle server removes leftovers of fronts that died
 # Imported before the first request: what `gpuctk-runtime create` imports (bench/imports),
@@ -71,7 +86,9 @@ WARM_MODULES = (
     "gpuctk.cdi.capabilities", "gpuctk.cdi.facts", "gpuctk.jsonfast", "gpuctk.rootfs",
     "gpuctk.fs", "gpuctk.records", "gpuctk.launchers", "gpuctk.hook.oci_state",
     "gpuctk.hook.hook_main", "gpuctk.cdi.elf", "gpuctk.cdi.specfile", "gpuctk.cdi.spectrust",
+    "_json",  # gpuctk.jsonfast's C scanner, imported on the first loads()
 )  # fmt: skip
+MADV_POPULATE_WRITE = 23  # Linux 5.14+
 
 
 def request_paths(state_dir: str, pid: int) -> tuple[str, str]:
@@ -89,6 +106,49 @@ def warm() -> None:
 
     rootfs.have_openat2()
     libc.function("renameat2")
+
+
+def populate() -> int:
+    """Break the copy-on-write sharing of every page this process shares with the server:
+    a worker that writes to a shared page (a Python reference count is enough) takes a fault
+    and a page copy for it, ~2 ms over a create. An idle worker calls this before its request
+    comes (MADV_POPULATE_WRITE over each run of present pages of each private writable
+    mapping; pages never touched stay unallocated). Returns the pages populated; 0 on a kernel
+    without MADV_POPULATE_WRITE (the worker then copies on demand, as before)."""
+    from gpuctk import libc
+
+    madvise = libc.function("madvise")
+    present = bytes(0x80 if b >= 0x80 else 0 for b in range(256))  # pagemap bit 63
+    pages = 0
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            maps = f.read().splitlines()
+        pagemap = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        for line in maps:
+            fields = line.split()
+            if fields[1] != b"rw-p" or fields[-1] in (b"[stack]", b"[vvar]"):
+                continue
+            start, end = (int(x, 16) for x in fields[0].split(b"-"))
+            entries = os.pread(pagemap, (end - start) >> 9, (start >> 12) * 8)
+            flags = entries[7::8].translate(present)  # 0x80 where a page is present
+            i = flags.find(0x80)
+            while i >= 0:
+                j = flags.find(0, i)
+                j = len(flags) if j < 0 else j
+                length = (j - i) << 12
+                if madvise(libc.long_arg(start + (i << 12)), libc.long_arg(length),
+                           MADV_POPULATE_WRITE) != 0:  # fmt: skip
+                    return pages  # EINVAL: an older kernel
+                pages += j - i
+                i = flags.find(0x80, j)
+    except OSError:
+        return pages
+    finally:
+        os.close(pagemap)
+    return pages
 
 
 def _set_comm(name: str) -> None:
@@ -202,6 +262,55 @@ def work(state_dir: str, pid: int, out: int) -> int:
     return 0
 
 
+def _next_front(requests: int) -> int | None:
+    """The next front's pid from the server; None at EOF (the server stops or is gone)."""
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(requests, 32)
+        if not chunk:
+            return None
+        line += chunk
+    return int(line)
+
+
+def worker_main(state_dir: str, requests: int, done: int, ahead: bool) -> int:
+    """A worker's life, in a process forked from the server: serve the fronts whose pids come
+    on `requests`, one at a time, each in its front's environment, folder and stderr, and go
+    back to its own after each; write `d` on `done` after each (`x` after the last of
+    WORKER_REQUESTS, then exit). A worker that serves again has its code paths warm and its
+    pages its own: a reused worker's create costs what the work costs. `ahead`: forked
+    before a request needed it; copy the shared pages now (populate)."""
+    import gc
+
+    gc.disable()  # collected after each create, off the create's path
+    if ahead:
+        populate()
+    environ = dict(os.environ)
+    stderr = os.dup(2)
+    for n in range(1, WORKER_REQUESTS + 1):
+        front = _next_front(requests)
+        if front is None:
+            return 0
+        signal.alarm(WORKER_LIMIT_S)
+        out = open_reply(state_dir, front)
+        if out is None:  # the front is gone
+            _unlink(*request_paths(state_dir, front))
+        else:
+            try:
+                work(state_dir, front, out)
+            finally:
+                os.close(out)
+        signal.alarm(0)
+        sys.stderr.flush()
+        os.dup2(stderr, 2)
+        os.chdir("/")
+        os.environ.clear()
+        os.environ.update(environ)
+        os.write(done, b"x" if n == WORKER_REQUESTS else b"d")
+        gc.collect(0)  # what this create left (the gc is off: it is all still generation 0)
+    return 0
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -226,17 +335,32 @@ def sweep(state_dir: str) -> None:
             _unlink(os.path.join(state_dir, name))
 
 
+class Worker:
+    """A worker process as the server sees it: the pipe that takes a front's pid to it, the
+    pipe on which it says it is done, and the request it serves (front pid, the server's copy
+    of the reply FIFO; -1 while idle)."""
+
+    __slots__ = ("done", "front", "out", "pid", "to")
+
+    def __init__(self, pid: int, to: int, done: int) -> None:
+        self.pid, self.to, self.done = pid, to, done
+        self.front = self.out = -1
+
+
 class Server:
-    """The server's state: its folder, FIFO, and the workers in flight."""
+    """The server's state: its folder, FIFO, and its workers."""
 
     def __init__(self, state_dir: str, say: Callable[[str], None]) -> None:
         self.state_dir = state_dir
         self.say = say
-        self.workers: dict[int, tuple[int, int]] = {}  # worker -> (front, reply fd)
+        self.workers: dict[int, Worker] = {}  # by pid
+        self.idle: list[Worker] = []  # the last one done is taken first
         self.stop = False
         self.fifo_fd = -1
         self.lock_fd = -1
         self.served = 0
+        self.on_fork: Callable[[Worker], object] = lambda worker: None
+        self.on_exit: Callable[[Worker], object] = lambda worker: None
 
     def path(self, name: str) -> str:
         return os.path.join(self.state_dir, name)
@@ -276,37 +400,96 @@ class Server:
         """Stop taking requests: new fronts start Python from here on."""
         _unlink(self.path(PIDFILE), self.path(FIFO))
 
-    def spawn(self, front: int) -> None:
-        out = open_reply(self.state_dir, front)
-        if out is None:
-            _unlink(*request_paths(self.state_dir, front))
-            return
+    def fork_worker(self, ahead: bool) -> Worker | None:
+        """A new worker; `ahead`: forked before any request needs it, so it also copies the
+        pages it shares with the server now (populate) rather than on its first create.
+        None (logged) when it cannot be forked."""
         try:
-            worker = os.fork()
+            to_r, to_w = os.pipe2(os.O_CLOEXEC)
+            done_r, done_w = os.pipe2(os.O_CLOEXEC)
         except OSError as exc:
-            self.say(f"cannot fork a worker for pid {front}: {exc}; it runs Python")
-            self.answer(front, out, "python\n")
-            return
-        if worker == 0:
+            self.say(f"cannot make a worker's pipes: {exc}")
+            return None
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            for fd in (to_r, to_w, done_r, done_w):
+                os.close(fd)
+            self.say(f"cannot fork a worker: {exc}")
+            return None
+        if pid == 0:
             status = 1
             try:
-                import gc
-
-                gc.disable()  # a worker lives a few ms: no collection touching shared pages
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 signal.set_wakeup_fd(-1)
-                os.close(self.fifo_fd)
-                os.close(self.lock_fd)
-                signal.alarm(WORKER_LIMIT_S)
-                status = work(self.state_dir, front, out)
+                inherited = [to_w, done_r, self.fifo_fd, self.lock_fd]
+                for other in self.workers.values():
+                    inherited += [other.to, other.done] + ([other.out] if other.out >= 0 else [])
+                for fd in inherited:
+                    os.close(fd)
+                status = worker_main(self.state_dir, to_r, done_w, ahead)
             finally:
                 os._exit(status)
-        # the server keeps its copy of the reply FIFO until the worker is reaped: the worker
-        # unlinks the name, and a worker that dies unanswered is answered through it
-        self.workers[worker] = (front, out)
+        os.close(to_r)
+        os.close(done_w)
+        os.set_blocking(done_r, False)
+        worker = Worker(pid, to_w, done_r)
+        self.workers[pid] = worker
+        self.on_fork(worker)
+        return worker
+
+    def spawn(self, front: int) -> None:
+        """Hand the request of `front` to an idle worker (a new one when none is idle),
+        keeping a copy of its reply FIFO to answer for a worker that dies."""
+        out = open_reply(self.state_dir, front)
+        if out is None:
+            _unlink(*request_paths(self.state_dir, front))
+            return
+        while True:
+            worker = self.idle.pop() if self.idle else self.fork_worker(ahead=False)
+            if worker is None:
+                self.answer(front, out, "python\n")
+                return
+            try:
+                os.write(worker.to, f"{front}\n".encode())
+                break
+            except OSError:  # it died idle: reap() logs it; try the next one
+                self.retire(worker)
+        # the server keeps its copy of the reply FIFO until the worker says it is done: the
+        # worker unlinks the name, and a worker that dies unanswered is answered through it
+        worker.front, worker.out = front, out
         self.served += 1
+        if not self.idle and len(self.workers) < IDLE_MAX:
+            self.fork_worker(ahead=True)  # a spare for the next create, made while this one runs
+
+    def retire(self, worker: Worker) -> None:
+        """No more requests for `worker`: it exits when it reads EOF (reap() forgets it)."""
+        if worker.to >= 0:
+            os.close(worker.to)
+            worker.to = -1
+        if worker in self.idle:
+            self.idle.remove(worker)
+
+    def finished(self, worker: Worker) -> None:
+        """Read what `worker` said on its done pipe: `d` (request done, it takes another),
+        `x` (done, and it exits now)."""
+        try:
+            said = os.read(worker.done, 64)
+        except BlockingIOError:
+            return
+        except OSError:
+            said = b""
+        if not said:
+            return  # EOF: it exits, reap() forgets it
+        if worker.out >= 0:
+            os.close(worker.out)
+            worker.front = worker.out = -1
+        if b"x" in said or self.stop or worker.to < 0 or len(self.idle) >= IDLE_MAX:
+            self.retire(worker)
+        else:
+            self.idle.append(worker)
 
     def answer(self, front: int, fd: int, text: str) -> None:
         """Answer `front` on `fd` from the server itself (its worker died, or the server
@@ -326,29 +509,33 @@ class Server:
         _unlink(*request_paths(self.state_dir, front))
 
     def reap(self) -> None:
+        """Forget the workers that exited; answer the front of one that died serving it."""
         while self.workers:
             try:
-                worker, status = os.waitpid(-1, os.WNOHANG)
+                pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:  # not ours any more: nothing left to answer for
-                for _, out in self.workers.values():
-                    os.close(out)
-                self.workers.clear()
+                pid, status = next(iter(self.workers)), 0
+            if pid == 0:
                 return
-            if worker == 0:
-                return
-            entry = self.workers.pop(worker, None)
-            if entry is None:
+            worker = self.workers.pop(pid, None)
+            if worker is None:
                 continue
-            front, out = entry
+            self.finished(worker)  # a `d` it wrote before it exited
+            self.retire(worker)
+            self.on_exit(worker)
+            os.close(worker.done)
+            if worker.out < 0:
+                if status and not self.stop:
+                    self.say(f"idle worker {pid} exited (wait status {status:#x})")
+                continue
+            front, out = worker.front, worker.out
             if os.WIFSIGNALED(status):
                 why = f"signal {os.WTERMSIG(status)}"
-                self.say(f"worker {worker} for pid {front} killed by {why}")
+                self.say(f"worker {pid} for pid {front} killed by {why}")
                 self.answer(front, out, why + "\n")
-            elif os.waitstatus_to_exitcode(status) != 0:
-                self.say(f"worker {worker} for pid {front} failed")
-                self.answer(front, out, "worker failed\n")
             else:
-                os.close(out)
+                self.say(f"worker {pid} for pid {front} exited unanswered")
+                self.answer(front, out, "worker failed\n")
 
     def requests(self, buf: bytearray) -> list[int]:
         """Complete request lines read so far (pids), malformed ones logged and dropped."""
@@ -376,36 +563,43 @@ class Server:
 
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w)
-
-        def on_stop(signum: int, frame: object) -> None:
-            self.stop = True
-
-        signal.signal(signal.SIGTERM, on_stop)
-        signal.signal(signal.SIGINT, on_stop)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         sel = selectors.DefaultSelector()
         sel.register(self.fifo_fd, selectors.EVENT_READ)
         sel.register(wake_r, selectors.EVENT_READ)
-        buf = bytearray()
-        while not self.stop:
-            events = sel.select(SWEEP_S)
+        self.on_fork = lambda worker: sel.register(worker.done, selectors.EVENT_READ, worker)
+        self.on_exit = lambda worker: sel.unregister(worker.done)
+
+        def step(timeout: float) -> bool:
+            events = sel.select(timeout)
             try:
                 while os.read(wake_r, 512):
                     pass
             except BlockingIOError:
                 pass
+            for key, _ in events:
+                if isinstance(key.data, Worker):
+                    self.finished(key.data)
+            return bool(events)
+
+        buf = bytearray()
+        self.fork_worker(ahead=True)
+        while not self.stop:
+            busy = step(SWEEP_S)
             for front in self.requests(buf):
                 self.spawn(front)
             self.reap()
-            if not events:
+            if not busy:
                 sweep(self.state_dir)
         self.close()
+        for worker in list(self.workers.values()):
+            self.retire(worker)  # idle ones exit now, busy ones when done
         for front in self.requests(buf):  # queued before the FIFO went: Python serves them
             out = open_reply(self.state_dir, front)
             if out is not None:
                 self.answer(front, out, "python\n")
         while self.workers:
-            sel.select(1.0)
+            step(1.0)
             self.reap()
         return 0
 
@@ -423,6 +617,13 @@ def serve(state_dir: str, say: Callable[[str], None]) -> int:
     gc.collect()
     gc.freeze()  # what warm() made is never collected: a worker's GC leaves those pages shared
     server = Server(state_dir, say)
+
+    def on_stop(signum: int, frame: object) -> None:
+        server.stop = True
+
+    # before the pid file exists: a stop sent as soon as it appears is a clean stop
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
     try:
         server.open()
     except OSError as exc:

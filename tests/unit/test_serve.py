@@ -8,6 +8,7 @@ names no gpuctk config: the config, folder and stderr in force are the front's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -142,6 +143,42 @@ def test_the_worker_works_in_the_fronts_folder_and_environment(node: Node) -> No
     assert "SERVED=yes" in node.edited()
 
 
+def _fds(pid: str) -> list[str]:
+    return sorted(os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_a_worker_serves_create_after_create_each_in_its_own_fronts_state(node: Node) -> None:
+    """Workers are reused: after eight creates the server has no more than IDLE_MAX of
+    them, those that served early still serve and hold the files they held then (nothing of
+    a front's left open), and each create ran in its own front's folder and stderr."""
+    node.start()
+    assert node.server is not None
+    children = Path(f"/proc/{node.server.pid}/task/{node.server.pid}/children")
+    bundles = [node.bundle, node.tmp / "bundle2"]
+    (bundles[1] / "rootfs").mkdir(parents=True)
+    good = json.dumps(ASKS)
+    bad = json.dumps({**ASKS, "process": {**ASKS["process"], "env": ["NVIDIA_VISIBLE_DEVICES=7"]}})  # type: ignore[dict-item]
+    before: dict[str, list[str]] = {}
+    for n in range(8):
+        bundle = bundles[n % 2]
+        (bundle / "config.json").write_text(bad if n % 4 == 3 else good)
+        done = node.run("create", f"c{n}", cwd=bundle)  # no --bundle: the front's folder
+        if n % 4 == 3:
+            assert done.returncode == 1 and "unknown CDI device nvidia.com/gpu=7" in done.stderr
+        else:
+            assert done.returncode == 0 and done.stderr == "", done.stderr
+            edited = json.loads((bundle / "config.json").read_text())["process"]["env"]
+            assert edited == ["NVIDIA_VISIBLE_DEVICES=0", "SERVED=yes"]
+        if n == 1:
+            time.sleep(0.5)  # a spare forked ahead is done copying its pages (populate)
+            before = {pid: _fds(pid) for pid in children.read_text().split()}
+    after = {pid: _fds(pid) for pid in children.read_text().split()}
+    assert len(after) <= serve.IDLE_MAX  # not a process per create
+    kept = set(before) & set(after)
+    assert kept and {p: after[p] for p in kept} == {p: before[p] for p in kept}
+    assert "stopped after 8 creates" in node.stop()
+
+
 def test_an_error_reaches_the_fronts_stderr_and_the_engine_log(node: Node) -> None:
     node.start()
     node.ask({**ASKS, "process": {**ASKS["process"], "env": ["NVIDIA_VISIBLE_DEVICES=7"]}})  # type: ignore[dict-item]
@@ -207,6 +244,15 @@ def test_a_server_that_never_answers_times_out_with_an_error(node: Node) -> None
         mute.wait()
 
 
+def _cwd_served(children: Path, cwd: Path) -> bool:
+    """Whether one of the server's workers works in `cwd` (it moved into its front's)."""
+    for pid in children.read_text().split():
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/cwd") == str(cwd):
+                return True
+    return False
+
+
 def test_a_worker_that_dies_is_answered_by_the_server(node: Node) -> None:
     """The worker blocks writing its log line to the engine's --log, here a FIFO nobody
     reads, and is killed: the server answers the front with an error instead of leaving it
@@ -217,18 +263,17 @@ def test_a_worker_that_dies_is_answered_by_the_server(node: Node) -> None:
     node.ask()
     front = subprocess.Popen(
         [str(node.front), "--log", str(blocker), "create", "-b", str(node.bundle), "c1"],
-        env=node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=node.tmp,
     )  # fmt: skip
     assert node.server is not None
     deadline = time.monotonic() + 30
-    workers: list[str] = []
-    while not workers:
-        assert time.monotonic() < deadline, "no worker started"
-        children = Path(f"/proc/{node.server.pid}/task/{node.server.pid}/children")
-        workers = children.read_text().split()
+    children = Path(f"/proc/{node.server.pid}/task/{node.server.pid}/children")
+    while not _cwd_served(children, node.tmp):
+        assert time.monotonic() < deadline, "no worker took the request"
         time.sleep(0.05)
     time.sleep(0.3)  # into the blocking open
-    os.kill(int(workers[0]), signal.SIGKILL)
+    for worker in children.read_text().split():  # the busy one, and any idle one
+        os.kill(int(worker), signal.SIGKILL)
     out, err = front.communicate(timeout=30)
     assert front.returncode == 1 and out == ""
     assert "create server's worker died (signal 9)" in err
