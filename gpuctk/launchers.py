@@ -133,44 +133,48 @@ raise SystemExit(main())
 
 
 # The bash half of the create-server path (gpuctk.hook.serve): run with
-# `bash -c CODE "$0" STATE RUNTIME PYCODE "$@"` (no single quotes; bash for `read -t`). It makes
-# its reply FIFO, writes the request, sends its pid, and on the answer: `0` execs the runtime,
-# a status exits with it, `python` (or anything that stopped the request before it was sent)
-# runs the Python shim as without a server; no answer within GPUCTK_SERVE_TIMEOUT seconds
-# (default 60) is an error, since the server may still be at work on the bundle.
+# `bash -c CODE "$0" STATE RUNTIME PYCODE "$@"` (no single quotes; bash for `read -t` and for
+# descriptors it picks itself, from 10 up, so none the engine passed is touched). Its reply
+# channel is a pipe made without a process: a here-string is a pipe in bash 5.1+ (a temp file
+# before: then Python runs), reopened read-write through /proc so that it never reads EOF.
+# It writes the request, sends `PID FD` (FD: that pipe), and on the answer: `0` execs the
+# runtime, a status exits with it, `python` (or anything that stopped the request before it
+# was sent) runs the Python shim as without a server; no answer within GPUCTK_SERVE_TIMEOUT
+# seconds (default 60) is an error, since the server may still be at work on the bundle.
 _SERVE_CLIENT = """self=$0 state=$1 runtime=$2 pycode=$3
 shift 3
-rep=$state/create.$$.rep
 req=$state/create.$$.req
-for mk in /usr/bin/mkfifo /bin/mkfifo; do
-	[ -x "$mk" ] || continue
-	if "$mk" -m 600 -- "$rep" 2>/dev/null; then
-		exec 4<>"$rep"
+answer=python
+if { exec {made}<<<-; } 2>/dev/null; then
+	if { exec {reply}<>"/proc/self/fd/$made"; } 2>/dev/null; then
+		exec {made}<&-
 		set -C
-		if { printf "%s\\0" "@TAG@" "$runtime" "$@" >"$req"; } 2>/dev/null &&
-			{ exec 3<>"$state/create.fifo"; } 2>/dev/null && printf "%s\\n" "$$" >&3; then
-			exec 3>&-
+		if [ -p "/proc/self/fd/$reply" ] && read -r -u "$reply" _ &&
+			{ printf "%s\\0" "@TAG@" "$runtime" "$@" >"$req"; } 2>/dev/null &&
+			{ exec {fifo}<>"$state/create.fifo"; } 2>/dev/null; then
+			{ printf "%s %s\\n" "$$" "$reply" >&"$fifo"; } 2>/dev/null
+			sent=$?
+			exec {fifo}>&-
 			limit=${GPUCTK_SERVE_TIMEOUT:-60}
 			case $limit in "" | *[!0-9]*) limit=60 ;; esac
-			if IFS= read -r -t "$limit" reply <&4; then
-				exec 4>&-
-				case $reply in
-				0) exec "$runtime" "$@" ;;
-				[1-9] | [1-9][0-9] | [1-9][0-9][0-9]) exit "$reply" ;;
-				python) ;;
-				*) echo "gpuctk-runtime: the create server answered \\"$reply\\"" >&2; exit 1 ;;
-				esac
-			else
+			if [ "$sent" -eq 0 ] && ! IFS= read -r -t "$limit" -u "$reply" answer; then
 				read -r spid <"$state/create.pid" 2>/dev/null
 				echo "gpuctk-runtime: the create server (pid ${spid:-gone}) did not answer" \\
 					"within $limit s; see journalctl -u gpuctk-create-server" >&2
 				exit 1
 			fi
 		fi
-		exec 3>&- 4>&-
+		exec {reply}<&-
+	else
+		exec {made}<&-
 	fi
-	break
-done
+fi
+case $answer in
+0) exec "$runtime" "$@" ;;
+[1-9] | [1-9][0-9] | [1-9][0-9][0-9]) exit "$answer" ;;
+python) ;;
+*) echo "gpuctk-runtime: the create server answered \\"$answer\\"" >&2; exit 1 ;;
+esac
 @FRONT@=$runtime
 export @FRONT@
 exec @PYTHON@ -IS -c "$pycode" "$self" "$@"

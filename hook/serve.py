@@ -17,14 +17,16 @@ mode 0700, checked by server and front alike):
 - `create.lock`  held (flock) by the live server: one server per state folder;
 - `create.pid`   the server's pid; its /proc comm is `gpuctk-serve` (COMM);
 - `create.fifo`  the request FIFO (0600);
-- the front (gpuctk.launchers, a bash client; bash for `read -t`) makes `create.PID.rep`, a
-  FIFO it opens read-write (so it never blocks and the pipe outlives any writer), writes
+- the front (gpuctk.launchers, a bash client; bash for `read -t`) makes its reply pipe with
+  no process (a bash 5.1+ here-string, reopened read-write through /proc/self/fd so that it
+  never reads EOF, at a descriptor FD bash picks above any open one), writes
   `create.PID.req` (NUL-terminated: REQUEST_TAG, the memo's runtime, then its arguments),
-  then writes `PID\\n` to `create.fifo` (one write under PIPE_BUF: atomic among fronts) and
-  reads one line from its reply FIFO, for at most `GPUCTK_SERVE_TIMEOUT` seconds (default 60);
+  then writes `PID FD\\n` to `create.fifo` (one write under PIPE_BUF: atomic among fronts)
+  and reads one line from its pipe, for at most `GPUCTK_SERVE_TIMEOUT` seconds (default 60);
 - the server hands each line to an idle worker (forking one when none is idle), after
-  opening the reply FIFO itself (write, non-blocking: gone means the front is gone). The
-  worker opens it too, unlinks both files, reads the request, takes the front's
+  opening the reply pipe itself through /proc/PID/fd/FD (write, non-blocking; only when the
+  request file exists and FD is an anonymous pipe: a file is never written to). The
+  worker opens it too, unlinks the request file, reads the request, takes the front's
   environment from /proc/PID/environ (less GPUCTK_FRONT_RUNTIME, which only the front sets),
   moves into /proc/PID/cwd, writes its messages to the front's stderr (/proc/PID/fd/2), runs
   `prepare` and writes its status: `0` (the front execs the runtime), `1` (the error is
@@ -34,7 +36,7 @@ mode 0700, checked by server and front alike):
   stderr.
 - Workers are reused. A worker goes back to its own environment, folder (/) and stderr after
   each create and tells the server on a pipe (`d`), which then closes its copy of the reply
-  FIFO and counts the worker idle; it serves up to WORKER_REQUESTS creates, and the server
+  pipe and counts the worker idle; it serves up to WORKER_REQUESTS creates, and the server
   keeps up to IDLE_MAX idle. A fresh fork pays ~4 ms more per create here than a worker that
   served before: copy-on-write faults on the pages it shares with the server (a reference
   count written is a page copied) and the first run of each code path (CPython specializes
@@ -47,7 +49,8 @@ mode 0700, checked by server and front alike):
   Python), answers `python` to the requests still queued, waits for its workers, and exits 0.
 
 Anything the front cannot check (no server, a pid that is not a live root `gpuctk-serve`, no
-bash or mkfifo, a leftover reply FIFO of the same pid) means the Python shim, as before.
+bash or one older than 5.1, a leftover request file of the same pid) means the Python shim,
+as before.
 The worker runs the same code as the Python shim, so a config or spec change takes effect on
 the next create; only a change of gpuctk's own code needs a server restart (the deb's postinst
 restarts it).
@@ -58,6 +61,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import stat
 import sys
 
 from gpuctk.errors import GpuctkError, OutputError
@@ -91,9 +95,22 @@ WARM_MODULES = (
 MADV_POPULATE_WRITE = 23  # Linux 5.14+
 
 
-def request_paths(state_dir: str, pid: int) -> tuple[str, str]:
-    """The request file and reply FIFO of the front with `pid`."""
-    return f"{state_dir}/create.{pid}.req", f"{state_dir}/create.{pid}.rep"
+def request_path(state_dir: str, pid: int) -> str:
+    """The request file of the front with `pid`."""
+    return f"{state_dir}/create.{pid}.req"
+
+
+_pipefs: list[int] = []  # the device number of anonymous pipes (pipefs), once known
+
+
+def _anonymous_pipe(fd: int) -> bool:
+    if not _pipefs:
+        r, w = os.pipe()
+        _pipefs.append(os.fstat(r).st_dev)
+        os.close(r)
+        os.close(w)
+    st = os.fstat(fd)
+    return stat.S_ISFIFO(st.st_mode) and st.st_dev == _pipefs[0]
 
 
 def warm() -> None:
@@ -212,28 +229,36 @@ def _say(fd: int, text: str) -> None:
         return  # the front is gone: nobody to tell
 
 
-def open_reply(state_dir: str, pid: int) -> int | None:
-    """The front's reply FIFO, open for writing; None when no front waits on it (it timed out
-    or died: nobody holds it open, or it is gone)."""
+def open_reply(state_dir: str, pid: int, fd: int) -> int | None:
+    """The reply pipe of the front with `pid` (its descriptor `fd`), opened anew for writing;
+    None when there is no such request (no request file: it timed out, or the line was not
+    a front's), no such front or descriptor, or the descriptor is not an anonymous pipe (a
+    file or a named FIFO is never written to)."""
     try:
-        return os.open(
-            request_paths(state_dir, pid)[1],
-            os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC,
-        )
+        if not stat.S_ISREG(os.lstat(request_path(state_dir, pid)).st_mode):
+            return None
+        out = os.open(f"/proc/{pid}/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        if _anonymous_pipe(out):
+            return out
+    except OSError:
+        pass
+    os.close(out)
+    return None
 
 
 def work(state_dir: str, pid: int, out: int) -> int:
     """One request, in a forked worker, answered on `out` (the reply FIFO, which the server
     opened): 0 when it was answered, anything else when the server must answer for it."""
-    req, rep = request_paths(state_dir, pid)
+    req = request_path(state_dir, pid)
     answer = "python"
     try:
         try:
             fields = _read_file(req, MAX_REQUEST).split(b"\0")
         finally:
-            _unlink(req, rep)
+            _unlink(req)
         if len(fields) < 3 or fields[0] != REQUEST_TAG.encode() or fields[-1] != b"":
             raise ValueError(f"{req}: not a {REQUEST_TAG!r} request")
         runtime = os.fsdecode(fields[1])
@@ -262,15 +287,17 @@ def work(state_dir: str, pid: int, out: int) -> int:
     return 0
 
 
-def _next_front(requests: int) -> int | None:
-    """The next front's pid from the server; None at EOF (the server stops or is gone)."""
+def _next_front(requests: int) -> tuple[int, int] | None:
+    """The next front's pid and reply descriptor from the server; None at EOF (the server
+    stops or is gone)."""
     line = b""
     while not line.endswith(b"\n"):
         chunk = os.read(requests, 32)
         if not chunk:
             return None
         line += chunk
-    return int(line)
+    pid, fd = line.split()
+    return int(pid), int(fd)
 
 
 def worker_main(state_dir: str, requests: int, done: int, ahead: bool) -> int:
@@ -288,13 +315,14 @@ def worker_main(state_dir: str, requests: int, done: int, ahead: bool) -> int:
     environ = dict(os.environ)
     stderr = os.dup(2)
     for n in range(1, WORKER_REQUESTS + 1):
-        front = _next_front(requests)
-        if front is None:
+        request = _next_front(requests)
+        if request is None:
             return 0
+        front, fd = request
         signal.alarm(WORKER_LIMIT_S)
-        out = open_reply(state_dir, front)
+        out = open_reply(state_dir, front, fd)
         if out is None:  # the front is gone
-            _unlink(*request_paths(state_dir, front))
+            _unlink(request_path(state_dir, front))
         else:
             try:
                 work(state_dir, front, out)
@@ -440,12 +468,12 @@ class Server:
         self.on_fork(worker)
         return worker
 
-    def spawn(self, front: int) -> None:
+    def spawn(self, front: int, fd: int) -> None:
         """Hand the request of `front` to an idle worker (a new one when none is idle),
         keeping a copy of its reply FIFO to answer for a worker that dies."""
-        out = open_reply(self.state_dir, front)
+        out = open_reply(self.state_dir, front, fd)
         if out is None:
-            _unlink(*request_paths(self.state_dir, front))
+            _unlink(request_path(self.state_dir, front))
             return
         while True:
             worker = self.idle.pop() if self.idle else self.fork_worker(ahead=False)
@@ -453,7 +481,7 @@ class Server:
                 self.answer(front, out, "python\n")
                 return
             try:
-                os.write(worker.to, f"{front}\n".encode())
+                os.write(worker.to, f"{front} {fd}\n".encode())
                 break
             except OSError:  # it died idle: reap() logs it; try the next one
                 self.retire(worker)
@@ -506,7 +534,7 @@ class Server:
             text = "1\n"
         _say(fd, text)
         os.close(fd)
-        _unlink(*request_paths(self.state_dir, front))
+        _unlink(request_path(self.state_dir, front))
 
     def reap(self) -> None:
         """Forget the workers that exited; answer the front of one that died serving it."""
@@ -537,8 +565,9 @@ class Server:
                 self.say(f"worker {pid} for pid {front} exited unanswered")
                 self.answer(front, out, "worker failed\n")
 
-    def requests(self, buf: bytearray) -> list[int]:
-        """Complete request lines read so far (pids), malformed ones logged and dropped."""
+    def requests(self, buf: bytearray) -> list[tuple[int, int]]:
+        """Complete request lines read so far (`PID FD`: a front and its reply pipe's
+        descriptor), malformed ones logged and dropped."""
         try:
             while True:
                 chunk = os.read(self.fifo_fd, 65536)
@@ -549,14 +578,15 @@ class Server:
             pass
         lines = bytes(buf).split(b"\n")
         buf[:] = lines.pop()
-        pids = []
+        found = []
         for line in lines:
             text = line.decode("ascii", "replace").strip()
-            if text.isdigit() and int(text) > 1:
-                pids.append(int(text))
+            pid, _, fd = text.partition(" ")
+            if pid.isdigit() and fd.isdigit() and int(pid) > 1 and len(fd) < 8:
+                found.append((int(pid), int(fd)))
             elif text:
                 self.say(f"ignored a malformed request line: {text[:80]!r}")
-        return pids
+        return found
 
     def run(self) -> int:
         import selectors
@@ -586,16 +616,16 @@ class Server:
         self.fork_worker(ahead=True)
         while not self.stop:
             busy = step(SWEEP_S)
-            for front in self.requests(buf):
-                self.spawn(front)
+            for front, fd in self.requests(buf):
+                self.spawn(front, fd)
             self.reap()
             if not busy:
                 sweep(self.state_dir)
         self.close()
         for worker in list(self.workers.values()):
             self.retire(worker)  # idle ones exit now, busy ones when done
-        for front in self.requests(buf):  # queued before the FIFO went: Python serves them
-            out = open_reply(self.state_dir, front)
+        for front, fd in self.requests(buf):  # queued before the FIFO went: Python serves them
+            out = open_reply(self.state_dir, front, fd)
             if out is not None:
                 self.answer(front, out, "python\n")
         while self.workers:

@@ -133,6 +133,29 @@ def test_the_server_edits_the_bundle_and_the_front_execs_the_runtime(node: Node)
     assert not (node.state / serve.FIFO).exists() and not (node.state / serve.PIDFILE).exists()
 
 
+def test_the_engines_descriptors_reach_the_runtime_untouched(node: Node) -> None:
+    """runc gets the engine's extra descriptors (--preserve-fds, ...): the client's own are
+    ones bash picks above all that are open, and are closed before the runtime runs."""
+    node.start()
+    node.ask()
+    fds = (3, 4, 10)  # 10: where bash starts picking its own
+    node.runtime.write_text(
+        "#!/bin/sh\n" + "".join(f"echo fd{fd} >/proc/self/fd/{fd}\n" for fd in fds)
+        + "ls /proc/self/fd | sort -n | tr '\\n' ' '\n"
+    )  # fmt: skip
+    opens = " ".join(f"{fd}>{node.tmp / f'out{fd}'}" for fd in fds)
+    done = subprocess.run(
+        ["/bin/bash", "-c", f'exec {opens}; exec "$0" create -b "$1" c1', str(node.front),
+         str(node.bundle)],
+        env=node.env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert [(node.tmp / f"out{fd}").read_text() for fd in fds] == [f"fd{fd}\n" for fd in fds]
+    # 0-2, the engine's, and the one ls lists its folder with: nothing of the client's
+    assert done.stdout.split() == ["0", "1", "2", "3", "4", "5", "10"]
+    assert "SERVED=yes" in node.edited()
+
+
 def test_the_worker_works_in_the_fronts_folder_and_environment(node: Node) -> None:
     """No --bundle: the bundle is the front's current folder. The spec dirs come from the
     front's GPUCTK_CONFIG: the server's names a missing file (the defaults, /etc/cdi and
@@ -310,10 +333,17 @@ def test_malformed_lines_are_dropped_and_leftovers_swept(node: Node) -> None:
     node.start()
     assert not dead.exists() and live.exists()
     live.unlink()
-    with open(node.state / serve.FIFO, "w") as fifo:
-        fifo.write("junk\n1\n")
-    node.ask()
-    assert node.run("create", "-b", str(node.bundle), "c1").returncode == 0
+    # a well-formed line whose descriptor is a file, not the anonymous pipe a front makes:
+    # never written to, even with its request file in place
+    victim = node.tmp / "victim"
+    victim.write_text("keep\n")
+    live.write_text("x")
+    with open(victim, "r+") as held, open(node.state / serve.FIFO, "w") as fifo:
+        fifo.write(f"junk\n1\n{os.getpid()}\n{os.getpid()} {held.fileno()}\n")
+        fifo.flush()
+        node.ask()
+        assert node.run("create", "-b", str(node.bundle), "c1").returncode == 0
+    assert victim.read_text() == "keep\n" and not live.exists()
     err = node.stop()
     assert "ignored a malformed request line: 'junk'" in err
-    assert "'1'" in err and "stopped after 1 creates" in err
+    assert "'1'" in err and f"'{os.getpid()}'" in err and "stopped after 1 creates" in err
