@@ -26,10 +26,11 @@ run so that machine noise hits them alike:
                     driver staged in one host folder, mounted at /usr/local/nvidia (which the
                     shim adds to the image's ld cache) and in two glibc-hwcaps folders
                     (gpuctk.cdi.stage).
+- runc + folder edits  the same on the folder spec's edits (1 GPU): runc's own floor there.
 - gpuctk ..., create server  1 and 8 GPUs, default and folder spec, with `gpuctk
                     create-server` running on the shim's state folder: the sh front hands
-                    the create to a worker forked from the warm server (gpuctk.hook.serve),
-                    no Python start on the container's path.
+                    the create to one of the server's warm workers (gpuctk.hook.serve), no
+                    Python start on the container's path.
 
 With podman installed (and unless --no-podman), as many podman rounds follow (bench/podman.py
 measure), alternating its cases: `podman run --rm /bin/true` with no device, with the default
@@ -312,6 +313,17 @@ def main() -> None:
     fnode = generate(folder, driver_root, PROFILE, folder / "cdi" / "nvidia.json", bindir, staged)
     ftoml = folder / "gpuctk.toml"
     ftoml.write_text(f'runtimes = ["{runc}"]\nspec-dirs = ["{fnode.spec_dir}"]\n')
+    fdry = folder / "dry.toml"
+    fdry.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{fnode.spec_dir}"]\n')
+
+    def edit_ahead_folder(bundle: Path) -> None:
+        subprocess.run(
+            [shim, "create", "--bundle", str(bundle), "gpuctk-bench-dry"],
+            env={**os.environ, "GPUCTK_CONFIG": str(fdry), "GPUCTK_STATE_DIR": str(folder)},
+            check=True,
+        )  # fmt: skip
+
+    cases["runc + folder edits"] = ([runc], one, edit_ahead_folder)
     for gpus, request in (("1 GPU", one), ("8 GPUs", cases["gpuctk 8 GPUs"][1])):
         name = f"gpuctk {gpus}, folder spec"
         cases[name] = ([shim], request, None)
