@@ -284,12 +284,20 @@ def main() -> None:
     dry = work / "dry.toml"  # the shim's edits without starting anything
     dry.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{spec_dir}"]\n')
 
-    def edit_ahead(bundle: Path) -> None:
-        subprocess.run(
-            [shim, "create", "--bundle", str(bundle), "gpuctk-bench-dry"],
-            env={**os.environ, "GPUCTK_CONFIG": str(dry), "GPUCTK_STATE_DIR": str(work)},
-            check=True,
-        )  # fmt: skip
+    def editor(config: Path, state: Path) -> Prepare:
+        """A prepare step: the shim's edits to a bundle made ahead, with `config` (its
+        runtime /bin/true) and its memo in `state`."""
+
+        def edit(bundle: Path) -> None:
+            subprocess.run(
+                [shim, "create", "--bundle", str(bundle), "gpuctk-bench-dry"],
+                env={**os.environ, "GPUCTK_CONFIG": str(config), "GPUCTK_STATE_DIR": str(state)},
+                check=True,
+            )  # fmt: skip
+
+        return edit
+
+    edit_ahead = editor(dry, work)
 
     one = ["NVIDIA_VISIBLE_DEVICES=0"]
     cases: dict[str, tuple[list[str], list[str], Prepare | None]] = {
@@ -315,15 +323,7 @@ def main() -> None:
     ftoml.write_text(f'runtimes = ["{runc}"]\nspec-dirs = ["{fnode.spec_dir}"]\n')
     fdry = folder / "dry.toml"
     fdry.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{fnode.spec_dir}"]\n')
-
-    def edit_ahead_folder(bundle: Path) -> None:
-        subprocess.run(
-            [shim, "create", "--bundle", str(bundle), "gpuctk-bench-dry"],
-            env={**os.environ, "GPUCTK_CONFIG": str(fdry), "GPUCTK_STATE_DIR": str(folder)},
-            check=True,
-        )  # fmt: skip
-
-    cases["runc + folder edits"] = ([runc], one, edit_ahead_folder)
+    cases["runc + folder edits"] = ([runc], one, editor(fdry, folder))
     for gpus, request in (("1 GPU", one), ("8 GPUs", cases["gpuctk 8 GPUs"][1])):
         name = f"gpuctk {gpus}, folder spec"
         cases[name] = ([shim], request, None)
