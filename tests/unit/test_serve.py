@@ -347,3 +347,33 @@ def test_malformed_lines_are_dropped_and_leftovers_swept(node: Node) -> None:
     err = node.stop()
     assert "ignored a malformed request line: 'junk'" in err
     assert "'1'" in err and f"'{os.getpid()}'" in err and "stopped after 1 creates" in err
+
+
+def _private_kib() -> int:
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Private_Dirty:"):
+                return int(line.split()[1])
+    raise AssertionError("no Private_Dirty in smaps_rollup")
+
+
+def test_populate_copies_the_pages_a_fork_shares() -> None:
+    """A forked child shares its parent's pages until it writes them; populate() makes them
+    its own at once (MADV_POPULATE_WRITE), so a worker's first create takes no copy faults."""
+    serve.warm()  # a heap like the server's
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            before = _private_kib()
+            pages = serve.populate()
+            os.write(w, f"{pages} {before} {_private_kib()}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    pages, before, after = (int(x) for x in os.read(r, 100).split())
+    os.close(r)
+    os.waitpid(child, 0)
+    if pages == 0:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
+    assert pages > 100 and after - before >= pages * 4 // 2, (pages, before, after)
