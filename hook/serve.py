@@ -249,6 +249,17 @@ def open_reply(state_dir: str, pid: int, fd: int) -> int | None:
     return None
 
 
+def _same_files(pid: int) -> None:
+    """ValueError unless the front with `pid` sees the files this worker sees: the same mount
+    namespace and root, so that the bundle, config and spec paths it names are the same
+    files here (an engine in its own mount namespace gets the Python shim, which runs in it)."""
+    if os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"):
+        raise ValueError("it runs in another mount namespace")
+    theirs, ours = os.stat(f"/proc/{pid}/root"), os.stat("/")
+    if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
+        raise ValueError("it runs under another root")
+
+
 def work(state_dir: str, pid: int, out: int) -> int:
     """One request, in a forked worker, answered on `out` (the reply FIFO, which the server
     opened): 0 when it was answered, anything else when the server must answer for it."""
@@ -263,6 +274,7 @@ def work(state_dir: str, pid: int, out: int) -> int:
             raise ValueError(f"{req}: not a {REQUEST_TAG!r} request")
         runtime = os.fsdecode(fields[1])
         args = [os.fsdecode(f) for f in fields[2:-1]]
+        _same_files(pid)
         env = _front_environ(pid)
         os.chdir(f"/proc/{pid}/cwd")
         _to_front_stderr(pid)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -221,6 +222,22 @@ def test_a_container_that_asks_for_nothing_skips_the_server_too(node: Node) -> N
     node.ask({**ASKS, "process": {**ASKS["process"], "env": []}})  # type: ignore[dict-item]
     assert node.run("create", "-b", str(node.bundle), "c1").stdout.startswith("B create")
     assert "stopped after 0 creates" in node.stop()
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare")
+def test_a_front_in_another_mount_namespace_runs_python(node: Node) -> None:
+    """The server cannot know what a front in another mount namespace means by its paths:
+    the worker answers `python`, and the front runs the Python shim in its own."""
+    node.start()
+    node.ask()
+    before = (node.bundle / "config.json").read_text()
+    done = subprocess.run(
+        ["unshare", "-m", str(node.front), "create", "-b", str(node.bundle), "c1"],
+        env=node.env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 127 and NO_PYTHON in done.stderr  # the Python shim, not served
+    assert (node.bundle / "config.json").read_text() == before
+    assert "not served: it runs in another mount namespace" in node.stop()
 
 
 def test_a_stopped_server_sends_creates_back_to_python(node: Node) -> None:
