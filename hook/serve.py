@@ -261,7 +261,7 @@ def _same_files(pid: int) -> None:
 
 
 def work(state_dir: str, pid: int, out: int) -> int:
-    """One request, in a forked worker, answered on `out` (the reply FIFO, which the server
+    """One request, in a worker, answered on `out` (the front's reply pipe, which the server
     opened): 0 when it was answered, anything else when the server must answer for it."""
     req = request_path(state_dir, pid)
     answer = "python"
@@ -362,7 +362,8 @@ def _alive(pid: int) -> bool:
 
 
 def sweep(state_dir: str) -> None:
-    """Remove request files and reply FIFOs of fronts that are gone."""
+    """Remove request files (and the named reply FIFOs an older front made) of fronts that
+    are gone."""
     try:
         names = os.listdir(state_dir)
     except OSError:
@@ -378,7 +379,7 @@ def sweep(state_dir: str) -> None:
 class Worker:
     """A worker process as the server sees it: the pipe that takes a front's pid to it, the
     pipe on which it says it is done, and the request it serves (front pid, the server's copy
-    of the reply FIFO; -1 while idle)."""
+    of the reply pipe; -1 while idle)."""
 
     __slots__ = ("done", "front", "out", "pid", "to")
 
@@ -482,7 +483,7 @@ class Server:
 
     def spawn(self, front: int, fd: int) -> None:
         """Hand the request of `front` to an idle worker (a new one when none is idle),
-        keeping a copy of its reply FIFO to answer for a worker that dies."""
+        keeping a copy of its reply pipe to answer for a worker that dies."""
         out = open_reply(self.state_dir, front, fd)
         if out is None:
             _unlink(request_path(self.state_dir, front))
@@ -497,8 +498,8 @@ class Server:
                 break
             except OSError:  # it died idle: reap() logs it; try the next one
                 self.retire(worker)
-        # the server keeps its copy of the reply FIFO until the worker says it is done: the
-        # worker unlinks the name, and a worker that dies unanswered is answered through it
+        # the server keeps its copy of the reply pipe until the worker says it is done: a
+        # worker that dies unanswered is answered through it
         worker.front, worker.out = front, out
         self.served += 1
         if not self.idle and len(self.workers) < IDLE_MAX:
