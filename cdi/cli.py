@@ -147,8 +147,18 @@ def output_format(fmt: str | None, output: str | None) -> str:
     "--prune-stages",
     is_flag=True,
     help="With --library-mode folder: after writing the spec, remove the older stages in "
-    "--staging-dir that no CDI spec in /etc/cdi, /var/run/cdi or the --output folder names "
-    "(each pins a driver's files on disk). Containers running on one keep their mount.",
+    "--staging-dir that no CDI spec in /etc/cdi, /var/run/cdi, the --output folder or a "
+    "--keep-spec-dir names (each pins a driver's files on disk). Containers running on one "
+    "keep their mount.",
+)
+@click.option(
+    "--keep-spec-dir",
+    multiple=True,
+    metavar="DIR",
+    type=click.Path(file_okay=False, path_type=str),
+    help="With --prune-stages: another folder of CDI specs whose stages stay (repeatable): "
+    "every folder an engine or gpuctk-runtime (its config's spec-dirs) reads specs from, "
+    "beyond /etc/cdi and /var/run/cdi.",
 )
 @click.option(
     "--loader-folders",
@@ -204,6 +214,7 @@ def generate(
     library_mode: str,
     staging_dir: str,
     prune_stages: bool,
+    keep_spec_dir: tuple[str, ...],
     loader_folders: str,
     driver_capabilities: str,
     driver_root: str,
@@ -296,6 +307,9 @@ def generate(
     check_options(opts)
     if prune_stages and library_mode != "folder":
         raise UsageError("--prune-stages goes with --library-mode folder (no other mode stages)")
+    if keep_spec_dir and not prune_stages:
+        raise UsageError("--keep-spec-dir goes with --prune-stages")
+    keep_spec_dir = tuple(os.path.abspath(d) for d in keep_spec_dir)
 
     def report(line: str) -> None:
         click.echo(f"gpuctk: {line}", err=True)
@@ -336,7 +350,8 @@ def generate(
         from gpuctk.cdi.registry import DEFAULT_SPEC_DIRS
         from gpuctk.cdi.stage import prune_stages as prune
 
-        where = DEFAULT_SPEC_DIRS + ((os.path.dirname(os.path.abspath(output)),) if output else ())
+        mine = (os.path.dirname(os.path.abspath(output)),) if output else ()
+        where = tuple(dict.fromkeys(DEFAULT_SPEC_DIRS + mine + keep_spec_dir))
         prune(os.path.dirname(opts.stage_path), opts.stage_path, where, report)
     if nic_spec is not None:
         nic_spec.emit()

@@ -41,8 +41,8 @@ Staging (host side, as root):
 - The staging dir must be a real folder owned by root that nobody else can write (it is made,
   mode 0755, if missing); anything else is refused. Older stages are left in place (a spec
   written earlier, or one generated with other options, may still name them) unless
-  `--prune-stages` is given: then those that no CDI spec in /etc/cdi, /var/run/cdi or the
-  output's folder names are removed (prune_stages).
+  `--prune-stages` is given: then those that no CDI spec in /etc/cdi, /var/run/cdi, the
+  output's folder or a `--keep-spec-dir` names are removed (prune_stages).
 """
 
 from __future__ import annotations
@@ -222,5 +222,8 @@ def prune_stages(
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(entry.path)
-        report(f"removed {entry.path}: no CDI spec in {', '.join(spec_dirs)} names it")
+        if entry.name.startswith(".tmp-"):
+            report(f"removed {entry.path}: a stage a run left unfinished over an hour ago")
+        else:
+            report(f"removed {entry.path}: no CDI spec in {', '.join(spec_dirs)} names it")
     return removed

@@ -333,7 +333,10 @@ def test_prune_keeps_what_a_spec_names(tmp_path: Path) -> None:
     assert sorted(p.name for p in staging.iterdir()) == sorted(
         [".tmp-new", "README", names["a"].name, names["b"].name]
     )
-    assert len(said) == 2 and "no CDI spec in" in said[0]
+    assert said == [
+        f"removed {old}: a stage a run left unfinished over an hour ago",
+        f"removed {names['c']}: no CDI spec in {specs}, /nonexistent names it",
+    ]
 
 
 def test_cli_prune_stages(tmp_path: Path, driver_root: Path) -> None:
@@ -348,8 +351,20 @@ def test_cli_prune_stages(tmp_path: Path, driver_root: Path) -> None:
     (second,) = staging.iterdir()  # the spec was rewritten: nothing names the first any more
     assert second != first and f"removed {first}" in p.stderr
     assert str(second) in out.read_text()
+    # a stage a spec in another folder names stays when that folder is named to keep
+    other = tmp_path / "runtime-specs"
+    other.mkdir()
+    (other / "old.json").write_text(json.dumps({"mounts": [{"hostPath": str(second)}]}))
+    p = generate(*common, "--prune-stages", "--keep-spec-dir", str(other))
+    assert p.returncode == 0, p.stderr
+    assert second.is_dir() and len(list(staging.iterdir())) == 2 and "removed" not in p.stderr
+    (other / "old.json").unlink()
+    p = generate(*common, "--prune-stages", "--keep-spec-dir", str(other))
+    assert p.returncode == 0 and f"removed {second}" in p.stderr and not second.exists()
     bad = generate("--driver-root", str(driver_root), "--prune-stages", "-o", str(out))
     assert bad.returncode == 2 and "--prune-stages goes with" in bad.stderr
+    bad = generate(*common, "--keep-spec-dir", str(other))
+    assert bad.returncode == 2 and "--keep-spec-dir goes with --prune-stages" in bad.stderr
 
 
 def test_the_shim_mirrors_the_stage_path() -> None:
