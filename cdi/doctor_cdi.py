@@ -19,9 +19,9 @@ from typing import Any
 
 from gpuctk.cdi.doctor_context import Context, Findings
 from gpuctk.cdi.doctor_report import Result, failed, ok, skipped, warning
+from gpuctk.cdi.stage import STAGE_NAME
 
 _VERSIONED_LIB = re.compile(r"/lib(?:cuda|nvidia-ml)\.so\.(\d+\.\d+(?:\.\d+)?)$")
-_STAGE = re.compile(r"/(\d+\.\d+(?:\.\d+)?)-[0-9a-f]{16}$")  # gpuctk.cdi.stage's folder
 FOREIGN_HOOKS = {"nvidia-ctk": "nvidia-ctk", "nvidia-cdi-hook": "nvidia-ctk"}
 DEFAULT_OUTPUT = "/var/run/cdi/nvidia.yaml"
 MAX_SHOWN = 6
@@ -155,7 +155,7 @@ def _spec_driver_version(doc: dict[str, Any], facts: Any) -> str | None:
     if facts is not None:
         return str(facts.driver_version)
     for path in _host_paths(doc, "mounts", "hostPath"):
-        match = _VERSIONED_LIB.search(path) or _STAGE.search(path)
+        match = _VERSIONED_LIB.search(path) or STAGE_NAME.fullmatch(os.path.basename(path))
         if match:
             return match.group(1)
     return None

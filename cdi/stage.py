@@ -185,7 +185,7 @@ def stage_driver(
     return final
 
 
-STAGE_NAME = re.compile(r"\d+(?:\.\d+)+-[0-9a-f]{16}")
+STAGE_NAME = re.compile(r"(\d+(?:\.\d+)+)-[0-9a-f]{16}")  # group 1: the driver version
 STALE_TMP_S = 3600  # a `.tmp-` folder this old is a run that died halfway
 
 
