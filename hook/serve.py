@@ -77,6 +77,7 @@ FIFO, PIDFILE, LOCK = "create.fifo", "create.pid", "create.lock"
 WORKER_LIMIT_S = 50  # below the front's default 60 s wait
 WORKER_REQUESTS = 1000  # creates a worker serves before it exits (a new one takes over)
 IDLE_MAX = 4  # idle workers kept; more exit when they finish
+MAX_WORKERS = 16  # at once (default); a create beyond them runs the Python shim
 MAX_REQUEST = 4 * 1024 * 1024
 SWEEP_S = 60.0  # how often an idle server removes leftovers of fronts that died
 # Imported before the first request: what `gpuctk-runtime create` imports (bench/imports),
@@ -391,9 +392,12 @@ class Worker:
 class Server:
     """The server's state: its folder, FIFO, and its workers."""
 
-    def __init__(self, state_dir: str, say: Callable[[str], None]) -> None:
+    def __init__(
+        self, state_dir: str, say: Callable[[str], None], max_workers: int = MAX_WORKERS
+    ) -> None:
         self.state_dir = state_dir
         self.say = say
+        self.max_workers = max_workers
         self.workers: dict[int, Worker] = {}  # by pid
         self.idle: list[Worker] = []  # the last one done is taken first
         self.stop = False
@@ -489,7 +493,12 @@ class Server:
             _unlink(request_path(self.state_dir, front))
             return
         while True:
-            worker = self.idle.pop() if self.idle else self.fork_worker(ahead=False)
+            if self.idle:
+                worker: Worker | None = self.idle.pop()
+            elif len(self.workers) < self.max_workers:
+                worker = self.fork_worker(ahead=False)
+            else:  # a burst beyond max_workers: this create starts Python, as without us
+                worker = None
             if worker is None:
                 self.answer(front, out, "python\n")
                 return
@@ -502,8 +511,15 @@ class Server:
         # worker that dies unanswered is answered through it
         worker.front, worker.out = front, out
         self.served += 1
-        if not self.idle and len(self.workers) < IDLE_MAX:
-            self.fork_worker(ahead=True)  # a spare for the next create, made while this one runs
+        if not self.idle and len(self.workers) < min(IDLE_MAX, self.max_workers):
+            self.spare()  # for the next create, made while this one runs
+
+    def spare(self) -> None:
+        """Fork a worker ahead of need, idle at the bottom of the list: a worker that has
+        served (warm) is taken before it."""
+        worker = self.fork_worker(ahead=True)
+        if worker is not None:
+            self.idle.insert(0, worker)
 
     def retire(self, worker: Worker) -> None:
         """No more requests for `worker`: it exits when it reads EOF (reap() forgets it)."""
@@ -626,7 +642,7 @@ class Server:
             return bool(events)
 
         buf = bytearray()
-        self.fork_worker(ahead=True)
+        self.spare()
         while not self.stop:
             busy = step(SWEEP_S)
             for front, fd in self.requests(buf):
@@ -647,7 +663,7 @@ class Server:
         return 0
 
 
-def serve(state_dir: str, say: Callable[[str], None]) -> int:
+def serve(state_dir: str, say: Callable[[str], None], max_workers: int = MAX_WORKERS) -> int:
     """Run the create server on `state_dir` until SIGTERM/SIGINT."""
     if os.geteuid() != 0:
         raise GpuctkError(
@@ -659,7 +675,7 @@ def serve(state_dir: str, say: Callable[[str], None]) -> int:
 
     gc.collect()
     gc.freeze()  # what warm() made is never collected: a worker's GC leaves those pages shared
-    server = Server(state_dir, say)
+    server = Server(state_dir, say, max_workers)
 
     def on_stop(signum: int, frame: object) -> None:
         server.stop = True
@@ -667,6 +683,10 @@ def serve(state_dir: str, say: Callable[[str], None]) -> int:
     # before the pid file exists: a stop sent as soon as it appears is a clean stop
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
+    # a parent that blocked these (an agent waiting in sigwait) must not leave them blocked:
+    # the server reaps on SIGCHLD, and a worker's time limit is SIGALRM
+    stops = {signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGALRM}
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
     try:
         server.open()
     except OSError as exc:
@@ -681,18 +701,19 @@ def serve(state_dir: str, say: Callable[[str], None]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -I -m gpuctk.hook.serve STATE_DIR`: what `gpuctk create-server` execs, so that
-    the resident process (and every fork of it) carries only the create path, not the CLI."""
+    """`python -I -m gpuctk.hook.serve STATE_DIR [MAX_WORKERS]`: what `gpuctk create-server`
+    execs, so that the resident process (and every fork of it) carries only the create path,
+    not the CLI."""
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -I -m gpuctk.hook.serve STATE_DIR", file=sys.stderr)
+    if len(args) not in (1, 2) or not (len(args) == 1 or (args[1].isdigit() and int(args[1]))):
+        print("usage: python -I -m gpuctk.hook.serve STATE_DIR [MAX_WORKERS]", file=sys.stderr)
         return 2
 
     def say(line: str) -> None:
         print(f"gpuctk-serve: {line}", file=sys.stderr, flush=True)
 
     try:
-        return serve(args[0], say)
+        return serve(args[0], say, int(args[1]) if len(args) == 2 else MAX_WORKERS)
     except GpuctkError as exc:
         say(f"error: {exc.message}")
         return exc.exit_code

@@ -15,13 +15,22 @@ import click
     help="gpuctk-runtime's state folder (GPUCTK_STATE_DIR): the FIFO and pid file go here. "
     "It must be the folder gpuctk-runtime uses.",
 )
-def create_server(state_dir: str) -> None:
+@click.option(
+    "--max-workers",
+    type=click.IntRange(1, 1024),
+    default=16,
+    show_default=True,
+    help="Creates served at once (each worker ~5 MiB of its own); a create beyond them runs "
+    "the Python shim, as without the server.",
+)
+def create_server(state_dir: str, max_workers: int) -> None:
     """Serve gpuctk-runtime's container creates from one resident process.
 
     A create that asks for a GPU otherwise starts Python (~13 ms) and imports the create path
     (~4 ms) every time. With this server running, gpuctk-runtime's sh front hands each such
     create to it through a FIFO in the state folder; a worker forked from the warm server
-    edits the bundle in the front's environment, folder and stderr, and answers; the front
+    (kept warm for the next) edits the bundle in the front's environment, folder and stderr,
+    and answers; the front
     then execs runc itself. Without the server, or when anything about it cannot be checked,
     the front starts Python as before: stopping the server is always safe.
 
@@ -37,4 +46,7 @@ def create_server(state_dir: str) -> None:
 
     # a fresh interpreter without click and the CLI: the server, and each worker forked from
     # it, carry only the create path (smaller to fork, fewer pages to copy on write)
-    os.execv(sys.executable, [sys.executable, "-I", "-m", "gpuctk.hook.serve", state_dir])
+    os.execv(
+        sys.executable,
+        [sys.executable, "-I", "-m", "gpuctk.hook.serve", state_dir, str(max_workers)],
+    )

@@ -72,11 +72,11 @@ class Node:
         env: list[str] = json.loads((self.bundle / "config.json").read_text())["process"]["env"]
         return env
 
-    def start(self) -> subprocess.Popen[str]:
+    def start(self, *extra: str) -> subprocess.Popen[str]:
         self.server = start_create_server(self.state, env={
             "PATH": self.env["PATH"], "GPUCTK_CONFIG": str(self.tmp / "not-this-one.toml"),
             "PYTHONPATH": os.pathsep.join(sys.path),
-        })  # fmt: skip
+        }, extra=extra)  # fmt: skip
         return self.server
 
     def stop(self) -> str:
@@ -318,6 +318,32 @@ def test_a_worker_that_dies_is_answered_by_the_server(node: Node) -> None:
     assert front.returncode == 1 and out == ""
     assert "create server's worker died (signal 9)" in err
     assert "killed by signal 9" in node.stop()
+
+
+def test_a_create_beyond_max_workers_runs_python_at_once(node: Node) -> None:
+    """--max-workers 1: while a create holds the only worker (blocked writing to a FIFO
+    --log nobody reads), the next one is not queued behind it: it runs the Python shim."""
+    node.start("--max-workers", "1")
+    assert node.server is not None
+    blocker = node.tmp / "log-fifo"
+    os.mkfifo(blocker)
+    node.ask()
+    first = subprocess.Popen(
+        [str(node.front), "--log", str(blocker), "create", "-b", str(node.bundle), "c1"],
+        env=node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=node.tmp,
+    )  # fmt: skip
+    children = Path(f"/proc/{node.server.pid}/task/{node.server.pid}/children")
+    deadline = time.monotonic() + 30
+    while not _cwd_served(children, node.tmp):
+        assert time.monotonic() < deadline, "no worker took the first request"
+        time.sleep(0.05)
+    second = node.run("create", "-b", str(node.bundle), "c2", GPUCTK_SERVE_TIMEOUT="30")
+    assert second.returncode == 127 and NO_PYTHON in second.stderr
+    assert len(children.read_text().split()) == 1  # no second worker was forked
+    for worker in children.read_text().split():
+        os.kill(int(worker), signal.SIGKILL)
+    assert first.wait(timeout=30) == 1  # answered for its dead worker
+    node.stop()
 
 
 def test_one_server_per_state_folder(node: Node) -> None:
