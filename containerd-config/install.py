@@ -48,7 +48,6 @@ from gpuctk.containerd import install_host as host_mod
 from gpuctk.containerd.install_host import Record, resolve, run_in_host
 from gpuctk.containerd.plan import restart_service
 from gpuctk.errors import GpuctkError, InputError, OutputError, UsageError
-from gpuctk.launchers import DEFAULT_STATE_DIR
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,6 +56,10 @@ DEFAULT_BIN_DIR = "/usr/local/bin"
 DEFAULT_SPEC = "/var/run/cdi/nvidia.yaml"
 DEFAULT_CONFIG = "/etc/containerd/config.toml"
 DEFAULT_DROP_IN = "/etc/containerd/conf.d/99-gpuctk.toml"
+# gpuctk-runtime's state folder, where the create server listens: gpuctk.launchers'
+# DEFAULT_STATE_DIR (this layer imports only the spine's errors, fs and cli; a test keeps
+# the two equal)
+DEFAULT_STATE_DIR = "/run/gpuctk"
 
 
 def _host_dir(host_root: str) -> str:

@@ -166,3 +166,10 @@ def test_kustomization_lists_every_manifest() -> None:
     kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
     manifests = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
     assert set(kustomization["resources"]) == manifests
+
+
+def test_the_agent_serves_the_state_folder_gpuctk_runtime_uses() -> None:
+    from gpuctk import launchers
+    from gpuctk.containerd import install
+
+    assert install.DEFAULT_STATE_DIR == launchers.DEFAULT_STATE_DIR
