@@ -293,11 +293,11 @@ def _cwd_served(children: Path, cwd: Path) -> bool:
     return False
 
 
-def test_a_worker_that_dies_is_answered_by_the_server(node: Node) -> None:
-    """The worker blocks writing its log line to the engine's --log, here a FIFO nobody
-    reads, and is killed: the server answers the front with an error instead of leaving it
-    waiting."""
-    node.start()
+def _blocked_create(node: Node) -> tuple[subprocess.Popen[str], Path]:
+    """A create whose worker blocks writing its log line to the engine's --log, here a FIFO
+    nobody reads; returns once a worker took it (it moved into the front's folder), with the
+    file that lists the server's workers."""
+    assert node.server is not None
     blocker = node.tmp / "log-fifo"
     os.mkfifo(blocker)
     node.ask()
@@ -305,12 +305,20 @@ def test_a_worker_that_dies_is_answered_by_the_server(node: Node) -> None:
         [str(node.front), "--log", str(blocker), "create", "-b", str(node.bundle), "c1"],
         env=node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=node.tmp,
     )  # fmt: skip
-    assert node.server is not None
-    deadline = time.monotonic() + 30
     children = Path(f"/proc/{node.server.pid}/task/{node.server.pid}/children")
+    deadline = time.monotonic() + 30
     while not _cwd_served(children, node.tmp):
         assert time.monotonic() < deadline, "no worker took the request"
         time.sleep(0.05)
+    return front, children
+
+
+def test_a_worker_that_dies_is_answered_by_the_server(node: Node) -> None:
+    """The worker blocks writing its log line to the engine's --log, here a FIFO nobody
+    reads, and is killed: the server answers the front with an error instead of leaving it
+    waiting."""
+    node.start()
+    front, children = _blocked_create(node)
     time.sleep(0.3)  # into the blocking open
     for worker in children.read_text().split():  # the busy one, and any idle one
         os.kill(int(worker), signal.SIGKILL)
@@ -324,19 +332,7 @@ def test_a_create_beyond_max_workers_runs_python_at_once(node: Node) -> None:
     """--max-workers 1: while a create holds the only worker (blocked writing to a FIFO
     --log nobody reads), the next one is not queued behind it: it runs the Python shim."""
     node.start("--max-workers", "1")
-    assert node.server is not None
-    blocker = node.tmp / "log-fifo"
-    os.mkfifo(blocker)
-    node.ask()
-    first = subprocess.Popen(
-        [str(node.front), "--log", str(blocker), "create", "-b", str(node.bundle), "c1"],
-        env=node.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=node.tmp,
-    )  # fmt: skip
-    children = Path(f"/proc/{node.server.pid}/task/{node.server.pid}/children")
-    deadline = time.monotonic() + 30
-    while not _cwd_served(children, node.tmp):
-        assert time.monotonic() < deadline, "no worker took the first request"
-        time.sleep(0.05)
+    first, children = _blocked_create(node)
     second = node.run("create", "-b", str(node.bundle), "c2", GPUCTK_SERVE_TIMEOUT="30")
     assert second.returncode == 127 and NO_PYTHON in second.stderr
     assert len(children.read_text().split()) == 1  # no second worker was forked
