@@ -283,8 +283,9 @@ def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
     """Everything `main` does before it execs the low-level runtime: (exit status, runtime,
     log). Status 0: exec the runtime with `args`; anything else: the error is already logged.
     `front`: the runtime the sh front's memo names (then neither searched for nor
-    remembered). The create server (gpuctk.hook.serve) runs this in a worker, in the
-    environment, folder and stderr of the front that asked."""
+    remembered; ignored unless an absolute path). The create server (gpuctk.hook.serve) runs
+    this in a worker, in the environment, folder and stderr of the front that asked."""
+    front = front if front.startswith("/") else ""
     inv = parse_argv(args)
     log = RuncLog(inv.log, inv.log_format, level="debug" if inv.debug else "info")
     runtime = ""
@@ -325,7 +326,7 @@ def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     args = list(sys.argv[1:] if argv is None else argv)
     front = os.environ.pop("GPUCTK_FRONT_RUNTIME", "")  # gpuctk.launchers.FRONT_RUNTIME_ENV
-    status, runtime, log = prepare(args, front if front.startswith("/") else "")
+    status, runtime, log = prepare(args, front)
     if status:
         sys.exit(status)
     try:

@@ -261,11 +261,10 @@ def _same_files(pid: int) -> None:
         raise ValueError("it runs under another root")
 
 
-def work(state_dir: str, pid: int, out: int) -> int:
+def work(state_dir: str, pid: int, out: int) -> None:
     """One request, in a worker, answered on `out` (the front's reply pipe, which the server
-    opened): 0 when it was answered, anything else when the server must answer for it."""
+    opened too: it answers for a worker that dies before it answers)."""
     req = request_path(state_dir, pid)
-    answer = "python"
     try:
         try:
             fields = _read_file(req, MAX_REQUEST).split(b"\0")
@@ -285,19 +284,18 @@ def work(state_dir: str, pid: int, out: int) -> int:
         # nothing done yet: the front runs the Python shim, which reports any real problem
         print(f"gpuctk-serve: request of pid {pid} not served: {exc}", file=sys.__stderr__)
         _say(out, "python\n")
-        return 0
+        return
     try:
         from gpuctk.hook.runtime_main import prepare
 
         sys.argv = ["gpuctk-runtime", *args]
-        status, _, _ = prepare(args, runtime if runtime.startswith("/") else "")
+        status, _, _ = prepare(args, runtime)
         answer = str(status)
     except BaseException as exc:  # prepare logs its own errors; this is a bug in the worker
         print(f"gpuctk-runtime: create server worker failed: {exc!r}", file=sys.stderr)
         answer = "1"
     sys.stderr.flush()
     _say(out, answer + "\n")
-    return 0
 
 
 def _next_front(requests: int) -> tuple[int, int] | None:
