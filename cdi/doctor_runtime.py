@@ -137,10 +137,11 @@ def _bash_version() -> tuple[int, int] | None:
 
 def check_create_server(ctx: Context) -> Result:
     from gpuctk import launchers
+    from gpuctk.hook import serve
 
     id_, title = "runtime.create-server", "create server"
     state = os.environ.get(launchers.STATE_DIR_ENV) or ctx.host(launchers.DEFAULT_STATE_DIR)
-    pidfile, fifo = os.path.join(state, "create.pid"), os.path.join(state, "create.fifo")
+    pidfile, fifo = os.path.join(state, serve.PIDFILE), os.path.join(state, serve.FIFO)
     start = "systemctl restart gpuctk-create-server"
     try:
         with open(pidfile) as f:

@@ -58,8 +58,9 @@ DEFAULT_CONFIG = "/etc/containerd/config.toml"
 DEFAULT_DROP_IN = "/etc/containerd/conf.d/99-gpuctk.toml"
 # gpuctk-runtime's state folder, where the create server listens: gpuctk.launchers'
 # DEFAULT_STATE_DIR (this layer imports only the spine's errors, fs and cli; a test keeps
-# the two equal)
+# the two equal), and the files the server keeps there
 DEFAULT_STATE_DIR = "/run/gpuctk"
+SERVER_FILES = ("create.lock", "create.pid", "create.fifo")  # gpuctk.hook.serve's, likewise
 
 
 def _host_dir(host_root: str) -> str:
@@ -84,13 +85,20 @@ def _checked(host: str, argv: list[str], what: str) -> subprocess.CompletedProce
     return proc
 
 
+def _on_node(host: str, argv: list[str]) -> list[str]:
+    """`argv` run in the node's mount namespace: as it is on the node itself, through nsenter
+    into PID 1's from a container (systemctl refuses to act from a chroot, and the create
+    server's workers must see the files the engine names; both need hostPID)."""
+    if os.path.realpath(host) == "/":
+        return argv
+    return ["nsenter", "--target", "1", "--mount", "--", *argv]
+
+
 def _restart(host: str, command: str | None) -> None:
     if command:
         argv = shlex.split(command)
-    elif os.path.realpath(host) == "/":
-        argv = ["systemctl", "restart", "containerd"]
-    else:  # systemctl refuses to act from a chroot: enter the host's PID 1 namespaces instead
-        argv = ["nsenter", "--target", "1", "--mount", "--", "systemctl", "restart", "containerd"]
+    else:
+        argv = _on_node(host, ["systemctl", "restart", "containerd"])
     ran = restart_service(argv, "configuration written")
     click.echo(f"restarted containerd ({ran})")
 
@@ -217,10 +225,8 @@ def server_argv(host: str, bin_dir: str, command: str | None) -> list[str]:
     """The command that runs the node's create server (see the module docstring)."""
     if command:
         return shlex.split(command)
-    argv = [os.path.join(bin_dir, "gpuctk"), "create-server", "--state-dir", DEFAULT_STATE_DIR]
-    if os.path.realpath(host) == "/":
-        return argv
-    return ["nsenter", "--target", "1", "--mount", "--", *argv]
+    gpuctk = os.path.join(bin_dir, "gpuctk")
+    return _on_node(host, [gpuctk, "create-server", "--state-dir", DEFAULT_STATE_DIR])
 
 
 def _unblock_signals() -> None:
@@ -235,6 +241,7 @@ class ServerKeeper:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0.0
         self.quick_exits = 0
+        self.given_up = False
 
     def start(self) -> None:
         try:
@@ -250,7 +257,7 @@ class ServerKeeper:
         click.echo(f"gpuctk: started the create server (pid {self.proc.pid})", err=True)
 
     def exited(self) -> bool:
-        """Whether it exited (reaped); then either it is restarted later or given up."""
+        """Whether it exited (reaped) and is to be started again (not given up)."""
         if self.proc is None or self.proc.poll() is None:
             return False
         quick = time.monotonic() - self.started < SERVER_QUICK_S
@@ -261,8 +268,8 @@ class ServerKeeper:
             click.echo(f"gpuctk: giving up on the create server after {SERVER_GIVE_UP} quick "
                        "exits (another one may serve this node: see its log); GPU creates "
                        "start Python", err=True)  # fmt: skip
-            self.argv = []
-        return True
+            self.given_up = True
+        return not self.given_up
 
     def stop(self) -> None:
         if self.proc is None:
@@ -290,7 +297,7 @@ def _wait_for_signal(keeper: ServerKeeper | None = None) -> int:
         sig = signal.sigwait(STOPS | {signal.SIGCHLD})
         if sig != signal.SIGCHLD:
             return sig
-        if keeper.exited() and keeper.argv:
+        if keeper.exited():
             got = signal.sigtimedwait(STOPS, SERVER_RESTART_S)
             if got is not None:
                 return got.si_signo
@@ -301,7 +308,7 @@ def _server_leftovers(host: str) -> None:
     """After the server stopped: its lock file, and the state folder when nothing else is in
     it (the shim's memo and caches stay where containers ran)."""
     state = resolve(host, DEFAULT_STATE_DIR)
-    for name in ("create.lock", "create.pid", "create.fifo"):
+    for name in SERVER_FILES:
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(state, name))
     with contextlib.suppress(OSError):

@@ -171,5 +171,7 @@ def test_kustomization_lists_every_manifest() -> None:
 def test_the_agent_serves_the_state_folder_gpuctk_runtime_uses() -> None:
     from gpuctk import launchers
     from gpuctk.containerd import install
+    from gpuctk.hook import serve
 
     assert install.DEFAULT_STATE_DIR == launchers.DEFAULT_STATE_DIR
+    assert install.SERVER_FILES == (serve.LOCK, serve.PIDFILE, serve.FIFO)
