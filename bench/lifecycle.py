@@ -27,10 +27,6 @@ run so that machine noise hits them alike:
                     shim adds to the image's ld cache) and in two glibc-hwcaps folders
                     (gpuctk.cdi.stage).
 - runc + folder edits  the same on the folder spec's edits (1 GPU): runc's own floor there.
-- gpuctk ..., create server  1 and 8 GPUs, default and folder spec, with `gpuctk
-                    create-server` running on the shim's state folder: the sh front hands
-                    the create to one of the server's warm workers (gpuctk.hook.serve), no
-                    Python start on the container's path.
 
 With podman installed (and unless --no-podman), as many podman rounds follow (bench/podman.py
 measure), alternating its cases: `podman run --rm /bin/true` with no device, with the default
@@ -47,8 +43,8 @@ and state folder) to the rounds, and REV's gpuctk-hook in the podman hook spec, 
 checkout over REV: on these noisy machines a
 change is judged by that paired comparison within one run, not by figures from two runs.
 Targets: 1 GPU at most 1.9x bare runc (issue 3, default spec); 1 and 8 GPUs at most 1.45x
-(issue 7, on a compute node's folder spec through the create server; the other
-configurations are printed beside it); 8 GPUs within 10% of 1 GPU, peak RSS under 30 MiB.
+(issue 7, on a compute node's folder spec; the default spec is printed beside it); 8 GPUs
+within 10% of 1 GPU, peak RSS under 30 MiB.
 Builds the fixtures (driver root, device nodes, image) if needed; needs root and runc.
 """
 
@@ -69,7 +65,6 @@ from typing import Any
 
 import podman
 from common import CACHE, installed_bin, installed_bin_at, installed_python
-from fixtures.createserver import start_create_server
 from fixtures.driver_root import build_driver_root
 from fixtures.gpucheck import generate
 from fixtures.images import build_image, make_bundle, overlay, unmount
@@ -113,12 +108,6 @@ def _wait_exit(pid: int) -> None:
 
 
 Prepare = Callable[[Path], None]
-
-
-def start_server(bindir: Path, state: Path) -> subprocess.Popen[str]:
-    """`gpuctk create-server` (the installed launcher) on `state`, once it serves."""
-    state.mkdir(mode=0o700, exist_ok=True)
-    return start_create_server(state, [str(bindir / "gpuctk")])
 
 
 def lifecycle(
@@ -330,24 +319,6 @@ def main() -> None:
         cases[name] = ([shim], request, None)
         envs[name] = {**os.environ, "GPUCTK_CONFIG": str(ftoml),
                       "GPUCTK_STATE_DIR": str(folder / "state")}  # fmt: skip
-    # The same through the create server (gpuctk create-server): its own state folders, so
-    # that the cases above still start Python.
-    servers: list[subprocess.Popen[str]] = []
-    served = {
-        "gpuctk 1 GPU, create server": (one, os.environ["GPUCTK_CONFIG"], work / "state-serve"),
-        "gpuctk 8 GPUs, create server": (
-            cases["gpuctk 8 GPUs"][1], os.environ["GPUCTK_CONFIG"], work / "state-serve",
-        ),
-        "gpuctk 1 GPU, folder spec, create server": (one, str(ftoml), folder / "state-serve"),
-        "gpuctk 8 GPUs, folder spec, create server": (
-            cases["gpuctk 8 GPUs"][1], str(ftoml), folder / "state-serve",
-        ),
-    }  # fmt: skip
-    for name, (request, conf, state) in served.items():
-        cases[name] = ([shim], request, None)
-        envs[name] = {**os.environ, "GPUCTK_CONFIG": conf, "GPUCTK_STATE_DIR": str(state)}
-        if not (state / "create.pid").exists():
-            servers.append(start_server(bindir, state))
     if args.against:
         other = str(installed_bin_at(args.against) / "gpuctk-runtime")
         for gpus, request in (("1 GPU", one), ("8 GPUs", cases["gpuctk 8 GPUs"][1])):
@@ -373,9 +344,6 @@ def main() -> None:
             against = (args.against, installed_bin_at(args.against)) if args.against else None
             podman_times = podman.measure(work / "podman", bindir, args.runs, against)
     finally:
-        for server in servers:
-            server.terminate()
-            server.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
 
     results: dict[str, dict[str, float]] = {
@@ -438,15 +406,12 @@ def main() -> None:
         return [results[f"gpuctk {n}{suffix}"]["x_runc"] for n in ("1 GPU", "8 GPUs")]
 
     # issue 7: at 1 and at 8 GPUs, on the configuration built for it (README, Benchmarks)
-    best = pair(", folder spec, create server")
+    best = pair(", folder spec")
     print(f"  target (issue 7): at most 1.45x runc at 1 and 8 GPUs, a compute node's folder"
-          f" spec through the create server -> 1 GPU {best[0]:.2f}x, 8 GPUs {best[1]:.2f}x"
+          f" spec -> 1 GPU {best[0]:.2f}x, 8 GPUs {best[1]:.2f}x"
           f" {'meets' if max(best) <= 1.45 else 'MISSES'}")  # fmt: skip
-    for label, suffix in (("default spec, a Python start", ""),
-                          ("folder spec, a Python start", ", folder spec"),
-                          ("default spec, the create server", ", create server")):  # fmt: skip
-        xs = pair(suffix)
-        print(f"    the same on the {label}: 1 GPU {xs[0]:.2f}x, 8 GPUs {xs[1]:.2f}x")
+    xs = pair("")
+    print(f"    the same on the default spec: 1 GPU {xs[0]:.2f}x, 8 GPUs {xs[1]:.2f}x")
     if args.json:
         doc = {
             "runs": args.runs,

@@ -5,23 +5,17 @@
 - the runtime config file (`--runtime-config`, $GPUCTK_CONFIG, <host>/etc/gpuctk/config.toml)
   is valid, read by the same code as the shim (gpuctk.hook.config);
 - the low-level runtime the shim will exec is found, by the shim's own search
-  (gpuctk.hook.runtime_main.find_runtime) over the configured `runtimes`;
-- whether a create server (gpuctk.hook.serve) serves the shim's state folder, as the sh front
-  judges it: `create.fifo` a FIFO, `create.pid` naming a process (under --proc-root) whose
-  comm is `gpuctk-serve`, and a bash of 5.1 or later on a host doctor runs on. Not running
-  is no fault (creates start Python); a pid file that names no server, or a bash too old for
-  the front's client, is a warning.
+  (gpuctk.hook.runtime_main.find_runtime) over the configured `runtimes`.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import stat
 import subprocess
 
 from gpuctk.cdi.doctor_context import Context, Findings
-from gpuctk.cdi.doctor_report import Result, failed, ok, skipped, warning
+from gpuctk.cdi.doctor_report import Result, failed, ok, skipped
 from gpuctk.errors import GpuctkError
 
 TIMEOUT_S = 20
@@ -126,61 +120,6 @@ def check_low_level(ctx: Context, found: Findings) -> Result:
     return ok("runtime.low-level", title, f"{path} (first usable of {', '.join(names)})")
 
 
-def _bash_version() -> tuple[int, int] | None:
-    code, line = _run(["/bin/bash", "-c", 'echo "${BASH_VERSINFO[0]} ${BASH_VERSINFO[1]}"'])
-    try:
-        major, minor = (int(x) for x in line.split())
-    except ValueError:
-        return None
-    return (major, minor) if code == 0 else None
-
-
-def check_create_server(ctx: Context) -> Result:
-    from gpuctk import launchers
-    from gpuctk.hook import serve
-
-    id_, title = "runtime.create-server", "create server"
-    state = os.environ.get(launchers.STATE_DIR_ENV) or ctx.host(launchers.DEFAULT_STATE_DIR)
-    pidfile, fifo = os.path.join(state, serve.PIDFILE), os.path.join(state, serve.FIFO)
-    start = "systemctl restart gpuctk-create-server"
-    try:
-        with open(pidfile) as f:
-            pid = f.read(32).strip()
-    except OSError:
-        return skipped(
-            id_, title, f"not running ({pidfile} absent): each GPU container's create starts "
-            "Python (~15 ms more); `systemctl enable --now gpuctk-create-server` serves them",
-        )  # fmt: skip
-    comm = ""
-    try:
-        with open(ctx.proc(f"{int(pid)}/comm")) as f:
-            comm = f.read().strip()
-    except (OSError, ValueError):
-        pass
-    if comm != launchers.SERVE_COMM:
-        seen = f"a process called {comm!r}" if comm else "no live process"
-        return warning(
-            id_, title, [f"{pidfile} names pid {pid}: {seen} under {ctx.proc_root}, not "
-                         f"{launchers.SERVE_COMM}; GPU creates start Python"], start,
-        )  # fmt: skip
-    try:
-        is_fifo = stat.S_ISFIFO(os.lstat(fifo).st_mode)
-    except OSError:
-        is_fifo = False
-    if not is_fifo:
-        return warning(id_, title, [f"{fifo} is not a FIFO: GPU creates start Python"], start)
-    if ctx.host_root in ("", "/"):
-        bash = _bash_version()
-        if bash is None or bash < (5, 1):
-            have = "no /bin/bash" if bash is None else f"bash {bash[0]}.{bash[1]}"
-            return warning(
-                id_, title, [f"pid {pid} serves {fifo}, but the runtime's front needs bash 5.1+ "
-                             f"to reach it and this host has {have}: GPU creates start Python"],
-                "install bash 5.1 or later",
-            )  # fmt: skip
-    return ok(id_, title, f"pid {pid} serves {fifo}: GPU creates skip the Python start")
-
-
 def runtime_checks(ctx: Context, found: Findings) -> list[Result]:
     config = check_config(ctx, found)
     return [
@@ -188,5 +127,4 @@ def runtime_checks(ctx: Context, found: Findings) -> list[Result]:
         check_binary(ctx, "gpuctk-hook", ""),
         config,
         check_low_level(ctx, found),
-        check_create_server(ctx),
     ]

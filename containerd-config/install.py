@@ -18,14 +18,6 @@ install, in order, each step skipped when its result is already in place:
 5. restarts containerd only with --restart, and only when its configuration changed.
 
 What it did is recorded in /var/lib/gpuctk/install.json; uninstall undoes exactly that.
-
-With --create-server (and --wait or --uninstall-on-exit) it then runs the node's create server
-(gpuctk.hook.serve) for as long as it waits: the copied `gpuctk create-server`, in the host's
-mount namespace (`nsenter --target 1 --mount`, so that its workers see the engine's files;
-hostPID, so that they see the fronts' /proc entries), restarted when it exits (after 1 s; it
-gives up after five exits within 10 s of their start, and GPU creates then start Python as
-without it). On SIGTERM it stops the server first (the server answers what is queued and
-waits for its workers), then uninstalls.
 """
 
 from __future__ import annotations
@@ -37,7 +29,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -56,11 +47,6 @@ DEFAULT_BIN_DIR = "/usr/local/bin"
 DEFAULT_SPEC = "/var/run/cdi/nvidia.yaml"
 DEFAULT_CONFIG = "/etc/containerd/config.toml"
 DEFAULT_DROP_IN = "/etc/containerd/conf.d/99-gpuctk.toml"
-# gpuctk-runtime's state folder, where the create server listens: gpuctk.launchers'
-# DEFAULT_STATE_DIR (this layer imports only the spine's errors, fs and cli; a test keeps
-# the two equal), and the files the server keeps there
-DEFAULT_STATE_DIR = "/run/gpuctk"
-SERVER_FILES = ("create.lock", "create.pid", "create.fifo")  # gpuctk.hook.serve's, likewise
 
 
 def _host_dir(host_root: str) -> str:
@@ -87,8 +73,7 @@ def _checked(host: str, argv: list[str], what: str) -> subprocess.CompletedProce
 
 def _on_node(host: str, argv: list[str]) -> list[str]:
     """`argv` run in the node's mount namespace: as it is on the node itself, through nsenter
-    into PID 1's from a container (systemctl refuses to act from a chroot, and the create
-    server's workers must see the files the engine names; both need hostPID)."""
+    into PID 1's from a container (systemctl refuses to act from a chroot; needs hostPID)."""
     if os.path.realpath(host) == "/":
         return argv
     return ["nsenter", "--target", "1", "--mount", "--", *argv]
@@ -215,104 +200,14 @@ def do_uninstall(host: str, restart: bool, restart_command: str | None) -> bool:
 
 
 STOPS = {signal.SIGTERM, signal.SIGINT}
-SERVER_RESTART_S = 1.0
-SERVER_QUICK_S = 10.0  # an exit this soon after its start counts towards giving up
-SERVER_GIVE_UP = 5
-SERVER_STOP_S = 90  # the unit's TimeoutStopSec: workers finish their creates
 
 
-def server_argv(host: str, bin_dir: str, command: str | None) -> list[str]:
-    """The command that runs the node's create server (see the module docstring)."""
-    if command:
-        return shlex.split(command)
-    gpuctk = os.path.join(bin_dir, "gpuctk")
-    return _on_node(host, [gpuctk, "create-server", "--state-dir", DEFAULT_STATE_DIR])
-
-
-def _unblock_signals() -> None:
-    signal.pthread_sigmask(signal.SIG_SETMASK, ())
-
-
-class ServerKeeper:
-    """The node's create server as a child of the waiting agent, restarted when it exits."""
-
-    def __init__(self, argv: list[str]) -> None:
-        self.argv = argv
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.started = 0.0
-        self.quick_exits = 0
-        self.given_up = False
-
-    def start(self) -> None:
-        try:
-            self.proc = subprocess.Popen(  # without the signals this process blocks
-                self.argv, stdin=subprocess.DEVNULL, preexec_fn=_unblock_signals
-            )
-        except OSError as exc:
-            self.proc = None
-            click.echo(f"gpuctk: cannot start the create server ({self.argv[0]}): "
-                       f"{exc.strerror or exc}; GPU creates start Python", err=True)  # fmt: skip
-            return
-        self.started = time.monotonic()
-        click.echo(f"gpuctk: started the create server (pid {self.proc.pid})", err=True)
-
-    def exited(self) -> bool:
-        """Whether it exited (reaped) and is to be started again (not given up)."""
-        if self.proc is None or self.proc.poll() is None:
-            return False
-        quick = time.monotonic() - self.started < SERVER_QUICK_S
-        self.quick_exits = self.quick_exits + 1 if quick else 0
-        click.echo(f"gpuctk: the create server exited ({self.proc.returncode})", err=True)
-        self.proc = None
-        if self.quick_exits >= SERVER_GIVE_UP:
-            click.echo(f"gpuctk: giving up on the create server after {SERVER_GIVE_UP} quick "
-                       "exits (another one may serve this node: see its log); GPU creates "
-                       "start Python", err=True)  # fmt: skip
-            self.given_up = True
-        return not self.given_up
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=SERVER_STOP_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        click.echo(f"gpuctk: stopped the create server ({self.proc.returncode})", err=True)
-        self.proc = None
-
-
-def _wait_for_signal(keeper: ServerKeeper | None = None) -> int:
-    """Block until SIGTERM or SIGINT (they were blocked before install, so none is lost),
-    keeping `keeper`'s server running meanwhile (SIGCHLD, blocked too, says it exited)."""
+def _wait_for_signal() -> int:
+    """Block until SIGTERM or SIGINT (they were blocked before install, so none is lost)."""
     click.echo("gpuctk: installed; waiting for SIGTERM", err=True)
     sys.stderr.flush()
     sys.stdout.flush()
-    if keeper is None:
-        return signal.sigwait(STOPS)
-    keeper.start()
-    while True:
-        sig = signal.sigwait(STOPS | {signal.SIGCHLD})
-        if sig != signal.SIGCHLD:
-            return sig
-        if keeper.exited():
-            got = signal.sigtimedwait(STOPS, SERVER_RESTART_S)
-            if got is not None:
-                return got.si_signo
-            keeper.start()
-
-
-def _server_leftovers(host: str) -> None:
-    """After the server stopped: its lock file, and the state folder when nothing else is in
-    it (the shim's memo and caches stay where containers ran)."""
-    state = resolve(host, DEFAULT_STATE_DIR)
-    for name in SERVER_FILES:
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(state, name))
-    with contextlib.suppress(OSError):
-        os.rmdir(state)
+    return signal.sigwait(STOPS)
 
 
 _HOST_ROOT = click.option(
@@ -375,20 +270,6 @@ def _path_option(name: str, default: str, help_: str, metavar: str = "PATH") -> 
     is_flag=True,
     help="After installing, wait for SIGTERM or SIGINT, then uninstall (DaemonSet removal).",
 )
-@click.option(
-    "--create-server",
-    is_flag=True,
-    help="While waiting (--wait or --uninstall-on-exit), run the node's create server "
-    "(`gpuctk create-server`: GPU container creates without a Python start), restarted "
-    "when it exits and stopped on SIGTERM. From a container it runs in the node's mount "
-    "namespace (nsenter --target 1 --mount; the pod needs hostPID).",
-)
-@click.option(
-    "--create-server-command",
-    metavar="COMMAND",
-    help="How to run the create server (default: the installed `gpuctk create-server "
-    f"--state-dir {DEFAULT_STATE_DIR}`, through nsenter from a container).",
-)
 def install(
     host_root: str,
     source: str | None,
@@ -410,22 +291,17 @@ def install(
     restart_command: str | None,
     wait: bool,
     uninstall_on_exit: bool,
-    create_server: bool,
-    create_server_command: str | None,
 ) -> None:
     """Install gpuctk onto a node: copy, launchers, CDI spec, containerd handler.
 
     \b
     In a DaemonSet (node's / mounted at /host, privileged, hostPID):
-      gpuctk install --host-root /host --restart --uninstall-on-exit --create-server
+      gpuctk install --host-root /host --restart --uninstall-on-exit
     Every path option is a path as the node sees it. Running it again changes nothing;
     `gpuctk uninstall` removes what it added.
     """
-    if (create_server or create_server_command) and not (wait or uninstall_on_exit):
-        raise UsageError("--create-server runs while install waits: add --uninstall-on-exit "
-                         "or --wait")  # fmt: skip
     if wait or uninstall_on_exit:
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOPS | {signal.SIGCHLD})
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
     host = _host_dir(host_root)
     src = os.path.abspath(source or sys.prefix)
     record = Record(
@@ -451,14 +327,8 @@ def install(
     do_install(host, src, record, generate_flags, configure_flags, restart, restart_command)
     if not (wait or uninstall_on_exit):
         return
-    keeper = None
-    if create_server or create_server_command:
-        keeper = ServerKeeper(server_argv(host, record.bin_dir, create_server_command))
-    sig = _wait_for_signal(keeper)
+    sig = _wait_for_signal()
     click.echo(f"gpuctk: {signal.Signals(sig).name} received", err=True)
-    if keeper is not None:
-        keeper.stop()
-        _server_leftovers(host)
     if uninstall_on_exit:
         do_uninstall(host, restart, restart_command)
 

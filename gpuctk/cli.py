@@ -29,11 +29,6 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "Diagnose a GPU node layer by layer: driver, NVML, CDI, runtime, engine.",
     ),
     "info": ("gpuctk.cdi.info", "info", "Show the GPUs, MIG devices, driver and topology found."),
-    "create-server": (
-        "gpuctk.hook.serve_cli",
-        "create_server",
-        "Serve gpuctk-runtime's container creates from one resident process.",
-    ),
     "install": (
         "gpuctk.containerd.install",
         "install",

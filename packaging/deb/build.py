@@ -43,13 +43,12 @@ REPO = PACKAGING.parent
 PREFIX = "/opt/gpuctk"
 SOURCES = ("pyproject.toml", "README.md", "gpuctk", "cdi", "hook", "containerd-config")
 MULTIARCH = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
-UNITS = ("gpuctk-cdi-refresh.service", "gpuctk-cdi-refresh.path", "gpuctk-create-server.service")
+UNITS = ("gpuctk-cdi-refresh.service", "gpuctk-cdi-refresh.path")
 MAN_PAGES = {  # page -> argv of the installed launcher that prints the text
     "gpuctk": ["gpuctk", "--help"],
     "gpuctk-cdi-generate": ["gpuctk", "cdi", "generate", "--help"],
     "gpuctk-runtime-configure": ["gpuctk", "runtime", "configure", "--help"],
     "gpuctk-install": ["gpuctk", "install", "--help"],
-    "gpuctk-create-server": ["gpuctk", "create-server", "--help"],
 }
 
 

@@ -137,14 +137,20 @@ def test_contents(deb: Path) -> None:
         "./etc/gpuctk/config.toml",
         "./usr/lib/systemd/system/gpuctk-cdi-refresh.service",
         "./usr/lib/systemd/system/gpuctk-cdi-refresh.path",
-        "./usr/lib/systemd/system/gpuctk-create-server.service",
-        "./usr/share/man/man1/gpuctk-create-server.1.gz",
         "./usr/lib/udev/rules.d/71-gpuctk.rules",
         "./usr/share/containers/oci/hooks.d/oci-gpuctk-hook.json",
         "./usr/share/man/man1/gpuctk.1.gz",
         "./opt/gpuctk/bin/python3 -> /usr/bin/python3.11",
     ):
         assert path in listing, path
+    units = sorted(
+        line.split()[-1] for line in listing.splitlines()
+        if "/lib/systemd/system/" in line and not line.endswith("/")
+    )  # fmt: skip
+    assert units == [  # the refresh pair only: nothing resident
+        "./usr/lib/systemd/system/gpuctk-cdi-refresh.path",
+        "./usr/lib/systemd/system/gpuctk-cdi-refresh.service",
+    ]
     assert "site-packages/pip/" not in listing  # pip's scripts would name the build folder
     assert ".cpython-311.pyc" in listing  # compiled at build: nothing written at run time
     conffiles = subprocess.run(
@@ -215,7 +221,6 @@ def test_install_use_remove_purge(
     # the installed units are valid systemd units (their ExecStart exists now)
     if shutil.which("systemd-analyze"):
         units = [f"/usr/lib/systemd/system/gpuctk-cdi-refresh.{k}" for k in ("service", "path")]
-        units.append("/usr/lib/systemd/system/gpuctk-create-server.service")
         verify = subprocess.run(
             ["systemd-analyze", "verify", "--man=no", *units], capture_output=True, text=True
         )

@@ -11,11 +11,9 @@ imports resolve as on the node.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
-import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -232,6 +230,8 @@ def test_sigterm_uninstalls(node: Node) -> None:
             pytest.fail(f"install ended early: exit {proc.returncode}")
         assert (node.root / "etc/containerd/conf.d/99-gpuctk.toml").is_file()
         assert (node.root / "run/cdi/nvidia.yaml").is_file()
+        # the agent only waits: no process of its own runs on the node meanwhile
+        assert Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text() == ""
         proc.send_signal(signal.SIGTERM)
         assert proc.wait() == 0
     finally:
@@ -240,62 +240,6 @@ def test_sigterm_uninstalls(node: Node) -> None:
             proc.wait()
     assert _restarts(node) == 2  # configured, then unconfigured
     assert node.state() == pristine
-
-
-def _server_pid(pidfile: Path, not_this: int | None) -> int:
-    """The pid a live create server wrote to `pidfile`, once it is not `not_this`."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, ValueError):
-            pid = int(pidfile.read_text())
-            if pid != not_this and os.path.exists(f"/proc/{pid}"):
-                return pid
-        time.sleep(0.05)
-    raise AssertionError(f"no create server wrote {pidfile}")
-
-
-def test_the_agent_keeps_a_create_server_and_stops_it_before_uninstalling(node: Node) -> None:
-    """--create-server: while the agent waits, the node's create server runs (here chrooted
-    into the fake node: the default, nsenter into PID 1's mount namespace, would reach this
-    machine's own root); one that dies is started again; SIGTERM stops it first, and the
-    uninstall then leaves the node as it was."""
-    pristine = node.state()
-    venv = app_venv()
-    command = f"chroot {node.root} /usr/local/bin/gpuctk create-server --state-dir /run/gpuctk"
-    argv = node.install_argv("--restart", "--uninstall-on-exit", "--create-server-command", command)
-    proc = subprocess.Popen(
-        [str(venv / "bin/python3"), "-I", "-c", CLI, *argv],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if "waiting for SIGTERM" in line:
-                break
-        else:
-            proc.wait()
-            pytest.fail(f"install ended early: exit {proc.returncode}")
-        pidfile = node.root / "run/gpuctk/create.pid"
-        first = _server_pid(pidfile, None)
-        os.kill(first, signal.SIGKILL)
-        second = _server_pid(pidfile, first)  # started again
-        proc.send_signal(signal.SIGTERM)
-        err, _ = proc.communicate(timeout=180)  # stdout and stderr together, in order
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
-    assert not os.path.exists(f"/proc/{second}")
-    assert "the create server exited (-9)" in err and "stopped the create server (0)" in err
-    assert err.index("stopped the create server") < err.index("removed launchers")
-    assert node.state() == pristine
-
-
-def test_create_server_needs_the_agent_to_wait(node: Node) -> None:
-    done = node.gpuctk(*node.install_argv("--create-server"))
-    assert done.returncode == 2 and "--create-server runs while install waits" in done.stderr
-    assert not (node.root / "var/lib/gpuctk").exists()  # refused before anything was done
 
 
 def test_generation_failure_leaves_containerd_alone(node: Node) -> None:

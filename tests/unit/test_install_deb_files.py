@@ -4,12 +4,15 @@
   commented key uncommented gives exactly hook/config.py's DEFAULTS, with every key shown;
 - the refresh units and the udev rule name the same service, the launcher and the spec path;
 - the maintainer scripts are POSIX sh that `sh -n` accepts, and never exit non-zero by design
-  (each ends in `exit 0`).
+  (each ends in `exit 0`);
+- nothing the package ships stays resident: its units are the refresh pair (a oneshot and its
+  path unit), the only ones build.py installs and postinst starts.
 """
 
 from __future__ import annotations
 
 import configparser
+import importlib.util
 import re
 import subprocess
 from pathlib import Path
@@ -62,3 +65,21 @@ def test_maintainer_scripts(script: str) -> None:
     text = path.read_text()
     assert text.startswith("#!/bin/sh\n") and text.rstrip().endswith("exit 0")
     subprocess.run(["sh", "-n", str(path)], check=True)
+
+
+def test_the_package_starts_nothing_resident() -> None:
+    kinds = (".service", ".path", ".socket", ".timer")
+    units = sorted(p.name for p in DEB.iterdir() if p.suffix in kinds)
+    assert units == ["gpuctk-cdi-refresh.path", SERVICE]  # the oneshot and its path unit
+    spec = importlib.util.spec_from_file_location("deb_build", DEB / "build.py")
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    assert sorted(build.UNITS) == units
+    assert "Restart" not in _unit(SERVICE)["Service"]
+    postinst = (DEB / "postinst").read_text()
+    assert re.findall(r"systemctl start (\S+)", postinst) == ["gpuctk-cdi-refresh.path"]
+    for path in (p for p in DEB.iterdir() if p.is_file()):  # an upgrade only stops an old one
+        lines = [x for x in path.read_text(errors="replace").splitlines() if "create-server" in x]
+        assert all(re.search(r"(stop|purge|is-active) gpuctk-create-server", x) or
+                   x.lstrip().startswith("#") for x in lines), (path.name, lines)  # fmt: skip

@@ -168,10 +168,15 @@ def test_kustomization_lists_every_manifest() -> None:
     assert set(kustomization["resources"]) == manifests
 
 
-def test_the_agent_serves_the_state_folder_gpuctk_runtime_uses() -> None:
-    from gpuctk import launchers
-    from gpuctk.containerd import install
-    from gpuctk.hook import serve
-
-    assert install.DEFAULT_STATE_DIR == launchers.DEFAULT_STATE_DIR
-    assert install.SERVER_FILES == (serve.LOCK, serve.PIDFILE, serve.FIFO)
+def test_the_agent_runs_nothing_resident_on_the_node(capsys: pytest.CaptureFixture[str]) -> None:
+    """The agent installs and waits: the image's command, the DaemonSet's args and `gpuctk
+    install` offer no resident create process (a GPU create is the sh front and one Python)."""
+    (container,) = load(documents("daemonset.yaml")[1]).spec.template.spec.containers
+    assert container.args == ["install", "--host-root", "/host", "--restart",
+                              "--uninstall-on-exit"]  # fmt: skip
+    for name in ("daemonset.yaml", "Containerfile", "kustomization.yaml", "runtimeclass.yaml"):
+        assert "create-server" not in (K8S / name).read_text(), name
+    code, out, _ = gpuctk(capsys, "install", "--help")
+    assert code == 0 and "create-server" not in out
+    code, out, _ = gpuctk(capsys, "--help")
+    assert code == 0 and "create-server" not in out

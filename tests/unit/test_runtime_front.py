@@ -51,7 +51,6 @@ class Node:
             "tag": launchers.MEMO_TAG,
             "conf": str(self.config),
             "state": "present",
-            "path": self.env["PATH"],
             "runtime": runtime or str(self.runtimes["B"]),
             "create": "create-python",
         }
@@ -142,7 +141,7 @@ def test_the_front_runtime_reaches_python_only_from_the_front(node: Node) -> Non
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout  # fmt: skip
     assert out.split() == ["C", "unset"]  # used, then removed before the runtime ran
-    node.write_memo(path="/elsewhere")  # the memo does not hold: the engine's value is dropped
+    node.write_memo(conf="/elsewhere")  # the memo does not hold: the engine's value is dropped
     create = ["create", "--bundle", str(bundle), "c1"]
     assert node.run(*create, GPUCTK_FRONT_RUNTIME=str(node.runtimes["B"])) == "A"
 
@@ -153,7 +152,6 @@ def test_the_front_runtime_reaches_python_only_from_the_front(node: Node) -> Non
         {"tag": "gpuctk-runtime memo 0"},
         {"conf": "/etc/other.toml"},
         {"state": "absent"},
-        {"path": "/usr/bin:/bin"},
         {"runtime": "/nonexistent/runc"},
     ],
 )
@@ -167,13 +165,13 @@ def test_python_rewrites_the_memo_and_the_front_then_uses_it(node: Node) -> None
     assert node.run("state", "c1") == "A"  # no memo yet: Python, which writes one
     lines = node.memo.read_text().splitlines()
     assert lines == [
-        launchers.MEMO_TAG, str(node.config), "present", node.env["PATH"],
+        launchers.MEMO_TAG, str(node.config), "present",
         str(node.runtimes["A"]), "create-grep\tNVIDIA_VISIBLE_DEVICES\tcdi.k8s.io/",
     ]  # fmt: skip
     node.runtimes["A"].chmod(0o644)  # the memo's runtime is no longer executable ...
     node.config.write_text(f'runtimes = ["{node.runtimes["A"]}", "{node.runtimes["B"]}"]\n')
     assert node.run("state", "c1") == "B"  # ... so Python resolves again: B
-    assert node.memo.read_text().splitlines()[4] == str(node.runtimes["B"])
+    assert node.memo.read_text().splitlines()[3] == str(node.runtimes["B"])
 
 
 def test_a_config_changed_after_the_memo_takes_effect_at_once(node: Node) -> None:
@@ -291,7 +289,7 @@ def test_the_configured_markers_are_the_ones_searched(node: Node) -> None:
         'annotation-prefixes = ["example.com/"]\naccept-volume-mounts = true\n'
     )
     assert node.run("state", "c1") == "A"  # Python writes the memo
-    assert node.memo.read_text().splitlines()[5] == (
+    assert node.memo.read_text().splitlines()[4] == (
         "create-grep\tNVIDIA_VISIBLE_DEVICES\texample.com/\tnvidia-container-devices"
     )
     assert node.run("create", "--bundle", str(bundle), "c1") == "Python"  # asks: Python
@@ -319,7 +317,7 @@ def test_remember_runtime_writes_only_into_a_private_folder(tmp_path: Path) -> N
     assert private.stat().st_mode & 0o777 == 0o700
     memo = private / "runtime"
     lines = memo.read_text().splitlines()
-    assert lines[2:] == ["absent", "/bin", "/usr/bin/runc", "create-python"]  # no markers given
+    assert lines[2:] == ["absent", "/usr/bin/runc", "create-python"]  # no markers given
     before = memo.stat().st_mtime_ns, memo.stat().st_ino
     assert remember_runtime("/usr/bin/runc", {**env, "GPUCTK_STATE_DIR": str(private)})
     assert (memo.stat().st_mtime_ns, memo.stat().st_ino) == before  # unchanged: not rewritten
@@ -329,4 +327,82 @@ def test_remember_runtime_writes_only_into_a_private_folder(tmp_path: Path) -> N
     assert not remember_runtime("/usr/bin/runc", {**env, "GPUCTK_STATE_DIR": str(shared)})
     assert list(shared.iterdir()) == []
     assert not remember_runtime("/usr/bin/ru\nnc", {**env, "GPUCTK_STATE_DIR": str(private)})
-    assert memo.read_text().splitlines()[4] == "/usr/bin/runc"
+    assert memo.read_text().splitlines()[3] == "/usr/bin/runc"
+
+
+# --- a create that asks for a GPU: Python, whatever else lies in the state folder ----------
+
+ONE_GPU = {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+           "devices": [{"name": "0", "containerEdits": {"env": ["GPU_EDITED=0"]}}]}  # fmt: skip
+
+
+def _asks_for(node: Node, value: str) -> Path:
+    """A spec folder with one GPU (0) in the config, a memo whose markers send a create that
+    names NVIDIA_VISIBLE_DEVICES on to Python, and a bundle asking for `value`."""
+    cdi = node.tmp / "cdi"
+    cdi.mkdir(exist_ok=True)
+    (cdi / "gpu.json").write_text(json.dumps(ONE_GPU))
+    node.config.write_text(f'runtimes = ["{node.runtimes["A"]}"]\nspec-dirs = ["{cdi}"]\n')
+    node.write_memo(create=MARKERS)
+    return _bundle(node, {**NO_GPU, "process": {"env": [f"NVIDIA_VISIBLE_DEVICES={value}"]}})
+
+
+def _env_of(bundle: Path) -> list[str]:
+    env: list[str] = json.loads((bundle / "config.json").read_text())["process"]["env"]
+    return env
+
+
+def test_a_fifo_and_a_live_gpuctk_serve_pid_in_the_state_folder_change_nothing(
+    node: Node,
+) -> None:
+    """The state folder may hold `create.fifo` (a FIFO of the caller's uid) and `create.pid`
+    naming a live process of that uid whose comm is `gpuctk-serve`: nothing listens there,
+    and the front gives those names no meaning. The GPU create runs Python, gets its edits,
+    and the runtime runs: no waiting on the FIFO, no failure."""
+    bundle = _asks_for(node, "0")
+    os.mkfifo(node.state / "create.fifo", 0o600)
+    named = node.tmp / "gpuctk-serve"  # exec through this link: the kernel names it so
+    named.symlink_to(os.path.realpath(sys.executable))
+    squatter = subprocess.Popen(
+        [str(named), "-I", "-c", "import time\nprint('up', flush=True)\ntime.sleep(120)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline() == "up\n"  # exec'd
+        assert Path(f"/proc/{squatter.pid}/comm").read_text() == "gpuctk-serve\n"
+        assert Path(f"/proc/{squatter.pid}").stat().st_uid == os.geteuid()
+        (node.state / "create.pid").write_text(f"{squatter.pid}\n")
+        assert node.run("create", "--bundle", str(bundle), "c1") == "B"
+        assert _env_of(bundle) == ["NVIDIA_VISIBLE_DEVICES=0", "GPU_EDITED=0"]
+        assert squatter.poll() is None  # left alone
+    finally:
+        squatter.kill()
+        squatter.wait()
+
+
+BUSY = "import time\nend = time.monotonic() + 300\nwhile time.monotonic() < end:\n    pass\n"
+
+
+def test_an_unknown_gpu_is_reported_on_the_creates_own_stderr_on_a_busy_machine(
+    node: Node,
+) -> None:
+    """NVIDIA_VISIBLE_DEVICES=7 on a spec with one GPU: each of five creates, beside three
+    CPU-bound processes, fails with the message on the stderr the engine gave it, and the
+    runtime never runs."""
+    bundle = _asks_for(node, "7")
+    before = (bundle / "config.json").read_bytes()
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(3)]  # bounded
+    try:
+        for _ in range(5):
+            done = subprocess.run(
+                [str(node.front), "create", "--bundle", str(bundle), "c1"], env=node.env,
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            assert done.returncode == 1, done.stderr
+            assert "unknown CDI device nvidia.com/gpu=7" in done.stderr
+            assert done.stdout == ""  # the runtime never ran
+            assert (bundle / "config.json").read_bytes() == before
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
