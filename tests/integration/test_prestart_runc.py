@@ -87,9 +87,16 @@ def node(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> Node:
     return Node(tmp_path_factory.mktemp("prestart-runc"), driver_root)
 
 
-def mountinfo() -> list[str]:
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def mountinfo(base: Path) -> list[str]:
+    """The host's mounts that involve this checkout or this run's pytest folder `base` (a
+    leaked bind shows there, by its source or its target); other processes may mount
+    elsewhere meanwhile."""
+    ours = (f" {CHECKOUT}/", f" {base}/")
     with open("/proc/self/mountinfo") as f:
-        return sorted(f.read().splitlines())
+        return sorted(line for line in f.read().splitlines() if any(o in line for o in ours))
 
 
 @pytest.fixture
@@ -134,9 +141,9 @@ def prestart(
         )
         config_before = (bundle / "config.json").read_bytes()
         argv = ["unshare", "-m", "sh", "-c", V2, "runc"] if cgroup2 else ["runc"]
-        before = mountinfo()
+        before = mountinfo(tmp_path.parent)
         done = run_container(argv, bundle, unique_name("gpuctk-prestart"))
-        assert mountinfo() == before  # nothing left mounted on the host
+        assert mountinfo(tmp_path.parent) == before  # nothing left mounted on the host
         assert (bundle / "config.json").read_bytes() == config_before  # no shim involved
         return done
 
