@@ -11,9 +11,12 @@ Two layouts exist (glibc sysdeps/generic/dl-cache.h):
   2.32 wrote is an old cache with a new one after it, at the next 8-byte boundary; the new part
   wins when present, as in glibc's loader.
 
-The file is untrusted (it may come from a container image or a driver root): every count and
-offset is checked against the data, strings are length-capped, and anything inconsistent
-raises ValueError. Nothing here can loop more than nlibs times, and nlibs is capped by the size.
+The file is untrusted (it may come from a container image or a driver root), and reading it,
+and writing it back with more entries, must cost time and memory linear in its size, which is
+capped (MAX_CACHE_SIZE): every count and offset is checked against the data; nlibs is capped
+by the size; each string offset is decoded once, each string is shorter than PATH_MAX, and the
+distinct strings together are at most twice the file; the writer sorts by one bytes key per
+distinct name. Anything inconsistent raises ValueError.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ import os
 import struct
 
 from gpuctk.records import record
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 MAGIC_OLD = b"ld.so-1.7.0"
 MAGIC_NEW = b"glibc-ld.so.cache1.1"
@@ -32,8 +39,10 @@ FLAG_REQUIRED_MASK = 0xFF00
 FLAG_X8664_LIB64 = 0x0300
 FLAG_AARCH64_LIB64 = 0x0A00
 
-MAX_CACHE_SIZE = 64 << 20  # real caches are 30 KB to a few MB
-_MAX_STRING = 4096  # PATH_MAX
+# The largest cache read at all: real ones are 30 KB to a few hundred KB (~100 bytes an entry);
+# 4 MiB holds ~40,000 libraries. Every cost of parsing and rewriting is linear in the size.
+MAX_CACHE_SIZE = 4 << 20
+_MAX_STRING = 4096  # PATH_MAX, with the NUL: a longer string is no path glibc would load
 
 _OLD_HEADER = 16  # magic[11] + pad + uint32 nlibs
 _OLD_ENTRY = 12  # int32 flags, uint32 key, uint32 value
@@ -71,13 +80,34 @@ class LdCacheEntry:
         return f"{kind},{name}" if name else kind
 
 
-def _string(data: bytes, offset: int) -> str:
-    if not 0 <= offset < len(data):
-        raise ValueError(f"ld.so.cache string offset {offset} lies outside the file")
-    end = data.find(b"\0", offset, offset + _MAX_STRING)
-    if end < 0:
-        raise ValueError(f"ld.so.cache string at {offset} is not terminated")
-    return os.fsdecode(data[offset:end])
+def _string_reader(data: bytes) -> Callable[[int], str]:
+    """The string at an offset of `data`: each offset decoded once, each string shorter than
+    _MAX_STRING, and all the distinct ones together at most twice the file (ldconfig stores a
+    key as the tail of its path, so a real cache's strings add up to less than its size)."""
+    memo: dict[int, str] = {}
+    left = [2 * len(data) + _MAX_STRING]
+
+    def string(offset: int) -> str:
+        text = memo.get(offset)
+        if text is not None:
+            return text
+        if not 0 <= offset < len(data):
+            raise ValueError(f"ld.so.cache string offset {offset} lies outside the file")
+        end = data.find(b"\0", offset, offset + _MAX_STRING)
+        if end < 0:
+            raise ValueError(
+                f"ld.so.cache string at {offset} is not terminated within {_MAX_STRING} bytes"
+            )
+        left[0] -= end - offset + 1
+        if left[0] < 0:
+            raise ValueError(
+                f"ld.so.cache strings overlap: more than {2 * len(data) + _MAX_STRING} bytes "
+                f"of them in a {len(data)}-byte file"
+            )
+        text = memo[offset] = os.fsdecode(data[offset:end])
+        return text
+
+    return string
 
 
 def _parse_new(data: bytes, base: int) -> tuple[LdCacheEntry, ...]:
@@ -91,13 +121,13 @@ def _parse_new(data: bytes, base: int) -> tuple[LdCacheEntry, ...]:
     first = base + _NEW_HEADER
     if nlibs > (len(data) - first) // _NEW_ENTRY:
         raise ValueError(f"ld.so.cache claims {nlibs} entries, more than the file holds")
-    entries = []
-    for i in range(nlibs):
-        flags, key, value, _osv, hwcap = struct.unpack_from(e + "iIIIQ", data, first + i * 24)
-        entries.append(
-            LdCacheEntry(_string(data, base + key), _string(data, base + value), flags, hwcap)
+    string = _string_reader(data)
+    return tuple(
+        LdCacheEntry(string(base + key), string(base + value), flags, hwcap)
+        for flags, key, value, _osv, hwcap in struct.iter_unpack(
+            e + "iIIIQ", data[first : first + nlibs * _NEW_ENTRY]
         )
-    return tuple(entries)
+    )
 
 
 def _parse_old(data: bytes) -> tuple[LdCacheEntry, ...]:
@@ -108,16 +138,18 @@ def _parse_old(data: bytes) -> tuple[LdCacheEntry, ...]:
     new_base = (strings + 7) & ~7
     if data[new_base : new_base + len(MAGIC_NEW)] == MAGIC_NEW:
         return _parse_new(data, new_base)
-    entries = []
-    for i in range(nlibs):
-        flags, key, value = struct.unpack_from("<iII", data, _OLD_HEADER + i * _OLD_ENTRY)
-        entries.append(LdCacheEntry(_string(data, strings + key), _string(data, strings + value),
-                                    flags))  # fmt: skip
-    return tuple(entries)
+    string = _string_reader(data)
+    return tuple(
+        LdCacheEntry(string(strings + key), string(strings + value), flags)
+        for flags, key, value in struct.iter_unpack("<iII", data[_OLD_HEADER:strings])
+    )
 
 
-def parse_ld_cache(data: bytes) -> tuple[LdCacheEntry, ...]:
-    """Entries of an ld.so.cache image, in file order (glibc's lookup order)."""
+def parse_ld_cache(data: bytes, *, max_size: int = MAX_CACHE_SIZE) -> tuple[LdCacheEntry, ...]:
+    """Entries of an ld.so.cache image, in file order (glibc's lookup order). Time and memory
+    are linear in len(data), which must be at most `max_size`."""
+    if len(data) > max_size:
+        raise ValueError(f"ld.so.cache of {len(data)} bytes is over the {max_size}-byte limit")
     if data.startswith(MAGIC_NEW):
         return _parse_new(data, 0)
     if data.startswith(MAGIC_OLD):
@@ -133,78 +165,104 @@ def read_ld_cache(path: str, *, max_size: int = MAX_CACHE_SIZE) -> tuple[LdCache
         data = f.read(max_size + 1)
     if len(data) > max_size:
         raise ValueError(f"{path} is larger than {max_size} bytes: not an ld.so.cache")
-    return parse_ld_cache(data)
+    return parse_ld_cache(data, max_size=max_size)
 
 
 # ---- writing (the shim's ld cache without ldconfig) ----------------------------------------
 
 HWCAP_EXTENSION = 1 << 62  # DL_CACHE_HWCAP_EXTENSION: an entry that points into the extension
 
-
-_DIGITS = frozenset("0123456789")
-
-
-def libcmp(a: str, b: str) -> int:
-    """glibc's _dl_cache_libcmp: like strcmp, but runs of digits compare as numbers, and a digit
-    sorts after any other character."""
-    i = j = 0
-    while i < len(a):
-        a_digit, b_digit = a[i] in _DIGITS, j < len(b) and b[j] in _DIGITS
-        if a_digit and b_digit:
-            si, sj = i, j
-            while i < len(a) and a[i] in _DIGITS:
-                i += 1
-            while j < len(b) and b[j] in _DIGITS:
-                j += 1
-            va, vb = int(a[si:i]), int(b[sj:j])
-            if va != vb:
-                return va - vb
-        elif a_digit:
-            return 1
-        elif b_digit:
-            return -1
-        elif j >= len(b) or a[i] != b[j]:
-            return ord(a[i]) - (ord(b[j]) if j < len(b) else 0)
-        else:
-            i += 1
-            j += 1
-    return -(ord(b[j]) if j < len(b) else 0)
+# Where C's `char` is signed (glibc compares SONAMEs as `char`: on x86 a byte >= 0x80 is
+# negative, so it sorts before the end of a name and before every ASCII character).
+_SIGNED_CHAR_MACHINES = frozenset({"x86_64", "i386", "i486", "i586", "i686"})
+_CLASS = b"x" * 0x30 + b"0" * 10 + b"x" * 0xC6  # byte -> "0" for a digit, "x" for any other
 
 
-def _compare(e1: LdCacheEntry, e2: LdCacheEntry) -> int:
-    """ldconfig's entry order (elf/cache.c compare): names in descending libcmp order (the
-    loader's binary search relies on it), then higher flags, then more specific hwcaps first."""
-    res = libcmp(e2.key, e1.key)
-    if res:
-        return res
-    if e1.flags != e2.flags:
-        return 1 if e1.flags < e2.flags else -1
-    b1, b2 = e1.hwcap.bit_count(), e2.hwcap.bit_count()
-    if b1 != b2:
-        return 1 if b2 > b1 else -1
-    if e1.hwcap != e2.hwcap:
-        return 1 if e2.hwcap > e1.hwcap else -1
-    return 0
+def _key_table(signed_char: bool) -> tuple[bytes, bytes, int]:
+    """(byte -> its rank among non-digit characters, the end-of-name byte, the number marker),
+    for sort_key. The ranks keep glibc's order: by (signed or unsigned) char value, the end of
+    a name where C's NUL falls in that order, and a number after every other character."""
+    ranked = [c for c in range(1, 256) if not 0x30 <= c <= 0x39]
+    if signed_char:
+        ranked = [c for c in ranked if c >= 0x80] + [0] + [c for c in ranked if c < 0x80]
+    else:
+        ranked = [0, *ranked]
+    table = bytearray(256)
+    for rank, c in enumerate(ranked, start=1):
+        table[c] = rank
+    return bytes(table), bytes([table[0]]), len(ranked) + 1
 
 
-def build_ld_cache(entries: list[LdCacheEntry]) -> bytes:
+_KEY_TABLES: dict[bool, tuple[bytes, bytes, int]] = {}  # made on first use
+
+
+def _number(digits: bytes) -> bytes:
+    """A run of digits as glibc's `int` accumulates it (wrapping at 32 bits), in 4 bytes that
+    compare as that signed value does."""
+    if len(digits) <= 9:
+        value = int(digits)
+    else:
+        value = 0
+        for at in range(0, len(digits), 9):
+            chunk = digits[at : at + 9]
+            value = (value * 10 ** len(chunk) + int(chunk)) & 0xFFFFFFFF
+    return ((value + 0x80000000) & 0xFFFFFFFF).to_bytes(4, "big")
+
+
+def sort_key(name: str, signed_char: bool | None = None) -> bytes:
+    """Bytes that compare as glibc's _dl_cache_libcmp compares `name` (strcmp, but a run of
+    digits compares as its number, and a number after any other character), in time linear in
+    the name. `signed_char`: the machine's C `char` (default: this machine's)."""
+    if signed_char is None:
+        signed_char = os.uname().machine in _SIGNED_CHAR_MACHINES
+    tables = _KEY_TABLES.get(signed_char)
+    if tables is None:
+        tables = _KEY_TABLES[signed_char] = _key_table(signed_char)
+    table, end_of_name, marker = tables
+    raw = os.fsencode(name)
+    kinds = raw.translate(_CLASS)
+    parts: list[bytes] = []
+    at = 0
+    while (start := kinds.find(b"0", at)) >= 0:
+        stop = kinds.find(b"x", start)
+        stop = len(raw) if stop < 0 else stop
+        parts += (raw[at:start].translate(table), bytes([marker]), _number(raw[start:stop]))
+        at = stop
+    parts += (raw[at:].translate(table), end_of_name)
+    return b"".join(parts)
+
+
+def build_ld_cache(entries: list[LdCacheEntry], *, signed_char: bool | None = None) -> bytes:
     """A new-format ("glibc-ld.so.cache1.1") cache of `entries`, in ldconfig's order, without the
-    extension section: entries that point into an extension (glibc-hwcaps) are left out."""
-    try:  # the C implementation itself: `functools` would cost the create path ~4 ms
-        from _functools import cmp_to_key  # type: ignore[import-not-found]
-    except ImportError:  # pragma: no cover - CPython always has it
-        from functools import cmp_to_key
+    extension section: entries that point into an extension (glibc-hwcaps) are left out.
 
-    kept = sorted((e for e in entries if not e.hwcap & HWCAP_EXTENSION), key=cmp_to_key(_compare))
+    ldconfig's order (elf/cache.c compare): names in descending _dl_cache_libcmp order (the
+    loader's binary search relies on it), then higher flags, then more specific hwcaps first;
+    equal entries keep their order. One bytes key per distinct name (sort_key), so no Python
+    runs per comparison or per character compared; memory and the result's size are linear
+    in the entries and their distinct strings."""
+    if signed_char is None:
+        signed_char = os.uname().machine in _SIGNED_CHAR_MACHINES
+    keys: dict[str, bytes] = {}
+
+    def order(e: LdCacheEntry) -> tuple[bytes, int, int, int]:
+        key = keys.get(e.key)
+        if key is None:
+            key = keys[e.key] = sort_key(e.key, signed_char)
+        return key, e.flags, e.hwcap.bit_count(), e.hwcap
+
+    kept = [e for e in entries if not e.hwcap & HWCAP_EXTENSION]
+    kept.sort(key=order, reverse=True)  # reverse=True keeps equal entries in their order
     strings = bytearray()
     offsets: dict[str, int] = {}
     start = _NEW_HEADER + len(kept) * _NEW_ENTRY
 
     def offset(text: str) -> int:
-        if text not in offsets:
-            offsets[text] = start + len(strings)
+        at = offsets.get(text)
+        if at is None:
+            at = offsets[text] = start + len(strings)
             strings.extend(os.fsencode(text) + b"\0")
-        return offsets[text]
+        return at
 
     table = bytearray()
     for e in kept:

@@ -118,7 +118,11 @@ def merge_cache(
         end = ldmerge.chain_end(links, link)
         if posixpath.dirname(link) in wanted and end in binds and link not in binds:
             files.append((link, binds[end]))
-    old = rootfs.read_file_in_root(root_fd, ldmerge.LD_CACHE, ldmerge.MAX_CACHE)
+    try:
+        old = ldmerge.read_image_cache(root_fd)
+    except ValueError as exc:
+        hooklog.warning(f"{exc}: not merged; the host's ldconfig rebuilds the ld cache")
+        return None
     if old is None:
         hooklog.log("debug", f"no {ldmerge.LD_CACHE} in the image: ldconfig", to_stderr=False)
         return None
@@ -140,7 +144,7 @@ def merge_cache(
     try:
         kept = ldmerge.write_cache(root_fd, old, entries)
     except ValueError as exc:
-        hooklog.log("debug", f"{ldmerge.LD_CACHE}: {exc}: ldconfig", to_stderr=False)
+        hooklog.warning(f"the image's {ldmerge.LD_CACHE}: {exc}: the host's ldconfig rebuilds it")
         return None
     return f"ld cache: the image's {kept} entries and {len(entries)} driver libraries (no ldconfig)"
 

@@ -8,6 +8,11 @@ SONAME link (the spec's `--link`) that leads to one. Flags and SONAMEs come from
 headers of the HOST files (the mount sources), never from files of the image. The result is in
 ldconfig's order and format (gpuctk.cdi.ldcache.build_ld_cache), so the loader and `ldconfig -p`
 see what ldconfig would have written for those libraries.
+
+The image's cache is hostile input read as root: the merge costs time and memory linear in its
+size, and a cache over MAX_CACHE is not read at all. Such a cache, or a malformed one, is not
+merged: the shim leaves the container to gpuctk-hook, whose confined host ldconfig (with its
+time limit) builds the cache from the image's folders instead, as for an image with no cache.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ if TYPE_CHECKING:
     from gpuctk.cdi.ldcache import LdCacheEntry
 
 LD_CACHE = "/etc/ld.so.cache"
-MAX_CACHE = 64 << 20
+MAX_CACHE = 4 << 20  # gpuctk.cdi.ldcache.MAX_CACHE_SIZE (not imported: only merges load it)
 # ELF (class, machine) -> ld.so.cache flags (FLAG_ELF_LIBC6 | the architecture's required bits)
 CACHE_FLAGS = {(64, 62): 0x0303, (32, 3): 0x0003, (64, 183): 0x0A03}
 
@@ -105,13 +110,28 @@ def library_entries(
     return entries
 
 
+def read_image_cache(root_fd: int) -> bytes | None:
+    """The image's cache (None when it has none). ValueError, naming the file and its size,
+    when it is over MAX_CACHE: no more of it is read, and the caller merges nothing."""
+    try:
+        return rootfs.read_file_in_root(root_fd, LD_CACHE, MAX_CACHE)
+    except rootfs.InRootError:
+        st = rootfs.stat_in_root(root_fd, LD_CACHE)
+        if st is None or not stat.S_ISREG(st.st_mode) or st.st_size <= MAX_CACHE:
+            raise
+        raise ValueError(
+            f"the image's {LD_CACHE} is {st.st_size} bytes, over the {MAX_CACHE}-byte limit"
+        ) from None
+
+
 def write_cache(root_fd: int, old: bytes, added: list[LdCacheEntry]) -> int:
     """Write the root's cache: the entries of `old` (the image's cache) that `added` does not
     replace, then `added`. Returns how many of the image's entries were kept. ValueError if
-    `old` is not a cache this reader knows."""
+    `old` is not a cache this reader knows. Time, memory and the size written are linear in
+    len(old) (at most MAX_CACHE) and len(added) (gpuctk.cdi.ldcache)."""
     from gpuctk.cdi.ldcache import build_ld_cache, parse_ld_cache
 
     new_keys = {(e.key, e.flags) for e in added}
-    kept = [e for e in parse_ld_cache(old) if (e.key, e.flags) not in new_keys]
+    kept = [e for e in parse_ld_cache(old, max_size=MAX_CACHE) if (e.key, e.flags) not in new_keys]
     rootfs.write_file_in_root(root_fd, LD_CACHE, build_ld_cache([*kept, *added]), 0o644)
     return len(kept)

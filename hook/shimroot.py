@@ -196,8 +196,9 @@ def _merge_cache(
 ) -> None:
     """List `folders` in ld.so.conf.d and write the image's ld cache plus an entry for each
     (container path, host file) of `files` named by its SONAME (gpuctk.hook.ldmerge; `elf`:
-    the facts already read). _Fallback when the image has no cache."""
-    cache = rootfs.read_file_in_root(root_fd, ldmerge.LD_CACHE, ldmerge.MAX_CACHE)
+    the facts already read). _Fallback when the image has no cache; ValueError when it is too
+    large (ldmerge.MAX_CACHE) or malformed."""
+    cache = ldmerge.read_image_cache(root_fd)
     if cache is None:
         raise _Fallback(f"the image has no {ldmerge.LD_CACHE}")
     entries = ldmerge.library_entries(files, folders, dict(elf or {}))

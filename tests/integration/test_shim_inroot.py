@@ -23,7 +23,13 @@ import pytest
 from fixtures.gpucheck import Node, generate
 from fixtures.images import make_bundle, snapshot_tree
 
-from gpuctk.cdi.ldcache import build_ld_cache, parse_ld_cache, read_ld_cache
+from gpuctk.cdi.ldcache import (
+    MAGIC_NEW,
+    MAX_CACHE_SIZE,
+    build_ld_cache,
+    parse_ld_cache,
+    read_ld_cache,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -110,13 +116,17 @@ def test_the_container_loader_finds_the_driver_without_any_hook(
     assert "OK libcuda.so.1" in done.stdout and "OK libnvidia-ml.so.1" in done.stdout
 
 
-@pytest.mark.parametrize("kind", ["musl", "debian without ld.so.cache"])
+@pytest.mark.parametrize(
+    "kind", ["musl", "debian without ld.so.cache", "debian with an ld.so.cache over the cap"]
+)
 def test_images_the_shim_cannot_serve_keep_the_hook(
     node: Node, fresh_rootfs: Callable[[str], Path], tmp_path: Path, kind: str
 ) -> None:
     rootfs = fresh_rootfs(kind.split()[0])
-    if kind.endswith("ld.so.cache"):
+    if kind.endswith("without ld.so.cache"):
         (rootfs / "etc/ld.so.cache").unlink()
+    elif kind.endswith("over the cap"):  # not read past the cap: the hook's ldconfig does it
+        (rootfs / "etc/ld.so.cache").write_bytes(MAGIC_NEW + bytes(MAX_CACHE_SIZE))
     before = snapshot_tree(rootfs)
     config = create(node, rootfs, tmp_path)
     assert len(gpuctk_hooks(config)) == 1

@@ -21,6 +21,8 @@ import pytest
 from fixtures.images import hook_path
 from fixtures.images import snapshot_tree as snapshot
 
+from gpuctk.cdi.ldcache import MAGIC_NEW, MAX_CACHE_SIZE
+
 FOLDER = "/usr/lib/x86_64-linux-gnu/nvidia/current"
 LINK = f"libfoo.so.1.2.3::{FOLDER}/libfoo.so.1"
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -135,8 +137,10 @@ def test_create_container_merges_the_cache_without_ldconfig(
 
 
 @pytest.mark.parametrize(
-    "case", ["no ld cache", "no SONAME link", "a mounted folder", "ldconfig named"]
-)
+    "case",
+    ["no ld cache", "a cache over the size cap", "no SONAME link", "a mounted folder",
+     "ldconfig named"],
+)  # fmt: skip
 def test_create_container_leaves_the_cache_to_ldconfig_where_merging_cannot_do(
     tmp_path: Path, fresh_rootfs: Any, libfoo: Path, case: str
 ) -> None:
@@ -148,6 +152,8 @@ def test_create_container_leaves_the_cache_to_ldconfig_where_merging_cannot_do(
     env = {}
     if case == "no ld cache":
         (rootfs / "etc/ld.so.cache").unlink()
+    elif case == "a cache over the size cap":  # a hostile image's: not read, not merged
+        (rootfs / "etc/ld.so.cache").write_bytes(MAGIC_NEW + bytes(MAX_CACHE_SIZE))
     elif case == "no SONAME link":  # a second mounted copy, in a folder with no link to it
         other = "/usr/lib/x86_64-linux-gnu/other"
         config = json.loads((bundle / "config.json").read_text())
@@ -176,11 +182,17 @@ def test_create_container_leaves_the_cache_to_ldconfig_where_merging_cannot_do(
     assert "ld cache rebuilt by /sbin/ldconfig" in text
     why = {
         "no ld cache": "no /etc/ld.so.cache in the image: ldconfig",
+        "a cache over the size cap": (
+            f"the image's /etc/ld.so.cache is {len(MAGIC_NEW) + MAX_CACHE_SIZE} bytes, over the "
+            f"{MAX_CACHE_SIZE}-byte limit: not merged; the host's ldconfig rebuilds the ld cache"
+        ),
         "no SONAME link": "other/libfoo.so.1 (the SONAME of",
         "a mounted folder": f"{FOLDER} is in the mounted /usr/lib/x86_64-linux-gnu/nvidia",
         "ldconfig named": "ld cache rebuilt",
     }[case]
     assert why in text
+    if case == "a cache over the size cap":  # one line, and the engine's log has it too
+        assert done.stderr == f"gpuctk-hook: warning: {why}\n"
     assert f"libfoo.so.1 (libc6,x86-64) => {FOLDER}/libfoo.so.1" in cache_listing(rootfs)
     assert os.readlink(rootfs / FOLDER.lstrip("/") / "libfoo.so.1") == "libfoo.so.1.2.3"
 

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import re
 import shutil
 import struct
 import subprocess
+import sys
+import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import pytest
 from fixtures.driver_root import make_elf
@@ -16,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuctk.cdi import ldcache
+from gpuctk.hook import ldmerge as hook_ldmerge
 
 LDCONFIG = shutil.which("ldconfig") or shutil.which("/sbin/ldconfig")
 needs_ldconfig = pytest.mark.skipif(LDCONFIG is None, reason="glibc's ldconfig is not installed")
@@ -175,3 +182,216 @@ def test_every_truncation_and_random_corruption(caches: dict[str, Path]) -> None
 def test_hypothesis_garbage(body: bytes, magic: bytes) -> None:
     with contextlib.suppress(ValueError):
         ldcache.parse_ld_cache(magic + body)
+
+
+# ---- hostile caches: time and memory linear in the size, and a size cap -------------------
+
+
+def one_string_cache(size: int, *, spread: bool = False) -> bytes:
+    """A valid new-format cache of at most `size` bytes: as many entries as fit, each naming the
+    one 4095-byte string at the end as both its name and its path (or, with `spread`, each a
+    different tail of it). Read naively, every entry is 8 KiB of text."""
+    string = b"lib" + b"a" * 4092 + b"\0"
+    n = (size - 48 - len(string)) // 24
+    at = 48 + 24 * n
+    header = ldcache.MAGIC_NEW + struct.pack("<IIB3xI12x", n, len(string), 2, 0)
+    rows = (
+        struct.pack("<iIIIQ", 0x303, at + (i % 4000 if spread else 0), at, 0, 0) for i in range(n)
+    )
+    return header + b"".join(rows) + string
+
+
+class TooMuchWork(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def python_lines(limit: int) -> Iterator[list[int]]:
+    """Count the Python lines run inside (a measure of work that no other load changes);
+    TooMuchWork, at once, when more than `limit` have run."""
+    count = [0]
+
+    def tracer(frame: FrameType, event: str, arg: object) -> Any:
+        if event == "line":
+            count[0] += 1
+            if count[0] > limit:
+                raise TooMuchWork(f"more than {limit} Python lines run")
+        return tracer
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        yield count
+    finally:
+        sys.settrace(previous)
+
+
+@pytest.mark.parametrize("size", [1 << 20, 4 << 20], ids=["1MiB", "4MiB"])
+def test_a_cache_of_one_long_string_costs_memory_linear_in_its_size(
+    size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # read naively: two 4 KiB strings per 24-byte entry, ~350 times the size of the file
+    data = one_string_cache(size)
+    tracemalloc.start()
+    try:
+        entries = ldcache.parse_ld_cache(data)
+        assert tracemalloc.get_traced_memory()[1] < 16 * size
+        tracemalloc.reset_peak()
+        keys: list[str] = []
+        real_key = ldcache.sort_key
+        monkeypatch.setattr(ldcache, "sort_key", lambda *a: keys.append(a[0]) or real_key(*a))
+        out = ldcache.build_ld_cache(list(entries))
+        built = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert built < 16 * size
+    assert len(entries) == (size - 48 - 4096) // 24
+    assert len({id(e.key) for e in entries} | {id(e.value) for e in entries}) == 1  # decoded once
+    assert len(keys) == 1  # one sort key per distinct name, not a comparison per pair
+    assert len(out) <= len(data) + 4096  # the result is as bounded as the input
+    assert ldcache.parse_ld_cache(out) == entries
+
+
+def test_a_cache_of_one_long_string_costs_work_linear_in_its_size() -> None:
+    data = one_string_cache(1 << 20)
+    n = (len(data) - 48) // 24
+    with python_lines(100 * n) as lines:  # a comparison per character would run ~4000 per pair
+        ldcache.build_ld_cache(list(ldcache.parse_ld_cache(data)))
+    assert lines[0] > n  # it did count
+
+
+def test_overlapping_strings_are_refused_within_a_budget() -> None:
+    # 4000 different tails of one string: 8 MB of text from a 1 MiB file, more than any real
+    # cache (whose strings together are less than its size: a name is the tail of its path)
+    data = one_string_cache(1 << 20, spread=True)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match="strings overlap"):
+            ldcache.parse_ld_cache(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * len(data)
+
+
+def test_strings_up_to_path_max() -> None:
+    at = 48 + 24
+    longest = b"/" + b"x" * 4094 + b"\0"
+    (entry,) = ldcache.parse_ld_cache(_new_cache([(0x303, at, at)], longest))
+    assert len(entry.value) == 4095
+    with pytest.raises(ValueError, match="not terminated within 4096 bytes"):
+        ldcache.parse_ld_cache(_new_cache([(0x303, at, at)], b"/" + longest))
+
+
+def test_a_cache_over_the_size_cap_is_refused_unread(tmp_path: Path) -> None:
+    cap = ldcache.MAX_CACHE_SIZE
+    assert hook_ldmerge.MAX_CACHE == cap <= 4 << 20  # the size the costs above are bounded at
+    at_cap = one_string_cache(cap)
+    assert len(ldcache.parse_ld_cache(at_cap)) == (cap - 48 - 4096) // 24
+    over = at_cap + bytes(cap + 1 - len(at_cap))
+    with pytest.raises(ValueError, match=f"of {cap + 1} bytes is over the {cap}-byte limit"):
+        ldcache.parse_ld_cache(over)
+    (tmp_path / "ld.so.cache").write_bytes(over)
+    with pytest.raises(ValueError, match="larger than"):
+        ldcache.read_ld_cache(str(tmp_path / "ld.so.cache"))
+
+
+# ---- the writer's order: glibc's _dl_cache_libcmp, as a sort key --------------------------
+
+
+def glibc_libcmp(a: bytes, b: bytes, signed_char: bool) -> int:
+    """elf/dl-cache.c _dl_cache_libcmp, step by step as C runs it: `char` signed or not, and
+    the numbers accumulated in an `int` (32 bits, wrapping)."""
+
+    def at(s: bytes, i: int) -> int:
+        c = s[i] if i < len(s) else 0
+        return c - 256 if signed_char and c >= 128 else c
+
+    def number(s: bytes, i: int) -> tuple[int, int]:
+        value = 0
+        while 0x30 <= at(s, i) <= 0x39:
+            value = (value * 10 + at(s, i) - 0x30) & 0xFFFFFFFF
+            i += 1
+        return (value - (1 << 32) if value >= 1 << 31 else value), i
+
+    i = j = 0
+    while at(a, i) != 0:
+        if 0x30 <= at(a, i) <= 0x39:
+            if not 0x30 <= at(b, j) <= 0x39:
+                return 1
+            (va, i), (vb, j) = number(a, i), number(b, j)
+            if va != vb:
+                return va - vb
+        elif 0x30 <= at(b, j) <= 0x39:
+            return -1
+        elif at(a, i) != at(b, j):
+            return at(a, i) - at(b, j)
+        else:
+            i, j = i + 1, j + 1
+    return at(a, i) - at(b, j)
+
+
+def _sign(x: int) -> int:
+    return (x > 0) - (x < 0)
+
+
+_PIECES = [b"lib", b".so", b".", b"-", b"_", b"A", b"z", b"~", b"\x7f", b"\x80", b"\xc3\xa9",
+           b"\xff", b"0", b"00", b"1", b"01", b"9", b"10", b"123456789", b"999999999"]  # fmt: skip
+_names = st.lists(st.sampled_from(_PIECES), max_size=8).map(b"".join)
+
+
+@settings(max_examples=500)
+@given(a=_names, b=_names, signed_char=st.booleans())
+def test_sort_key_orders_as_glibc_compares(a: bytes, b: bytes, signed_char: bool) -> None:
+    # numbers up to 9 digits: glibc's own comparison is an order there (beyond, its int wraps)
+    ka, kb = (ldcache.sort_key(os.fsdecode(s), signed_char) for s in (a, b))
+    assert _sign((ka > kb) - (ka < kb)) == _sign(glibc_libcmp(a, b, signed_char))
+
+
+@pytest.mark.parametrize("signed_char", [False, True])
+def test_sort_key_wraps_long_numbers_as_glibc(signed_char: bool) -> None:
+    def key(name: str) -> bytes:
+        return ldcache.sort_key(name, signed_char)
+
+    assert key("libz.so.4294967297") == key("libz.so.1")  # 2**32 + 1 in an int is 1
+    # as ldconfig orders them: 12345678901 and 2345678901 are negative in an int
+    assert key("libz.so.1") > key("libz.so.12345678901") > key("libz.so.2345678901")
+    assert key("lib01.so") == key("lib1.so") and key("lib.so") < key("lib0.so")
+    digits = "7" * 4000
+    assert key(f"lib{digits}.so") == key(f"lib{int(digits) % (1 << 32)}.so")
+
+
+@needs_ldconfig
+def test_writer_orders_odd_names_as_ldconfig(tmp_path: Path) -> None:
+    # bytes >= 0x80 (signed `char` on x86: before ASCII, and before the end of a name),
+    # numbers past 2**31, a number against a letter: ldconfig's own order, from any input order
+    assert LDCONFIG is not None
+    names = [b"liba.so.1", b"lib\xc3\xa9.so.1", b"lib\xff.so.1", b"lib\x80.so", b"lib.so.1",
+             b"lib~.so.1", b"lib9.so.1", b"libz.so.12345678901", b"libz.so.2345678901",
+             b"libq.so.1a", b"libq.so.a1", b"lib\x7f.so", b"lib!.so", b"libA.so",
+             b"libq.so.999999999", b"libq.so.1000000000"]  # fmt: skip
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/ld.so.conf").write_text("")
+    (root / "lib").mkdir()  # a trusted folder: the only one with libraries in this root
+    for name in names:
+        (root / "lib" / os.fsdecode(name)).write_bytes(make_elf(None))
+    subprocess.run([LDCONFIG, "-X", "-r", str(root), "-C", "/etc/ld.so.cache"], check=True,
+                   capture_output=True)  # fmt: skip
+    real = ldcache.read_ld_cache(str(root / "etc/ld.so.cache"))
+    assert sorted(os.fsencode(e.key) for e in real) == sorted(names)
+    for order in (real, real[::-1], sorted(real, key=lambda e: e.value)):
+        assert ldcache.parse_ld_cache(ldcache.build_ld_cache(list(order))) == real
+
+
+@needs_ldconfig
+def test_writer_keeps_the_host_caches_order() -> None:
+    host = Path("/etc/ld.so.cache")
+    if not host.is_file():
+        pytest.skip("this host has no /etc/ld.so.cache")
+    real = ldcache.read_ld_cache(str(host))
+    rng = random.Random(7)
+    for _ in range(3):
+        shuffled = list(real)
+        rng.shuffle(shuffled)
+        assert ldcache.parse_ld_cache(ldcache.build_ld_cache(shuffled)) == real
