@@ -13,18 +13,20 @@ pkg/cdi/container-edits.go, `ContainerEdits.Apply` after `Append`):
   in `linux.resources.devices` with `permissions` as access (`rwm` when empty, none for "none");
 - `mounts`: the first OCI mount with the same destination is removed, the new one appended; then
   ALL mounts are sorted, stably, by the number of `/` in their cleaned destination;
-- `hooks`: appended to their stage; `additionalGids` (not 0) added once; `intelRdt` set;
+- `hooks`: appended to their stage (each path absolute, its file trusted: `hook_problems`);
+  `additionalGids` (not 0) added once; `intelRdt` set;
   `netDevices` set by host interface name.
 
 Everything else in the OCI dict survives untouched. Pure functions over dicts: no classes, no
-imports beyond `os` (already loaded by the interpreter), so the shim pays nothing to load it.
+imports beyond `os` (already loaded by the interpreter), so the shim pays nothing to load it;
+the hook check uses gpuctk.fs (loaded by then: the config was read through it).
 """
 
 from __future__ import annotations
 
 import os
 
-from gpuctk.errors import ValidationError
+from gpuctk.errors import TrustError, ValidationError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -106,6 +108,10 @@ def problems(edits: Mapping[str, Any]) -> list[str]:
             continue
         if not isinstance(hook.get("path"), str) or not hook["path"]:
             found.append(f"invalid hook {hook['hookName']!r} with empty path")
+        elif not hook["path"].startswith("/"):  # runc would look in its own working folder
+            found.append(
+                f"invalid hook {hook['hookName']!r}: path {hook['path']!r} is not absolute"
+            )
         args = hook.get("args")
         if args is not None and not (
             isinstance(args, list) and all(isinstance(a, str) for a in args)
@@ -131,6 +137,29 @@ def problems(edits: Mapping[str, Any]) -> list[str]:
     for gid in edits.get("additionalGids") or ():
         if not _is_uint(gid):
             found.append(f"invalid additional GID {gid!r}")
+    return found
+
+
+def hook_problems(hooks: Iterable[Mapping[str, Any]]) -> list[str]:
+    """ "CDI hook PATH: refused: WHY" for each hook (absolute paths, `problems` checked) that
+    must not be run as root, by the spec-trust rules (gpuctk.cdi.spectrust): its file and
+    every folder above it writable by root (or this euid) alone, a file missing from folders
+    only root can write let through (the runtime says so)."""
+    from gpuctk.fs import open_trusted_file
+
+    found = []
+    for path in dict.fromkeys(str(h.get("path")) for h in hooks):
+        try:
+            fd, _ = open_trusted_file(path, flags=os.O_PATH)
+        except FileNotFoundError:
+            continue  # nobody but root can put it there
+        except TrustError as exc:
+            found.append(f"CDI hook {path}: refused: {exc.message}")
+            continue
+        except OSError as exc:
+            found.append(f"CDI hook {path}: refused: cannot look at it: {exc.strerror or exc}")
+            continue
+        os.close(fd)
     return found
 
 
@@ -234,7 +263,8 @@ def apply(
     """Apply merged CDI `edits` to the OCI spec dict `oci` in place.
 
     ValidationError (nothing changed) when the edits are invalid or a device node's missing
-    type/major/minor cannot be read from the host.
+    type/major/minor cannot be read from the host; TrustError when a hook's file (or a folder
+    above it) could be written by someone other than root (gpuctk.cdi.spectrust).
     """
     found = problems(edits)
     if found:
@@ -242,6 +272,11 @@ def apply(
     found = shape_problems(oci)
     if found:
         raise ValidationError(f"invalid OCI spec: {found[0]}", found)
+    if edits.get("hooks"):  # run as root: each file must be root's alone (gpuctk.cdi.spectrust)
+        found = hook_problems(edits["hooks"])
+        if found:
+            more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+            raise TrustError(f"{found[0]}{more}")
     nodes = edits.get("deviceNodes") or ()
     stat_fn = stat_device or host_device_info
     devices = [(node, _oci_device(node, stat_fn)) for node in nodes]  # may raise: before edits

@@ -240,7 +240,7 @@ def check_probe(ctx: Context, found: Findings) -> Result:
     from gpuctk.hook.runtime_main import find_runtime
 
     try:
-        runtime = find_runtime(found.settings.runtimes, {"PATH": ctx.path})
+        runtime = find_runtime(found.settings.runtimes)
     except GpuctkError as exc:
         return failed(ID, TITLE, [exc.message], "see the runtime layer")
     env = _shim_env(ctx)

@@ -110,7 +110,7 @@ def check_low_level(ctx: Context, found: Findings) -> Result:
 
     names = list(found.settings.runtimes)
     try:
-        path = find_runtime(names, {"PATH": ctx.path})
+        path = find_runtime(names)  # the shim's own search: system folders, not PATH
     except GpuctkError as exc:
         where = found.settings_source if found.settings_source != "defaults" else None
         fix = "apt-get install runc   # or name the runtime's absolute path in `runtimes`"

@@ -8,8 +8,10 @@ A file that cannot be read or is malformed is skipped and remembered: the rest s
 a request that cannot be resolved names those files in its message.
 
 Trust (gpuctk.cdi.spectrust): a spec dir or file that someone other than root (or the user
-gpuctk runs as) owns or can write is refused before it is read: listed in `Registry.refused`
-(the shim and the hook log each as a warning) and in `Registry.errors`.
+gpuctk runs as) owns or can write, or that sits below a folder they can write, is refused
+before it is read: listed in `Registry.refused` (the shim and the hook log each as a warning)
+and in `Registry.errors`. Each dir is listed, and its files opened, through the descriptor the
+trust walk (gpuctk.fs.open_trusted_dir) returned.
 
 `resolve` returns the edit blocks to apply, in the reference's order: the spec-level edits of a
 spec once, just before the first device requested from it, then each device's own edits.
@@ -69,11 +71,12 @@ class Block:
         return f"Block({self.spec.path!r}, {self.device!r})"
 
 
-def _load_spec_file(path: str, cache: SpecCache | None = None) -> dict[str, Any]:
+def _load_spec_file(
+    path: str, cache: SpecCache | None = None, dir_fd: int | None = None
+) -> dict[str, Any]:
     from gpuctk.cdi.specfile import load_spec_file
-    from gpuctk.cdi.spectrust import file_problem
 
-    return load_spec_file(path, check_stat=file_problem, cache=cache)
+    return load_spec_file(path, cache=cache, dir_fd=dir_fd)
 
 
 def _spec_problem(doc: dict[str, Any]) -> str | None:
@@ -227,6 +230,49 @@ def spec_paths(directory: str) -> list[str]:
     return [os.path.join(directory, n) for n in names]
 
 
+def _load_dir(
+    registry: Registry,
+    directory: str,
+    dir_fd: int,
+    priority: int,
+    loader: Loader | None,
+    cache: SpecCache | None,
+) -> None:
+    """Every spec file of the trusted spec dir `directory` (open as `dir_fd`) into `registry`."""
+    try:
+        with os.scandir(dir_fd) as it:
+            names = sorted(
+                e.name
+                for e in it
+                if e.name.endswith(SPEC_SUFFIXES) and not e.name.startswith(".") and not e.is_dir()
+            )
+    except OSError as exc:
+        registry.errors.append(f"{directory}: cannot list: {exc.strerror or exc}")
+        return
+    registry.found_dirs.append(directory)
+    if len(names) > MAX_SPEC_FILES:
+        registry.errors.append(
+            f"{directory}: {len(names)} spec files, only the first {MAX_SPEC_FILES} read"
+        )
+        names = names[:MAX_SPEC_FILES]
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            doc = loader(path) if loader is not None else _load_spec_file(path, cache, dir_fd)
+        except (GpuctkError, OSError, ValueError) as exc:
+            text = str(exc)
+            text = text if text.startswith(path) else f"{path}: {text}"
+            registry.errors.append(text)
+            if text.startswith(f"{path}: refused: "):
+                registry.refused.append(text)
+            continue
+        problem = _spec_problem(doc)
+        if problem:
+            registry.errors.append(f"{path}: {problem}")
+            continue
+        registry.add(SpecFile(path, priority, doc["kind"], doc))
+
+
 def load(
     dirs: Sequence[str] = DEFAULT_SPEC_DIRS,
     *,
@@ -236,46 +282,27 @@ def load(
     """Read every spec in `dirs` (later dirs win). Never raises for a bad file or dir: those
     land in `Registry.errors`. With a `cache` (gpuctk.cdi.speccache, the shim's), unchanged
     spec files are not decoded again, and the cache is saved before returning."""
-    read = loader or (lambda path: _load_spec_file(path, cache))
     registry = Registry(dirs)
-    from gpuctk.cdi.spectrust import dir_problem
+    from gpuctk.cdi.spectrust import open_spec_dir
+    from gpuctk.errors import TrustError
 
     for priority, directory in enumerate(dirs):
-        problem = dir_problem(directory)
-        if problem:
-            text = f"{directory}: refused: {problem}"
+        try:
+            dir_fd = open_spec_dir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # no such dir: nothing to read
+        except TrustError as exc:
+            text = f"{directory}: refused: {exc.message}"
             registry.errors.append(text)
             registry.refused.append(text)
             continue
-        try:
-            paths = spec_paths(directory)
         except OSError as exc:
             registry.errors.append(f"{directory}: cannot list: {exc.strerror or exc}")
             continue
-        if os.path.isdir(directory):
-            registry.found_dirs.append(directory)
-        if len(paths) > MAX_SPEC_FILES:
-            registry.errors.append(
-                f"{directory}: {len(paths)} spec files, only the first {MAX_SPEC_FILES} read"
-            )
-            paths = paths[:MAX_SPEC_FILES]
-        for path in paths:
-            if os.path.isdir(path):
-                continue
-            try:
-                doc = read(path)
-            except (GpuctkError, OSError, ValueError) as exc:
-                text = str(exc)
-                text = text if text.startswith(path) else f"{path}: {text}"
-                registry.errors.append(text)
-                if text.startswith(f"{path}: refused: "):
-                    registry.refused.append(text)
-                continue
-            problem = _spec_problem(doc)
-            if problem:
-                registry.errors.append(f"{path}: {problem}")
-                continue
-            registry.add(SpecFile(path, priority, doc["kind"], doc))
+        try:
+            _load_dir(registry, directory, dir_fd, priority, loader, cache)
+        finally:
+            os.close(dir_fd)
     if cache is not None:
         cache.save()
     return registry

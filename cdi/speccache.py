@@ -12,10 +12,11 @@ back (ctime). A file is cached only once it has been left alone for SETTLE_NS: t
 file timestamps are coarse (a jiffy), so two writes in one tick could share an identity, the
 "racy git" problem; an entry from a file that settled cannot be shadowed that way.
 
-Trust: the cache is read only from a folder owned by this uid and writable by no one else, and
-only when the file is owned by this uid and not group/world-writable (checked on the open
-descriptor); `marshal` is not meant for hostile input, and with these checks only the shim's own
-uid (root) can have written it. Anything unexpected (missing, corrupt, foreign) is an empty
+Trust: the cache is read only from a folder owned by this uid and writable by no one else, nor
+any folder above it (gpuctk.fs.open_private_dir), through its descriptor, and only when the
+file is owned by this uid and not group/world-writable (checked on the open descriptor);
+`marshal` is not meant for hostile input, and with these checks only the shim's own uid (root)
+can have written it. Anything unexpected (missing, corrupt, foreign) is an empty
 cache; writing is atomic (rename), never fsync'd, and failures are ignored: a cache miss only
 costs the parse. `GPUCTK_SPEC_CACHE=0` turns it off.
 """

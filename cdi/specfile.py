@@ -14,8 +14,10 @@ standard library and PyYAML's C loader: no jsonschema, no click. What it guarant
 - the top level is a mapping.
 
 `check_stat`, when given, sees the opened file's `os.stat_result` and may return a reason to
-refuse it: that is where a trust policy (owner, mode) plugs in without a second open (no race
-between the check and the read). `follow_symlinks=False` refuses a symlink as the last path
+refuse it, without a second open (no race between the check and the read). `dir_fd` opens the
+file through its folder's descriptor with the trust walk of gpuctk.fs.trusted_file (owner,
+mode, symlinks followed through trusted folders only): the registry's spec-dir policy
+(gpuctk.cdi.spectrust). Without it, `follow_symlinks=False` refuses a symlink as the last path
 component (O_NOFOLLOW). Messages never quote file content beyond key names and short values.
 
 Errors: InputError (exit 4) when the file cannot be read as a file (missing, not a regular file,
@@ -30,7 +32,7 @@ import os
 import stat
 
 from gpuctk import jsonfast
-from gpuctk.errors import InputError, ValidationError
+from gpuctk.errors import InputError, TrustError, ValidationError
 from gpuctk.fs import read_limited
 
 TYPE_CHECKING = False  # not typing's: importing typing costs the create path ~3 ms
@@ -53,15 +55,29 @@ class _DocumentError(Exception):
 
 
 def _open_checked(
-    path: str, max_bytes: int, check_stat: StatCheck | None, follow_symlinks: bool
+    path: str,
+    max_bytes: int,
+    check_stat: StatCheck | None,
+    follow_symlinks: bool,
+    dir_fd: int | None = None,
 ) -> tuple[int, os.stat_result]:
     """A descriptor of the regular file at `path` that `check_stat` accepts, and its stat; the
-    caller closes it."""
+    caller closes it. With `dir_fd` (the folder of `path`, from gpuctk.fs.open_trusted_dir),
+    the file is opened through it by gpuctk.fs.trusted_file (owner and mode checked, symlinks
+    followed only through trusted folders)."""
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)
     if not follow_symlinks:
         flags |= os.O_NOFOLLOW
     try:
-        fd = os.open(path, flags)
+        if dir_fd is None:
+            fd = os.open(path, flags)
+        else:
+            from gpuctk.fs import trusted_file
+
+            folder, _, name = path.rpartition("/")
+            fd, _ = trusted_file(dir_fd, name, folder=folder or "/")
+    except TrustError as exc:
+        raise InputError(f"{path}: refused: {exc.message}") from None
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except OSError as exc:
@@ -199,14 +215,16 @@ def load_spec_file(
     check_stat: StatCheck | None = None,
     follow_symlinks: bool = True,
     cache: SpecCache | None = None,
+    dir_fd: int | None = None,
 ) -> dict[str, Any]:
     """The spec document at `path` as a plain dict (not yet validated beyond decoding).
 
     With a `cache` (gpuctk.cdi.speccache), a file whose identity (device, inode, size, mtime,
     ctime of the descriptor opened here, after `check_stat` accepted it) is in the cache is not
-    read or decoded again; one that was is offered to the cache."""
+    read or decoded again; one that was is offered to the cache. `dir_fd`: the trusted folder
+    of `path` to open it through (see _open_checked)."""
     name = os.fspath(path)
-    fd, st = _open_checked(name, max_bytes, check_stat, follow_symlinks)
+    fd, st = _open_checked(name, max_bytes, check_stat, follow_symlinks, dir_fd)
     try:
         if cache is not None:
             cached = cache.get(name, st)

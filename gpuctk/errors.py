@@ -62,6 +62,11 @@ class InputError(GpuctkError):
     exit_code = EXIT_INPUT
 
 
+class TrustError(InputError):
+    """A file or folder that someone other than root (or this user) could have written or
+    swapped; the message names the component at fault and the fix (gpuctk.fs)."""
+
+
 class OutputError(GpuctkError):
     """A file could not be written."""
 

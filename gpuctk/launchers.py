@@ -23,8 +23,10 @@ front (dash starts in ~1 ms, CPython in ~13 ms here) that finds the verb as runc
 global flags and, for any verb but create/run, execs the low-level runtime that gpuctk-runtime
 itself last resolved, read from its memo (`$GPUCTK_STATE_DIR/runtime`, default
 /run/gpuctk/runtime; see gpuctk.hook.runtime_main.remember_runtime). The memo is used only when
-it is owned by the caller's uid, names the same config file (present or absent alike) and the
-same PATH, is newer than that config file, and its runtime is an executable file; anything
+it is owned by the caller's uid, names the same config file (present or absent alike), is
+newer than that config file, and its runtime is an executable file owned by the caller's uid
+(Python checked that file and its folders when it wrote the memo; PATH plays no part in
+which runtime it resolves, so the memo does not hold it); anything
 else (no memo yet, a changed config, an argument list it cannot read) starts Python, which
 resolves the runtime as always and writes the memo again. So a config change takes effect at
 once, and the verbs that follow a create go to the runtime that create used.
@@ -43,13 +45,6 @@ gpuctk-runtime) pays for Python only on the containers that ask for a GPU. When 
 on such a create, the front hands its runtime to Python (`GPUCTK_FRONT_RUNTIME`, removed from
 the environment before the runtime runs), which then neither searches for the runtime nor
 rewrites the memo; the front unsets that variable first, so only the front can set it.
-
-Such a create (the memo holds, a marker matched) skips Python altogether while a create server
-serves the state folder (gpuctk.hook.serve, `gpuctk create-server`): a FIFO `create.fifo`
-owned by the caller, and `create.pid` naming a live process of the caller's uid whose comm is
-`gpuctk-serve`. The front then execs a bash client (_SERVE_CLIENT; bash for `read -t`) that
-hands the create to the server and, on its answer, execs the runtime, exits with the
-server's status, or starts Python as above. Anything it cannot check: Python.
 """
 
 from __future__ import annotations
@@ -94,7 +89,7 @@ def launcher_text(python: str, module: str, function: str) -> str:
     )
 
 
-MEMO_TAG = "gpuctk-runtime memo 2"
+MEMO_TAG = "gpuctk-runtime memo 3"
 STATE_DIR_ENV = "GPUCTK_STATE_DIR"
 # set by the front for the Python it starts on create, when the memo holds: its runtime
 FRONT_RUNTIME_ENV = "GPUCTK_FRONT_RUNTIME"
@@ -110,9 +105,6 @@ VERB_VALUE_FLAGS = frozenset(
     ("bundle", "b", "console-socket", "pid-file", "preserve-fds", "config", "f", "pidfd-socket")
 )
 GREPS = ("/usr/bin/grep", "/bin/grep")
-# the create server's /proc comm and request tag (gpuctk.hook.serve uses these)
-SERVE_COMM = "gpuctk-serve"
-SERVE_REQUEST_TAG = "gpuctk-create 1"
 
 # The Python half of the runtime front: run with `-IS -c CODE "$0" "$@"` (no single quotes).
 _RUNTIME_PYTHON = """import sys
@@ -132,64 +124,10 @@ raise SystemExit(main())
 """
 
 
-# The bash half of the create-server path (gpuctk.hook.serve): run with
-# `bash -c CODE "$0" STATE RUNTIME PYCODE "$@"` (no single quotes; bash for `read -t` and for
-# descriptors it picks itself, from 10 up, so none the engine passed is touched). Its reply
-# channel is a pipe made without a process: a here-string is a pipe in bash 5.1+ (a temp file
-# before: then Python runs), reopened read-write through /proc so that it never reads EOF.
-# It writes the request, sends `PID FD` (FD: that pipe), and on the answer: `0` execs the
-# runtime, a status exits with it, `python` (or anything that stopped the request before it
-# was sent) runs the Python shim as without a server; no answer within GPUCTK_SERVE_TIMEOUT
-# seconds (default 60) is an error, since the server may still be at work on the bundle.
-_SERVE_CLIENT = """self=$0 state=$1 runtime=$2 pycode=$3
-shift 3
-req=$state/create.$$.req
-answer=python
-if { exec {made}<<<-; } 2>/dev/null; then
-	if { exec {reply}<>"/proc/self/fd/$made"; } 2>/dev/null; then
-		exec {made}<&-
-		set -C
-		if [ -p "/proc/self/fd/$reply" ] && read -r -u "$reply" _ &&
-			{ printf "%s\\0" "@TAG@" "$runtime" "$@" >"$req"; } 2>/dev/null &&
-			{ exec {fifo}<>"$state/create.fifo"; } 2>/dev/null; then
-			{ printf "%s %s\\n" "$$" "$reply" >&"$fifo"; } 2>/dev/null
-			sent=$?
-			exec {fifo}>&-
-			limit=${GPUCTK_SERVE_TIMEOUT:-60}
-			case $limit in "" | *[!0-9]*) limit=60 ;; esac
-			if [ "$sent" -eq 0 ] && ! IFS= read -r -t "$limit" -u "$reply" answer; then
-				read -r spid <"$state/create.pid" 2>/dev/null
-				echo "gpuctk-runtime: the create server (pid ${spid:-gone}) did not answer" \\
-					"within $limit s; see journalctl -u gpuctk-create-server" >&2
-				exit 1
-			fi
-		fi
-		exec {reply}<&-
-	else
-		exec {made}<&-
-	fi
-fi
-case $answer in
-0) exec "$runtime" "$@" ;;
-[1-9] | [1-9][0-9] | [1-9][0-9][0-9]) exit "$answer" ;;
-python) ;;
-*) echo "gpuctk-runtime: the create server answered \\"$answer\\"" >&2; exit 1 ;;
-esac
-@FRONT@=$runtime
-export @FRONT@
-exec @PYTHON@ -IS -c "$pycode" "$self" "$@"
-"""
-
-
 def runtime_front_text(python: str) -> str:
     """The text of the gpuctk-runtime launcher: a POSIX sh front (see the module docstring)."""
     _check_interpreter(python)
     global_flags = "|".join(sorted(GLOBAL_VALUE_FLAGS))
-    client = (
-        _SERVE_CLIENT.replace("@TAG@", SERVE_REQUEST_TAG)
-        .replace("@FRONT@", FRONT_RUNTIME_ENV)
-        .replace("@PYTHON@", python)
-    )
     verb_flags = "|".join(sorted(VERB_VALUE_FLAGS))
     return f"""#!/bin/sh
 # gpuctk launcher (gpuctk.launchers): gpuctk-runtime's POSIX sh front; see that module.
@@ -199,22 +137,15 @@ unset {FRONT_RUNTIME_ENV}
 sdir=${{{STATE_DIR_ENV}:-{DEFAULT_STATE_DIR}}}
 memo=$sdir/runtime
 pycode='{_RUNTIME_PYTHON}'
-serve_up() {{ # a live create server on this state folder (gpuctk.hook.serve), and bash
-	[ -x /bin/bash ] && [ -p "$sdir/create.fifo" ] && [ -O "$sdir/create.fifo" ] || return 1
-	{{ IFS= read -r spid <"$sdir/create.pid"; }} 2>/dev/null || return 1
-	case $spid in '' | *[!0-9]*) return 1 ;; esac
-	[ -O "/proc/$spid" ] && {{ IFS= read -r scomm <"/proc/$spid/comm"; }} 2>/dev/null &&
-		[ "$scomm" = {SERVE_COMM} ]
-}}
 memo_holds() {{
 	[ -f "$memo" ] && [ -O "$memo" ] || return 1
-	{{ IFS= read -r tag; IFS= read -r m_conf; IFS= read -r m_state; IFS= read -r m_path
+	{{ IFS= read -r tag; IFS= read -r m_conf; IFS= read -r m_state
 		IFS= read -r m_runtime; IFS= read -r m_create; }} <"$memo"
 	conf=${{GPUCTK_CONFIG:-{DEFAULT_CONFIG}}}
 	if [ -e "$conf" ]; then state=present; else state=absent; fi
 	[ "$tag" = "{MEMO_TAG}" ] && [ "$m_conf" = "$conf" ] && [ "$m_state" = "$state" ] &&
-		[ "$m_path" = "${{PATH-}}" ] && ! [ "$conf" -nt "$memo" ] &&
-		[ -f "$m_runtime" ] && [ -x "$m_runtime" ]
+		! [ "$conf" -nt "$memo" ] &&
+		[ -f "$m_runtime" ] && [ -x "$m_runtime" ] && [ -O "$m_runtime" ]
 }}
 no_request() {{ # CONFIG MARKER...: true when CONFIG holds no MARKER and no \\u or \\/ escape
 	cfg=$1
@@ -289,9 +220,6 @@ create|run)
 			unset IFS
 			set +f ;;
 		esac
-		if serve_up; then
-			exec /bin/bash -c '{client}' "$0" "$sdir" "$m_runtime" "$pycode" "$@"
-		fi
 		{FRONT_RUNTIME_ENV}=$m_runtime # the memo holds: Python need not resolve it again
 		export {FRONT_RUNTIME_ENV}
 	fi ;;

@@ -1,9 +1,13 @@
 """gpuctk-runtime configuration: /etc/gpuctk/config.toml, or the file named by GPUCTK_CONFIG.
 
     runtimes = ["runc", "crun"]            # low-level runtimes, first found wins: a name
-                                           # (searched in PATH) or an absolute path
+                                           # (searched in the system folders, not PATH:
+                                           # gpuctk.hook.runtime_main.DEFAULT_PATH) or an
+                                           # absolute path; root-owned, not g/o-writable
     spec-dirs = ["/etc/cdi", "/var/run/cdi"]
     default-kind = "nvidia.com/gpu"        # kind given to bare NVIDIA_VISIBLE_DEVICES names
+    device-list-kinds = []                 # kinds besides default-kind that the device list
+                                           # (NVIDIA_VISIBLE_DEVICES, device mounts) may name
     annotation-prefixes = ["cdi.k8s.io/"]
     accept-envvar-unprivileged = true      # honour NVIDIA_VISIBLE_DEVICES without CAP_SYS_ADMIN
     accept-volume-mounts = false           # /var/run/nvidia-container-devices/* mounts
@@ -11,7 +15,10 @@
     log-level = "info"                     # debug, info, warning, error
 
 A missing default file means the defaults; a file named by GPUCTK_CONFIG must exist. Unknown
-keys, wrong types and bad values are errors (ValidationError, every problem listed).
+keys, wrong types and bad values are errors (ValidationError, every problem listed). The file
+names what root runs: it is read only when it and every folder above it can be written by root
+(or the user gpuctk runs as) alone (gpuctk.fs.open_trusted_file); anything else is refused
+(TrustError, naming the component at fault and the fix).
 
 Reading: the usual file (top-level `key = value` lines: strings, booleans, one-line arrays of
 strings, comments) is parsed by a small exact parser, so container start does not pay for
@@ -23,7 +30,7 @@ from __future__ import annotations
 
 import os
 
-from gpuctk.errors import InputError, ValidationError
+from gpuctk.errors import InputError, TrustError, ValidationError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -38,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "runtimes": ["runc", "crun"],
     "spec-dirs": ["/etc/cdi", "/var/run/cdi"],
     "default-kind": "nvidia.com/gpu",
+    "device-list-kinds": [],
     "annotation-prefixes": ["cdi.k8s.io/"],
     "accept-envvar-unprivileged": True,
     "accept-volume-mounts": False,
@@ -54,6 +62,7 @@ class Settings:
         "accept_volume_mounts",
         "annotation_prefixes",
         "default_kind",
+        "device_list_kinds",
         "log_file",
         "log_level",
         "runtimes",
@@ -66,6 +75,7 @@ class Settings:
         self.runtimes: tuple[str, ...] = tuple(merged["runtimes"])
         self.spec_dirs: tuple[str, ...] = tuple(merged["spec-dirs"])
         self.default_kind: str = merged["default-kind"]
+        self.device_list_kinds: tuple[str, ...] = tuple(merged["device-list-kinds"])
         self.annotation_prefixes: tuple[str, ...] = tuple(merged["annotation-prefixes"])
         self.accept_envvar_unprivileged: bool = merged["accept-envvar-unprivileged"]
         self.accept_volume_mounts: bool = merged["accept-volume-mounts"]
@@ -88,7 +98,7 @@ def check(values: Mapping[str, Any]) -> list[str]:
     for key in values:
         if key not in DEFAULTS:
             out.append(f"{key}: unknown key (known: {', '.join(DEFAULTS)})")
-    for key in ("runtimes", "spec-dirs", "annotation-prefixes"):
+    for key in ("runtimes", "spec-dirs", "annotation-prefixes", "device-list-kinds"):
         if key in values:
             problem = _str_list_problem(key, values[key])
             if problem:
@@ -103,6 +113,10 @@ def check(values: Mapping[str, Any]) -> list[str]:
                 for v in values[key]:
                     if not v.startswith("/"):
                         out.append(f"spec-dirs: {v!r} must be an absolute path")
+            elif key == "device-list-kinds":
+                from gpuctk.cdi.names import kind_problem
+
+                out += [f"{key}: {p}" for p in map(kind_problem, values[key]) if p]
     for key in ("accept-envvar-unprivileged", "accept-volume-mounts"):
         if key in values and not isinstance(values[key], bool):
             out.append(f"{key}: must be true or false")
@@ -234,14 +248,19 @@ def config_path(environ: Mapping[str, str]) -> tuple[str, bool]:
 
 
 def load(environ: Mapping[str, str] | None = None) -> Settings:
-    """The settings in force: InputError/ValidationError for an unreadable or bad file."""
+    """The settings in force: InputError/ValidationError for an unreadable or bad file,
+    TrustError for one that someone other than root (or this euid) could have written."""
     path, explicit = config_path(os.environ if environ is None else environ)
+    from gpuctk.fs import open_trusted_file
+
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd, _ = open_trusted_file(path)  # it and every folder above it: root's alone
     except FileNotFoundError:
         if explicit:
             raise InputError(f"{path} (named by {ENV_VAR}): no such file") from None
         return Settings()
+    except TrustError as exc:
+        raise TrustError(f"{path}: refused: {exc.message}") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from None
     try:

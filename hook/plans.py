@@ -27,10 +27,14 @@ goes through the full path every time and fails there with its message. The per-
 stays per container: the request itself, the in-root checks (musl loader, an image file where a
 link would go, the image's ld cache) and every write.
 
-Trust: read only from a folder owned by this uid that nobody else can write, and only a file
-owned by this uid that is not group/world-writable (checked on the open descriptor): `marshal`
-is not meant for hostile input. Anything unexpected is an empty cache; writes are atomic and
-never fsync'd. `GPUCTK_SPEC_CACHE=0` turns this off together with the spec cache.
+Trust: read only from a folder owned by this uid that nobody else can write, up to /
+(gpuctk.fs.open_private_dir), through its descriptor, and only a file owned by this uid that is
+not group/world-writable (checked on the open descriptor): `marshal` is not meant for hostile
+input. A remembered plan is used only while every spec dir and file it was resolved from has
+the same identity: a folder above them that became writable since cannot have changed them
+unseen (a swap or a rewrite gives a new identity), and the next full resolution refuses it.
+Anything unexpected is an empty cache; writes are atomic and never fsync'd.
+`GPUCTK_SPEC_CACHE=0` turns this off together with the spec cache.
 """
 
 from __future__ import annotations

@@ -139,11 +139,16 @@ def read_config(path: str) -> tuple[dict[str, Any], os.stat_result]:
         raise ValidationError(f"malformed OCI config {path}: {exc}") from None
     if not isinstance(doc, dict):
         raise ValidationError(f"malformed OCI config {path}: not a JSON object")
+    from gpuctk.hook.ocikeys import check_keys
+
+    check_keys(doc, path)  # runc's decoder folds case: a "Process" would be its process
     return doc, st
 
 
 def write_config(path: str, doc: Mapping[str, Any], st: os.stat_result) -> None:
-    """Replace `path` atomically with `doc`, keeping its mode and owner."""
+    """Replace `path` atomically with `doc`, keeping its mode and owner: the owner is set on
+    the temp file's descriptor before the rename (never a chown by name afterwards: the
+    bundle's owner could have swapped a link in by then)."""
     from gpuctk.fs import atomic_write
     from gpuctk.jsonfast import dumps
 
@@ -151,28 +156,68 @@ def write_config(path: str, doc: Mapping[str, Any], st: os.stat_result) -> None:
         data = dumps(doc)
     except (ValueError, TypeError) as exc:
         raise ValidationError(f"cannot encode the edited OCI config: {exc}") from None
-    atomic_write(path, data, mode=st.st_mode & 0o7777, durable=False)  # runc reads it next
-    if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
-        try:
-            os.chown(path, st.st_uid, st.st_gid)
-        except OSError:
-            return  # not permitted (rootless): the file stays readable by its writer
+    uid = st.st_uid if st.st_uid != os.geteuid() else -1
+    gid = st.st_gid if st.st_gid != os.getegid() else -1
+    # not durable: runc reads it next; a writer that may not chown (rootless) keeps it
+    atomic_write(path, data, mode=st.st_mode & 0o7777, durable=False, uid=uid, gid=gid)
 
 
-def find_runtime(names: Sequence[str], environ: Mapping[str, str] | None = None) -> str:
-    """The first of `names` that is an executable file (names searched in PATH), never this
-    shim itself (a `runc` in PATH may be a link to it)."""
-    env = os.environ if environ is None else environ
-    search = [d for d in (env.get("PATH") or DEFAULT_PATH).split(":") if d]
-    me = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    for name in names:
-        candidates = [name] if name.startswith("/") else [f"{d}/{name}" for d in search]
-        for path in candidates:
-            usable = os.path.isfile(path) and os.access(path, os.X_OK)
-            if usable and os.path.realpath(path) != me:
-                return path
+def find_runtime(names: Sequence[str], search: str = DEFAULT_PATH) -> str:
+    """The first of `names` that is a trusted executable file: an absolute path as given, a
+    bare name in the folders of `search` (DEFAULT_PATH, never the PATH the engine passes:
+    containerd puts its own plugin folder first), never this shim itself (a `runc` may be a
+    link to it). Trusted: the file and every folder above it writable by root (or this euid)
+    alone (gpuctk.fs.open_trusted_file). The path is returned as checked and exec'd by name:
+    nobody but root can swap what it names in between, since every folder on it is root's.
+    InputError naming each candidate refused and why."""
+    from gpuctk.errors import TrustError
+    from gpuctk.fs import open_trusted_dir, open_trusted_file, trusted_file
+
+    try:
+        me = os.stat(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    except OSError:
+        me = None
+    refused: list[str] = []
+    folders: dict[str, int | None] = {}  # search folder -> descriptor, for this call only
+    try:
+        for name in names:
+            if name.startswith("/"):
+                candidates = [("", name)]
+            else:
+                candidates = [(d, name) for d in search.split(":") if d.startswith("/")]
+            for folder, leaf in candidates:
+                path = f"{folder}/{leaf}" if folder else leaf
+                try:
+                    if not folder:
+                        fd, st = open_trusted_file(path, flags=os.O_PATH)
+                    else:
+                        if folder not in folders:
+                            folders[folder] = None  # kept when missing or refused: skipped
+                            folders[folder] = open_trusted_dir(folder)
+                        dir_fd = folders[folder]
+                        if dir_fd is None:
+                            continue
+                        fd, st = trusted_file(dir_fd, leaf, folder=folder, flags=os.O_PATH)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                except TrustError as exc:
+                    refused.append(f"{path} ({exc.message})")
+                    continue
+                except OSError as exc:
+                    refused.append(f"{path} ({exc.strerror or exc})")
+                    continue
+                os.close(fd)
+                if not st.st_mode & 0o111:
+                    refused.append(f"{path} (not executable; fix: chmod +x {path})")
+                elif me is None or (st.st_dev, st.st_ino) != (me.st_dev, me.st_ino):
+                    return path
+    finally:
+        for held in folders.values():
+            if held is not None:
+                os.close(held)
+    more = f"; refused: {'; '.join(refused)}" if refused else ""
     raise InputError(
-        f"no low-level runtime found: tried {', '.join(names)} (PATH={':'.join(search)}); "
+        f"no low-level runtime found: tried {', '.join(names)} (names in {search}){more}; "
         "set `runtimes` in the gpuctk config"
     )
 
@@ -198,12 +243,13 @@ def remember_runtime(
     runtime: str, environ: Mapping[str, str] | None = None, markers: list[str] | None = None
 ) -> bool:
     """Write the runtime memo the sh front of gpuctk-runtime reads (gpuctk.launchers): the
-    config file in force and whether it exists, PATH, the resolved `runtime`, so that the
-    verbs after a create skip Python, and the request `markers` (request_markers), so that a
-    create whose config.json contains none of them skips Python too (without markers, every
-    create starts Python). Written only into a folder owned by this uid and not writable by
-    others (created 0700 if missing), only when it changes, never fsync'd (it is a cache: a
-    lost or stale memo just means a Python start). True when the memo is current."""
+    config file in force and whether it exists, the resolved `runtime` (find_runtime: the
+    PATH plays no part), so that the verbs after a create skip Python, and the request
+    `markers` (request_markers), so that a create whose config.json contains none of them
+    skips Python too (without markers, every create starts Python). Written only into a
+    folder that this uid alone can write, up to / (gpuctk.fs.open_private_dir; created 0700
+    if missing), through its descriptor, only when it changes, never fsync'd (it is a cache:
+    a lost or stale memo just means a Python start). True when the memo is current."""
     from gpuctk import launchers
     from gpuctk.hook.config import config_path
 
@@ -212,27 +258,33 @@ def remember_runtime(
     conf, _ = config_path(env)
     present = "present" if os.path.exists(conf) else "absent"
     create = "\t".join(["create-grep", *markers]) if markers else "create-python"
-    lines = (launchers.MEMO_TAG, conf, present, env.get("PATH", ""), runtime, create)
+    lines = (launchers.MEMO_TAG, conf, present, runtime, create)
     if any("\n" in line or "\r" in line for line in lines):
         return False  # not representable in the sh front's line reads
     text = "".join(f"{line}\n" for line in lines).encode()
-    memo = os.path.join(folder, "runtime")
-    try:
-        with open(memo, "rb") as f:
-            if f.read(len(text) + 1) == text:
-                return True
-    except OSError:
-        pass
-    from gpuctk.errors import OutputError
-    from gpuctk.fs import atomic_write, private_folder
+    from gpuctk.errors import GpuctkError
+    from gpuctk.fs import atomic_write, open_private_dir, read_limited
 
-    if not private_folder(folder, create=True):
+    try:
+        dir_fd = open_private_dir(folder, create=True)
+    except (GpuctkError, OSError):
         return False  # not ours alone: never leave a memo where others could swap it
-
     try:
-        atomic_write(memo, text, mode=0o644, durable=False)
-    except OutputError:
+        try:
+            fd = os.open("runtime", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            try:
+                st = os.fstat(fd)
+                if st.st_uid == os.geteuid() and read_limited(fd, len(text)) == text:
+                    return True
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+        atomic_write(f"{folder}/runtime", text, mode=0o644, durable=False, dir_fd=dir_fd)
+    except GpuctkError:
         return False
+    finally:
+        os.close(dir_fd)
     return True
 
 
@@ -283,8 +335,8 @@ def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
     """Everything `main` does before it execs the low-level runtime: (exit status, runtime,
     log). Status 0: exec the runtime with `args`; anything else: the error is already logged.
     `front`: the runtime the sh front's memo names (then neither searched for nor
-    remembered; ignored unless an absolute path). The create server (gpuctk.hook.serve) runs
-    this in a worker, in the environment, folder and stderr of the front that asked."""
+    remembered, once find_runtime finds the file trusted; ignored unless an absolute
+    path)."""
     front = front if front.startswith("/") else ""
     inv = parse_argv(args)
     log = RuncLog(inv.log, inv.log_format, level="debug" if inv.debug else "info")
@@ -303,8 +355,11 @@ def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
             settings = config.Settings()
         log.configure(settings.log_file, settings.log_level)
         if front and settings_ok and inv.verb in INJECT_VERBS:
-            runtime = front  # the sh front checked its memo against this config and PATH
-        else:
+            try:  # the sh front checked its memo against this config; the file is checked here
+                runtime = find_runtime([front])
+            except InputError as exc:
+                log.debug(f"gpuctk-runtime: the front's runtime: {exc.message}")
+        if not runtime:
             runtime = find_runtime(settings.runtimes)
             if settings_ok:
                 remember_runtime(runtime, markers=request_markers(settings))

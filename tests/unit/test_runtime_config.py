@@ -23,7 +23,7 @@ def test_defaults_when_the_default_file_is_missing(tmp_path: Path) -> None:
     s = config.load({})  # /etc/gpuctk/config.toml does not exist on test machines
     assert s.runtimes == ("runc", "crun")
     assert s.spec_dirs == ("/etc/cdi", "/var/run/cdi")
-    assert s.default_kind == "nvidia.com/gpu"
+    assert s.default_kind == "nvidia.com/gpu" and s.device_list_kinds == ()
     assert s.annotation_prefixes == ("cdi.k8s.io/",)
     assert s.accept_envvar_unprivileged is True and s.accept_volume_mounts is False
     assert (s.log_file, s.log_level, s.source) == ("", "info", "")
@@ -41,6 +41,7 @@ def test_full_file(tmp_path: Path) -> None:
         'runtimes = ["/usr/sbin/runc", "crun"]  # first found\n'
         "spec-dirs = ['/etc/cdi']\n"
         'default-kind = "example.com/gpu"\n'
+        'device-list-kinds = ["nvidia.com/nic"]\n'
         "annotation-prefixes = [\"cdi.k8s.io/\", 'x/',]\n"
         "accept-envvar-unprivileged = false\n"
         "accept-volume-mounts = true\n"
@@ -50,7 +51,7 @@ def test_full_file(tmp_path: Path) -> None:
     s = config.load({"GPUCTK_CONFIG": str(path)})
     assert s.runtimes == ("/usr/sbin/runc", "crun")
     assert s.spec_dirs == ("/etc/cdi",)
-    assert s.default_kind == "example.com/gpu"
+    assert s.default_kind == "example.com/gpu" and s.device_list_kinds == ("nvidia.com/nic",)
     assert s.annotation_prefixes == ("cdi.k8s.io/", "x/")
     assert s.accept_envvar_unprivileged is False and s.accept_volume_mounts is True
     assert s.log_level == "debug" and s.source == str(path)
@@ -66,6 +67,8 @@ def test_full_file(tmp_path: Path) -> None:
         ('spec-dirs = ["cdi"]', "must be an absolute path"),
         ('accept-volume-mounts = "yes"', "must be true or false"),
         ('default-kind = "gpu"', "default-kind: invalid kind"),
+        ('device-list-kinds = "nvidia.com/nic"', "device-list-kinds: must be a list of strings"),
+        ('device-list-kinds = ["nic"]', "device-list-kinds: invalid kind 'nic'"),
         ('log-level = "trace"', "not one of debug, info, warning, error"),
         ('log-file = "gpuctk.log"', "must be an absolute path"),
         ("log-level = 3", "log-level: must be a string"),
