@@ -43,6 +43,7 @@ def request(
         annotation_prefixes=settings.annotation_prefixes,
         accept_volume_mounts=settings.accept_volume_mounts,
         accept_envvar_unprivileged=settings.accept_envvar_unprivileged,
+        device_list_kinds=settings.device_list_kinds,
     )
     for note in req.notes:
         warn(note)

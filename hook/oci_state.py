@@ -19,6 +19,7 @@ import sys
 from gpuctk import jsonfast
 from gpuctk.errors import InputError
 from gpuctk.fs import read_limited
+from gpuctk.hook.ocikeys import check_keys
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ def read_config(path: str) -> dict[str, Any]:
     doc = parse_json(data, path)
     if not isinstance(doc, dict):
         raise InputError(f"{path} is not a JSON object")
+    check_keys(doc, path)  # runc's decoder folds case: a "Root" would be its root
     return doc
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from gpuctk.errors import InputError
-from gpuctk.hook import hooklog, oci_state
+from gpuctk.hook import hooklog, oci_state, ocikeys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ def transform(data: bytes, settings: Settings) -> bytes:
     doc: Any = oci_state.parse_json(data, "OCI config on stdin")
     if not isinstance(doc, dict):
         raise InputError("OCI config on stdin is not a JSON object")
+    ocikeys.check_keys(doc, "OCI config on stdin")
     got = cdiedits.resolve(doc, settings, hooklog.warning)
     if got is None:
         hooklog.log("debug", "precreate: no GPU requested; config unchanged", to_stderr=False)

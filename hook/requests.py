@@ -11,12 +11,17 @@ nvidia-container-runtime in CDI mode, internal/modifier/cdi.go, does):
    `/var/run/nvidia-container-devices/cdi/<vendor>/<class>/<name>`;
 3. NVIDIA_VISIBLE_DEVICES (the last value wins when the env lists it twice), comma-separated:
    `void`, empty or unset: nothing at all; `none`: the driver files without any GPU; `all`;
-   indices `0,1`; MIG `0:1`; `GPU-`/`MIG-` UUIDs; fully qualified names. Any `void` wins over
-   `none`, which wins over `all`, which wins over a list. Honoured for unprivileged containers
-   (no CAP_SYS_ADMIN in the bounding set) only when `accept-envvar-unprivileged` is on.
+   indices `0,1`; MIG `0:1`; `GPU-`/`MIG-` UUIDs; qualified names (`nvidia.com/gpu=0`). Any
+   `void` wins over `none`, which wins over `all`, which wins over a list. Honoured for
+   unprivileged containers (no CAP_SYS_ADMIN in the bounding set) only when
+   `accept-envvar-unprivileged` is on.
 
-Bare names get the configured default kind. Input is bounded: at most MAX_DEVICES names, each at
-most MAX_NAME_LEN bytes, charset checked; violations raise RequestError.
+Bare names get the configured default kind. Sources 2 and 3, the device list, are written by
+the image or request author, not the orchestrator: they select devices of the default kind
+only, and of the kinds the config's `device-list-kinds` names; a qualified name of any other
+kind (another vendor's spec, gpuctk's own nvidia.com/nic) is a RequestError. Other kinds come
+from CDI annotations (or the engine's own CDI field). Input is bounded: at most MAX_DEVICES
+names, each at most MAX_NAME_LEN bytes, charset checked; violations raise RequestError.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from gpuctk.errors import RequestError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Container, Iterable, Mapping
     from typing import Any
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -91,13 +96,22 @@ def _check_bounds(names: list[str], where: str) -> None:
             raise RequestError(f"{where}: device name {name!r} contains a NUL character")
 
 
-def _qualify(name: str, kind: str, where: str) -> str:
-    """The qualified form of one requested name: kind prefixed to a bare name."""
+def _qualify(name: str, kind: str, where: str, kinds: Container[str] = ()) -> str:
+    """The qualified form of one device-list name: kind prefixed to a bare name; a qualified
+    name only of `kind` or one of `kinds`."""
     if "=" in name or "/" in name:
         if not _is_qualified(name):
             from gpuctk.cdi.names import qualified_name_problem
 
             raise RequestError(f"{where}: {qualified_name_problem(name)}")
+        named = name.partition("=")[0]
+        if named != kind and named not in kinds:
+            raise RequestError(
+                f"{where}: {name!r} is of kind {named}; the device list (NVIDIA_VISIBLE_DEVICES, "
+                f"device mounts) selects {kind} devices only: ask for it with a CDI annotation "
+                "(cdi.k8s.io/...) or the engine's CDI devices, or name the kind in "
+                "device-list-kinds in the gpuctk config"
+            )
         return name
     problem = _bare_name_problem(name)
     if problem:
@@ -138,8 +152,9 @@ def from_annotations(annotations: Any, prefixes: Iterable[str]) -> list[str]:
     return names
 
 
-def from_mounts(mounts: Any, kind: str) -> list[str]:
-    """Names from `/dev/null` mounts under /var/run/nvidia-container-devices."""
+def from_mounts(mounts: Any, kind: str, kinds: Container[str] = ()) -> list[str]:
+    """Names from `/dev/null` mounts under /var/run/nvidia-container-devices, of `kind` (bare
+    names) or one of `kinds`."""
     if not isinstance(mounts, list):
         return []
     import posixpath
@@ -168,12 +183,12 @@ def from_mounts(mounts: Any, kind: str) -> list[str]:
                 raise RequestError(f"{where}: expected {root}cdi/<vendor>/<class>/<name>")
             name = f"{parts[0]}/{parts[1]}={parts[2]}"
             _check_bounds([name], where)
-            found.append(_qualify(name, kind, where))
+            found.append(_qualify(name, kind, where, kinds))
         else:
             _check_bounds([rel], where)
             if "/" in rel:
                 raise RequestError(f"{where}: expected {root}<name> or {root}cdi/...")
-            found.append(_qualify(rel, kind, where))
+            found.append(_qualify(rel, kind, where, kinds))
     names = _dedupe(found)
     _check_bounds(names, "mounts")
     return names
@@ -202,8 +217,11 @@ def env_map(env: Any) -> dict[str, str]:
     return out
 
 
-def from_visible_devices(value: str | None, kind: str) -> tuple[list[str], bool]:
-    """(qualified names, driver_only) for an NVIDIA_VISIBLE_DEVICES value."""
+def from_visible_devices(
+    value: str | None, kind: str, kinds: Container[str] = ()
+) -> tuple[list[str], bool]:
+    """(qualified names, driver_only) for an NVIDIA_VISIBLE_DEVICES value: names of `kind`
+    (bare or qualified) or, qualified, of one of `kinds`."""
     if value is None:
         return [], False
     if len(value) > MAX_VALUE_LEN:
@@ -217,7 +235,7 @@ def from_visible_devices(value: str | None, kind: str) -> tuple[list[str], bool]
     if "all" in names:
         names = ["all"]
     _check_bounds(names, VISIBLE_DEVICES)
-    names = _dedupe(_qualify(n, kind, VISIBLE_DEVICES) for n in names)
+    names = _dedupe(_qualify(n, kind, VISIBLE_DEVICES, kinds) for n in names)
     return names, False
 
 
@@ -236,19 +254,22 @@ def requested(
     annotation_prefixes: Iterable[str] = ("cdi.k8s.io/",),
     accept_volume_mounts: bool = False,
     accept_envvar_unprivileged: bool = True,
+    device_list_kinds: Iterable[str] = (),
 ) -> Request:
-    """The request in the OCI config dict `config` (see the module docstring)."""
+    """The request in the OCI config dict `config` (see the module docstring);
+    `device_list_kinds`: the kinds besides `kind` that the device list may name."""
     names = from_annotations(config.get("annotations"), annotation_prefixes)
     if names:
         return Request(names, source="annotations", kind=kind)
+    kinds = frozenset(device_list_kinds)
     if accept_volume_mounts:
-        names = from_mounts(config.get("mounts"), kind)
+        names = from_mounts(config.get("mounts"), kind, kinds)
         if names:
             return Request(names, source="mounts", kind=kind)
     process = config.get("process")
     env = process.get("env") if isinstance(process, dict) else None
     value = env_value(env, VISIBLE_DEVICES)
-    names, driver_only = from_visible_devices(value, kind)
+    names, driver_only = from_visible_devices(value, kind, kinds)
     if not names and not driver_only:
         return Request(kind=kind)
     if not accept_envvar_unprivileged and not is_privileged(config):

@@ -62,6 +62,7 @@ def test_visible_devices_values(value: str) -> None:
     except RequestError:
         return
     check_names(names)
+    assert all(n.startswith(KIND + "=") for n in names)  # the image names the default kind only
     assert not (names and driver_only)
 
 
@@ -93,6 +94,7 @@ def test_device_mount_destinations(mounts: list[dict[str, str]]) -> None:
     except RequestError:
         return
     check_names(names)
+    assert all(n.startswith(KIND + "=") for n in names)
     for mount in mounts:
         if ".." in mount["destination"].split("/") and names:
             assert not mount["destination"].startswith(requests.MOUNTS_ROOT + "/")

@@ -41,7 +41,7 @@ def config(env: list[str] | None = None, **extra: Any) -> dict[str, Any]:
         ("0:1", ["nvidia.com/gpu=0:1"], False),
         ("GPU-8d0f1a2b-aaaa", ["nvidia.com/gpu=GPU-8d0f1a2b-aaaa"], False),
         ("MIG-1234-5678", ["nvidia.com/gpu=MIG-1234-5678"], False),
-        ("example.com/x=a,0", ["example.com/x=a", "nvidia.com/gpu=0"], False),
+        ("nvidia.com/gpu=1,0", ["nvidia.com/gpu=1", "nvidia.com/gpu=0"], False),
     ],
 )
 def test_visible_devices_values(value: str | None, names: list[str], driver_only: bool) -> None:
@@ -63,6 +63,27 @@ def test_visible_devices_values(value: str | None, names: list[str], driver_only
 def test_visible_devices_bad_input(value: str, message: str) -> None:
     with pytest.raises(RequestError, match=message):
         from_visible_devices(value, KIND)
+
+
+@pytest.mark.parametrize(
+    "value", ["example.com/hostdisk=sda", "0,nvidia.com/nic=mlx5_0", "nvidia.com/gpux=0"]
+)
+def test_visible_devices_select_the_default_kind_only(value: str) -> None:
+    with pytest.raises(RequestError, match=r"selects nvidia\.com/gpu devices only") as got:
+        from_visible_devices(value, KIND)
+    assert "annotation" in got.value.message and "device-list-kinds" in got.value.message
+    with pytest.raises(RequestError, match=r"selects nvidia\.com/gpu devices only"):
+        requested(config([f"NVIDIA_VISIBLE_DEVICES={value}"]))
+
+
+def test_device_list_kinds_widen_the_device_list() -> None:
+    kinds = ("example.com/hostdisk", "nvidia.com/nic")
+    names, _ = from_visible_devices("0,example.com/hostdisk=sda,nvidia.com/nic=mlx5_0", KIND, kinds)
+    assert names == ["nvidia.com/gpu=0", "example.com/hostdisk=sda", "nvidia.com/nic=mlx5_0"]
+    doc = config(["NVIDIA_VISIBLE_DEVICES=nvidia.com/nic=mlx5_0"])
+    assert requested(doc, device_list_kinds=kinds).devices == ("nvidia.com/nic=mlx5_0",)
+    with pytest.raises(RequestError, match=r"of kind nvidia\.com/nic"):
+        requested(doc, device_list_kinds=("example.com/hostdisk",))
 
 
 def test_last_env_entry_wins_and_unset_means_nothing() -> None:
@@ -106,8 +127,13 @@ def test_volume_mounts_only_when_accepted() -> None:
     ]
     doc = config(["NVIDIA_VISIBLE_DEVICES=0"], mounts=mounts)
     assert requested(doc).devices == ("nvidia.com/gpu=0",)
-    req = requested(doc, accept_volume_mounts=True)
+    with pytest.raises(RequestError, match=r"x\.com/y=z' is of kind x\.com/y"):
+        requested(doc, accept_volume_mounts=True)  # the device list: the default kind only
+    req = requested(doc, accept_volume_mounts=True, device_list_kinds=["x.com/y"])
     assert req.source == "mounts" and req.devices == ("nvidia.com/gpu=1", "x.com/y=z")
+    mounts[1]["destination"] = "/var/run/nvidia-container-devices/cdi/nvidia.com/gpu/2"
+    req = requested(doc, accept_volume_mounts=True)
+    assert req.devices == ("nvidia.com/gpu=1", "nvidia.com/gpu=2")
     bad = config(
         mounts=[{"source": "/dev/null", "destination": "/var/run/nvidia-container-devices/cdi/a/b"}]
     )
@@ -121,9 +147,10 @@ def test_unprivileged_policy() -> None:
     assert not req and "unprivileged" in req.notes[0]
     doc["process"]["capabilities"] = {"bounding": ["CAP_CHOWN", "CAP_SYS_ADMIN"]}
     assert requested(doc, accept_envvar_unprivileged=False).devices == ("nvidia.com/gpu=0",)
-    # annotations are not subject to the env var policy
-    doc = config(annotations={"cdi.k8s.io/x": "nvidia.com/gpu=0"})
+    # annotations are not subject to the env var policy, nor to the device list's kind rule
+    doc = config(annotations={"cdi.k8s.io/x": "nvidia.com/gpu=0,example.com/hostdisk=sda"})
     assert requested(doc, accept_envvar_unprivileged=False)
+    assert requested(doc).devices == ("nvidia.com/gpu=0", "example.com/hostdisk=sda")
 
 
 def test_env_map() -> None:
