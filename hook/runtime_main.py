@@ -132,9 +132,11 @@ def read_config(path: str) -> tuple[dict[str, Any], os.stat_result]:
     finally:
         os.close(fd)
     try:
-        from gpuctk.jsonfast import loads
+        from gpuctk.jsonfast import loads, unique_pairs
 
-        doc = loads(data.decode("utf-8"))
+        # runc merges a duplicate object into the first, key by key; the shim would read the
+        # last alone: refuse duplicates, as the hook does, so both read one request
+        doc = loads(data.decode("utf-8"), pairs_hook=unique_pairs)
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValidationError(f"malformed OCI config {path}: {exc}") from None
     if not isinstance(doc, dict):

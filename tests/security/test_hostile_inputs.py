@@ -264,17 +264,15 @@ def test_shim_wrong_types_are_an_error_or_no_request(shim: Shim, doc: dict[str, 
         assert after == data and not (shim.tmp / "runtime-ran").exists()
 
 
-def test_shim_duplicate_keys_read_as_runc_reads_them(shim: Shim) -> None:
-    """Go's encoding/json (runc) keeps the LAST duplicate; the shim must see the same request."""
-    first = b'{"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}, '
-    done, after = shim.create(first + b'"process": {"env": ["PATH=/bin"]}}')
-    assert done.returncode == 0, done.stderr
-    assert b"SEEN" not in after  # the request runc will not see was not injected
-    done, after = shim.create(
-        b'{"process": {"env": []}, "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}}'
-    )
-    assert done.returncode == 0, done.stderr
-    assert b"SEEN=0" in after
+def test_shim_refuses_duplicate_keys(shim: Shim) -> None:
+    """Go's encoding/json (runc) merges a duplicate object into the first, field by field,
+    where a last-wins reader sees the last alone: here runc would see the GPU request in the
+    first `process` and the shim none. The shim refuses duplicates, config.json unchanged."""
+    for data in (
+        b'{"process": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}, "process": {"args": ["sh"]}}',
+        b'{"process": {"env": [], "env": ["NVIDIA_VISIBLE_DEVICES=0"]}}',
+    ):
+        assert "duplicate key" in shim.refused(data)
 
 
 @pytest.mark.parametrize(
