@@ -435,3 +435,35 @@ def test_a_link_swapped_in_after_the_rename_is_never_chowned(
     assert owners_before_rename == [node.user.uid]  # the temp file was the user's already
     assert secret.stat().st_uid == 0 and secret.stat().st_gid == 0
     assert config.is_symlink()
+
+
+# --- the configured log file -----------------------------------------------------------------
+
+
+def test_a_log_file_in_a_user_folder_is_never_opened_through_a_link(node: Node) -> None:
+    """`log-file` names a file in a folder the user can write: the user points the name at a
+    root-only file; root must append neither there nor anywhere in that folder, and says so."""
+    secret = node.root / "secret"
+    secret.write_text("root only\n")
+    secret.chmod(0o600)
+    log = node.home / "gpuctk.log"
+    node.user.run("/bin/ln", "-s", str(secret), str(log))
+    node.config.write_text(
+        f'runtimes = ["{node.runtime}"]\nspec-dirs = ["{node.cdi}"]\nlog-file = "{log}"\n'
+        'log-level = "debug"\n'
+    )
+    done = node.create()
+    assert done.returncode == 0, done.stderr
+    assert secret.read_text() == "root only\n"
+    assert f"log-file {log}: refused" in done.stderr
+    assert os.path.islink(log)
+
+
+def test_a_log_file_in_a_root_folder_is_written(node: Node) -> None:
+    log = node.root / "gpuctk.log"
+    node.config.write_text(
+        f'runtimes = ["{node.runtime}"]\nspec-dirs = ["{node.cdi}"]\nlog-file = "{log}"\n'
+    )
+    done = node.create()
+    assert done.returncode == 0, done.stderr
+    assert "injected" in log.read_text()
