@@ -265,6 +265,42 @@ def open_trusted_file(path: str, *, flags: int = os.O_RDONLY) -> tuple[int, os.s
     return _walk(path, None, "/", want_dir=False, flags=_file_flags(flags))
 
 
+def append_trusted(path: str, data: bytes, mode: int = 0o644) -> str | None:
+    """Append `data` to the log file `path` in one write, opened (created `mode` if missing)
+    without following a link and without blocking, in a folder that root alone can write
+    (open_trusted_dir), and only if it is a regular file that root (or this euid) alone can
+    write: a user who could write that folder could otherwise point the name at any file, or
+    a FIFO, that root then appends to. None when written, else why not (one line)."""
+    folder, _, name = path.rpartition("/")
+    if not path.startswith("/") or not name:
+        return "must be an absolute path to a file"
+    try:
+        dfd = open_trusted_dir(folder or "/")
+    except GpuctkError as exc:
+        return f"refused: {exc.message}"
+    except OSError as exc:
+        return f"cannot open its folder: {exc.strerror or exc}"
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(name, flags | os.O_NOCTTY, mode, dir_fd=dfd)
+    except OSError as exc:
+        return f"cannot open: {exc.strerror or exc} (a symlink is not followed)"
+    finally:
+        os.close(dfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "not a regular file"
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & _WRITABLE:
+            return "refused: it is not root's alone (fix: chown root, chmod go-w)"
+        os.write(fd, data)
+    except OSError as exc:
+        return f"cannot write: {exc.strerror or exc}"
+    finally:
+        os.close(fd)
+    return None
+
+
 def open_private_dir(path: str, *, create: bool = False) -> int:
     """An O_PATH descriptor of the folder `path` when only this uid can write it: owned by
     this euid, not group/world-writable, not a symlink, every folder above it trusted

@@ -23,13 +23,19 @@ front (dash starts in ~1 ms, CPython in ~13 ms here) that finds the verb as runc
 global flags and, for any verb but create/run, execs the low-level runtime that gpuctk-runtime
 itself last resolved, read from its memo (`$GPUCTK_STATE_DIR/runtime`, default
 /run/gpuctk/runtime; see gpuctk.hook.runtime_main.remember_runtime). The memo is used only when
-it is owned by the caller's uid, names the same config file (present or absent alike), is
-newer than that config file, and its runtime is an executable file owned by the caller's uid
-(Python checked that file and its folders when it wrote the memo; PATH plays no part in
-which runtime it resolves, so the memo does not hold it); anything
-else (no memo yet, a changed config, an argument list it cannot read) starts Python, which
-resolves the runtime as always and writes the memo again. So a config change takes effect at
-once, and the verbs that follow a create go to the runtime that create used.
+the state folder and the memo are owned by the caller's uid and are not symlinks, the memo
+is a regular file that names the same config file (present or absent alike) and is not older
+than that config file, and its runtime is an absolute path to an executable regular file, not
+a symlink, owned by the caller's uid, in a folder owned by it, and not modified after the memo
+(`-nt`: anyone who may write the file but does not own it can set its mtime to now only, so
+a write after the memo leaves it newer). Python checked that file and every folder above it,
+modes included, when it wrote the memo; sh's `test` cannot see modes, so a runtime made
+writable by others but not yet written, or a folder above it, is caught only by Python (which
+removes the memo when it refuses the front's runtime). PATH plays no part in which runtime
+Python resolves, so the memo does not hold it. Anything else (no memo yet, a changed config,
+an argument list it cannot read) starts Python, which resolves the runtime as always and
+writes the memo again. So a config change takes effect at once, and the verbs that follow a
+create go to the runtime that create used.
 
 A `create`/`run` skips Python too when its config.json cannot be asking for a GPU: the memo
 also holds the request markers of the config in force (gpuctk.hook.runtime_main
@@ -137,15 +143,18 @@ unset {FRONT_RUNTIME_ENV}
 sdir=${{{STATE_DIR_ENV}:-{DEFAULT_STATE_DIR}}}
 memo=$sdir/runtime
 pycode='{_RUNTIME_PYTHON}'
-memo_holds() {{
-	[ -f "$memo" ] && [ -O "$memo" ] || return 1
+memo_holds() {{ # the memo is ours, current, and its runtime ours and unchanged since
+	! [ -h "$sdir" ] && [ -O "$sdir" ] && ! [ -h "$memo" ] && [ -f "$memo" ] && [ -O "$memo" ] ||
+		return 1
 	{{ IFS= read -r tag; IFS= read -r m_conf; IFS= read -r m_state
 		IFS= read -r m_runtime; IFS= read -r m_create; }} <"$memo"
 	conf=${{GPUCTK_CONFIG:-{DEFAULT_CONFIG}}}
 	if [ -e "$conf" ]; then state=present; else state=absent; fi
 	[ "$tag" = "{MEMO_TAG}" ] && [ "$m_conf" = "$conf" ] && [ "$m_state" = "$state" ] &&
 		! [ "$conf" -nt "$memo" ] &&
-		[ -f "$m_runtime" ] && [ -x "$m_runtime" ] && [ -O "$m_runtime" ]
+		case $m_runtime in /*) true ;; *) false ;; esac &&
+		! [ -h "$m_runtime" ] && [ -f "$m_runtime" ] && [ -x "$m_runtime" ] &&
+		[ -O "$m_runtime" ] && ! [ "$m_runtime" -nt "$memo" ] && [ -O "${{m_runtime%/*}}/." ]
 }}
 no_request() {{ # CONFIG MARKER...: true when CONFIG holds no MARKER and no \\u or \\/ escape
 	cfg=$1

@@ -3,7 +3,10 @@
 Warnings go to stderr (runc and crun show a hook's stderr when it fails, and drop it when it
 succeeds). Every message at or above the configured level is also appended, in runc's text log
 format, to the file named by GPUCTK_HOOK_LOG (GPUCTK_HOOK_LOG_LEVEL: debug, info, warning or error;
-default info). With no file configured nothing is written anywhere but stderr.
+default info). With no file configured nothing is written anywhere but stderr. The file is
+opened as the shim opens its `log-file` (gpuctk.fs.append_trusted: an absolute path, no link
+followed, never blocking, a regular file in a folder root alone can write); refused, one warning
+on stderr and no log file for the rest of the run.
 """
 
 from __future__ import annotations
@@ -43,14 +46,11 @@ def log(level: str, message: str, *, to_stderr: bool = True) -> None:
     now = time.time()
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
     line = f"time={_quote(stamp)} level={level} msg={_quote('gpuctk-hook: ' + message)}\n"
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
-        try:
-            os.write(fd, line.encode("utf-8", "backslashreplace"))
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        sys.stderr.write(f"gpuctk-hook: warning: cannot write log file {path}: {exc.strerror}\n")
+    from gpuctk.fs import append_trusted
+
+    why = append_trusted(path, line.encode("utf-8", "backslashreplace"), 0o640)
+    if why is not None:  # say so once, then log without it
+        sys.stderr.write(f"gpuctk-hook: warning: log file {path}: {why}\n")
         _Config.path = None
 
 

@@ -39,6 +39,18 @@ _TRUE = frozenset(("1", "t", "T", "TRUE", "true", "True"))
 _OPS = (">=", "<=", "!=", "=", ">", "<")  # longest first
 KEYS = ("cuda", "driver", "arch", "brand")
 MAX_TERMS = 256
+MAX_DIGITS = 9  # per version component: int() of a longer one costs, then fails past 4300
+MAX_SHOWN = 64  # characters of a value quoted in a message
+
+
+def _shown(text: str) -> str:
+    """`text` quoted for a message, cut to MAX_SHOWN characters."""
+    return repr(text) if len(text) <= MAX_SHOWN else f"{text[:MAX_SHOWN]!r}..."
+
+
+def _number(text: str) -> bool:
+    """Whether `text` is a version component: ASCII digits, at most MAX_DIGITS of them."""
+    return text.isascii() and text.isdigit() and len(text) <= MAX_DIGITS
 
 
 def requirements(env: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -54,6 +66,11 @@ def requirements(env: Mapping[str, str]) -> list[tuple[str, str]]:
     if legacy and not env.get(PREFIX + "CUDA"):
         parts = legacy.lstrip("v").split(".")
         if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+            if not (_number(parts[0]) and _number(parts[1])):
+                raise RequestError(
+                    f"invalid CUDA_VERSION {_shown(legacy)}: not a version "
+                    f"(at most {MAX_DIGITS} ASCII digits a component)"
+                )
             found.append(("CUDA_VERSION", f"cuda>={int(parts[0])}.{int(parts[1])}"))
     return sorted(found)
 
@@ -69,19 +86,20 @@ def parse_term(text: str) -> Term:
                     value = rest[len(op) :].strip()
                     break
             else:
-                raise RequestError(f"invalid constraint {text!r}: unknown operator")
+                raise RequestError(f"invalid constraint {_shown(text)}: unknown operator")
             if key not in KEYS:
                 raise RequestError(
-                    f"invalid constraint {text!r}: unknown key {key!r} (known: {', '.join(KEYS)})"
+                    f"invalid constraint {_shown(text)}: unknown key {_shown(key)} "
+                    f"(known: {', '.join(KEYS)})"
                 )
             if not value:
-                raise RequestError(f"invalid constraint {text!r}: no value")
+                raise RequestError(f"invalid constraint {_shown(text)}: no value")
             if key != "brand":
                 _version(key, value, text)
             elif op not in ("=", "!="):
-                raise RequestError(f"invalid constraint {text!r}: brand takes = or !=")
+                raise RequestError(f"invalid constraint {_shown(text)}: brand takes = or !=")
             return key, op, value
-    raise RequestError(f"invalid constraint {text!r}: expected <key><operator><value>")
+    raise RequestError(f"invalid constraint {_shown(text)}: expected <key><operator><value>")
 
 
 def parse_expression(text: str) -> list[list[Term]]:
@@ -101,11 +119,16 @@ def _version(key: str, value: str, where: str) -> tuple[int, ...]:
             digits = low.removeprefix("compute_").removeprefix("sm").removeprefix("_")
             digits = digits.rstrip("abcdefghijklmnopqrstuvwxyz")
             if len(digits) < 2 or not digits.isdigit():
-                raise RequestError(f"invalid constraint {where!r}: bad architecture {value!r}")
+                raise RequestError(
+                    f"invalid constraint {_shown(where)}: bad architecture {_shown(value)}"
+                )
             text = f"{digits[:-1]}.{digits[-1]}"
     parts = text.split(".")
-    if not all(p.isdigit() and len(p) < 10 for p in parts):
-        raise RequestError(f"invalid constraint {where!r}: {value!r} is not a version")
+    if not all(_number(p) for p in parts):
+        raise RequestError(
+            f"invalid constraint {_shown(where)}: {_shown(value)} is not a version "
+            f"(at most {MAX_DIGITS} ASCII digits a component)"
+        )
     return tuple(int(p) for p in parts)
 
 

@@ -82,44 +82,6 @@ def _append(path: str, line: str) -> bool:
     return True
 
 
-def _append_trusted(path: str, line: str) -> str | None:
-    """Append `line` to the configured log file `path`, opened without following a link in a
-    folder that root alone can write (gpuctk.fs.open_trusted_dir): a user who could write
-    that folder could otherwise point the name at any file root then appends to. None when
-    written, else why not (one line)."""
-    from gpuctk.errors import GpuctkError
-    from gpuctk.fs import open_trusted_dir
-
-    folder, _, name = path.rpartition("/")
-    if not path.startswith("/") or not name:
-        return "must be an absolute path to a file"
-    try:
-        dfd = open_trusted_dir(folder or "/")
-    except GpuctkError as exc:
-        return f"refused: {exc.message}"
-    except OSError as exc:
-        return f"cannot open its folder: {exc.strerror or exc}"
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        fd = os.open(name, flags, 0o644, dir_fd=dfd)
-    except OSError as exc:
-        return f"cannot open: {exc.strerror or exc} (a symlink is not followed)"
-    finally:
-        os.close(dfd)
-    try:
-        st = os.fstat(fd)
-        if (st.st_mode & 0o170000) != 0o100000:
-            return "not a regular file"
-        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-            return "refused: it is not root's alone (fix: chown root, chmod go-w)"
-        os.write(fd, line.encode("utf-8", "backslashreplace"))
-    except OSError as exc:
-        return f"cannot write: {exc.strerror or exc}"
-    finally:
-        os.close(fd)
-    return None
-
-
 class RuncLog:
     """Where the shim's messages go: the engine's log (or stderr) and an optional extra file."""
 
@@ -159,9 +121,10 @@ class RuncLog:
             # no --log: the engine's stderr; routine info lines only with --debug
             self._write_stderr(format_line(level, msg, self.engine_format))
         if self.extra_path:
-            why = _append_trusted(
-                self.extra_path, format_line(level, f"gpuctk-runtime: {msg}", "text")
-            )
+            from gpuctk.fs import append_trusted
+
+            line = format_line(level, f"gpuctk-runtime: {msg}", "text")
+            why = append_trusted(self.extra_path, line.encode("utf-8", "backslashreplace"))
             if why is not None:  # say so once, then log without it
                 path, self.extra_path = self.extra_path, ""
                 self.log("warning", f"gpuctk-runtime: log-file {path}: {why}")

@@ -110,25 +110,79 @@ def parse_argv(args: Sequence[str]) -> Invocation:
     return inv
 
 
-def read_config(path: str) -> tuple[dict[str, Any], os.stat_result]:
-    """The OCI config at `path` as a dict, with its stat; InputError/ValidationError."""
+MAX_CONFIG_LINKS = 40
+
+
+def open_bundle(bundle: str, config_name: str) -> tuple[int, int, str]:
+    """(bundle fd, fd of the folder that holds the config, the config's name in it): the
+    bundle opened once (O_PATH), so that config.json is read from and written back to the
+    same folder and root.path is found from it, whatever its path names meanwhile; crun's
+    --config name may be absolute or have folders (resolved from the bundle fd, as crun does
+    from the bundle). The caller closes both (once if they are the same). InputError."""
+    flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+    try:
+        bundle_fd = os.open(bundle, flags)
+    except OSError as exc:
+        raise InputError(f"cannot open the bundle {bundle}: {exc.strerror or exc}") from None
+    folder, _, name = config_name.rpartition("/")
+    if not name or name in (".", ".."):
+        os.close(bundle_fd)
+        raise InputError(f"the config name {config_name!r} does not name a file")
+    if not folder and not config_name.startswith("/"):
+        return bundle_fd, bundle_fd, name
+    try:
+        dir_fd = os.open(folder or "/", flags, dir_fd=bundle_fd)
+    except OSError as exc:
+        os.close(bundle_fd)
+        where = os.path.join(bundle, folder or "/")
+        raise InputError(f"cannot open {where}: {exc.strerror or exc}") from None
+    return bundle_fd, dir_fd, name
+
+
+def _open_config(dir_fd: int, name: str, where: str) -> tuple[int, str | None]:
+    """The config file `name` in `dir_fd`, opened non-blocking, and the name in that same
+    folder to write it back to: a symlink to a plain name is followed within the folder (never
+    out of it); one that leads anywhere else is opened as runc would (following it) for
+    reading only (None: not to be edited)."""
+    import errno  # builtin; gpuctk.fs has it loaded on this path anyway
+
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+    for _ in range(MAX_CONFIG_LINKS):
+        try:
+            return os.open(name, flags | os.O_NOFOLLOW, dir_fd=dir_fd), name
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+        target = os.readlink(name, dir_fd=dir_fd)
+        if "/" in target or target in ("", ".", ".."):
+            return os.open(name, flags, dir_fd=dir_fd), None
+        name = target
+    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), where)
+
+
+def read_config(
+    dir_fd: int, name: str, where: str
+) -> tuple[dict[str, Any], os.stat_result, str | None]:
+    """The OCI config `name` in the folder `dir_fd` (`where`: its path, for messages) as a
+    dict, its stat, and the name in that folder to write it back to (_open_config; None when
+    it is a symlink out of the folder). InputError/ValidationError."""
     from gpuctk.fs import read_limited
 
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd, write_name = _open_config(dir_fd, name, where)
     except OSError as exc:
-        raise InputError(f"cannot open {path}: {exc.strerror or exc}") from None
+        raise InputError(f"cannot open {where}: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
         if (st.st_mode & 0o170000) != 0o100000:
-            raise InputError(f"{path} is not a regular file")
+            raise InputError(f"{where} is not a regular file")
         if st.st_size > MAX_CONFIG:
-            raise InputError(f"{path} is larger than {MAX_CONFIG} bytes")
+            raise InputError(f"{where} is larger than {MAX_CONFIG} bytes")
         data = read_limited(fd, MAX_CONFIG)
         if len(data) > MAX_CONFIG:
-            raise InputError(f"{path} is larger than {MAX_CONFIG} bytes")
+            raise InputError(f"{where} is larger than {MAX_CONFIG} bytes")
     except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+        raise InputError(f"cannot read {where}: {exc.strerror or exc}") from None
     finally:
         os.close(fd)
     try:
@@ -138,19 +192,23 @@ def read_config(path: str) -> tuple[dict[str, Any], os.stat_result]:
         # last alone: refuse duplicates, as the hook does, so both read one request
         doc = loads(data.decode("utf-8"), pairs_hook=unique_pairs)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise ValidationError(f"malformed OCI config {path}: {exc}") from None
+        raise ValidationError(f"malformed OCI config {where}: {exc}") from None
     if not isinstance(doc, dict):
-        raise ValidationError(f"malformed OCI config {path}: not a JSON object")
+        raise ValidationError(f"malformed OCI config {where}: not a JSON object")
     from gpuctk.hook.ocikeys import check_keys
 
-    check_keys(doc, path)  # runc's decoder folds case: a "Process" would be its process
-    return doc, st
+    check_keys(doc, where)  # runc's decoder folds case: a "Process" would be its process
+    return doc, st, write_name
 
 
-def write_config(path: str, doc: Mapping[str, Any], st: os.stat_result) -> None:
-    """Replace `path` atomically with `doc`, keeping its mode and owner: the owner is set on
-    the temp file's descriptor before the rename (never a chown by name afterwards: the
-    bundle's owner could have swapped a link in by then)."""
+def write_config(
+    dir_fd: int, name: str, where: str, doc: Mapping[str, Any], st: os.stat_result
+) -> None:
+    """Replace `name` in the folder `dir_fd` (where the config `where` was read) atomically
+    with `doc`, keeping its mode and owner: written through that descriptor, never the
+    folder's path again (its owner could have pointed the path elsewhere by now); the owner
+    is set on the temp file's descriptor before the rename (never a chown by name afterwards:
+    the bundle's owner could have swapped a link in by then)."""
     from gpuctk.fs import atomic_write
     from gpuctk.jsonfast import dumps
 
@@ -161,7 +219,10 @@ def write_config(path: str, doc: Mapping[str, Any], st: os.stat_result) -> None:
     uid = st.st_uid if st.st_uid != os.geteuid() else -1
     gid = st.st_gid if st.st_gid != os.getegid() else -1
     # not durable: runc reads it next; a writer that may not chown (rootless) keeps it
-    atomic_write(path, data, mode=st.st_mode & 0o7777, durable=False, uid=uid, gid=gid)
+    path = os.path.join(os.path.dirname(where), name)  # atomic_write: its last component
+    atomic_write(
+        path, data, mode=st.st_mode & 0o7777, durable=False, uid=uid, gid=gid, dir_fd=dir_fd
+    )
 
 
 def find_runtime(names: Sequence[str], search: str = DEFAULT_PATH) -> str:
@@ -250,8 +311,9 @@ def remember_runtime(
     `markers` (request_markers), so that a create whose config.json contains none of them
     skips Python too (without markers, every create starts Python). Written only into a
     folder that this uid alone can write, up to / (gpuctk.fs.open_private_dir; created 0700
-    if missing), through its descriptor, only when it changes, never fsync'd (it is a cache:
-    a lost or stale memo just means a Python start). True when the memo is current."""
+    if missing), through its descriptor, only when it changes or the config or the runtime
+    is newer than it (the front would not take it), never fsync'd (it is a cache: a lost or
+    stale memo just means a Python start). True when the memo is current."""
     from gpuctk import launchers
     from gpuctk.hook.config import config_path
 
@@ -276,7 +338,11 @@ def remember_runtime(
             fd = os.open("runtime", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
             try:
                 st = os.fstat(fd)
-                if st.st_uid == os.geteuid() and read_limited(fd, len(text)) == text:
+                if (
+                    st.st_uid == os.geteuid()
+                    and not _newer_than(st, (conf, runtime))  # the front's -nt tests hold
+                    and read_limited(fd, len(text)) == text
+                ):
                     return True
             finally:
                 os.close(fd)
@@ -290,20 +356,76 @@ def remember_runtime(
     return True
 
 
+def _newer_than(memo: os.stat_result, paths: Sequence[str]) -> bool:
+    """Whether one of `paths` was modified after the memo `memo` (the front's `-nt`)."""
+    for path in paths:
+        try:
+            if os.stat(path).st_mtime_ns > memo.st_mtime_ns:
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def forget_runtime(environ: Mapping[str, str] | None = None) -> None:
+    """Remove the runtime memo (when its runtime is no longer found): the front then starts
+    Python for every verb until a create or another verb writes it again. Only in a folder
+    that this uid alone can write (gpuctk.fs.open_private_dir); a failure is ignored."""
+    from gpuctk import launchers
+    from gpuctk.errors import GpuctkError
+    from gpuctk.fs import open_private_dir
+
+    env = os.environ if environ is None else environ
+    folder = env.get(launchers.STATE_DIR_ENV) or launchers.DEFAULT_STATE_DIR
+    try:
+        dir_fd = open_private_dir(folder)
+    except (GpuctkError, OSError):
+        return
+    try:
+        os.unlink("runtime", dir_fd=dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
 def inject(inv: Invocation, settings: Settings, log: RuncLog) -> None:
     """Steps 1-4 for a `create`/`run` (no-op when the container asks for nothing). A request
     resolved before in the same specs takes its remembered plan (gpuctk.hook.plans)."""
+    bundle = inv.bundle or os.getcwd()
+    bundle_fd, dir_fd, name = open_bundle(bundle, inv.config_name)
+    try:
+        _inject(inv, settings, log, bundle, bundle_fd, dir_fd, name)
+    finally:
+        if dir_fd != bundle_fd:
+            os.close(dir_fd)
+        os.close(bundle_fd)
+
+
+def _inject(
+    inv: Invocation,
+    settings: Settings,
+    log: RuncLog,
+    bundle: str,
+    bundle_fd: int,
+    dir_fd: int,
+    name: str,
+) -> None:
     from gpuctk.cdi import apply
     from gpuctk.hook import cdiedits, shimroot
     from gpuctk.hook.plans import Plans, key_of
 
-    bundle = inv.bundle or os.getcwd()
     path = os.path.join(bundle, inv.config_name)
-    doc, st = read_config(path)
+    doc, st, write_name = read_config(dir_fd, name, path)
     req = cdiedits.request(doc, settings, log.warning)
     if req is None:
         log.debug(f"{inv.container}: no GPU requested; {path} left as it is")
         return
+    if write_name is None:
+        raise InputError(
+            f"{path} is a symlink out of its folder: not edited for a GPU request; "
+            "fix: make it a regular file in the bundle"
+        )
     from gpuctk.hook.requests import env_map
 
     process = doc.get("process")
@@ -327,9 +449,9 @@ def inject(inv: Invocation, settings: Settings, log: RuncLog) -> None:
         prep = shimroot.prepare(edits)
         if plans is not None and not errors:
             plans.offer(key, before, {"edits": edits, "notes": notes, "prep": prep})
-    edits = shimroot.take_over(doc, bundle, edits, log.debug, prep)
+    edits = shimroot.take_over(doc, bundle, edits, log.debug, prep, bundle_fd=bundle_fd)
     apply.apply(doc, edits)
-    write_config(path, doc, st)
+    write_config(dir_fd, write_name, path, doc, st)
     log.info(f"{inv.container}: injected {cdiedits.describe(req)}")
 
 
@@ -361,8 +483,13 @@ def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
                 runtime = find_runtime([front])
             except InputError as exc:
                 log.debug(f"gpuctk-runtime: the front's runtime: {exc.message}")
+                forget_runtime()  # the front must not exec it for the verbs that follow
         if not runtime:
-            runtime = find_runtime(settings.runtimes)
+            try:
+                runtime = find_runtime(settings.runtimes)
+            except InputError:
+                forget_runtime()  # whatever runtime it names is no longer found
+                raise
             if settings_ok:
                 remember_runtime(runtime, markers=request_markers(settings))
         if inv.verb in INJECT_VERBS:

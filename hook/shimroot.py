@@ -65,23 +65,27 @@ def take_over(
     edits: dict[str, Any],
     debug: Callable[[str], None],
     prep: dict[str, Any],
+    *,
+    bundle_fd: int | None = None,
 ) -> dict[str, Any]:
     """`edits` with the gpuctk hook replaced by mounts, after doing its in-root work in the
     container root; `edits` unchanged when the hook must run (see the module docstring).
-    `prep` is prepare(edits), made now or remembered with the plan (gpuctk.hook.plans)."""
+    `prep` is prepare(edits), made now or remembered with the plan (gpuctk.hook.plans).
+    `bundle_fd`: the bundle as the shim opened it; a relative root.path is found from it,
+    never from the `bundle` path again (its owner may have pointed it elsewhere since)."""
     if os.environ.get("GPUCTK_SHIM_INROOT", "1") == "0":
         return edits
     hooks = edits.get("hooks") or []
     ours = [h for h in hooks if _our_hook(h)]
     if not ours and prep.get("stage"):
-        _cache_stage(config, bundle, prep["stage"], debug)
+        _cache_stage(config, bundle, prep["stage"], debug, bundle_fd)
         return edits
     if len(ours) != 1:
         return edits
     try:
         if prep.get("fallback") is not None:
             raise _Fallback(prep["fallback"])
-        mounts = _work(config, bundle, edits, prep)
+        mounts = _work(config, bundle, edits, prep, bundle_fd)
     except (_Fallback, rootfs.InRootError, OSError, ValueError) as exc:
         debug(f"in-root work left to gpuctk-hook: {exc}")
         return edits
@@ -162,12 +166,16 @@ def _stage_files(host: str) -> dict[str, Any] | None:
 
 
 def _cache_stage(
-    config: dict[str, Any], bundle: str, stage: dict[str, Any], debug: Callable[[str], None]
+    config: dict[str, Any],
+    bundle: str,
+    stage: dict[str, Any],
+    debug: Callable[[str], None],
+    bundle_fd: int | None = None,
 ) -> None:
     """Add a staged driver folder's libraries to the image's ld cache (the module docstring);
     an image without a cache, or a musl image, is left as it is (LD_LIBRARY_PATH only)."""
     try:
-        root_fd = _open_glibc_root(config, bundle)
+        root_fd = _open_glibc_root(config, bundle, bundle_fd)
         try:
             files = [tuple(f) for f in stage["files"]]
             _merge_cache(root_fd, files, list(stage["folders"]), stage["elf"])
@@ -177,11 +185,24 @@ def _cache_stage(
         debug(f"{STAGE_PATH} not added to the ld cache: {exc}")
 
 
-def _open_glibc_root(config: dict[str, Any], bundle: str) -> int:
-    """The container root, opened (the caller closes it); _Fallback for a musl image."""
+def _open_glibc_root(config: dict[str, Any], bundle: str, bundle_fd: int | None = None) -> int:
+    """The container root, opened (the caller closes it); _Fallback for a musl image. A
+    relative root.path is opened from `bundle_fd` when given."""
     from gpuctk.hook import oci_state
 
-    root_fd = rootfs.open_root(oci_state.rootfs_path(config, bundle))
+    path = oci_state.rootfs_path(config, bundle)
+    rel = config["root"]["path"]  # checked by rootfs_path
+    if bundle_fd is None or rel.startswith("/"):
+        root_fd = rootfs.open_root(path)
+    else:
+        flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+        try:
+            root_fd = os.open(posixpath.normpath(rel), flags, dir_fd=bundle_fd)
+        except OSError as exc:
+            err = exc.errno or 5
+            raise rootfs.InRootError(
+                f"cannot open container root {path}: {os.strerror(err)}", err
+            ) from exc
     try:
         if inroot.has_runnable_musl(root_fd):
             raise _Fallback("a musl loader in the image")
@@ -215,11 +236,15 @@ def _by_dest(edits: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _work(
-    config: dict[str, Any], bundle: str, edits: dict[str, Any], prep: dict[str, Any]
+    config: dict[str, Any],
+    bundle: str,
+    edits: dict[str, Any],
+    prep: dict[str, Any],
+    bundle_fd: int | None = None,
 ) -> list[dict[str, Any]]:
     links, folders = prep["links"], prep["folders"]
     by_dest = _by_dest(edits)
-    root_fd = _open_glibc_root(config, bundle)
+    root_fd = _open_glibc_root(config, bundle, bundle_fd)
     try:
         new_mounts = _link_mounts(root_fd, links, by_dest)
         if folders:

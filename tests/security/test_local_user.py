@@ -429,12 +429,151 @@ def test_a_link_swapped_in_after_the_rename_is_never_chowned(
 
     monkeypatch.setattr(os, "rename", then_swap(os.rename))
     monkeypatch.setattr(os, "replace", then_swap(os.replace))
-    doc, st = runtime_main.read_config(str(config))
-    runtime_main.write_config(str(config), {**doc, "edited": True}, st)
+    fd = os.open(bundle, os.O_PATH | os.O_DIRECTORY)
+    try:
+        doc, st, name = runtime_main.read_config(fd, "config.json", str(config))
+        assert name == "config.json"
+        runtime_main.write_config(fd, name, str(config), {**doc, "edited": True}, st)
+    finally:
+        os.close(fd)
     monkeypatch.undo()
     assert owners_before_rename == [node.user.uid]  # the temp file was the user's already
     assert secret.stat().st_uid == 0 and secret.stat().st_gid == 0
     assert config.is_symlink()
+
+
+# --- the bundle path: one folder, opened once ------------------------------------------------
+
+
+def test_a_bundle_path_flipped_to_a_root_folder_is_never_written(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--bundle` names a link in the user's folder; the user flips it from their bundle to
+    a root-only folder between the read of config.json and its write: root must write the
+    folder it read from, never the one the path names by then."""
+    real = node.user.mkdir(node.home / "real")
+    node.user.write(real / "config.json", '{"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}}')
+    victim = node.root / "victim"
+    victim.mkdir(mode=0o700)
+    link = node.home / "b"
+    node.user.run("/bin/ln", "-s", str(real), str(link))
+    read = runtime_main.read_config
+
+    def read_then_flip(*args: Any, **kw: Any) -> Any:
+        out = read(*args, **kw)
+        node.user.run("/bin/ln", "-sfn", str(victim), str(link))  # the user, racing
+        return out
+
+    monkeypatch.setattr(runtime_main, "read_config", read_then_flip)
+    for key, value in node.env.items():
+        monkeypatch.setenv(key, value)
+    status, _, _ = runtime_main.prepare(["create", "--bundle", str(link), "c1"])
+    assert status == 0
+    assert list(victim.iterdir()) == []
+    st = (real / "config.json").stat()
+    assert (st.st_uid, st.st_gid) == (node.user.uid, node.user.gid)
+    assert "GPU_EDITED=0" in (real / "config.json").read_text()
+
+
+def test_a_relative_root_path_is_found_from_the_bundle_descriptor(node: Node) -> None:
+    """The in-root work opens a relative root.path from the bundle the shim opened, not by
+    joining the bundle path again (which may name another folder by then)."""
+    from gpuctk.hook import shimroot
+
+    mine, other = node.root / "mine", node.root / "other"
+    for bundle in (mine, other):
+        (bundle / "rootfs").mkdir(parents=True)
+    fd = os.open(mine, os.O_PATH | os.O_DIRECTORY)
+    try:
+        root_fd = shimroot._open_glibc_root({"root": {"path": "rootfs"}}, str(other), fd)
+    finally:
+        os.close(fd)
+    try:
+        st, want = os.fstat(root_fd), (mine / "rootfs").stat()
+        assert (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino)
+    finally:
+        os.close(root_fd)
+
+
+def test_a_config_json_linked_out_of_the_bundle_is_not_edited(node: Node) -> None:
+    """runc follows a config.json symlink; the shim edits only a file in the bundle folder:
+    a link to a plain name in it is followed there, any other is refused for a GPU request
+    (and passed through untouched when no GPU is asked for)."""
+    bundle = node.user.mkdir(node.home / "bundle")
+    asks = '{"process": {"env": ["NVIDIA_VISIBLE_DEVICES=0"]}}'
+    node.user.write(bundle / "real.json", asks, 0o644)
+    node.user.run("/bin/ln", "-s", "real.json", str(bundle / "config.json"))
+    done = node.shim("create", "--bundle", str(bundle), "c1")
+    assert done.returncode == 0, done.stderr
+    assert (bundle / "config.json").is_symlink()
+    assert "GPU_EDITED=0" in (bundle / "real.json").read_text()
+    assert (bundle / "real.json").stat().st_uid == node.user.uid
+    outside = node.user.mkdir(node.home / "elsewhere")
+    node.user.write(outside / "config.json", asks, 0o644)
+    node.user.run("/bin/ln", "-sfn", str(outside / "config.json"), str(bundle / "config.json"))
+    (node.markers / "ok-ran").unlink()
+    done = node.shim("create", "--bundle", str(bundle), "c1")
+    assert done.returncode == 1
+    assert "is a symlink out of its folder: not edited for a GPU request" in done.stderr
+    assert (outside / "config.json").read_text() == asks and node.marks() == []
+    node.user.write(outside / "config.json", '{"process": {"env": []}}', 0o644)
+    done = node.shim("create", "--bundle", str(bundle), "c1")
+    assert done.returncode == 0, done.stderr
+    assert node.marks() == ["ok-ran"]
+
+
+def test_the_front_never_runs_a_memo_runtime_rewritten_by_others(node: Node) -> None:
+    """The memo is written while root's runtime is trusted; the runtime is later made
+    world-writable and the user rewrites it: neither the front (delete, a create that asks
+    for no GPU) nor Python may run it."""
+    assert node.shim("state", "c1").returncode == 0  # Python checks the runtime, writes the memo
+    assert (node.state / "runtime").read_text().splitlines()[3] == str(node.runtime)
+    then = os.stat(node.state / "runtime").st_mtime - 10
+    os.utime(node.config, (then - 10, then - 10))
+    os.utime(node.state / "runtime", (then, then))  # the memo was written a while ago
+    node.runtime.chmod(0o777)  # a mode mistake, a package with bad modes
+    script = f"#!/bin/sh\ntouch {node.markers}/planted-ran\n"
+    node.user.run("/bin/sh", "-c", 'printf "%s" "$1" > "$2"', "sh", script, str(node.runtime))
+    (node.markers / "ok-ran").unlink()
+    node.shim("delete", "c1")
+    (node.bundle / "config.json").write_text('{"ociVersion": "1.0.2", "process": {}}')
+    node.shim("create", "--bundle", str(node.bundle), "c1")
+    done = node.create()  # a GPU request: Python refuses the runtime
+    assert done.returncode == 1 and f"refused: {node.runtime} (" in done.stderr
+    assert node.marks() == []
+    assert not (node.state / "runtime").exists()  # forgotten: no verb runs it from the memo
+
+
+# --- GPUCTK_HOOK_LOG -------------------------------------------------------------------------
+
+
+def test_the_hook_log_in_a_user_folder_is_never_opened_through_a_link(
+    node: Node, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpuctk.hook import hooklog
+
+    secret = node.root / "secret"
+    secret.write_text("root only\n")
+    secret.chmod(0o600)
+    log = node.home / "hook.log"
+    node.user.run("/bin/ln", "-s", str(secret), str(log))
+    fifo = node.root / "hook.fifo"  # in a root folder: opened, never waited on
+    os.mkfifo(fifo, 0o600)
+    try:
+        for path, why in ((log, "refused: "), (fifo, "cannot open: ")):
+            hooklog.configure({"GPUCTK_HOOK_LOG": str(path), "GPUCTK_HOOK_LOG_LEVEL": "debug"})
+            hooklog.info("one")
+            hooklog.info("two")
+            err = capsys.readouterr().err
+            assert err.count("gpuctk-hook: warning: log file") == 1, err
+            assert f"log file {path}: {why}" in err
+        assert secret.read_text() == "root only\n" and log.is_symlink()
+        hooklog.configure({"GPUCTK_HOOK_LOG": str(node.root / "hook.log")})
+        hooklog.info("written")
+        assert "written" in (node.root / "hook.log").read_text()
+        assert capsys.readouterr().err == ""
+    finally:
+        hooklog.configure({})
 
 
 # --- the configured log file -----------------------------------------------------------------

@@ -144,3 +144,31 @@ def test_facts_of_and_gpus_for() -> None:
     assert idx(["nvidia.com/gpu=MIG-y"]) == [1]
     assert idx(["nvidia.com/gpu=gpu0", "nvidia.com/gpu=mig1:1"]) == [0, 1]
     assert idx(["nvidia.com/gpu=7"]) == []
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"CUDA_VERSION": "1" * 5000 + ".0"},  # int() of it: ValueError past 4300 digits
+        {"CUDA_VERSION": "12." + "9" * 10},
+        {"NVIDIA_REQUIRE_CUDA": "cuda>=" + "1" * 5000},
+        {"NVIDIA_REQUIRE_DRIVER": "driver>=535." + "0" * 10},
+        {"NVIDIA_REQUIRE_CUDA": "cuda>=1\u00b2"},  # a digit to str.isdigit, not to int()
+        {"NVIDIA_REQUIRE_ARCH": "arch=sm_" + "9" * 5000},
+    ],
+)
+def test_a_version_number_too_long_is_refused_in_one_short_line(env: dict[str, str]) -> None:
+    with pytest.raises(RequestError) as caught:
+        check(env, FACTS, [H100])
+    message = caught.value.message
+    assert "\n" not in message and len(message) < 300, message
+    assert "not a version" in message or "bad architecture" in message
+
+
+def test_nine_digits_a_component_are_a_version() -> None:
+    assert parse_term("driver>=123456789.0") == ("driver", ">=", "123456789.0")
+    assert requirements({"CUDA_VERSION": "11.123456789"}) == [
+        ("CUDA_VERSION", "cuda>=11.123456789")
+    ]
+    with pytest.raises(RequestError, match="unsatisfied requirement CUDA_VERSION"):
+        check({"CUDA_VERSION": "123456789.0"}, FACTS, [])

@@ -199,6 +199,60 @@ def test_a_memo_owned_by_someone_else_is_never_used(node: Node) -> None:
     assert node.run("state", "c1") == "A"
 
 
+def _age(*paths: Path, seconds: float) -> None:
+    """Set the mtime of `paths` `seconds` back: written that long ago."""
+    then = time.time() - seconds
+    for path in paths:
+        os.utime(path, (then, then), follow_symlinks=False)
+
+
+def test_a_memo_runtime_written_after_the_memo_is_not_run(node: Node) -> None:
+    """Someone who may write the runtime (not its owner) cannot set its mtime back: a write
+    after the memo leaves the runtime newer than the memo, and the front no longer runs it."""
+    node.write_memo()
+    _age(node.config, node.runtimes["B"], seconds=20)
+    _age(node.memo, seconds=10)  # the memo was written a while ago ...
+    assert node.run("state", "c1") == "B"
+    node.runtimes["B"].write_text('#!/bin/sh\necho "B-rewritten $*"\n')  # ... B since
+    assert node.run("state", "c1") == "A"
+    assert node.run("create", "--bundle", str(_bundle(node, NO_GPU)), "c1") == "A"
+
+
+def test_a_memo_runtime_that_is_a_symlink_is_not_run_by_the_front(node: Node) -> None:
+    link = node.tmp / "runtime-link"
+    link.symlink_to(node.runtimes["B"])
+    node.write_memo(runtime=str(link))
+    assert node.run("state", "c1") == "A"
+
+
+def test_a_memo_that_is_a_symlink_is_not_read(node: Node) -> None:
+    node.write_memo()
+    elsewhere = node.tmp / "memo-elsewhere"
+    node.memo.rename(elsewhere)
+    node.memo.symlink_to(elsewhere)
+    assert node.run("state", "c1") == "A"
+
+
+def test_a_memo_runtime_python_refuses_is_forgotten(node: Node) -> None:
+    """The front hands a create its memo runtime; Python finds it writable by others now: the
+    memo goes, so that the verbs after the create do not run it either."""
+    node.config.write_text(f'runtimes = ["{node.runtimes["B"]}"]\n')
+    node.write_memo()
+    node.runtimes["B"].chmod(0o775)  # a chmod leaves the mtime: the front's tests still hold
+    assert node.run("create", "--bundle", str(_bundle(node, NO_GPU)), "c1") == "Python"
+    assert not node.memo.exists()
+    assert node.run("state", "c1") == "Python"  # not B: Python, which refuses it again
+
+
+def test_python_rewrites_a_memo_older_than_the_config(node: Node) -> None:
+    """A config edit that changes nothing in the memo still makes the memo older than the
+    config: Python writes it again, or the front would start Python for every verb."""
+    assert node.run("state", "c1") == "A"  # Python writes the memo
+    _age(node.memo, seconds=10)
+    assert node.run("state", "c1") == "A"  # the config is newer: Python, which rewrites it
+    assert node.memo.stat().st_mtime_ns >= node.config.stat().st_mtime_ns
+
+
 def test_the_front_reads_flags_and_config_as_the_python_side() -> None:
     from gpuctk.hook import config, runtime_main
 
