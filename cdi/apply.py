@@ -12,14 +12,18 @@ pkg/cdi/container-edits.go, `ContainerEdits.Apply` after `Append`):
   gid default to the process user's when those are not 0; `b`/`c` nodes get a cgroup allow rule
   in `linux.resources.devices` with `permissions` as access (`rwm` when empty, none for "none");
 - `mounts`: the first OCI mount with the same destination is removed, the new one appended; then
-  ALL mounts are sorted, stably, by the number of `/` in their cleaned destination;
+  ALL mounts are sorted, stably, by the number of `/` in their cleaned destination (one index
+  of destinations per call: linear in the OCI mounts, whatever the number of CDI mounts);
+- every mount `hostPath` and device-node host path must be one root alone can have made
+  (`source_problems`: runc follows links in a mount source, so a folder others can write on the
+  way would let them swap in a link to `/`), else the whole apply is refused;
 - `hooks`: appended to their stage (each path absolute, its file trusted: `hook_problems`);
   `additionalGids` (not 0) added once; `intelRdt` set;
   `netDevices` set by host interface name.
 
 Everything else in the OCI dict survives untouched. Pure functions over dicts: no classes, no
 imports beyond `os` (already loaded by the interpreter), so the shim pays nothing to load it;
-the hook check uses gpuctk.fs (loaded by then: the config was read through it).
+the hook and source checks use gpuctk.fs (loaded by then: the config was read through it).
 """
 
 from __future__ import annotations
@@ -163,6 +167,167 @@ def hook_problems(hooks: Iterable[Mapping[str, Any]]) -> list[str]:
     return found
 
 
+MAX_LINKS = 40  # as gpuctk.fs
+_STEP_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def source_problem(path: str, folders: dict[str, int], depth: int = 0) -> str | None:
+    """Why the host path `path` must not be mounted (or its device node read) as root, or
+    None: every folder above it root's (or this euid's) and not group/world-writable
+    (gpuctk.fs.open_trusted_dir; a sticky one crossed only to an entry of root's), the entry
+    itself looked at once from that folder (fstatat, no link followed): a regular file or
+    folder of root's that others cannot write (or a sticky folder of root's, as /tmp/.X11-unix:
+    nobody else can swap it), a socket or FIFO of root's, a device node, or
+    a symlink (root's, since only root can write its folder) whose target passes the same
+    way. Missing from a folder only root can write: None (nobody else can put it there; the
+    runtime reports it). `folders`: folder -> O_PATH descriptor (-1: not trusted as a folder
+    to look into) for ONE call, closed by close_folders; never kept across creates."""
+    if not path.startswith("/"):
+        return "not an absolute path; fix: name the host path from /"
+    folder, _, name = path.rpartition("/")
+    folder = folder or "/"
+    if name in ("", ".", ".."):
+        return _walk_problem(path)
+    fd = folder_fd(folder, folders)
+    if fd < 0:  # a sticky /tmp, or worse: the whole walk says which
+        return _walk_problem(path)
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot look at it: {exc.strerror or exc}"
+    fmt = st.st_mode & 0o170000
+    if fmt == 0o120000:  # a symlink
+        if depth >= MAX_LINKS:
+            return "too many levels of symbolic links"
+        try:
+            target = os.readlink(name, dir_fd=fd)
+        except OSError as exc:
+            return f"cannot read the symlink: {exc.strerror or exc}"
+        dest = target if target.startswith("/") else f"{folder.rstrip('/')}/{target}"
+        problem = source_problem(dest, folders, depth + 1)
+        return f"it is a symlink to {target}, and {problem}" if problem else None
+    if fmt in (0o020000, 0o060000):  # a device node: only root can make one
+        return None
+    noun = {0o040000: "folder", 0o100000: "file", 0o140000: "socket", 0o010000: "FIFO"}.get(fmt)
+    if noun is None:
+        return "it is not a file, folder, socket, FIFO or device node"
+    if st.st_uid != 0 and st.st_uid != os.geteuid():
+        return f"the {noun} is owned by uid {st.st_uid}, not root; fix: chown root {path}"
+    sticky_dir = fmt == 0o040000 and st.st_mode & 0o1000  # /tmp/.X11-unix: root's, not swapped
+    if st.st_mode & 0o022 and fmt in (0o040000, 0o100000) and not sticky_dir:
+        words = "group-writable" if st.st_mode & 0o020 else "world-writable"
+        if st.st_mode & 0o022 == 0o022:
+            words = "group- and world-writable"
+        mode = st.st_mode & 0o7777
+        return f"the {noun} is {words} (mode {mode:04o}); fix: chmod go-w {path}"
+    return None
+
+
+def folder_fd(folder: str, folders: dict[str, int]) -> int:
+    """An O_PATH descriptor of `folder` if gpuctk.fs.open_trusted_dir trusts it, else -1;
+    remembered in `folders` (one call's memo, see source_problem)."""
+    fd = folders.get(folder)
+    if fd is not None:
+        return fd
+    parent, _, name = folder.rpartition("/")
+    step = name not in ("", ".", "..") and folder.count("/") < 256  # bounded recursion
+    at = folder_fd(parent or "/", folders) if step else -1
+    fd = -1
+    if at >= 0:  # one step from a folder already trusted: the same verdict as a whole walk
+        try:
+            fd = os.open(name, _STEP_FLAGS, dir_fd=at)
+        except OSError:
+            pass  # missing, or not to be looked at: the whole walk of a source says why
+        else:
+            try:
+                st = os.fstat(fd)
+            except OSError:
+                st = None
+            fmt = st.st_mode & 0o170000 if st is not None else 0
+            if st is None or not (
+                fmt == 0o040000 and st.st_uid in (0, os.geteuid()) and not st.st_mode & 0o022
+            ):
+                os.close(fd)
+                fd = -1
+                if fmt == 0o120000:
+                    at = -1  # a symlink: the whole walk follows it (root's: its folder passed)
+    if at < 0:  # "/", or a sticky /tmp, a symlink, "..", or worse on the way
+        from gpuctk.fs import open_trusted_dir
+
+        try:
+            fd = open_trusted_dir(folder)
+        except (TrustError, OSError):
+            fd = -1
+    folders[folder] = fd
+    return fd
+
+
+def _walk_problem(path: str) -> str | None:
+    """source_problem by the whole walk from / (gpuctk.fs): a folder, else a regular file."""
+    from gpuctk.fs import open_trusted_dir, open_trusted_file
+
+    try:
+        try:
+            fd = open_trusted_dir(path)
+        except NotADirectoryError:
+            fd = open_trusted_file(path, flags=os.O_PATH)[0]
+    except FileNotFoundError:
+        return None
+    except TrustError as exc:
+        return exc.message
+    except OSError as exc:
+        return f"cannot look at it: {exc.strerror or exc}"
+    os.close(fd)
+    return None
+
+
+def close_folders(folders: dict[str, int]) -> None:
+    for fd in folders.values():
+        if fd >= 0:
+            os.close(fd)
+    folders.clear()
+
+
+def _is_bind(mount: Mapping[str, Any]) -> bool:
+    """Whether runc takes the CDI mount for a bind mount (its source is a host path)."""
+    options = mount.get("options") or ()
+    return (
+        mount.get("type") in (None, "", "bind", "none") or "bind" in options or ("rbind" in options)
+    )
+
+
+def source_problems(edits: Mapping[str, Any]) -> list[str]:
+    """ "CDI mount DEST: source PATH refused: WHY" for each mount source (a bind mount's, or an
+    absolute one) and "CDI device PATH: host path HOST refused: WHY" for each device node's
+    host path (its `hostPath`, else its `path` when the node must be read from the host) that
+    source_problem refuses. Each folder is walked once per call."""
+    folders: dict[str, int] = {}
+    found = []
+    try:
+        for mount in edits.get("mounts") or ():
+            host = mount["hostPath"]
+            if not host.startswith("/") and not _is_bind(mount):
+                continue  # a file system's name ("tmpfs", "proc"), not a path
+            problem = source_problem(host, folders)
+            if problem:
+                dest, host = mount["containerPath"], mount["hostPath"]
+                found.append(f"CDI mount {dest}: source {host} refused: {problem}")
+        for node in edits.get("deviceNodes") or ():
+            host = node.get("hostPath")
+            if not host and (
+                not node.get("type") or (not node.get("major") and node["type"] != "p")
+            ):
+                host = node["path"]
+            problem = source_problem(host, folders) if host else None
+            if problem:
+                found.append(f"CDI device {node['path']}: host path {host} refused: {problem}")
+    finally:
+        close_folders(folders)
+    return found
+
+
 def host_device_info(path: str) -> tuple[str, int, int]:
     """(type, major, minor) of the device node at `path` on the host (not following links)."""
     st = os.lstat(path)
@@ -263,8 +428,9 @@ def apply(
     """Apply merged CDI `edits` to the OCI spec dict `oci` in place.
 
     ValidationError (nothing changed) when the edits are invalid or a device node's missing
-    type/major/minor cannot be read from the host; TrustError when a hook's file (or a folder
-    above it) could be written by someone other than root (gpuctk.cdi.spectrust).
+    type/major/minor cannot be read from the host; TrustError when a hook's file, a mount
+    source or a device host path (or a folder above it) could be written or swapped by
+    someone other than root (gpuctk.cdi.spectrust, source_problems).
     """
     found = problems(edits)
     if found:
@@ -274,6 +440,11 @@ def apply(
         raise ValidationError(f"invalid OCI spec: {found[0]}", found)
     if edits.get("hooks"):  # run as root: each file must be root's alone (gpuctk.cdi.spectrust)
         found = hook_problems(edits["hooks"])
+        if found:
+            more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+            raise TrustError(f"{found[0]}{more}")
+    if edits.get("mounts") or edits.get("deviceNodes"):  # runc follows links in a source
+        found = source_problems(edits)
         if found:
             more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
             raise TrustError(f"{found[0]}{more}")
@@ -337,21 +508,21 @@ def _apply_devices(
     gid = user.get("gid", 0) if isinstance(user, dict) else 0
     linux = _child(oci, "linux", {})
     oci_devices = _child(linux, "devices", [])
+    where, heads = _positions(oci_devices, "path", {dev["path"] for _, dev in devices})
+    gone: set[int] = set()
     for node, dev in devices:
         if "uid" not in dev and isinstance(uid, int) and uid > 0:
             dev["uid"] = uid
         if "gid" not in dev and isinstance(gid, int) and gid > 0:
             dev["gid"] = gid
-        path = dev["path"]
-        for i, existing in enumerate(oci_devices):  # RemoveDevice: the first match
-            if isinstance(existing, dict) and existing.get("path") == path:
-                del oci_devices[i]
-                break
-        for i, existing in enumerate(oci_devices):  # AddDevice: replace, else append
-            if isinstance(existing, dict) and existing.get("path") == path:
-                oci_devices[i] = dev
-                break
+        live = where[dev["path"]]
+        if heads[dev["path"]] < len(live):  # RemoveDevice: the first match
+            gone.add(live[heads[dev["path"]]])
+            heads[dev["path"]] += 1
+        if heads[dev["path"]] < len(live):  # AddDevice: replace the next one, else append
+            oci_devices[live[heads[dev["path"]]]] = dev
         else:
+            live.append(len(oci_devices))
             oci_devices.append(dev)
         if dev["type"] in ("b", "c"):
             access = node.get("permissions") or "rwm"
@@ -366,16 +537,36 @@ def _apply_devices(
             if access:
                 rule["access"] = access
             _child(_child(linux, "resources", {}), "devices", []).append(rule)
+    if gone:
+        oci_devices[:] = [d for i, d in enumerate(oci_devices) if i not in gone]
+
+
+def _positions(
+    items: list[Any], key: str, wanted: set[str]
+) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """For each value in `wanted`: the indices in `items` of the dicts whose `key` has it, in
+    order, and where the first one not yet removed is (0): one scan, however many edits."""
+    where: dict[str, list[int]] = {value: [] for value in wanted}
+    for i, item in enumerate(items):
+        if isinstance(item, dict):
+            value = item.get(key)
+            if isinstance(value, str) and value in where:
+                where[value].append(i)
+    return where, dict.fromkeys(where, 0)
 
 
 def _apply_mounts(oci: dict[str, Any], mounts: Iterable[Mapping[str, Any]]) -> None:
     current = _child(oci, "mounts", [])
+    mounts = list(mounts)
+    where, heads = _positions(current, "destination", {m["containerPath"] for m in mounts})
+    gone: set[int] = set()
     for mount in mounts:
         destination = mount["containerPath"]
-        for i, existing in enumerate(current):  # RemoveMount: the first match
-            if isinstance(existing, dict) and existing.get("destination") == destination:
-                del current[i]
-                break
+        live = where[destination]
+        if heads[destination] < len(live):  # RemoveMount: the first match
+            gone.add(live[heads[destination]])
+            heads[destination] += 1
+        live.append(len(current))
         entry: dict[str, Any] = {"destination": destination}
         if mount.get("type"):
             entry["type"] = mount["type"]
@@ -383,6 +574,8 @@ def _apply_mounts(oci: dict[str, Any], mounts: Iterable[Mapping[str, Any]]) -> N
         if mount.get("options"):
             entry["options"] = list(mount["options"])
         current.append(entry)
+    if gone:
+        current[:] = [m for i, m in enumerate(current) if i not in gone]
     current.sort(key=_mount_depth)
 
 

@@ -9,8 +9,17 @@ containerised driver's /usr/lib/libcuda.so.1 -> /etc/alternatives/... must not e
 node's /etc). Host paths always name the final real file, so a bind mount never follows a
 symlink on the node.
 
+Every host path recorded, and every symlink followed on the way to one, must be one that root
+alone can have made (gpuctk.cdi.apply.source_problem, the gpuctk.fs trusted-path rules): a
+symlink is followed only out of a folder nobody else can write, and a file, folder or socket
+whose owner is another account, that others can write, or that sits below a folder others can
+write or rename, is left out with one warning naming it and the fix. runc follows links in a
+mount source: a user's /tmp/nvidia-mps swapped for a link to / would otherwise give every GPU
+container the host's / read-write.
+
 Cost: one stat per candidate folder, one scandir per library folder, a few preads per library
-(ELF headers only, memoised). No tree walks.
+(ELF headers only, memoised), one trusted walk per folder holding a recorded file. No tree
+walks.
 
 Device nodes live in gpuctk.cdi.devnodes and are re-exported here.
 """
@@ -23,6 +32,7 @@ import stat
 
 from gpuctk import log
 from gpuctk.cdi import capabilities as caps
+from gpuctk.cdi.apply import close_folders, folder_fd, source_problem
 from gpuctk.cdi.devnodes import NodeInfo, control_nodes, gpu_nodes, mig_nodes, parse_mig_minors
 from gpuctk.cdi.driverpaths import (
     BINARIES,
@@ -56,6 +66,11 @@ __all__ = [
 
 
 MAX_SYMLINKS = 40  # as the kernel's MAXSYMLINKS
+MPS_PIPE_DIR = "/tmp/nvidia-mps"  # nvidia-cuda-mps-control's default CUDA_MPS_PIPE_DIRECTORY
+MPS_FIX = (
+    "; fix: remove it, and start nvidia-cuda-mps-control as root, which makes it root's "
+    "(better: with CUDA_MPS_PIPE_DIRECTORY in a folder only root can write)"
+)
 
 
 @record
@@ -89,6 +104,32 @@ class _Root:
     def __init__(self, root: str) -> None:
         self.prefix = "" if root == "/" else root.rstrip("/")
         self._memo: dict[str, str | None] = {}
+        self._folders: dict[str, int] = {}  # trusted folders (gpuctk.cdi.apply.source_problem)
+        self.left_out: dict[str, str] = {}  # host path -> why it is not recorded
+
+    def close(self) -> None:
+        close_folders(self._folders)
+
+    def trusted(self, real: str) -> bool:
+        """Whether the real container path `real` may be recorded as a mount source; if not,
+        why is kept in `left_out`."""
+        host = self.host(real)
+        problem = source_problem(host, self._folders)
+        if problem:
+            self.left_out.setdefault(host, problem)
+        return problem is None
+
+    def _link_problem(self, child: str, st: os.stat_result) -> str | None:
+        """Why the symlink at `child` must not be followed: only out of a trusted folder."""
+        folder = self.host(posixpath.dirname(child))
+        if folder_fd(folder, self._folders) >= 0:
+            return None
+        if st.st_uid != 0 and st.st_uid != os.geteuid():
+            return (
+                f"the symlink is owned by uid {st.st_uid}, in {folder}, which others can "
+                "write; fix: remove it, and make the path it stands for as root"
+            )
+        return f"the symlink is in {folder}, which others can write or swap; fix: move it"
 
     def host(self, path: str) -> str:
         return self.prefix + path if path != "/" else (self.prefix or "/")
@@ -117,6 +158,10 @@ class _Root:
             st = os.lstat(self.host(child))
             if not stat.S_ISLNK(st.st_mode):
                 return child
+            problem = self._link_problem(child, st)
+            if problem:
+                self.left_out.setdefault(self.host(child), problem)
+                return None
             if depth >= MAX_SYMLINKS:
                 return None
             target = os.readlink(self.host(child))
@@ -137,8 +182,13 @@ class _Root:
 
 
 def resolve_in_root(root: str, path: str) -> str | None:
-    """The real path (container form) that `path` resolves to inside `root`, or None."""
-    return _Root(os.path.abspath(root)).resolve(path)
+    """The real path (container form) that `path` resolves to inside `root`, or None (also
+    when a symlink on the way is in a folder others can write)."""
+    r = _Root(os.path.abspath(root))
+    try:
+        return r.resolve(path)
+    finally:
+        r.close()
 
 
 def _check_root(root: str) -> str:
@@ -195,6 +245,8 @@ def _libraries(r: _Root, version: str) -> dict[str, DriverFile]:
         name = posixpath.basename(real)
         if not name.endswith(suffix) and posixpath.basename(path) not in EXTRA_SONAMES:
             continue
+        if not r.trusted(real):
+            continue
         info = elf_info(r.host(real))
         if info is None:
             continue
@@ -222,10 +274,11 @@ def _links(libraries: list[DriverFile]) -> list[tuple[str, str]]:
 
 
 def _first_found(r: _Root, paths: tuple[str, ...], want: int) -> tuple[str, str] | None:
-    """(container path as listed, real path) of the first of `paths` of file type `want`."""
+    """(container path as listed, real path) of the first of `paths` of file type `want` that
+    may be recorded (_Root.trusted)."""
     for path in paths:
         hit = r.stat(path)
-        if hit is not None and stat.S_IFMT(hit[1].st_mode) == want:
+        if hit is not None and stat.S_IFMT(hit[1].st_mode) == want and r.trusted(hit[0]):
             return path, hit[0]
     return None
 
@@ -257,7 +310,9 @@ def _firmware(r: _Root, version: str) -> list[DriverFile]:
             continue
         for name in names:
             hit = r.stat(f"{real_dir}/{name}")
-            if hit is not None and stat.S_ISREG(hit[1].st_mode) and hit[0] not in out:
+            if hit is None or not stat.S_ISREG(hit[1].st_mode) or hit[0] in out:
+                continue
+            if r.trusted(hit[0]):
                 out[hit[0]] = DriverFile(
                     r.host(hit[0]), f"{folder}/{name}", "firmware", caps.UTILITY
                 )
@@ -302,17 +357,34 @@ def discover_driver_files(driver_root: str, driver_version: str) -> DriverFiles:
     root = _check_root(os.fspath(driver_root))
     _check_version(driver_version)
     r = _Root(root)
-    libraries = sorted(
-        _libraries(r, driver_version).values(),
-        key=lambda f: (f.capability == caps.COMPAT32, f.container_path),
-    )
-    folders = dict.fromkeys(posixpath.dirname(f.container_path) for f in libraries)
-    return DriverFiles(
-        libraries=tuple(libraries),
-        binaries=tuple(_binaries(r)),
-        firmware=tuple(_firmware(r, driver_version)),
-        configs=tuple(_listed(r, CONFIGS, "config", driver_version)),
-        sockets=tuple(_listed(r, SOCKETS, "socket", driver_version)),
-        symlinks=tuple(_links(libraries)),
-        ld_folders=tuple(folders),
-    )
+    try:
+        libraries = sorted(
+            _libraries(r, driver_version).values(),
+            key=lambda f: (f.capability == caps.COMPAT32, f.container_path),
+        )
+        folders = dict.fromkeys(posixpath.dirname(f.container_path) for f in libraries)
+        files = DriverFiles(
+            libraries=tuple(libraries),
+            binaries=tuple(_binaries(r)),
+            firmware=tuple(_firmware(r, driver_version)),
+            configs=tuple(_listed(r, CONFIGS, "config", driver_version)),
+            sockets=tuple(_listed(r, SOCKETS, "socket", driver_version)),
+            symlinks=tuple(_links(libraries)),
+            ld_folders=tuple(folders),
+        )
+    finally:
+        r.close()
+    _warn_left_out(r.left_out, r.host(MPS_PIPE_DIR))
+    return files
+
+
+def _warn_left_out(left_out: dict[str, str], mps: str) -> None:
+    """One warning line per reason: the paths left out for it, and the fix."""
+    by_reason: dict[str, list[str]] = {}
+    for host, why in left_out.items():
+        if host == mps:
+            why = why.partition("; fix: ")[0] + MPS_FIX
+        by_reason.setdefault(why, []).append(host)
+    for why, hosts in by_reason.items():
+        shown = ", ".join(hosts[:3]) + (f" and {len(hosts) - 3} more" if len(hosts) > 3 else "")
+        log.warning(f"left out {shown}: {why}")

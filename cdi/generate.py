@@ -28,7 +28,9 @@ DEFAULT_STRATEGIES = ("index", "uuid")
 # --library-mode; "mounts": gpuctk.cdi.libmounts, "folder": gpuctk.cdi.stage
 LIBRARY_MODES = ("hook", "mounts", "folder")
 READ_ONLY = ("ro", "nosuid", "nodev", "rbind", "rprivate")
-SOCKET = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
+# IPC sockets and the MPS pipe folder: read-only as nvidia-ctk mounts them (connect() needs no
+# write access to the mount), so a container cannot replace the host daemon's socket.
+SOCKET = ("ro", "nosuid", "nodev", "noexec", "rbind", "rprivate")
 STAGE_PATH = "/usr/local/nvidia"  # folder mode's mount (gpuctk.cdi.stage)
 HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpuctk.cdi.apply import apply, clean_depth, merge, problems
-from gpuctk.errors import ValidationError
+from gpuctk.errors import TrustError, ValidationError
 
 
 def _node(path: str, major: int, minor: int, **extra: Any) -> dict[str, Any]:
@@ -298,3 +300,245 @@ def test_null_containers_are_created() -> None:
     assert oci["process"] == {"env": ["A=1"]}
     assert oci["mounts"] == [{"destination": "/c", "source": "/h"}]
     assert oci["hooks"] == {"prestart": [{"path": "/p"}]}
+
+
+# --- mount and device-node sources on the create path (gpuctk.fs trusted paths) -------------
+
+OTHER_UID = 54321  # an account that is not root (no passwd entry needed)
+
+
+def _needs_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("giving a folder to another uid needs root")
+
+
+def _user_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "user"
+    folder.mkdir(mode=0o755)
+    os.chown(folder, OTHER_UID, OTHER_UID)
+    return folder
+
+
+def test_a_mount_source_below_a_user_folder_is_refused_and_nothing_changes(
+    tmp_path: Path,
+) -> None:
+    _needs_root()
+    lib = _user_folder(tmp_path) / "libcuda.so.1"
+    lib.write_bytes(b"\x7fELF")  # root's file, but the user can rename the folder it is in
+    os.chown(lib, 0, 0)
+    oci: dict[str, Any] = {"process": {"env": ["A=1"]}, "mounts": []}
+    before = copy.deepcopy(oci)
+    edits = {
+        "env": ["B=2"],
+        "mounts": [
+            {"hostPath": "/etc/hostname", "containerPath": "/etc/hostname"},
+            {"hostPath": str(lib), "containerPath": "/usr/lib/libcuda.so.1"},
+        ],
+    }
+    with pytest.raises(TrustError) as info:
+        apply(oci, edits)
+    message = info.value.message
+    assert "\n" not in message
+    assert message.startswith(f"CDI mount /usr/lib/libcuda.so.1: source {lib} refused: ")
+    assert f"is owned by uid {OTHER_UID}" in message and f"fix: chown root {lib.parent}" in message
+    assert oci == before
+
+
+def test_a_link_a_user_swapped_in_for_a_mount_source_is_refused(tmp_path: Path) -> None:
+    """The /tmp/nvidia-mps attack: the user's folder in a sticky /tmp, then a link to /."""
+    _needs_root()
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    mps = tmp / "nvidia-mps"
+    mps.mkdir()
+    os.chown(mps, OTHER_UID, OTHER_UID)
+    edits = {"mounts": [{"hostPath": str(mps), "containerPath": "/tmp/nvidia-mps"}]}
+    with pytest.raises(TrustError, match=f"is owned by uid {OTHER_UID}"):
+        apply({}, edits)
+    mps.rmdir()
+    mps.symlink_to("/")
+    os.lchown(mps, OTHER_UID, OTHER_UID)
+    with pytest.raises(TrustError, match=f"source {mps} refused: .*symlink"):
+        apply({}, edits)
+    mps.unlink()
+    mps.mkdir(mode=0o755)  # root's own, as the MPS control daemon run as root makes it
+    oci: dict[str, Any] = {}
+    apply(oci, edits)
+    assert oci["mounts"] == [{"destination": "/tmp/nvidia-mps", "source": str(mps)}]
+
+
+def test_a_world_writable_mount_source_and_a_device_host_path_are_refused(
+    tmp_path: Path,
+) -> None:
+    _needs_root()
+    conf = tmp_path / "nvidia.icd"
+    conf.write_text("libcuda.so.1\n")
+    conf.chmod(0o666)
+    with pytest.raises(TrustError, match=r"world-writable \(mode 0666\); fix: chmod go-w"):
+        apply({}, {"mounts": [{"hostPath": str(conf), "containerPath": "/etc/x.icd"}]})
+    user = _user_folder(tmp_path)
+    node = {"path": "/dev/nvidia0", "hostPath": f"{user}/nvidia0", "type": "c", "major": 195}
+    oci: dict[str, Any] = {}
+    with pytest.raises(TrustError, match=f"CDI device /dev/nvidia0: host path {user}/nvidia0"):
+        apply(oci, {"deviceNodes": [node]})
+    assert oci == {}
+
+
+def test_sources_missing_from_trusted_folders_pass_and_links_of_root_are_followed(
+    tmp_path: Path,
+) -> None:
+    real = tmp_path / "lib" / "libcuda.so.535"
+    real.parent.mkdir()
+    real.write_bytes(b"\x7fELF")
+    (tmp_path / "lib" / "libcuda.so.1").symlink_to("libcuda.so.535")
+    (tmp_path / "lib64").symlink_to("lib")
+    oci: dict[str, Any] = {}
+    apply(
+        oci,
+        {
+            "mounts": [
+                {"hostPath": f"{tmp_path}/lib64/libcuda.so.1", "containerPath": "/a"},
+                {"hostPath": f"{tmp_path}/lib/gone.so", "containerPath": "/b"},  # runc says so
+                {"hostPath": "/dev/null", "containerPath": "/c"},
+            ]
+        },
+    )
+    assert [m["source"] for m in oci["mounts"]] == [
+        f"{tmp_path}/lib64/libcuda.so.1",
+        f"{tmp_path}/lib/gone.so",
+        "/dev/null",
+    ]
+
+
+def test_each_folder_is_walked_once_per_apply_and_never_remembered_across(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """40 sources in 5 folders: each folder on the way opened once, one fstatat a source."""
+    folders = [tmp_path / f"d{i}" for i in range(5)]
+    mounts = []
+    for folder in folders:
+        folder.mkdir()
+        for j in range(8):
+            (folder / f"lib{j}.so.1").write_bytes(b"\x7fELF")
+            mounts.append({"hostPath": f"{folder}/lib{j}.so.1", "containerPath": f"/l/{j}"})
+    calls: list[tuple[str, str]] = []
+    real_open, real_stat = os.open, os.stat
+
+    def counting_open(path: Any, *args: Any, **kw: Any) -> int:
+        calls.append(("open", str(path)))
+        return real_open(path, *args, **kw)
+
+    def counting_stat(path: Any, *args: Any, **kw: Any) -> os.stat_result:
+        calls.append(("stat", str(path)))
+        return real_stat(path, *args, **kw)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    monkeypatch.setattr(os, "stat", counting_stat)
+    apply({}, {"mounts": mounts})
+    first = list(calls)
+    assert [c for c in first if c[0] == "stat"] == [("stat", f"lib{j}.so.1") for j in range(8)] * 5
+    folders_on_the_way = len(tmp_path.parts) + len(folders)  # "/" and each one below it
+    assert len([c for c in first if c[0] == "open"]) <= folders_on_the_way + 2
+    calls.clear()
+    apply({}, {"mounts": mounts})  # a second create walks again: nothing outlives a call
+    monkeypatch.undo()
+    assert calls == first
+
+
+class _Counted(dict):  # type: ignore[type-arg]
+    """An OCI entry that counts how often apply looks into it."""
+
+    looks = 0
+
+    def get(self, *args: Any) -> Any:
+        _Counted.looks += 1
+        return super().get(*args)
+
+    def __getitem__(self, key: Any) -> Any:
+        _Counted.looks += 1
+        return super().__getitem__(key)
+
+
+@pytest.mark.parametrize("n", [1000, 4000])
+def test_apply_looks_at_each_existing_mount_and_device_a_bounded_number_of_times(n: int) -> None:
+    """Linear: spec mounts x request mounts would be 100 * n looks."""
+    oci: dict[str, Any] = {
+        "mounts": [_Counted(destination=f"/m/{i}", source="/x") for i in range(n)],
+        "linux": {
+            "devices": [_Counted(path=f"/dev/x{i}", type="c", major=1, minor=3) for i in range(n)]
+        },
+    }
+    mounts = [{"hostPath": "/h", "containerPath": f"/usr/lib/lib{i}.so"} for i in range(100)]
+    mounts.append({"hostPath": "/h", "containerPath": "/m/7"})  # replaces one
+    nodes = [_node(f"/dev/nvidia{i}", 195, i) for i in range(100)] + [_node("/dev/x9", 1, 9)]
+    _Counted.looks = 0
+    apply(oci, {"mounts": mounts, "deviceNodes": nodes})
+    assert _Counted.looks <= 3 * 2 * n
+    assert len(oci["mounts"]) == n + 100 and len(oci["linux"]["devices"]) == n + 100
+    assert [m["source"] for m in oci["mounts"] if m["destination"] == "/m/7"] == ["/h"]
+    assert [d["minor"] for d in oci["linux"]["devices"] if d["path"] == "/dev/x9"] == [9]
+
+
+def _old_rules(oci: dict[str, Any], mounts: list[Any], devices: list[Any]) -> None:
+    """The reference's RemoveMount/AddMount and RemoveDevice/AddDevice, one scan each."""
+    cur = oci.setdefault("mounts", [])
+    for m in mounts:
+        for i, e in enumerate(cur):
+            if e.get("destination") == m["containerPath"]:
+                del cur[i]
+                break
+        cur.append({"destination": m["containerPath"], "source": m["hostPath"]})
+    if mounts:
+        cur.sort(key=lambda e: clean_depth(e["destination"]))
+    devs = oci.setdefault("linux", {}).setdefault("devices", [])
+    for d in devices:
+        dev = {"path": d["path"], "type": d["type"], "major": d["major"], "minor": d["minor"]}
+        for i, e in enumerate(devs):
+            if e.get("path") == d["path"]:
+                del devs[i]
+                break
+        for i, e in enumerate(devs):
+            if e.get("path") == d["path"]:
+                devs[i] = dev
+                break
+        else:
+            devs.append(dev)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_repeated_destinations_and_paths_keep_the_reference_order(seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    names = ["/a", "/b", "/a/b", "/c//d", "/e/"]
+    oci: dict[str, Any] = {
+        "mounts": [
+            {"destination": rng.choice(names), "source": f"o{i}"} for i in range(rng.randint(0, 8))
+        ],
+        "linux": {
+            "devices": [_node(f"/dev/{rng.choice('ab')}", 1, i) for i in range(rng.randint(0, 6))]
+        },
+    }
+    mounts = [
+        {"hostPath": f"/h{i}", "containerPath": rng.choice(names)} for i in range(rng.randint(0, 8))
+    ]
+    nodes = [_node(f"/dev/{rng.choice('ab')}", 9, i) for i in range(rng.randint(0, 6))]
+    expected = copy.deepcopy(oci)
+    _old_rules(expected, mounts, nodes)
+    apply(oci, {"mounts": mounts, "deviceNodes": nodes})
+    assert oci["mounts"] == expected["mounts"]
+    assert oci["linux"]["devices"] == expected["linux"]["devices"]
+
+
+def test_a_sticky_folder_of_roots_may_be_a_mount_source(tmp_path: Path) -> None:
+    """/tmp/.X11-unix: others can add entries, but nobody else can swap the folder itself."""
+    x11 = tmp_path / ".X11-unix"
+    x11.mkdir()
+    x11.chmod(0o1777)
+    oci: dict[str, Any] = {}
+    apply(oci, {"mounts": [{"hostPath": str(x11), "containerPath": "/tmp/.X11-unix"}]})
+    assert oci["mounts"][0]["source"] == str(x11)
+    x11.chmod(0o777)
+    with pytest.raises(TrustError, match=r"world-writable \(mode 0777\)"):
+        apply({}, {"mounts": [{"hostPath": str(x11), "containerPath": "/tmp/.X11-unix"}]})

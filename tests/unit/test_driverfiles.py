@@ -426,3 +426,103 @@ def test_mig_minors_size_cap(tmp_path: Path) -> None:
     path.write_bytes(b"x" * (devnodes.MAX_MIG_MINORS_SIZE + 10))
     with pytest.raises(InputError, match="larger than"):
         devnodes.read_mig_minors(tmp_path / "proc")
+
+
+# ---------------------------------------------------------------------------------------------
+# Mount sources others could swap: left out of the spec with one warning each
+
+OTHER_UID = 54321  # not root (no passwd entry needed)
+
+
+def _needs_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("giving files to another uid needs root")
+
+
+def _sticky_tmp(root: Path) -> Path:
+    tmp = root / "tmp"
+    tmp.mkdir(parents=True)
+    tmp.chmod(0o1777)
+    return tmp
+
+
+def _sockets(root: Path) -> list[str]:
+    return [f.host_path for f in df.discover_driver_files(str(root), V).sockets]
+
+
+def test_a_users_mps_folder_is_left_out_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _needs_root()
+    mps = _sticky_tmp(tmp_path / "r") / "nvidia-mps"
+    mps.mkdir()
+    os.chown(mps, OTHER_UID, OTHER_UID)
+    assert _sockets(tmp_path / "r") == []
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert f"left out {mps}: the folder is owned by uid {OTHER_UID}" in lines[0]
+    assert "CUDA_MPS_PIPE_DIRECTORY" in lines[0]
+
+
+def test_a_link_a_user_planted_for_the_mps_folder_is_never_followed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _needs_root()
+    mps = _sticky_tmp(tmp_path / "r") / "nvidia-mps"
+    mps.symlink_to("/")  # inside the root: its /; either way the user's choice
+    os.lchown(mps, OTHER_UID, OTHER_UID)
+    assert _sockets(tmp_path / "r") == []
+    err = capsys.readouterr().err
+    assert f"left out {mps}: " in err and "symlink" in err
+
+
+def test_a_root_owned_mps_folder_in_a_sticky_tmp_is_kept(tmp_path: Path) -> None:
+    mps = _sticky_tmp(tmp_path / "r") / "nvidia-mps"
+    mps.mkdir(mode=0o755)  # as nvidia-cuda-mps-control, run as root, makes it
+    assert _sockets(tmp_path / "r") == [str(mps)]
+
+
+def test_a_socket_in_a_folder_another_account_owns_is_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _needs_root()
+    folder = tmp_path / "r/run/nvidia-persistenced"
+    folder.mkdir(parents=True)
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(folder / "socket"))
+    try:
+        os.chown(folder, OTHER_UID, OTHER_UID)  # a daemon's own account (Debian: nvpd)
+        assert _sockets(tmp_path / "r") == []
+        err = capsys.readouterr().err
+        assert f"left out {folder}/socket: folder {folder} is owned by uid {OTHER_UID}" in err
+        assert f"fix: chown root {folder}" in err
+        os.chown(folder, 0, 0)
+        assert _sockets(tmp_path / "r") == [f"{folder}/socket"]
+    finally:
+        sock.close()
+
+
+def test_libraries_binaries_and_configs_others_can_write_are_left_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _needs_root()
+    root = tmp_path / "r"
+    lib = root / T.lstrip("/")
+    lib.mkdir(parents=True)
+    (lib / f"libcuda.so.{V}").write_bytes(make_elf("libcuda.so.1"))
+    (lib / f"libnvidia-ml.so.{V}").write_bytes(make_elf("libnvidia-ml.so.1"))
+    os.chown(lib / f"libnvidia-ml.so.{V}", OTHER_UID, OTHER_UID)
+    smi = root / "usr/bin/nvidia-smi"
+    smi.parent.mkdir(parents=True)
+    smi.write_text("#!/bin/sh\n")
+    smi.chmod(0o777)
+    icd = root / "etc/OpenCL/vendors"
+    icd.mkdir(parents=True)
+    (icd / "nvidia.icd").write_text("libcuda.so.1\n")
+    icd.chmod(0o777)
+    files = df.discover_driver_files(str(root), V)
+    assert [f.container_path for f in files.libraries] == [f"{T}/libcuda.so.{V}"]
+    assert files.binaries == () and files.configs == ()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 3, lines
+    assert all("left out " in line and "; fix: " in line for line in lines)

@@ -117,6 +117,7 @@ def test_common_edits_mounts_env_and_one_hook_with_explicit_env() -> None:
         "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
     }
     assert mounts[SOCK.container_path]["options"] == [
+        "ro",
         "nosuid",
         "nodev",
         "noexec",
