@@ -10,9 +10,11 @@ ldconfig's order and format (gpuctk.cdi.ldcache.build_ld_cache), so the loader a
 see what ldconfig would have written for those libraries.
 
 The image's cache is hostile input read as root: the merge costs time and memory linear in its
-size, and a cache over MAX_CACHE is not read at all. Such a cache, or a malformed one, is not
-merged: the shim leaves the container to gpuctk-hook, whose confined host ldconfig (with its
-time limit) builds the cache from the image's folders instead, as for an image with no cache.
+size, and a cache over MAX_CACHE is not read at all. Such a cache, a malformed one, or one past
+the reader's limits (a name that is no file name, more strings or digits than a real cache's:
+gpuctk.cdi.ldcache) is not merged: the shim leaves the container to gpuctk-hook, whose
+confined host ldconfig (with its time limit) builds the cache from the image's folders
+instead, as for an image with no cache.
 """
 
 from __future__ import annotations
@@ -127,8 +129,9 @@ def read_image_cache(root_fd: int) -> bytes | None:
 def write_cache(root_fd: int, old: bytes, added: list[LdCacheEntry]) -> int:
     """Write the root's cache: the entries of `old` (the image's cache) that `added` does not
     replace, then `added`. Returns how many of the image's entries were kept. ValueError if
-    `old` is not a cache this reader knows. Time, memory and the size written are linear in
-    len(old) (at most MAX_CACHE) and len(added) (gpuctk.cdi.ldcache)."""
+    `old` is not a cache this reader knows or is past its limits; nothing is written then.
+    Time and memory are linear in len(old) (at most MAX_CACHE) and len(added), and what is
+    written is at most about twice len(old), plus `added` (gpuctk.cdi.ldcache)."""
     from gpuctk.cdi.ldcache import build_ld_cache, parse_ld_cache
 
     new_keys = {(e.key, e.flags) for e in added}

@@ -137,7 +137,8 @@ def test_handmade_cache_and_bounds() -> None:
     with pytest.raises(ValueError, match="outside"):
         ldcache.parse_ld_cache(_new_cache([(0x303, 1 << 30, strings_at)], strings))
     with pytest.raises(ValueError, match="not terminated"):
-        ldcache.parse_ld_cache(_new_cache([(0x303, strings_at, strings_at)], b"x" * 5000))
+        ldcache.parse_ld_cache(_new_cache([(0x303, strings_at, strings_at + 10)],
+                                          b"libx.so.1\0" + b"x" * 5000))  # fmt: skip
     with pytest.raises(ValueError, match="endianness"):
         ldcache.parse_ld_cache(_new_cache([], b"", endian=1))
 
@@ -189,14 +190,15 @@ def test_hypothesis_garbage(body: bytes, magic: bytes) -> None:
 
 def one_string_cache(size: int, *, spread: bool = False) -> bytes:
     """A valid new-format cache of at most `size` bytes: as many entries as fit, each naming the
-    one 4095-byte string at the end as both its name and its path (or, with `spread`, each a
-    different tail of it). Read naively, every entry is 8 KiB of text."""
-    string = b"lib" + b"a" * 4092 + b"\0"
+    one 4095-byte string at the end as its path (or, with `spread`, each a different tail of
+    it) and its last 255 bytes as its name. Read naively, every entry is 4 KiB of text."""
+    string = b"/" + b"a" * 3838 + b"/lib" + b"a" * 252 + b"\0"
     n = (size - 48 - len(string)) // 24
     at = 48 + 24 * n
+    name = at + len(string) - 256
     header = ldcache.MAGIC_NEW + struct.pack("<IIB3xI12x", n, len(string), 2, 0)
     rows = (
-        struct.pack("<iIIIQ", 0x303, at + (i % 4000 if spread else 0), at, 0, 0) for i in range(n)
+        struct.pack("<iIIIQ", 0x303, name, at + (i % 3840 if spread else 0), 0, 0) for i in range(n)
     )
     return header + b"".join(rows) + string
 
@@ -230,7 +232,7 @@ def python_lines(limit: int) -> Iterator[list[int]]:
 def test_a_cache_of_one_long_string_costs_memory_linear_in_its_size(
     size: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # read naively: two 4 KiB strings per 24-byte entry, ~350 times the size of the file
+    # read naively: a 4 KiB string and a 255-byte one per 24-byte entry, ~180 times the file
     data = one_string_cache(size)
     tracemalloc.start()
     try:
@@ -246,7 +248,7 @@ def test_a_cache_of_one_long_string_costs_memory_linear_in_its_size(
         tracemalloc.stop()
     assert built < 16 * size
     assert len(entries) == (size - 48 - 4096) // 24
-    assert len({id(e.key) for e in entries} | {id(e.value) for e in entries}) == 1  # decoded once
+    assert len({id(e.key) for e in entries} | {id(e.value) for e in entries}) == 2  # decoded once
     assert len(keys) == 1  # one sort key per distinct name, not a comparison per pair
     assert len(out) <= len(data) + 4096  # the result is as bounded as the input
     assert ldcache.parse_ld_cache(out) == entries
@@ -261,8 +263,8 @@ def test_a_cache_of_one_long_string_costs_work_linear_in_its_size() -> None:
 
 
 def test_overlapping_strings_are_refused_within_a_budget() -> None:
-    # 4000 different tails of one string: 8 MB of text from a 1 MiB file, more than any real
-    # cache (whose strings together are less than its size: a name is the tail of its path)
+    # 3840 different tails of one string: 8 MB of text from a 1 MiB file, more than any real
+    # cache (whose strings together are about its size: a name is the tail of its path)
     data = one_string_cache(1 << 20, spread=True)
     tracemalloc.start()
     try:
@@ -277,10 +279,10 @@ def test_overlapping_strings_are_refused_within_a_budget() -> None:
 def test_strings_up_to_path_max() -> None:
     at = 48 + 24
     longest = b"/" + b"x" * 4094 + b"\0"
-    (entry,) = ldcache.parse_ld_cache(_new_cache([(0x303, at, at)], longest))
+    (entry,) = ldcache.parse_ld_cache(_new_cache([(0x303, at, at + 2)], b"x\0" + longest))
     assert len(entry.value) == 4095
     with pytest.raises(ValueError, match="not terminated within 4096 bytes"):
-        ldcache.parse_ld_cache(_new_cache([(0x303, at, at)], b"/" + longest))
+        ldcache.parse_ld_cache(_new_cache([(0x303, at, at + 2)], b"x\0/" + longest))
 
 
 def test_a_cache_over_the_size_cap_is_refused_unread(tmp_path: Path) -> None:
@@ -395,3 +397,101 @@ def test_writer_keeps_the_host_caches_order() -> None:
         shuffled = list(real)
         rng.shuffle(shuffled)
         assert ldcache.parse_ld_cache(ldcache.build_ld_cache(shuffled)) == real
+
+
+# ---- hostile caches within the size cap: names of digit runs, overlapping tails --------------
+
+
+def digit_run_cache(size: int, name_len: int, strings: int, *, tagged: bool = False) -> bytes:
+    """A cache of at most `size` bytes with `strings` strings of "0a0a..." (`name_len` bytes),
+    an entry naming each even tail of each of them (the whole string as its path), repeated to
+    fill the file: every name a run of one-digit numbers. `tagged`: each string ends in three
+    letters of its own, and only the tails that hold them are names (all different)."""
+
+    def one(s: int) -> bytes:
+        if not tagged:
+            return b"0a" * (name_len // 2) + b"\0"
+        tag = bytes(0x41 + s // 40**i % 40 for i in range(3))
+        return b"0a" * (name_len // 2 - 2) + b"0" + tag + b"\0"
+
+    blob = b"".join(map(one, range(strings)))
+    n = (size - 48 - len(blob)) // 24
+    at = 48 + 24 * n
+    tails = range(0, name_len - 3 if tagged else name_len, 2)
+    keys = [at + s * (name_len + 1) + o for s in range(strings) for o in tails]
+    header = ldcache.MAGIC_NEW + struct.pack("<IIB3xI12x", n, len(blob), 2, 0)
+    rows = (
+        struct.pack("<iIIIQ", 0x303, k, at + (k - at) // (name_len + 1) * (name_len + 1), 0, 0)
+        for k in (keys[i % len(keys)] for i in range(n))
+    )
+    return header + b"".join(rows) + blob
+
+
+def test_a_name_longer_than_name_max_or_with_a_slash_is_refused() -> None:
+    # the review's cache: 4 MiB, two 4000-byte "0a0a..." strings, a name at every even tail
+    data = digit_run_cache(4 << 20, 4000, 2)
+    with python_lines(100_000), pytest.raises(ValueError, match="longer than 255 bytes"):
+        ldcache.parse_ld_cache(data)
+    at = 48 + 24
+    longest = b"l" * 255 + b"\0"
+    (entry,) = ldcache.parse_ld_cache(_new_cache([(0x303, at, at)], longest))
+    assert len(entry.key) == 255
+    with pytest.raises(ValueError, match="longer than 255 bytes"):
+        ldcache.parse_ld_cache(_new_cache([(0x303, at, at)], b"l" + longest))
+    with pytest.raises(ValueError, match="has a '/'"):
+        ldcache.parse_ld_cache(_new_cache([(0x303, at, at)], b"/lib/libx.so.1\0"))
+    # a path may be longer than a name, and hold slashes
+    path = b"/" + b"x" * 4000 + b"/libx.so.1\0"
+    entries = ldcache.parse_ld_cache(_new_cache([(0x303, at + len(path) - 10, at)], path))
+    assert [(e.key, len(e.value)) for e in entries] == [("libx.so.1", 4011)]
+
+
+@pytest.mark.parametrize("size", [1 << 20, 4 << 20], ids=["1MiB", "4MiB"])
+def test_names_of_digit_runs_cost_work_per_name_not_per_digit(size: int) -> None:
+    # the review's shape within the name limit: 254-byte names of up to 127 one-digit numbers
+    # (8000 runs of digits for 255 bytes of file), as many as the limit on runs admits
+    strings = size // 16 // 8100
+    data = digit_run_cache(size, 254, strings, tagged=True)
+    names = 126 * strings
+    tracemalloc.start()
+    try:
+        with python_lines(50 * (size // 24 + names)) as lines:
+            entries = ldcache.parse_ld_cache(data)
+            parsed = tracemalloc.get_traced_memory()[1]
+            tracemalloc.reset_peak()
+            out = ldcache.build_ld_cache(list(entries))
+        built = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    distinct = sorted({e.key for e in entries})
+    assert len(distinct) == names
+    assert lines[0] > len(entries)
+    assert parsed < 16 * len(data) and built < 16 * len(data)
+    assert len(out) <= len(data) + 4096  # strings that are tails of others are written once
+    assert ldcache.parse_ld_cache(out) == tuple(
+        sorted(entries, key=lambda e: ldcache.sort_key(e.key), reverse=True)
+    )
+    with python_lines(20 * names):  # ~3 per digit run: 190 a name of these
+        for name in distinct:
+            ldcache.sort_key(name)
+    with pytest.raises(ValueError, match="runs of digits"):
+        ldcache.parse_ld_cache(digit_run_cache(size, 254, 2 * strings + 1, tagged=True))
+
+
+def test_a_refused_cache_is_left_as_it_is_for_the_hosts_ldconfig(tmp_path: Path) -> None:
+    # what the shim and gpuctk-hook do with the image's cache: a ValueError, nothing written
+    # (they then leave the cache to the host's confined ldconfig, with one warning line)
+    from gpuctk import rootfs
+
+    (tmp_path / "etc").mkdir()
+    data = digit_run_cache(4 << 20, 4000, 2)
+    (tmp_path / "etc/ld.so.cache").write_bytes(data)
+    fd = rootfs.open_root(str(tmp_path))
+    try:
+        old = hook_ldmerge.read_image_cache(fd)
+        assert old == data
+        with python_lines(100_000), pytest.raises(ValueError, match="longer than 255 bytes"):
+            hook_ldmerge.write_cache(fd, old, [])
+    finally:
+        os.close(fd)
+    assert (tmp_path / "etc/ld.so.cache").read_bytes() == data
