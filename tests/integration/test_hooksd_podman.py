@@ -107,15 +107,23 @@ def podman(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> Itera
         yield pm
 
 
-def mountinfo() -> list[str]:
+CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def mountinfo(base: Path) -> list[str]:
+    """The host's mounts that involve this checkout or this run's pytest folder `base` (a
+    leaked bind shows there, by its source or its target; podman's own storage is there
+    too); other processes may mount elsewhere meanwhile."""
+    ours = (f" {CHECKOUT}/", f" {base}/")
     with open("/proc/self/mountinfo") as f:
-        return sorted(f.read().splitlines())
+        return sorted(line for line in f.read().splitlines() if any(o in line for o in ours))
 
 
 def run(podman: Podman, stage: str, env: list[str]) -> subprocess.CompletedProcess[str]:
-    before = mountinfo()
+    base = podman.log.parent.parent  # the work folder's parent: this run's pytest folder
+    before = mountinfo(base)
     done = podman.run(stage, env)
-    assert mountinfo() == before
+    assert mountinfo(base) == before
     return done
 
 
