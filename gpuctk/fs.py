@@ -328,6 +328,49 @@ def private_folder(path: str, *, create: bool = False) -> bool:
     return True
 
 
+def lock_temp(fd: int) -> None:
+    """Hold an exclusive lock on a temp file's descriptor while it is written: the kernel
+    drops it when the writer dies, so sweep_dead_temps can tell a killed writer's leftover
+    from a live writer's file (no pid numbers)."""
+    import fcntl
+
+    try:  # noqa: SIM105 - contextlib would cost the create path an import
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        pass
+
+
+def sweep_dead_temps(dir_fd: int, prefix: str, suffix: str = "") -> None:
+    """Unlink the files named `prefix`...`suffix` in the folder `dir_fd` that no live writer
+    holds locked (lock_temp): what a writer killed between creating its temp file and renaming
+    it left. At most 64 are looked at; errors are ignored (a sweep is housekeeping)."""
+    import fcntl
+
+    try:
+        lfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        names = [n for n in os.listdir(lfd) if n.startswith(prefix) and n.endswith(suffix)]
+    except OSError:
+        names = []
+    finally:
+        os.close(lfd)
+    for name in names[:64]:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=dir_fd)  # fmt: skip
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(name, dir_fd=dir_fd)
+        except OSError:
+            pass  # locked: its writer is alive
+        finally:
+            os.close(fd)
+
+
 def atomic_write(
     path: str,
     data: bytes,
@@ -337,6 +380,7 @@ def atomic_write(
     uid: int = -1,
     gid: int = -1,
     dir_fd: int | None = None,
+    sweep: bool = False,
 ) -> None:
     """Write `data` to `path` atomically: temp file in the same folder, fsync, rename.
 
@@ -350,7 +394,10 @@ def atomic_write(
     symlink swapped in at `path` after the rename is never followed). Where this process may
     not give files away (EPERM: not root), the file stays its writer's. `dir_fd`: the folder,
     already opened and checked (open_trusted_dir, open_private_dir); `path`'s last component
-    is then the name in it, and `path` is used in messages only.
+    is then the name in it, and `path` is used in messages only. `sweep` (with `dir_fd`): the
+    temp file is locked while written, and after the rename the temp files of writers killed
+    before their rename are removed (sweep_dead_temps): for shared folders such as the state
+    folder, where nothing else would ever remove them.
     """
     base = os.path.basename(path)
     if dir_fd is None:
@@ -370,7 +417,11 @@ def atomic_write(
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
     except OSError as exc:
-        raise OutputError(f"cannot write {path}: {exc.strerror} (check permissions)") from exc
+        hint = " (check permissions)" if exc.errno in (errno.EACCES, errno.EPERM) else ""
+        reason = "no space left on device" if exc.errno == errno.ENOSPC else exc.strerror
+        raise OutputError(f"cannot write {path}: {reason}{hint}") from exc
+    if sweep and dir_fd is not None:
+        lock_temp(fd)
     try:
         try:
             if uid != -1 or gid != -1:
@@ -385,9 +436,9 @@ def atomic_write(
                 view = view[written:]
             if durable:
                 os.fsync(fd)
+            os.rename(tmp, dest, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # still locked (sweep)
         finally:
             os.close(fd)
-        os.rename(tmp, dest, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except OSError as exc:
         try:  # noqa: SIM105 - contextlib would cost the create path an import
             os.unlink(tmp, dir_fd=dir_fd)
@@ -397,6 +448,8 @@ def atomic_write(
         if exc.errno == errno.ENOSPC:
             reason = "no space left on device"
         raise OutputError(f"cannot write {path}: {reason}") from exc
+    if sweep and dir_fd is not None:
+        sweep_dead_temps(dir_fd, f".{base}.", ".tmp")
     if not durable:
         return
     try:
@@ -469,7 +522,7 @@ def save_private_marshal(folder: str, path: str, doc: dict[str, Any], limit: int
     except (GpuctkError, OSError):
         return False
     try:
-        atomic_write(path, data, mode=0o600, durable=False, dir_fd=dir_fd)
+        atomic_write(path, data, mode=0o600, durable=False, dir_fd=dir_fd, sweep=True)
     except OutputError:
         return False
     finally:

@@ -23,6 +23,7 @@ import struct
 
 from gpuctk import libc
 from gpuctk.errors import GpuctkError
+from gpuctk.fs import lock_temp, sweep_dead_temps
 
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
@@ -281,8 +282,12 @@ def _parent(root_fd: int, path: str, parents: bool) -> tuple[int, str]:
     return _own_mount(root_fd, pfd, dirname), name
 
 
+def _tmpprefix(name: str) -> str:
+    return f".{name[:200]}.gpuctk-"
+
+
 def _tmpname(name: str) -> str:
-    return f".{name[:200]}.gpuctk-{os.getpid()}-{os.urandom(4).hex()}"
+    return f"{_tmpprefix(name)}{os.getpid()}-{os.urandom(4).hex()}"
 
 
 def write_file_in_root(
@@ -296,13 +301,15 @@ def write_file_in_root(
             tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, mode, dir_fd=pfd
         )
         try:
+            lock_temp(fd)  # so that a later write tells this file from a killed writer's
             os.fchmod(fd, mode)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
+            os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
         finally:
             os.close(fd)
-        os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
+        sweep_dead_temps(pfd, _tmpprefix(name))  # what a create killed before its rename left
     except OSError as exc:
         try:  # noqa: SIM105 - contextlib would cost the create path an import
             os.unlink(tmp, dir_fd=pfd)

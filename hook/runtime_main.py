@@ -348,7 +348,9 @@ def remember_runtime(
                 os.close(fd)
         except OSError:
             pass
-        atomic_write(f"{folder}/runtime", text, mode=0o644, durable=False, dir_fd=dir_fd)
+        atomic_write(
+            f"{folder}/runtime", text, mode=0o644, durable=False, dir_fd=dir_fd, sweep=True
+        )
     except GpuctkError:
         return False
     finally:

@@ -453,15 +453,6 @@ def test_sigkill_at_each_write_of_a_create(
         retry(h, c)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=KnownBug,
-    reason="gpuctk.fs.atomic_write and gpuctk.rootfs.write_file_in_root leave their temporary "
-    "file when the process is killed between creating it and renaming it into place, and "
-    "nothing removes it later: each killed create can leave a .runtime, .specs.cache or "
-    ".plans.cache temporary (up to 32 MiB) in the state folder (/run/gpuctk, a tmpfs) and "
-    "one in the container's /etc",
-)
 def test_killed_creates_leave_no_temporary_file_outside_the_bundle(
     host: Callable[..., Host], fresh_rootfs: Callable[[str], Path], tmp_path: Path
 ) -> None:
@@ -624,17 +615,7 @@ def test_a_full_or_read_only_state_folder_does_not_fail_a_create(
     "fill",
     [
         fill_blocks,
-        pytest.param(
-            fill_inodes,
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=KnownBug,
-                reason="gpuctk.fs.atomic_write words every failure to create its temporary "
-                "file as '<strerror> (check permissions)': with no inode left the one line "
-                "reads 'No space left on device (check permissions)' (its later ENOSPC, on "
-                "write, says 'no space left on device' alone)",
-            ),
-        ),
+        fill_inodes,
     ],
     ids=["no blocks", "no inodes"],
 )
