@@ -14,24 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from secworld import run_tool
-from test_local_user import GPU_SPEC, Node, User, local_user
+from test_local_user import GPU_SPEC, Node, local_user, node
 
-__all__ = ["local_user"]
-
-
-@pytest.fixture
-def node(local_user: User, bindir: Path) -> Iterator[Node]:
-    n = Node(local_user, bindir)
-    try:
-        yield n
-    finally:
-        n.close()
+__all__ = ["local_user", "node"]
 
 
 @pytest.fixture
