@@ -4,10 +4,12 @@ What a container gets for a request depends only on the request and the CDI spec
 `NVIDIA_VISIBLE_DEVICES=0` on the same spec files always resolves to the same merged edits, the
 same notes and the same in-root preparation (the hook's links and folders, the SONAME of each
 injected library from its ELF header). gpuctk-runtime resolves a request once, in full, and keeps
-the result (a "plan") in `$GPUCTK_STATE_DIR/plans.cache` (default /run/gpuctk, a tmpfs), in
-`marshal` format. The next create with the same request takes the plan, after a few stat calls,
-instead of importing and running the registry, the capability filter, the merge, the hook
-argument parser and the ELF reader (~4-5 ms of a ~16 ms create here).
+the result (a "plan") in `$GPUCTK_STATE_DIR/plans/` (default /run/gpuctk, a tmpfs), one
+`marshal` file per request, so that creates running at once each add their own plan and none
+overwrites another's (at most MAX_PLANS files: a write past that removes the oldest). The next
+create with the same request takes the plan, after a few stat calls, instead of importing and
+running the registry, the capability filter, the merge, the hook argument parser and the ELF
+reader (~4-5 ms of a ~16 ms create here).
 
 A plan is keyed on the request as gpuctk.hook.requests read it (kind, device names or driver
 only), the raw NVIDIA_DRIVER_CAPABILITIES value and the NVIDIA_REQUIRE_* requirements that
@@ -26,6 +28,8 @@ Failures are never remembered: a request that does not resolve, or whose require
 goes through the full path every time and fails there with its message. The per-container work
 stays per container: the request itself, the in-root checks (musl loader, an image file where a
 link would go, the image's ld cache) and every write.
+
+A plan file holds its key (the file name is only a checksum of it) and its world.
 
 Trust: read only from a folder owned by this uid that nobody else can write, up to /
 (gpuctk.fs.open_private_dir), through its descriptor, and only a file owned by this uid that is
@@ -48,10 +52,10 @@ if TYPE_CHECKING:
 
     from gpuctk.hook.requests import Request
 
-FILE_NAME = "plans.cache"
-FORMAT = "gpuctk-plans-1"
-MAX_BYTES = 8 << 20
-MAX_PLANS = 32
+FOLDER_NAME = "plans"
+FORMAT = "gpuctk-plan-2"
+MAX_BYTES = 1 << 20  # one plan
+MAX_PLANS = 64
 CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"  # as gpuctk.hook.drivercaps.ENV
 
 
@@ -78,17 +82,21 @@ def key_of(req: Request, env: Mapping[str, str]) -> tuple[Any, ...]:
     return (req.kind, req.driver_only, req.devices, env.get(CAPS_ENV), reqs)
 
 
+def file_name(key: tuple[Any, ...]) -> str:
+    """The name of the plan file for `key`: a checksum of its repr (builtin types only, so
+    the same in every process). Two keys with one name share a file; the key inside tells."""
+    from zlib import crc32
+
+    return f"{crc32(repr(key).encode()):08x}.plan"
+
+
 class Plans:
     """The remembered plans of one state folder, for one list of spec dirs."""
 
-    def __init__(self, folder: str, spec_dirs: Sequence[str]) -> None:
-        self.folder = folder
-        self.path = os.path.join(folder, FILE_NAME)
+    def __init__(self, state: str, spec_dirs: Sequence[str]) -> None:
+        self.state = state
+        self.path = os.path.join(state, FOLDER_NAME)
         self.spec_dirs = tuple(spec_dirs)
-        self.world: tuple[Any, ...] | None = None
-        self.plans: dict[tuple[Any, ...], dict[str, Any]] = {}
-        self._current: bool | None = None
-        self._load()
 
     @classmethod
     def for_this_process(
@@ -101,16 +109,6 @@ class Plans:
         if env.get("GPUCTK_SPEC_CACHE", "1") == "0":
             return None
         return cls(env.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR, spec_dirs)
-
-    def _load(self) -> None:
-        from gpuctk.fs import load_private_marshal
-
-        doc = load_private_marshal(self.folder, self.path, MAX_BYTES, FORMAT)
-        if doc is None:
-            return
-        world, plans = doc.get("world"), doc.get("plans")
-        if isinstance(world, tuple) and isinstance(plans, dict):
-            self.world, self.plans = world, plans
 
     def snapshot(self) -> tuple[Any, ...] | None:
         """The world as it is now: this module, each spec dir and each spec file listed in it,
@@ -136,27 +134,31 @@ class Plans:
                 return None
         return (code, self.spec_dirs, tuple(dirs), tuple(files))
 
-    def _still_current(self) -> bool:
-        """Whether the stored world still holds: only stat calls, no listing (a dir's own
+    def _holds(self, world: object) -> bool:
+        """Whether a stored world still holds: only stat calls, no listing (a dir's own
         identity changes with its entries)."""
-        if self._current is None:
-            world = self.world
-            try:
-                self._current = (
-                    world is not None
-                    and len(world) == 4
-                    and world[1] == self.spec_dirs
-                    and world[0] == _identity(__file__)
-                    and all(_identity(p) == ident for p, ident in (*world[2], *world[3]))
-                )
-            except OSError:  # a dir or file that cannot be looked at: not the world it was
-                self._current = False
-        return self._current
+        try:
+            return (
+                isinstance(world, tuple)
+                and len(world) == 4
+                and world[1] == self.spec_dirs
+                and world[0] == _identity(__file__)
+                and all(_identity(p) == ident for p, ident in (*world[2], *world[3]))
+            )
+        except (OSError, TypeError, ValueError):  # cannot be looked at, or not a world
+            return False
 
     def get(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
         """The plan for `key`, if one was remembered in the world that still holds."""
-        plan = self.plans.get(key)
-        if plan is None or not isinstance(plan, dict) or not self._still_current():
+        from gpuctk.fs import load_private_marshal
+
+        doc = load_private_marshal(
+            self.path, os.path.join(self.path, file_name(key)), MAX_BYTES, FORMAT
+        )
+        if doc is None or doc.get("key") != key:
+            return None
+        plan = doc.get("plan")
+        if not isinstance(plan, dict) or not self._holds(doc.get("world")):
             return None
         return plan
 
@@ -165,16 +167,43 @@ class Plans:
     ) -> bool:
         """Remember `plan` if the world `before` the resolution is the world after it; True
         if written."""
+        from gpuctk.fs import private_folder, save_private_marshal
+
         if before is None or self.snapshot() != before:
             return False
-        if self.world != before or not self._still_current():
-            self.plans = {}
-        self.world, self._current = before, True
-        self.plans.pop(key, None)
-        self.plans[key] = plan
-        while len(self.plans) > MAX_PLANS:
-            del self.plans[next(iter(self.plans))]
-        from gpuctk.fs import save_private_marshal
+        if not private_folder(self.state, create=True):
+            return False
+        doc = {"format": FORMAT, "key": key, "world": before, "plan": plan}
+        name = file_name(key)
+        if not save_private_marshal(self.path, os.path.join(self.path, name), doc, MAX_BYTES):
+            return False
+        self._evict(name)
+        return True
 
-        doc = {"format": FORMAT, "world": self.world, "plans": self.plans}
-        return save_private_marshal(self.folder, self.path, doc, MAX_BYTES)
+    def _evict(self, keep: str) -> None:
+        """Remove the oldest plan files past MAX_PLANS (never `keep`). Errors are ignored:
+        creates at once may evict the same file, and a lost plan is only resolved again."""
+        from gpuctk.errors import GpuctkError
+        from gpuctk.fs import open_private_dir
+
+        try:
+            dir_fd = open_private_dir(self.path)
+        except (GpuctkError, OSError):
+            return
+        try:
+            lfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+            try:
+                names = [n for n in os.listdir(lfd) if n.endswith(".plan") and n != keep]
+            finally:
+                os.close(lfd)
+            aged = []
+            if len(names) >= MAX_PLANS:
+                for n in names:
+                    st = os.stat(n, dir_fd=dir_fd, follow_symlinks=False)
+                    aged.append((st.st_mtime_ns, n))
+            for _, n in sorted(aged)[: len(aged) - MAX_PLANS + 1]:
+                os.unlink(n, dir_fd=dir_fd)
+        except OSError:
+            pass
+        finally:
+            os.close(dir_fd)

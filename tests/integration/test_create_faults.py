@@ -57,7 +57,8 @@ pytestmark = pytest.mark.integration
 
 BURST = 32
 HOST_PATH = PATH_ENV.partition("=")[2]
-STATE_FILES = {"runtime", "plans.cache", "specs.cache"}  # what the shim keeps there
+STATE_FILES = {"runtime", "plans", "specs.cache"}  # what the shim keeps there
+PLAN_FILE = re.compile(r"^[0-9a-f]{8}\.plan$")  # in plans/: gpuctk.hook.plans.file_name
 WAIT = 120  # seconds any one runtime call or container may take before the test gives up
 NVIDIA_MAJOR = 195
 
@@ -279,6 +280,10 @@ def test_a_burst_through_a_warm_state_folder(
     for c in containers[:4]:
         check_nodes(h.start_and_collect(c), gpu_nodes(node32, c.index))
     assert set(os.listdir(h.state)) == STATE_FILES  # no temporary file left by a writer
+    plans = os.listdir(h.state / "plans")
+    assert all(PLAN_FILE.match(name) for name in plans), plans
+    # each create resolved its own request (one per GPU) and kept its plan: none lost
+    assert len(plan_keys(h.state)) == BURST, sorted(k[2] for k in plan_keys(h.state))
 
 
 # --- SIGKILL -------------------------------------------------------------------------------
@@ -310,6 +315,12 @@ def check_after_kill(h: Host, c: Container, original: bytes) -> list[str]:
             match = FS_TMP.match(name)
             assert match and match["name"] in STATE_FILES, name
             temps.append(f"state/{name}")
+    plans = h.state / "plans"
+    for name in os.listdir(plans) if plans.exists() else ():
+        if not PLAN_FILE.match(name):
+            match = FS_TMP.match(name)
+            assert match and PLAN_FILE.match(match["name"]), name
+            temps.append(f"state/plans/{name}")
     etc = c.rootfs / "etc"
     read_ld_cache(str(etc / "ld.so.cache"))  # whole: parses (ValueError otherwise)
     conf = etc / "ld.so.conf.d" / "00-gpuctk.conf"
@@ -490,24 +501,22 @@ def text_of(path: Path) -> str:
 
 
 def plan_keys(state: Path) -> set[Any]:
-    """The requests whose plans the state folder's plans.cache holds (gpuctk.hook.plans)."""
-    return set(marshal.loads((state / "plans.cache").read_bytes())["plans"])
+    """The requests whose plans the state folder holds (gpuctk.hook.plans: plans/, a file
+    each)."""
+    folder = state / "plans"
+    return {
+        marshal.loads((folder / name).read_bytes())["key"]
+        for name in os.listdir(folder)
+        if PLAN_FILE.match(name)
+    }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=KnownBug,
-    reason="gpuctk.hook.plans.Plans.offer writes the plans it loaded at the start of the "
-    "create plus its own, with no lock and no merge with the file as it is at write time: "
-    "of creates that overlap, the last to write wins and the plans of the others are lost "
-    "(32 creates at once, each for its own GPU, leave about 6 plans of 32; every burst "
-    "resolves most requests again)",
-)
 def test_overlapping_creates_keep_each_others_plans(
     host: Callable[..., Host], fresh_rootfs: Callable[[str], Path], tmp_path: Path
 ) -> None:
     """Deterministic: create A stops (SIGSTOP through strace) just after creating the
-    temporary file of its plans.cache, create B runs to its end, then A goes on."""
+    temporary file of its plan, create B runs to its end, then A goes on; both plans are
+    kept (one file per request: neither write replaces the other's)."""
     tracer = strace()
     h = host()
     settled(Path(h.node.spec_dir))
@@ -518,10 +527,10 @@ def test_overlapping_creates_keep_each_others_plans(
     fchmods = 0
     for line in probe.file("trace").read_text().splitlines():
         fchmods += line.startswith("fchmod(")
-        if "plans.cache" in line:
+        if re.search(r'[0-9a-f]{8}\.plan"', line):  # the rename of its plan into place
             break
     else:
-        raise AssertionError("the probe wrote no plans.cache")
+        raise AssertionError("the probe wrote no plan")
     before = plan_keys(h.state)
     a, b = h.container(fresh_rootfs("debian"), 2), h.container(fresh_rootfs("debian"), 4)
     argv = [tracer, "-qq", "-o", str(a.file("trace")), "-e", f"trace={WRITE_CALLS}"]
@@ -543,7 +552,7 @@ def test_overlapping_creates_keep_each_others_plans(
     finally:
         killed(proc)
     new = plan_keys(h.state) - before
-    known_bug(len(new) == 2, f"of the plans of A and B, only {new} in plans.cache")
+    assert len(new) == 2, f"of the plans of A and B, only {new} in plans/"
 
 
 # --- a full or read-only state folder, a full bundle folder ---------------------------------

@@ -44,6 +44,11 @@ class PlanEnv(Env):
         return REUSED in self.debug_log.read_text()
 
 
+def plan_files(penv: PlanEnv) -> list[Path]:
+    folder = penv.state / "plans"
+    return sorted(folder.iterdir()) if folder.exists() else []
+
+
 def settle() -> None:
     time.sleep(speccache.SETTLE_NS / 1e9 + 0.1)
 
@@ -57,8 +62,9 @@ def test_second_create_takes_the_plan_with_the_same_result(penv: PlanEnv) -> Non
     settle()
     first = penv.create_with("NVIDIA_VISIBLE_DEVICES=0")
     assert not penv.reused()
-    assert (penv.state / "plans.cache").is_file()
-    assert (penv.state / "plans.cache").stat().st_mode & 0o777 == 0o600
+    (plan,) = plan_files(penv)
+    assert plan.stat().st_mode & 0o777 == 0o600
+    assert (penv.state / "plans").stat().st_mode & 0o777 == 0o700
     second = penv.create_with("NVIDIA_VISIBLE_DEVICES=0")
     assert penv.reused()
     assert second == first
@@ -109,7 +115,7 @@ def test_unsettled_specs_are_not_remembered(penv: PlanEnv) -> None:
     for _ in range(2):  # specs written just now: each create resolves in full
         penv.create_with("NVIDIA_VISIBLE_DEVICES=0")
         assert not penv.reused()
-    assert not (penv.state / "plans.cache").exists()
+    assert not plan_files(penv)
 
 
 def test_failures_are_not_remembered(penv: PlanEnv) -> None:
@@ -119,7 +125,7 @@ def test_failures_are_not_remembered(penv: PlanEnv) -> None:
         proc = penv.create()
         assert proc.returncode == 1 and "nvidia.com/gpu=7" in proc.stderr
         assert not (penv.record / "argv").exists()
-    assert not (penv.state / "plans.cache").exists()
+    assert not plan_files(penv)
 
 
 def test_unmet_requirement_fails_every_time(penv: PlanEnv) -> None:
@@ -139,7 +145,7 @@ def test_unmet_requirement_fails_every_time(penv: PlanEnv) -> None:
 def test_a_cache_others_could_write_is_ignored(penv: PlanEnv, change: str) -> None:
     settle()
     penv.create_with("NVIDIA_VISIBLE_DEVICES=0")
-    cache = penv.state / "plans.cache"
+    (cache,) = plan_files(penv)
     if change == "foreign owner":
         os.chown(cache, os.geteuid() + 1000, -1)
     else:
@@ -154,9 +160,11 @@ def test_a_stale_plan_file_is_never_used(penv: PlanEnv, tmp_path: Path) -> None:
     penv.create_with("NVIDIA_VISIBLE_DEVICES=0")
     other = PlanEnv(tmp_path / "other") if (tmp_path / "other").mkdir() is None else None
     assert other is not None
-    other.state.mkdir(mode=0o700)
-    (other.state / "plans.cache").write_bytes((penv.state / "plans.cache").read_bytes())
-    (other.state / "plans.cache").chmod(0o600)
+    (other.state / "plans").mkdir(mode=0o700, parents=True)
+    other.state.chmod(0o700)
+    (plan,) = plan_files(penv)
+    (other.state / "plans" / plan.name).write_bytes(plan.read_bytes())
+    (other.state / "plans" / plan.name).chmod(0o600)
     other.create_with("NVIDIA_VISIBLE_DEVICES=0")
     assert not other.reused()
 
@@ -164,7 +172,7 @@ def test_a_stale_plan_file_is_never_used(penv: PlanEnv, tmp_path: Path) -> None:
 def test_spec_cache_switch_turns_plans_off(tmp_path: Path) -> None:
     assert plans_mod.Plans.for_this_process(["/etc/cdi"], {"GPUCTK_SPEC_CACHE": "0"}) is None
     got = plans_mod.Plans.for_this_process(["/x"], {"GPUCTK_STATE_DIR": str(tmp_path)})
-    assert got is not None and got.path == str(tmp_path / "plans.cache")
+    assert got is not None and got.path == str(tmp_path / "plans")
 
 
 def test_snapshot_is_none_until_settled(tmp_path: Path) -> None:
@@ -221,3 +229,38 @@ def test_a_spec_path_that_cannot_be_looked_at_means_no_world(tmp_path: Path) -> 
     again = plans_mod.Plans(str(state), [str(specs)])
     assert again.get(("k",)) is None  # not an internal error on the create path
     assert again.snapshot() is None
+
+
+def test_plans_past_the_bound_evict_the_oldest(tmp_path: Path) -> None:
+    specs = tmp_path / "cdi"
+    specs.mkdir()
+    (specs / "a.json").write_text("{}")
+    state = tmp_path / "state"
+    settle()
+    p = plans_mod.Plans(str(state), [str(specs)])
+    world = p.snapshot()
+    total = plans_mod.MAX_PLANS + 5
+    for n in range(total):
+        assert p.offer(("k", n), world, {"n": n})
+        # distinct mtimes on a coarse clock
+        os.utime(state / "plans" / plans_mod.file_name(("k", n)), ns=(n, n + 1))
+    names = os.listdir(state / "plans")
+    assert len(names) == plans_mod.MAX_PLANS
+    kept = {n for n in range(total) if p.get(("k", n)) == {"n": n}}
+    assert kept == set(range(total - plans_mod.MAX_PLANS, total))
+
+
+def test_a_plan_file_holding_another_key_is_not_used(tmp_path: Path) -> None:
+    """Two keys whose file names collide: the key inside the file tells them apart."""
+    specs = tmp_path / "cdi"
+    specs.mkdir()
+    (specs / "a.json").write_text("{}")
+    state = tmp_path / "state"
+    settle()
+    p = plans_mod.Plans(str(state), [str(specs)])
+    assert p.offer(("a",), p.snapshot(), {"edits": {}})
+    os.rename(
+        state / "plans" / plans_mod.file_name(("a",)),
+        state / "plans" / plans_mod.file_name(("b",)),
+    )
+    assert p.get(("b",)) is None and p.get(("a",)) is None
