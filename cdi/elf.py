@@ -154,9 +154,12 @@ def _file_offset(vaddr: int, loads: list[tuple[int, int, int]]) -> int | None:
 
 
 def read_elf(path: str) -> ElfInfo:
-    """Parse the ELF file at `path`. OSError if it cannot be opened, ValueError if malformed."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    """Parse the ELF file at `path`. OSError if it cannot be opened, ValueError if malformed
+    or not a regular file (a FIFO or device swapped in is opened without blocking, never read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
+        if (os.fstat(fd).st_mode & 0o170000) != 0o100000:
+            raise ValueError(f"{path} is not a regular file")
         return read_elf_fd(fd)
     finally:
         os.close(fd)

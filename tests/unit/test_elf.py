@@ -161,3 +161,12 @@ def test_hypothesis_garbage(tmp_path: Path, data: bytes, prefix: bytes) -> None:
     path.write_bytes(prefix + data)
     with contextlib.suppress(ValueError):
         elf.read_elf(str(path))
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    """A FIFO where a library was (swapped in after a stat) is never waited on: no writer
+    ever opens it, so a blocking open or read would hang the caller."""
+    fifo = tmp_path / "libfake.so.1"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError, match="not a regular file"):
+        elf.read_elf(str(fifo))
