@@ -10,7 +10,7 @@ node's /etc). Host paths always name the final real file, so a bind mount never 
 symlink on the node.
 
 Every host path recorded, and every symlink followed on the way to one, must be one that root
-alone can have made (gpuctk.cdi.apply.source_problem, the gpuctk.fs trusted-path rules): a
+alone can have made (gpuctk.cdi.hostpaths.source_problem, the gpuctk.fs trusted-path rules): a
 symlink is followed only out of a folder nobody else can write, and a file, folder or socket
 whose owner is another account, that others can write, or that sits below a folder others can
 write or rename, is left out with one warning naming it and the fix. runc follows links in a
@@ -32,7 +32,6 @@ import stat
 
 from gpuctk import log
 from gpuctk.cdi import capabilities as caps
-from gpuctk.cdi.apply import close_folders, folder_fd, source_problem
 from gpuctk.cdi.devnodes import NodeInfo, control_nodes, gpu_nodes, mig_nodes, parse_mig_minors
 from gpuctk.cdi.driverpaths import (
     BINARIES,
@@ -48,6 +47,7 @@ from gpuctk.cdi.driverpaths import (
     is_driver_library_name,
 )
 from gpuctk.cdi.elf import elf_info
+from gpuctk.cdi.hostpaths import close_folders, folder_fd, source_problem
 from gpuctk.cdi.ldcache import read_ld_cache
 from gpuctk.errors import InputError
 from gpuctk.records import record
@@ -104,7 +104,7 @@ class _Root:
     def __init__(self, root: str) -> None:
         self.prefix = "" if root == "/" else root.rstrip("/")
         self._memo: dict[str, str | None] = {}
-        self._folders: dict[str, int] = {}  # trusted folders (gpuctk.cdi.apply.source_problem)
+        self._folders: dict[str, int] = {}  # trusted folders (gpuctk.cdi.hostpaths.source_problem)
         self.left_out: dict[str, str] = {}  # host path -> why it is not recorded
 
     def close(self) -> None:

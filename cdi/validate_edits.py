@@ -28,11 +28,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-HOOK_NAMES = frozenset(
-    {"prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"}
-)
-NODE_TYPES = frozenset({"", "b", "c", "u", "p"})
-_BIND_TYPES = frozenset({"", "bind", "rbind", "none"})
+from gpuctk.cdi.apply import BIND_TYPES, NO_PERMISSIONS, NODE_TYPES
+from gpuctk.cdi.apply import HOOK_STAGES as HOOK_NAMES
+
 _SPACE = frozenset(" \t\n\r\v\f")
 
 
@@ -107,14 +105,14 @@ def _node_problems(node: dict[str, Any], at: str, out: list[str]) -> None:
     if mode is not None and not 0 <= mode <= 0o7777:
         out.append(f"{at}.fileMode: {mode} is not a permission mode (0..0o7777)")
     perms = _str(node, "permissions")
-    if perms and perms != "none" and not set(perms) <= set("rwm"):
+    if perms and perms != NO_PERMISSIONS and not set(perms) <= set("rwm"):
         out.append(f"{at}.permissions: {perms!r} must combine r, w and m (or be 'none')")
 
 
 def _mount_problems(mount: dict[str, Any], at: str, out: list[str]) -> None:
     type_ = _str(mount, "type") or ""
     options = mount.get("options")
-    is_bind = type_ in _BIND_TYPES or (
+    is_bind = type_ in BIND_TYPES or (
         isinstance(options, list) and ("bind" in options or "rbind" in options)
     )
     _path_problem(_str(mount, "hostPath"), f"{at}.hostPath", out, absolute=is_bind)
