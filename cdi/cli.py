@@ -247,8 +247,8 @@ def generate(
     from gpuctk.cdi import discover
     from gpuctk.cdi.generate import build_spec, check_options, without_drm
     from gpuctk.cdi.names import class_name_problem, vendor_name_problem
-    from gpuctk.fs import atomic_write
     from gpuctk.records import replace
+    from gpuctk.writes import atomic_write
 
     for check, value, flag in (
         (vendor_name_problem, vendor, "--vendor"),

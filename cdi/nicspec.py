@@ -219,7 +219,7 @@ class NicOutput:
     def emit(self) -> None:
         import sys
 
-        from gpuctk.fs import atomic_write
+        from gpuctk.writes import atomic_write
 
         if self.path:
             atomic_write(self.path, self.data, 0o644)

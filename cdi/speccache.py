@@ -62,7 +62,7 @@ class SpecCache:
         return cls(env.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
 
     def _load(self) -> None:
-        from gpuctk.fs import load_private_marshal
+        from gpuctk.writes import load_private_marshal
 
         doc = load_private_marshal(self.folder, self.path, MAX_BYTES, FORMAT)
         if doc is None:
@@ -108,7 +108,7 @@ class SpecCache:
         }
         if len(keep) > MAX_ENTRIES:
             keep = {p: e for p, e in keep.items() if p in self.used}
-        from gpuctk.fs import save_private_marshal
+        from gpuctk.writes import save_private_marshal
 
         if not save_private_marshal(
             self.folder, self.path, {"format": FORMAT, "entries": keep}, MAX_BYTES

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from gpuctk.errors import InputError, OutputError
-from gpuctk.fs import atomic_write
+from gpuctk.writes import atomic_write
 
 MARKER = ".gpuctk-install.json"  # in the copied prefix: it is gpuctk's, and its digest
 LAUNCHER_MARK = b"# gpuctk launcher"  # a line every gpuctk.launchers script carries

@@ -2,7 +2,7 @@
 
 Every command first computes its whole plan from what is on disk (no writes), so that a bad input
 is reported before anything changes. `apply` then checks that every target can be written, writes
-each file atomically (gpuctk.fs.atomic_write), and if a later step still fails it puts back what
+each file atomically (gpuctk.writes.atomic_write), and if a later step still fails it puts back what
 the earlier steps changed, so that an error leaves the disk as it was.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gpuctk.errors import OutputError
-from gpuctk.fs import atomic_write
+from gpuctk.writes import atomic_write
 
 
 @dataclass(frozen=True)
@@ -42,12 +42,6 @@ class Plan:
     def effective(self) -> tuple[FileChange, ...]:
         """Only the changes that differ from what is on disk now."""
         return tuple(c for c in self.changes if _current(c.path) != c.data)
-
-    def change_for(self, path: str) -> FileChange | None:
-        for change in self.changes:
-            if change.path == path:
-                return change
-        return None
 
 
 def _current(path: str) -> bytes | None:

@@ -243,7 +243,7 @@ exec {python} -IS -c "$pycode" "$0" "$@"
 
 def write_launchers(bindir: str, python: str | None = None) -> list[str]:
     """Write every launcher into `bindir` (mode 0755, atomically); returns their paths."""
-    from gpuctk.fs import atomic_write
+    from gpuctk.writes import atomic_write
 
     interpreter = python or sys.executable
     paths = []

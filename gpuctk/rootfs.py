@@ -23,7 +23,7 @@ import struct
 
 from gpuctk import libc
 from gpuctk.errors import GpuctkError
-from gpuctk.fs import lock_temp, sweep_dead_temps
+from gpuctk.writes import lock_temp, sweep_dead_temps
 
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10

@@ -150,7 +150,7 @@ class Plans:
 
     def get(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
         """The plan for `key`, if one was remembered in the world that still holds."""
-        from gpuctk.fs import load_private_marshal
+        from gpuctk.writes import load_private_marshal
 
         doc = load_private_marshal(
             self.path, os.path.join(self.path, file_name(key)), MAX_BYTES, FORMAT
@@ -167,7 +167,8 @@ class Plans:
     ) -> bool:
         """Remember `plan` if the world `before` the resolution is the world after it; True
         if written."""
-        from gpuctk.fs import private_folder, save_private_marshal
+        from gpuctk.fs import private_folder
+        from gpuctk.writes import save_private_marshal
 
         if before is None or self.snapshot() != before:
             return False

@@ -209,8 +209,8 @@ def write_config(
     folder's path again (its owner could have pointed the path elsewhere by now); the owner
     is set on the temp file's descriptor before the rename (never a chown by name afterwards:
     the bundle's owner could have swapped a link in by then)."""
-    from gpuctk.fs import atomic_write
     from gpuctk.jsonfast import dumps
+    from gpuctk.writes import atomic_write
 
     try:
         data = dumps(doc)
@@ -327,7 +327,8 @@ def remember_runtime(
         return False  # not representable in the sh front's line reads
     text = "".join(f"{line}\n" for line in lines).encode()
     from gpuctk.errors import GpuctkError
-    from gpuctk.fs import atomic_write, open_private_dir, read_limited
+    from gpuctk.fs import open_private_dir, read_limited
+    from gpuctk.writes import atomic_write
 
     try:
         dir_fd = open_private_dir(folder, create=True)

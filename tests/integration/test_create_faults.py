@@ -290,7 +290,7 @@ def test_a_burst_through_a_warm_state_folder(
 
 SEED = 0x5EED
 TRIALS = 20
-# Temporary names of the atomic writes (gpuctk.fs.atomic_write, gpuctk.rootfs): a kill between
+# Temporary names of the atomic writes (gpuctk.writes.atomic_write, gpuctk.rootfs): a kill between
 # creating one and renaming it into place leaves it behind (test_killed_creates_leave_no_...)
 FS_TMP = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{12}\.tmp$")
 ROOT_TMP = re.compile(r"^\.(?P<name>.+)\.gpuctk-[0-9]+-[0-9a-f]{8}$")

@@ -19,7 +19,7 @@ from fixtures.containerd import SHIM, SYSTEMD_SANDBOX, VERSION_3, gpuctk, ro_mou
 
 from gpuctk.containerd import plan as planmod
 from gpuctk.errors import OutputError
-from gpuctk.fs import atomic_write
+from gpuctk.writes import atomic_write
 
 V3 = "io.containerd.cri.v1.runtime"
 V2 = "io.containerd.grpc.v1.cri"

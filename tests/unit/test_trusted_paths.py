@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctk import fs
+from gpuctk import fs, writes
 from gpuctk.errors import OutputError, TrustError
 
 NOBODY = 65534
@@ -271,19 +271,19 @@ def test_atomic_write_owns_the_file_before_its_rename(
         real(src, dst, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(os, "rename", rename)
-    fs.atomic_write(str(top / "f"), b"data", 0o640, durable=False, uid=NOBODY, gid=NOBODY)
+    writes.atomic_write(str(top / "f"), b"data", 0o640, durable=False, uid=NOBODY, gid=NOBODY)
     assert seen == [(NOBODY, NOBODY)]
     st = (top / "f").stat()
     assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (NOBODY, NOBODY, 0o640)
     fd = fs.open_trusted_dir(str(top))
     try:
-        fs.atomic_write("f2", b"in the folder", dir_fd=fd)
+        writes.atomic_write("f2", b"in the folder", dir_fd=fd)
     finally:
         os.close(fd)
     assert (top / "f2").read_bytes() == b"in the folder" and seen[-1] == (0, 0)
     assert sorted(p.name for p in top.iterdir()) == ["f", "f2"]  # no temp file left
     with pytest.raises(OutputError, match="cannot write"):
-        fs.atomic_write(str(top / "none/f"), b"")
+        writes.atomic_write(str(top / "none/f"), b"")
 
 
 @pytest.fixture
