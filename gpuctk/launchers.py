@@ -22,7 +22,7 @@ start, state, kill, delete, ...), and only `create`/`run` need Python. Its launc
 front (dash starts in ~1 ms, CPython in ~13 ms here) that finds the verb as runc reads its
 global flags and, for any verb but create/run, execs the low-level runtime that gpuctk-runtime
 itself last resolved, read from its memo (`$GPUCTK_STATE_DIR/runtime`, default
-/run/gpuctk/runtime; see gpuctk.hook.runtime_main.remember_runtime). The memo is used only when
+/run/gpuctk/runtime; see gpuctk.hook.memo.remember_runtime). The memo is used only when
 the state folder and the memo are owned by the caller's uid and are not symlinks, the memo
 is a regular file that names the same config file (present or absent alike) and is not older
 than that config file, and its runtime is an absolute path to an executable regular file, not

@@ -1,7 +1,7 @@
 """gpuctk-runtime: the runc shim. `create`/`run` get the CDI edits; every other verb passes through.
 
     gpuctk-runtime [global flags] create --bundle B [flags] ID
-      1. read B/config.json (or crun's --config name), at most MAX_CONFIG bytes
+      1. read B/config.json (or crun's --config name) through the bundle's fd (gpuctk.hook.bundle)
       2. work out the requested devices (gpuctk.hook.requests); none: go to 5, file untouched
       3. resolve them in the CDI spec dirs, filter the driver files by NVIDIA_DRIVER_CAPABILITIES,
          check NVIDIA_REQUIRE_*, apply the edits (gpuctk.cdi.apply)
@@ -22,17 +22,16 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuctk.errors import GpuctkError, InputError, ValidationError
+from gpuctk.errors import GpuctkError, InputError
 from gpuctk.hook.runclog import RuncLog
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
-    from typing import Any, NoReturn
+    from collections.abc import Sequence
+    from typing import NoReturn
 
     from gpuctk.hook.config import Settings
 
-MAX_CONFIG = 32 * 1024 * 1024
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 INJECT_VERBS = frozenset(("create", "run"))
 GLOBAL_VALUE_FLAGS = frozenset(
@@ -110,121 +109,6 @@ def parse_argv(args: Sequence[str]) -> Invocation:
     return inv
 
 
-MAX_CONFIG_LINKS = 40
-
-
-def open_bundle(bundle: str, config_name: str) -> tuple[int, int, str]:
-    """(bundle fd, fd of the folder that holds the config, the config's name in it): the
-    bundle opened once (O_PATH), so that config.json is read from and written back to the
-    same folder and root.path is found from it, whatever its path names meanwhile; crun's
-    --config name may be absolute or have folders (resolved from the bundle fd, as crun does
-    from the bundle). The caller closes both (once if they are the same). InputError."""
-    flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
-    try:
-        bundle_fd = os.open(bundle, flags)
-    except OSError as exc:
-        raise InputError(f"cannot open the bundle {bundle}: {exc.strerror or exc}") from None
-    folder, _, name = config_name.rpartition("/")
-    if not name or name in (".", ".."):
-        os.close(bundle_fd)
-        raise InputError(f"the config name {config_name!r} does not name a file")
-    if not folder and not config_name.startswith("/"):
-        return bundle_fd, bundle_fd, name
-    try:
-        dir_fd = os.open(folder or "/", flags, dir_fd=bundle_fd)
-    except OSError as exc:
-        os.close(bundle_fd)
-        where = os.path.join(bundle, folder or "/")
-        raise InputError(f"cannot open {where}: {exc.strerror or exc}") from None
-    return bundle_fd, dir_fd, name
-
-
-def _open_config(dir_fd: int, name: str, where: str) -> tuple[int, str | None]:
-    """The config file `name` in `dir_fd`, opened non-blocking, and the name in that same
-    folder to write it back to: a symlink to a plain name is followed within the folder (never
-    out of it); one that leads anywhere else is opened as runc would (following it) for
-    reading only (None: not to be edited)."""
-    import errno  # builtin; gpuctk.fs has it loaded on this path anyway
-
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
-    for _ in range(MAX_CONFIG_LINKS):
-        try:
-            return os.open(name, flags | os.O_NOFOLLOW, dir_fd=dir_fd), name
-        except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
-        target = os.readlink(name, dir_fd=dir_fd)
-        if "/" in target or target in ("", ".", ".."):
-            return os.open(name, flags, dir_fd=dir_fd), None
-        name = target
-    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), where)
-
-
-def read_config(
-    dir_fd: int, name: str, where: str
-) -> tuple[dict[str, Any], os.stat_result, str | None]:
-    """The OCI config `name` in the folder `dir_fd` (`where`: its path, for messages) as a
-    dict, its stat, and the name in that folder to write it back to (_open_config; None when
-    it is a symlink out of the folder). InputError/ValidationError."""
-    from gpuctk.fs import read_limited
-
-    try:
-        fd, write_name = _open_config(dir_fd, name, where)
-    except OSError as exc:
-        raise InputError(f"cannot open {where}: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        if (st.st_mode & 0o170000) != 0o100000:
-            raise InputError(f"{where} is not a regular file")
-        if st.st_size > MAX_CONFIG:
-            raise InputError(f"{where} is larger than {MAX_CONFIG} bytes")
-        data = read_limited(fd, MAX_CONFIG)
-        if len(data) > MAX_CONFIG:
-            raise InputError(f"{where} is larger than {MAX_CONFIG} bytes")
-    except OSError as exc:
-        raise InputError(f"cannot read {where}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    try:
-        from gpuctk.jsonfast import loads, unique_pairs
-
-        # runc merges a duplicate object into the first, key by key; the shim would read the
-        # last alone: refuse duplicates, as the hook does, so both read one request
-        doc = loads(data.decode("utf-8"), pairs_hook=unique_pairs)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValidationError(f"malformed OCI config {where}: {exc}") from None
-    if not isinstance(doc, dict):
-        raise ValidationError(f"malformed OCI config {where}: not a JSON object")
-    from gpuctk.hook.ocikeys import check_keys
-
-    check_keys(doc, where)  # runc's decoder folds case: a "Process" would be its process
-    return doc, st, write_name
-
-
-def write_config(
-    dir_fd: int, name: str, where: str, doc: Mapping[str, Any], st: os.stat_result
-) -> None:
-    """Replace `name` in the folder `dir_fd` (where the config `where` was read) atomically
-    with `doc`, keeping its mode and owner: written through that descriptor, never the
-    folder's path again (its owner could have pointed the path elsewhere by now); the owner
-    is set on the temp file's descriptor before the rename (never a chown by name afterwards:
-    the bundle's owner could have swapped a link in by then)."""
-    from gpuctk.jsonfast import dumps
-    from gpuctk.writes import atomic_write
-
-    try:
-        data = dumps(doc)
-    except (ValueError, TypeError) as exc:
-        raise ValidationError(f"cannot encode the edited OCI config: {exc}") from None
-    uid = st.st_uid if st.st_uid != os.geteuid() else -1
-    gid = st.st_gid if st.st_gid != os.getegid() else -1
-    # not durable: runc reads it next; a writer that may not chown (rootless) keeps it
-    path = os.path.join(os.path.dirname(where), name)  # atomic_write: its last component
-    atomic_write(
-        path, data, mode=st.st_mode & 0o7777, durable=False, uid=uid, gid=gid, dir_fd=dir_fd
-    )
-
-
 def find_runtime(names: Sequence[str], search: str = DEFAULT_PATH) -> str:
     """The first of `names` that is a trusted executable file: an absolute path as given, a
     bare name in the folders of `search` (DEFAULT_PATH, never the PATH the engine passes:
@@ -285,116 +169,11 @@ def find_runtime(names: Sequence[str], search: str = DEFAULT_PATH) -> str:
     )
 
 
-def request_markers(settings: Settings) -> list[str] | None:
-    """Strings at least one of which a config.json that asks for a GPU must contain, as
-    gpuctk.hook.requests reads requests under `settings`: the NVIDIA_VISIBLE_DEVICES name,
-    each annotation prefix, and with accept-volume-mounts the device-list mount folder. None
-    when one cannot be given to the sh front: empty, or with a character that JSON writes
-    escaped other than `/` (a quote, a backslash, a control character), which the front's
-    plain-text search could miss (it sends any `\\u` or `\\/` escape to Python)."""
-    from gpuctk.hook.requests import VISIBLE_DEVICES
-
-    markers = [VISIBLE_DEVICES, *settings.annotation_prefixes]
-    if settings.accept_volume_mounts:
-        markers.append("nvidia-container-devices")
-    if any(not m or any(c in '"\\' or c < " " for c in m) for m in markers):
-        return None
-    return markers
-
-
-def remember_runtime(
-    runtime: str, environ: Mapping[str, str] | None = None, markers: list[str] | None = None
-) -> bool:
-    """Write the runtime memo the sh front of gpuctk-runtime reads (gpuctk.launchers): the
-    config file in force and whether it exists, the resolved `runtime` (find_runtime: the
-    PATH plays no part), so that the verbs after a create skip Python, and the request
-    `markers` (request_markers), so that a create whose config.json contains none of them
-    skips Python too (without markers, every create starts Python). Written only into a
-    folder that this uid alone can write, up to / (gpuctk.fs.open_private_dir; created 0700
-    if missing), through its descriptor, only when it changes or the config or the runtime
-    is newer than it (the front would not take it), never fsync'd (it is a cache: a lost or
-    stale memo just means a Python start). True when the memo is current."""
-    from gpuctk import launchers
-    from gpuctk.hook.config import config_path
-
-    env = os.environ if environ is None else environ
-    folder = env.get(launchers.STATE_DIR_ENV) or launchers.DEFAULT_STATE_DIR
-    conf, _ = config_path(env)
-    present = "present" if os.path.exists(conf) else "absent"
-    create = "\t".join(["create-grep", *markers]) if markers else "create-python"
-    lines = (launchers.MEMO_TAG, conf, present, runtime, create)
-    if any("\n" in line or "\r" in line for line in lines):
-        return False  # not representable in the sh front's line reads
-    text = "".join(f"{line}\n" for line in lines).encode()
-    from gpuctk.errors import GpuctkError
-    from gpuctk.fs import open_private_dir, read_limited
-    from gpuctk.writes import atomic_write
-
-    try:
-        dir_fd = open_private_dir(folder, create=True)
-    except (GpuctkError, OSError):
-        return False  # not ours alone: never leave a memo where others could swap it
-    try:
-        try:
-            fd = os.open("runtime", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-            try:
-                st = os.fstat(fd)
-                if (
-                    st.st_uid == os.geteuid()
-                    and not _newer_than(st, (conf, runtime))  # the front's -nt tests hold
-                    and read_limited(fd, len(text)) == text
-                ):
-                    return True
-            finally:
-                os.close(fd)
-        except OSError:
-            pass
-        atomic_write(
-            f"{folder}/runtime", text, mode=0o644, durable=False, dir_fd=dir_fd, sweep=True
-        )
-    except GpuctkError:
-        return False
-    finally:
-        os.close(dir_fd)
-    return True
-
-
-def _newer_than(memo: os.stat_result, paths: Sequence[str]) -> bool:
-    """Whether one of `paths` was modified after the memo `memo` (the front's `-nt`)."""
-    for path in paths:
-        try:
-            if os.stat(path).st_mtime_ns > memo.st_mtime_ns:
-                return True
-        except OSError:
-            pass
-    return False
-
-
-def forget_runtime(environ: Mapping[str, str] | None = None) -> None:
-    """Remove the runtime memo (when its runtime is no longer found): the front then starts
-    Python for every verb until a create or another verb writes it again. Only in a folder
-    that this uid alone can write (gpuctk.fs.open_private_dir); a failure is ignored."""
-    from gpuctk import launchers
-    from gpuctk.errors import GpuctkError
-    from gpuctk.fs import open_private_dir
-
-    env = os.environ if environ is None else environ
-    folder = env.get(launchers.STATE_DIR_ENV) or launchers.DEFAULT_STATE_DIR
-    try:
-        dir_fd = open_private_dir(folder)
-    except (GpuctkError, OSError):
-        return
-    try:
-        os.unlink("runtime", dir_fd=dir_fd)
-    except OSError:
-        pass
-    finally:
-        os.close(dir_fd)
-
-
 def inject(inv: Invocation, settings: Settings, log: RuncLog) -> None:
     """Steps 1-4 for a `create`/`run` (no-op when the container asks for nothing). A request
     resolved before in the same specs takes its remembered plan (gpuctk.hook.plans)."""
+    from gpuctk.hook.bundle import open_bundle
+
     bundle = inv.bundle or os.getcwd()
     bundle_fd, dir_fd, name = open_bundle(bundle, inv.config_name)
     try:
@@ -416,6 +195,7 @@ def _inject(
 ) -> None:
     from gpuctk.cdi import apply
     from gpuctk.hook import cdiedits, shimroot
+    from gpuctk.hook.bundle import read_config, write_config
     from gpuctk.hook.plans import Plans, key_of
 
     path = os.path.join(bundle, inv.config_name)
@@ -470,6 +250,7 @@ def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
     runtime = ""
     try:
         from gpuctk.hook import config
+        from gpuctk.hook.memo import forget_runtime, remember_runtime, request_markers
 
         settings_ok = True
         try:

@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 from secworld import assert_safe, run_tool
 
+from gpuctk.hook import bundle as ocibundle
+from gpuctk.hook import memo as runtime_memo
 from gpuctk.hook import runtime_main
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -365,7 +367,7 @@ def test_the_state_folder_is_not_used_below_a_user_folder(node: Node) -> None:
     assert done.returncode == 0, done.stderr
     assert list(state.iterdir()) == []  # no memo, no spec cache, no plans
     env = {**node.env, "PATH": SYSTEM_PATH, "GPUCTK_STATE_DIR": str(state)}
-    assert not runtime_main.remember_runtime(str(node.runtime), env)
+    assert not runtime_memo.remember_runtime(str(node.runtime), env)
 
 
 def test_the_front_never_runs_a_memo_runtime_others_can_write(node: Node) -> None:
@@ -373,7 +375,7 @@ def test_the_front_never_runs_a_memo_runtime_others_can_write(node: Node) -> Non
     must not exec it for a non-create verb, and Python must not take it from the front."""
     evil = node.planted(node.home / "runc")
     env = {**node.env, "PATH": SYSTEM_PATH}
-    assert runtime_main.remember_runtime(str(evil), env)
+    assert runtime_memo.remember_runtime(str(evil), env)
     for verb in (["state", "c1"], ["create", "--bundle", str(node.bundle), "c1"]):
         (node.bundle / "config.json").write_text('{"ociVersion": "1.0.2", "process": {}}')
         done = node.shim(*verb)
@@ -431,9 +433,9 @@ def test_a_link_swapped_in_after_the_rename_is_never_chowned(
     monkeypatch.setattr(os, "replace", then_swap(os.replace))
     fd = os.open(bundle, os.O_PATH | os.O_DIRECTORY)
     try:
-        doc, st, name = runtime_main.read_config(fd, "config.json", str(config))
+        doc, st, name = ocibundle.read_config(fd, "config.json", str(config))
         assert name == "config.json"
-        runtime_main.write_config(fd, name, str(config), {**doc, "edited": True}, st)
+        ocibundle.write_config(fd, name, str(config), {**doc, "edited": True}, st)
     finally:
         os.close(fd)
     monkeypatch.undo()
@@ -457,14 +459,14 @@ def test_a_bundle_path_flipped_to_a_root_folder_is_never_written(
     victim.mkdir(mode=0o700)
     link = node.home / "b"
     node.user.run("/bin/ln", "-s", str(real), str(link))
-    read = runtime_main.read_config
+    read = ocibundle.read_config
 
     def read_then_flip(*args: Any, **kw: Any) -> Any:
         out = read(*args, **kw)
         node.user.run("/bin/ln", "-sfn", str(victim), str(link))  # the user, racing
         return out
 
-    monkeypatch.setattr(runtime_main, "read_config", read_then_flip)
+    monkeypatch.setattr(ocibundle, "read_config", read_then_flip)
     for key, value in node.env.items():
         monkeypatch.setenv(key, value)
     status, _, _ = runtime_main.prepare(["create", "--bundle", str(link), "c1"])

@@ -1,0 +1,126 @@
+"""The runtime memo: what lets the sh front of gpuctk-runtime skip Python.
+
+After each Python start the shim writes `$GPUCTK_STATE_DIR/runtime` (default /run/gpuctk): the
+config file in force and whether it exists, the low-level runtime it resolved, and the strings
+one of which a config.json asking for a GPU must contain. The front (gpuctk.launchers) execs
+that runtime itself for the verbs after a create, and for a create whose config.json holds
+none of the strings. Written only into a folder this uid alone can write.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from gpuctk.hook.config import Settings
+
+
+def request_markers(settings: Settings) -> list[str] | None:
+    """Strings at least one of which a config.json that asks for a GPU must contain, as
+    gpuctk.hook.requests reads requests under `settings`: the NVIDIA_VISIBLE_DEVICES name,
+    each annotation prefix, and with accept-volume-mounts the device-list mount folder. None
+    when one cannot be given to the sh front: empty, or with a character that JSON writes
+    escaped other than `/` (a quote, a backslash, a control character), which the front's
+    plain-text search could miss (it sends any `\\u` or `\\/` escape to Python)."""
+    from gpuctk.hook.requests import VISIBLE_DEVICES
+
+    markers = [VISIBLE_DEVICES, *settings.annotation_prefixes]
+    if settings.accept_volume_mounts:
+        markers.append("nvidia-container-devices")
+    if any(not m or any(c in '"\\' or c < " " for c in m) for m in markers):
+        return None
+    return markers
+
+
+def remember_runtime(
+    runtime: str, environ: Mapping[str, str] | None = None, markers: list[str] | None = None
+) -> bool:
+    """Write the runtime memo the sh front of gpuctk-runtime reads (gpuctk.launchers): the
+    config file in force and whether it exists, the resolved `runtime`
+    (gpuctk.hook.runtime_main.find_runtime: the PATH plays no part), so that the verbs after a
+    create skip Python, and the request `markers` (request_markers), so that a create whose
+    config.json contains none of them skips Python too (without markers, every create starts
+    Python). Written only into a folder that this uid alone can write, up to /
+    (gpuctk.fs.open_private_dir; created 0700 if missing), through its descriptor, only when it
+    changes or the config or the runtime is newer than it (the front would not take it), never
+    fsync'd (it is a cache: a lost or stale memo just means a Python start). True when the memo
+    is current."""
+    from gpuctk import launchers
+    from gpuctk.hook.config import config_path
+
+    env = os.environ if environ is None else environ
+    folder = env.get(launchers.STATE_DIR_ENV) or launchers.DEFAULT_STATE_DIR
+    conf, _ = config_path(env)
+    present = "present" if os.path.exists(conf) else "absent"
+    create = "\t".join(["create-grep", *markers]) if markers else "create-python"
+    lines = (launchers.MEMO_TAG, conf, present, runtime, create)
+    if any("\n" in line or "\r" in line for line in lines):
+        return False  # not representable in the sh front's line reads
+    text = "".join(f"{line}\n" for line in lines).encode()
+    from gpuctk.errors import GpuctkError
+    from gpuctk.fs import open_private_dir, read_limited
+    from gpuctk.writes import atomic_write
+
+    try:
+        dir_fd = open_private_dir(folder, create=True)
+    except (GpuctkError, OSError):
+        return False  # not ours alone: never leave a memo where others could swap it
+    try:
+        try:
+            fd = os.open("runtime", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            try:
+                st = os.fstat(fd)
+                if (
+                    st.st_uid == os.geteuid()
+                    and not _newer_than(st, (conf, runtime))  # the front's -nt tests hold
+                    and read_limited(fd, len(text)) == text
+                ):
+                    return True
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+        atomic_write(
+            f"{folder}/runtime", text, mode=0o644, durable=False, dir_fd=dir_fd, sweep=True
+        )
+    except GpuctkError:
+        return False
+    finally:
+        os.close(dir_fd)
+    return True
+
+
+def _newer_than(memo: os.stat_result, paths: Sequence[str]) -> bool:
+    """Whether one of `paths` was modified after the memo `memo` (the front's `-nt`)."""
+    for path in paths:
+        try:
+            if os.stat(path).st_mtime_ns > memo.st_mtime_ns:
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def forget_runtime(environ: Mapping[str, str] | None = None) -> None:
+    """Remove the runtime memo (when its runtime is no longer found): the front then starts
+    Python for every verb until a create or another verb writes it again. Only in a folder
+    that this uid alone can write (gpuctk.fs.open_private_dir); a failure is ignored."""
+    from gpuctk import launchers
+    from gpuctk.errors import GpuctkError
+    from gpuctk.fs import open_private_dir
+
+    env = os.environ if environ is None else environ
+    folder = env.get(launchers.STATE_DIR_ENV) or launchers.DEFAULT_STATE_DIR
+    try:
+        dir_fd = open_private_dir(folder)
+    except (GpuctkError, OSError):
+        return
+    try:
+        os.unlink("runtime", dir_fd=dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
