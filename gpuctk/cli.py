@@ -24,7 +24,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "Register gpuctk-runtime with containerd, CRI-O, Docker or podman.",
     ),
     "doctor": (
-        "gpuctk.cdi.doctor",
+        "gpuctk.doctor.cli",
         "doctor",
         "Diagnose a GPU node layer by layer: driver, NVML, CDI, runtime, engine.",
     ),

@@ -54,13 +54,21 @@ log "ruff"
 
 log "mypy (strict)"
 # mypy cannot follow setuptools' folder mapping (cdi/ -> gpuctk/cdi, ...), so it checks the
-# package through a tree of links laid out as installed.
+# package through a tree of links laid out as installed. The map is pyproject.toml's package-dir,
+# listed parents first: the root package's files are linked one by one (its subpackages go
+# beside them), every other package's folder as a whole.
 tree=build/mypy-tree
-rm -rf "$tree" && mkdir -p "$tree/gpuctk"
-for f in gpuctk/*.py gpuctk/py.typed; do ln -s "$ROOT/$f" "$tree/gpuctk/"; done
-ln -s "$ROOT/cdi" "$tree/gpuctk/cdi"
-ln -s "$ROOT/hook" "$tree/gpuctk/hook"
-ln -s "$ROOT/containerd-config" "$tree/gpuctk/containerd"
+rm -rf "$tree"
+layout=$(.venv/bin/python tests/fixtures/layout.py)
+while read -r package folder; do
+    dest=$tree/${package//.//}
+    if [ "$package" = "${package%%.*}" ]; then
+        mkdir -p "$dest"
+        for f in "$folder"/*.py "$folder"/py.typed; do ln -s "$ROOT/$f" "$dest/"; done
+    else
+        ln -s "$ROOT/$folder" "$dest"
+    fi
+done <<<"$layout"
 (cd "$tree" && "$ROOT/.venv/bin/mypy" --config-file "$ROOT/pyproject.toml" -p gpuctk)
 
 log "pytest"

@@ -36,12 +36,12 @@ import sys
 import tempfile
 import tomllib
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 PACKAGING = HERE.parent
 REPO = PACKAGING.parent
 PREFIX = "/opt/gpuctk"
-SOURCES = ("pyproject.toml", "README.md", "gpuctk", "cdi", "hook", "containerd-config")
 MULTIARCH = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
 UNITS = ("gpuctk-cdi-refresh.service", "gpuctk-cdi-refresh.path")
 MAN_PAGES = {  # page -> argv of the installed launcher that prints the text
@@ -60,17 +60,29 @@ def run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
     return proc  # type: ignore[no-any-return]
 
 
-def project() -> dict[str, object]:
+def _pyproject() -> dict[str, Any]:
     with open(REPO / "pyproject.toml", "rb") as f:
-        data: dict[str, object] = tomllib.load(f)["project"]
+        return tomllib.load(f)
+
+
+def project() -> dict[str, object]:
+    data: dict[str, object] = _pyproject()["project"]
     return data
+
+
+def sources() -> list[str]:
+    """What a wheel is built from: pyproject.toml, the readme it names, and every package's
+    folder from its [tool.setuptools] package-dir (the one map of package to folder)."""
+    data = _pyproject()
+    folders: dict[str, str] = data["tool"]["setuptools"]["package-dir"]
+    return ["pyproject.toml", str(data["project"]["readme"]), *dict.fromkeys(folders.values())]
 
 
 def source_copy(dest: Path) -> Path:
     """The files a wheel needs, copied (no build/ or egg-info lands in the shared checkout)."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
     dest.mkdir(parents=True)
-    for name in SOURCES:
+    for name in sources():
         src = REPO / name
         if src.is_dir():
             shutil.copytree(src, dest / name, ignore=ignore)

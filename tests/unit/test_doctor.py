@@ -510,7 +510,7 @@ def test_containerd_not_restarted_after_configure(make_node: NodeFactory) -> Non
     assert node.check(report, "engine.containerd.loaded")["status"] == "skipped"
 
 
-# --- the probe's verdict on what the container saw (gpuctk.cdi.doctor_probe._verdict) --------
+# --- the probe's verdict on what the container saw (gpuctk.doctor.probe._verdict) ------------
 
 
 def _probe_out(*libs: str) -> str:
@@ -518,7 +518,7 @@ def _probe_out(*libs: str) -> str:
 
 
 def test_probe_verdict_ld_cache_or_loader_folder() -> None:
-    from gpuctk.cdi.doctor_probe import _verdict
+    from gpuctk.doctor.probe import _verdict
 
     both = ("LDCACHE libcuda.so.1", "LDCACHE libnvidia-ml.so.1")
     assert _verdict(_probe_out(*both), {"/dev/nvidia0"}, "0").status == "ok"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuctk.cdi import doctor_report as report
-from gpuctk.cdi.doctor_driver import char_majors, join_fixes, kernel_version
-from gpuctk.cdi.doctor_report import failed, ok, skipped, warning
+from gpuctk.doctor import report
+from gpuctk.doctor.driver import char_majors, join_fixes, kernel_version
+from gpuctk.doctor.report import failed, ok, skipped, warning
 
 GPUCTK = str(Path(sys.executable).with_name("gpuctk"))
 
@@ -134,7 +134,7 @@ def test_join_fixes_caps_the_command() -> None:
 
 def test_loading_the_command_imports_no_heavy_module() -> None:
     code = (
-        "import sys, gpuctk.cdi.doctor, gpuctk.cdi.doctor_report\n"
+        "import sys, gpuctk.doctor.cli, gpuctk.doctor.report\n"
         "heavy = [m for m in ('jsonschema', 'pynvml', 'yaml', 'tomlkit', 'gpuctk.hook',"
         " 'gpuctk.containerd') if m in sys.modules]\n"
         "print(heavy)\n"
@@ -155,17 +155,17 @@ def test_help_documents_the_exit_codes_and_layers() -> None:
 def test_a_bug_in_one_layer_does_not_lose_the_report(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from gpuctk.cdi import doctor, doctor_k8s
-    from gpuctk.cdi.doctor_context import Context, Findings
+    from gpuctk.doctor import cli, k8s
+    from gpuctk.doctor.context import Context, Findings
 
     def boom(ctx: Context, found: Findings) -> list[report.Result]:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(doctor_k8s, "k8s_checks", boom)
+    monkeypatch.setattr(k8s, "k8s_checks", boom)
     root = str(tmp_path)
     ctx = Context(dev_root=root, proc_root=root, sys_root=root, host_root=root, simulate="l4",
                   path=str(tmp_path / "no-bin"))  # fmt: skip
-    results = doctor.run_checks(ctx)
+    results = cli.run_checks(ctx)
     layers = [r.layer for r in results]
     assert layers.index("engine") < layers.index("kubernetes") < layers.index("probe")
     internal = [r for r in results if r.id == "kubernetes.internal"]

@@ -1,4 +1,4 @@
-"""The import graph of the container-start entry points, checked from the source (issue 7).
+"""The import graph of the container-start entry points, checked from the source.
 
 `gpuctk-runtime` (gpuctk.hook.runtime_main) and `gpuctk-hook` (gpuctk.hook.hook_main) run at
 every container start: they must never import click, jsonschema, pynvml, pyroute2, PyYAML,

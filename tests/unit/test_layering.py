@@ -1,51 +1,55 @@
-"""Layering: spine <- cdi <- hook; containerd depends only on the spine.
+"""Layering, stated by package: spine <- cdi <- hook; containerd depends only on the spine; the
+doctor on top of them all.
 
-One exception on top of them all: `gpuctk doctor` (cdi/doctor*.py) diagnoses every layer, so it
-may import any of them (the runtime config of gpuctk.hook, the engine parsing of
-gpuctk.containerd), and no other module may import it (it is reached only through the CLI's
-lazy command table).
+    gpuctk              the spine: imports only itself
+    gpuctk.cdi          the spine
+    gpuctk.hook         the spine and gpuctk.cdi
+    gpuctk.containerd   the spine
+    gpuctk.doctor       every layer (it diagnoses them all); no other package imports it: the
+                        CLI (gpuctk.cli) reaches it by name, through its lazy command table
 
-Checked structurally from the source (every `import` / `from ... import` statement, at any
-depth, so a lazy import inside a function counts too).
+The packages and their folders come from pyproject.toml. Checked structurally from the source
+(every `import` / `from ... import` statement, at any depth, so a lazy import inside a function
+counts too), with no exemption for any file.
 """
 
 from __future__ import annotations
 
 import ast
+import importlib.util
+import re
 from pathlib import Path
 
 import pytest
+from fixtures.layout import package_dirs, setuptools_table
 
-REPO = Path(__file__).resolve().parents[2]
-PACKAGES = {
-    "gpuctk": REPO / "gpuctk",
-    "gpuctk.cdi": REPO / "cdi",
-    "gpuctk.hook": REPO / "hook",
-    "gpuctk.containerd": REPO / "containerd-config",
-}
+PACKAGES = package_dirs()
+SPINE = "gpuctk"
+TOP = "gpuctk.doctor"
+CLI = "gpuctk.cli"  # its lazy command table names the top layer's command module
 # layer -> the gpuctk layers it may import
 ALLOWED = {
     "gpuctk": {"gpuctk"},
     "gpuctk.cdi": {"gpuctk", "gpuctk.cdi"},
     "gpuctk.hook": {"gpuctk", "gpuctk.cdi", "gpuctk.hook"},
     "gpuctk.containerd": {"gpuctk", "gpuctk.containerd"},
+    TOP: set(PACKAGES),
 }
-
-
-TOP_PREFIX = "gpuctk.cdi.doctor"  # the doctor's modules: cdi/doctor.py, cdi/doctor_*.py
-
-
-def is_top(layer: str, path: Path) -> bool:
-    return layer == "gpuctk.cdi" and path.name.startswith("doctor")
+# import names that would reach a package's folder without the gpuctk. prefix
+BARE = {p.rpartition(".")[2] for p in PACKAGES if p != SPINE} | {
+    f.name for f in PACKAGES.values() if f.name.isidentifier() and f.name != SPINE
+}
+TOP_MODULE = re.compile(re.escape(TOP) + r"(\.\w+)*")
 
 
 def layer_of(module: str) -> str | None:
-    if not (module == "gpuctk" or module.startswith("gpuctk.")):
-        return None
-    parts = module.split(".")
-    if len(parts) >= 2 and f"gpuctk.{parts[1]}" in PACKAGES:
-        return f"gpuctk.{parts[1]}"
-    return "gpuctk"
+    """The package a gpuctk module belongs to (the longest one that holds it), else None."""
+    holding = [p for p in PACKAGES if module == p or module.startswith(p + ".")]
+    return max(holding, key=len) if holding else None
+
+
+def module_of(layer: str, path: Path) -> str:
+    return layer if path.stem == "__init__" else f"{layer}.{path.stem}"
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
@@ -60,6 +64,37 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
     return found
 
 
+def top_layer_names(path: Path) -> list[tuple[int, str]]:
+    """String constants that name a module of the top layer (what importlib would be given)."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and TOP_MODULE.fullmatch(node.value)
+    ]
+
+
+def problems(layer: str, path: Path) -> list[str]:
+    """Every way the module at `path`, in package `layer`, breaks the layering."""
+    bad = []
+    for line, name in imports_of(path):
+        if name.split(".")[0] in BARE:
+            bad.append(f"{path.name}:{line}: bare import {name} (use the gpuctk. name)")
+        target = layer_of(name)
+        if target == TOP and layer != TOP:
+            bad.append(f"{path.name}:{line}: {name} is the top layer: only the CLI reaches it")
+        elif target is not None and target not in ALLOWED[layer]:
+            bad.append(f"{path.name}:{line}: {layer} must not import {name}")
+    if layer != TOP and module_of(layer, path) != CLI:
+        bad += [
+            f"{path.name}:{line}: names {name}: only the CLI's command table may"
+            for line, name in top_layer_names(path)
+        ]
+    return bad
+
+
 def sources() -> list[tuple[str, Path]]:
     out = []
     for layer, folder in PACKAGES.items():
@@ -69,21 +104,45 @@ def sources() -> list[tuple[str, Path]]:
 
 @pytest.mark.parametrize(("layer", "path"), sources(), ids=lambda v: str(v))
 def test_module_respects_layers(layer: str, path: Path) -> None:
-    bad = []
-    for line, name in imports_of(path):
-        if name.split(".")[0] in ("cdi", "hook") and not name.startswith("gpuctk"):
-            bad.append(f"{path.name}:{line}: bare import {name} (use gpuctk.{name})")
-        if name.startswith(TOP_PREFIX) and not is_top(layer, path):
-            bad.append(f"{path.name}:{line}: only the CLI may import {name} (gpuctk doctor)")
-        target = layer_of(name)
-        if target is not None and target not in ALLOWED[layer] and not is_top(layer, path):
-            bad.append(f"{path.name}:{line}: {layer} must not import {name}")
+    bad = problems(layer, path)
     assert not bad, "\n".join(bad)
+
+
+def test_every_package_has_a_layer() -> None:
+    """A package added to pyproject.toml must be placed here; setuptools' package list and the
+    folder map name the same packages."""
+    assert set(ALLOWED) == set(PACKAGES)
+    assert setuptools_table()["packages"] == list(PACKAGES)
+    for layer, folder in PACKAGES.items():
+        assert (folder / "__init__.py").is_file(), layer
+
+
+def test_the_cli_table_is_the_way_in_to_the_top_layer() -> None:
+    """The CLI's lazy command table names modules that exist, the top layer's among them."""
+    from gpuctk.cli import _SUBCOMMANDS
+
+    modules = {module for module, _, _ in _SUBCOMMANDS.values()}
+    assert any(layer_of(m) == TOP for m in modules), modules
+    for module in sorted(modules):
+        assert importlib.util.find_spec(module) is not None, module
 
 
 def test_the_check_sees_a_violation(tmp_path: Path) -> None:
     sample = tmp_path / "x.py"
-    sample.write_text("def f():\n    from gpuctk.hook import runtime_main\n")
-    assert (2, "gpuctk.hook") in imports_of(sample)
+    sample.write_text(
+        "import importlib\n"
+        "def f():\n"
+        "    from gpuctk.hook import runtime_main\n"
+        "    from gpuctk.doctor import report\n"
+        "    import hook.config\n"
+        "    return importlib.import_module('gpuctk.doctor.cli')\n"
+    )
+    assert (3, "gpuctk.hook") in imports_of(sample)
     assert layer_of("gpuctk.hook.runtime_main") == "gpuctk.hook"
-    assert "gpuctk.hook" not in ALLOWED["gpuctk.cdi"]
+    assert layer_of("gpuctk.errors") == SPINE and layer_of("click") is None
+    found = problems("gpuctk.cdi", sample)
+    assert any(":3: gpuctk.cdi must not import gpuctk.hook" in p for p in found), found
+    assert any(":4: gpuctk.doctor is the top layer" in p for p in found), found
+    assert any(":5: bare import hook.config" in p for p in found), found
+    assert any(":6: names gpuctk.doctor.cli" in p for p in found), found
+    assert not [p for p in problems(TOP, sample) if "bare" not in p]

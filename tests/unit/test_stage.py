@@ -278,7 +278,7 @@ def test_compute_only_specs_leave_the_drm_nodes_out(tmp_path: Path, driver_root:
 def test_doctor_reads_the_driver_version_off_the_stage_folder() -> None:
     """A folder-mode spec has no hook entry (so no machine facts) and no versioned library
     path: `gpuctk doctor` takes the driver version from the stage folder's name."""
-    from gpuctk.cdi.doctor_cdi import _spec_driver_version
+    from gpuctk.doctor.cdi import _spec_driver_version
 
     doc = {"containerEdits": {"mounts": [
         {"hostPath": "/lib/firmware/nvidia/535.309.01/gsp_ga10x.bin"},

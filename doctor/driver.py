@@ -13,8 +13,8 @@ import os
 import re
 import stat
 
-from gpuctk.cdi.doctor_context import Context, Findings
-from gpuctk.cdi.doctor_report import Result, failed, ok, skipped, warning
+from gpuctk.doctor.context import Context, Findings
+from gpuctk.doctor.report import Result, failed, ok, skipped, warning
 from gpuctk.errors import GpuctkError
 
 _KERNEL_VERSION = re.compile(r"Kernel Module(?: for [A-Za-z0-9_]+)?\s+(\d+(?:\.\d+)+)")

@@ -25,8 +25,8 @@ import subprocess
 import tempfile
 from typing import Any
 
-from gpuctk.cdi.doctor_context import Context, Findings
-from gpuctk.cdi.doctor_report import Result, failed, ok, skipped, warning
+from gpuctk.doctor.context import Context, Findings
+from gpuctk.doctor.report import Result, failed, ok, skipped, warning
 from gpuctk.errors import GpuctkError
 
 TIMEOUT_S = 60

@@ -1,8 +1,8 @@
 """`gpuctk doctor`: diagnose a GPU node layer by layer, each finding with its evidence and fix.
 
-The layers, in order (each in its own module): driver and NVML (gpuctk.cdi.doctor_driver), CDI
-(doctor_cdi), runtime (doctor_runtime), engine (doctor_engine), Kubernetes hints (doctor_k8s)
-and the optional live probe (doctor_probe). Results and output: doctor_report.
+The layers, in order (each in its own module of gpuctk.doctor): driver and NVML (driver), CDI
+(cdi), runtime (runtime), engine (engine), Kubernetes hints (k8s) and the optional live probe
+(probe). Results and output: report.
 
 Every root and file a check reads comes from an option, so tests and containerised installs can
 point the doctor at any tree. Imports are lazy: jsonschema only when the CDI layer validates,
@@ -19,35 +19,29 @@ from typing import Any
 import click
 
 from gpuctk.cdi import cliopts
-from gpuctk.cdi.doctor_context import Context, Findings
-from gpuctk.cdi.doctor_report import Result
+from gpuctk.doctor.context import Context, Findings
+from gpuctk.doctor.report import Result
 
 LAYER_ORDER = ("driver", "nvml", "cdi", "runtime", "engine", "kubernetes", "probe")
 
 
 def run_checks(ctx: Context) -> list[Result]:
-    """Every check, in the issue's layer order."""
-    from gpuctk.cdi import (
-        doctor_cdi,
-        doctor_driver,
-        doctor_engine,
-        doctor_k8s,
-        doctor_probe,
-        doctor_runtime,
-    )
+    """Every check, reported in LAYER_ORDER."""
+    from gpuctk.doctor import cdi, driver, engine, k8s, probe, runtime
 
     found = Findings()
-    driver = _guarded("driver", doctor_driver.driver_checks, ctx, found)
-    nvml = _guarded("nvml", doctor_driver.nvml_checks, ctx, found)
+    done: dict[str, list[Result]] = {}
+    done["driver"] = _guarded("driver", driver.driver_checks, ctx, found)
+    done["nvml"] = _guarded("nvml", driver.nvml_checks, ctx, found)
     # The runtime config names the spec dirs the shim reads, so it is read before the CDI layer.
-    runtime = _guarded("runtime", doctor_runtime.runtime_checks, ctx, found)
+    done["runtime"] = _guarded("runtime", runtime.runtime_checks, ctx, found)
     found.spec_dirs = ctx.spec_dirs or (found.settings.spec_dirs if found.settings else ())
     found.spec_dirs = found.spec_dirs or ("/etc/cdi", "/var/run/cdi")
-    cdi = _guarded("cdi", doctor_cdi.cdi_checks, ctx, found)
-    engine = _guarded("engine", doctor_engine.engine_checks, ctx, found)
-    k8s = _guarded("kubernetes", doctor_k8s.k8s_checks, ctx, found)
-    probe = _guarded("probe", lambda c, f: [doctor_probe.check_probe(c, f)], ctx, found)
-    return [*driver, *nvml, *cdi, *runtime, *engine, *k8s, *probe]
+    done["cdi"] = _guarded("cdi", cdi.cdi_checks, ctx, found)
+    done["engine"] = _guarded("engine", engine.engine_checks, ctx, found)
+    done["kubernetes"] = _guarded("kubernetes", k8s.k8s_checks, ctx, found)
+    done["probe"] = _guarded("probe", lambda c, f: [probe.check_probe(c, f)], ctx, found)
+    return [result for layer in LAYER_ORDER for result in done[layer]]
 
 
 def _guarded(
@@ -57,7 +51,7 @@ def _guarded(
     try:
         return checks(ctx, found)
     except Exception as exc:
-        from gpuctk.cdi.doctor_report import failed
+        from gpuctk.doctor.report import failed
 
         logging.getLogger(__name__).debug("doctor: %s layer failed", layer, exc_info=True)
         return [
@@ -208,7 +202,7 @@ def doctor(
         probe_rootfs=str(options["probe_rootfs"]),
         probe_device=str(options["probe_device"]),
     )
-    from gpuctk.cdi import doctor_report as report
+    from gpuctk.doctor import report
 
     results = run_checks(ctx)
     if fmt == "json":

@@ -14,8 +14,8 @@ import os
 import shutil
 import subprocess
 
-from gpuctk.cdi.doctor_context import Context, Findings
-from gpuctk.cdi.doctor_report import Result, failed, ok, skipped
+from gpuctk.doctor.context import Context, Findings
+from gpuctk.doctor.report import Result, failed, ok, skipped
 from gpuctk.errors import GpuctkError
 
 TIMEOUT_S = 20

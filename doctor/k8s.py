@@ -14,8 +14,8 @@ import os
 import stat
 from typing import Any
 
-from gpuctk.cdi.doctor_context import Context, Findings
-from gpuctk.cdi.doctor_report import Result, failed, ok, skipped, warning
+from gpuctk.doctor.context import Context, Findings
+from gpuctk.doctor.report import Result, failed, ok, skipped, warning
 
 PLUGIN_FIX = (
     "helm upgrade -i nvdp nvdp/nvidia-device-plugin -n nvidia-device-plugin --create-namespace "

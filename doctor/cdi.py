@@ -17,9 +17,9 @@ import re
 import shlex
 from typing import Any
 
-from gpuctk.cdi.doctor_context import Context, Findings
-from gpuctk.cdi.doctor_report import Result, failed, ok, skipped, warning
 from gpuctk.cdi.stage import STAGE_NAME
+from gpuctk.doctor.context import Context, Findings
+from gpuctk.doctor.report import Result, failed, ok, skipped, warning
 
 _VERSIONED_LIB = re.compile(r"/lib(?:cuda|nvidia-ml)\.so\.(\d+\.\d+(?:\.\d+)?)$")
 FOREIGN_HOOKS = {"nvidia-ctk": "nvidia-ctk", "nvidia-cdi-hook": "nvidia-ctk"}

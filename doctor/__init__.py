@@ -1,0 +1,1 @@
+"""gpuctk.doctor: node diagnosis, the top layer. It reads every layer; only the CLI reaches it."""
