@@ -23,10 +23,6 @@ _VENDOR_CLASS_INNER = _ALNUM | frozenset("_-.")
 _DEVICE_INNER = _VENDOR_CLASS_INNER | frozenset(":")
 
 
-def is_letter(c: str) -> bool:
-    return c in _LETTERS
-
-
 def is_alnum(c: str) -> bool:
     return c in _ALNUM
 

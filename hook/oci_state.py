@@ -123,9 +123,3 @@ def rootfs_path(config: dict[str, Any], bundle: str, where: str = "config.json")
         raise InputError(f"{where} has no 'root' object")
     path = _check_path(root.get("path"), f"{where} field root.path")
     return posixpath.normpath(posixpath.join(bundle, path))
-
-
-def root_readonly(config: dict[str, Any]) -> bool:
-    """Whether config.json asks for a read-only root."""
-    root = config.get("root")
-    return isinstance(root, dict) and root.get("readonly") is True
