@@ -7,7 +7,7 @@ H100 profile and for 8 GPUs with 7 MIG devices each, alternating the cases run b
 machine noise hits them alike, and prints medians beside the floor of any Python CLI here
 (`python -I -c pass`, and `python -I -c "import click"`). Everything runs from a regular
 install of this checkout with the isolated launchers (bench/common.py installed_bin), as an
-operator runs it. Target (issue 2): under 100 ms for the 8-GPU node. Builds the fixtures
+operator runs it. Target: under 100 ms for the 8-GPU node. Builds the fixtures
 (fake libnvidia-ml.so.1, driver root, device nodes) if needed.
 """
 

@@ -42,8 +42,8 @@ gpuctk-hook entry, from wait4.
 and state folder) to the rounds, and REV's gpuctk-hook in the podman hook spec, and prints this
 checkout over REV: on these noisy machines a
 change is judged by that paired comparison within one run, not by figures from two runs.
-Targets: 1 GPU at most 1.9x bare runc (issue 3, default spec); 1 and 8 GPUs at most 1.45x
-(issue 7, on a compute node's folder spec; the default spec is printed beside it); 8 GPUs
+Targets: 1 GPU at most 1.9x bare runc (default spec); 1 and 8 GPUs at most 1.45x
+(on a compute node's folder spec; the default spec is printed beside it); 8 GPUs
 within 10% of 1 GPU, peak RSS under 30 MiB.
 Builds the fixtures (driver root, device nodes, image) if needed; needs root and runc.
 """
@@ -363,8 +363,8 @@ def main() -> None:
             f"  ({r['x_runc']:4.2f}x runc)"
         )
     x1 = results["gpuctk 1 GPU"]["x_runc"]
-    # issue 3: its benchmark's 1-GPU container (the default spec, a Python start on create)
-    print(f"  target (issue 3): at most 1.9x runc at 1 GPU, default spec -> {x1:.2f}x"
+    # the 1-GPU container on the default spec (a Python start on create)
+    print(f"  target: at most 1.9x runc at 1 GPU, default spec -> {x1:.2f}x"
           f" {'meets' if x1 <= 1.9 else 'MISSES'}")  # fmt: skip
     verdict = "meets" if ratio_8_1 <= 1.10 else "MISSES"
     print(f"  target: 8 GPUs within 10% of 1 GPU -> {ratio_8_1:.3f}x {verdict}")
@@ -386,8 +386,8 @@ def main() -> None:
     if podman_times:
         print(f"podman run --rm /bin/true, the same {args.runs} rounds (1 simulated L4)")
         podman_added = podman.summarize(podman_times)
-        print("  target (issue 7): a quarter of what the NVIDIA spec adds in the same engine;"
-              " not installable here (+48 ms in the issue: a quarter is 12 ms) -> mounts spec"
+        print("  target: a quarter of what the NVIDIA spec adds in the same engine;"
+              " not installable here (+48 ms by its authors: a quarter is 12 ms) -> mounts spec"
               f" {podman_added['mounts spec']:+.1f} ms, compute-only mounts spec"
               f" {podman_added['mounts, compute']:+.1f} ms, the same in the Debian/Ubuntu"
               f" loader folder only {podman_added['compute, triplet']:+.1f} ms, the compute"
@@ -398,16 +398,16 @@ def main() -> None:
         # cannot be installed here to check).
         folder_ms, hook_ms = podman_added["compute, folder"], podman_added["hook spec"]
         verdict = "meets" if folder_ms <= hook_ms / 4 else "MISSES"
-        print(f"  target (issue 7), side by side: the compute folder spec {folder_ms:+.1f} ms"
+        print(f"  target, side by side: the compute folder spec {folder_ms:+.1f} ms"
               f" against a quarter of the hook spec's {hook_ms:+.1f} ms ({hook_ms / 4:.1f} ms)"
               f" {verdict}")  # fmt: skip
 
     def pair(suffix: str) -> list[float]:
         return [results[f"gpuctk {n}{suffix}"]["x_runc"] for n in ("1 GPU", "8 GPUs")]
 
-    # issue 7: at 1 and at 8 GPUs, on the configuration built for it (README, Benchmarks)
+    # at 1 and at 8 GPUs, on the configuration built for it (docs/benchmarks.md)
     best = pair(", folder spec")
-    print(f"  target (issue 7): at most 1.45x runc at 1 and 8 GPUs, a compute node's folder"
+    print(f"  target: at most 1.45x runc at 1 and 8 GPUs, a compute node's folder"
           f" spec -> 1 GPU {best[0]:.2f}x, 8 GPUs {best[1]:.2f}x"
           f" {'meets' if max(best) <= 1.45 else 'MISSES'}")  # fmt: skip
     xs = pair("")

@@ -29,7 +29,7 @@ namespace with the case's spec folder on /run/cdi (the no-device case too, so al
 wrapper). Prints medians and, per round, each spec's paired difference from no device (the
 median of the differences: what the spec adds). One simulated L4 over the Debian 535 driver
 root. The NVIDIA Container Toolkit cannot be installed here (not in Debian's archive or on
-PyPI), so its spec is not measured side by side; issue 7 quotes +48 ms for it in podman on its
+PyPI), so its spec is not measured side by side; +48 ms is quoted for it in podman on its
 authors' machines. Needs root and podman.
 """
 

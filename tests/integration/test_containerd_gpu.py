@@ -1,7 +1,8 @@
 """containerd 1.6, configured by gpuctk, runs GPU containers through the shim (private daemon).
 
-Issue 4's last proof: the daemon runs on a private socket, root, state and /run
-(fixtures.containerd.PrivateContainerd) with the config `gpuctk runtime configure` wrote, and
+The whole chain through a real containerd: the daemon runs on a private socket, root, state
+and /run (fixtures.containerd.PrivateContainerd) with the config `gpuctk runtime configure`
+wrote, and
 `ctr run --runtime io.containerd.runc.v2 --runc-binary <gpuctk-runtime>` starts a container of
 the debian test image. The spec is generated as in test_shim_runtimes (`gpuctk cdi generate
 --simulate h100-8` over the Debian 535 driver root and mknod'ed nodes), and the container

@@ -1,4 +1,4 @@
-"""podman 4.3.1 with gpuctk's hooks.d file and no CDI support involved (issue 3's proof).
+"""podman 4.3.1 with gpuctk's hooks.d file and no CDI support involved.
 
 podman reads the hook from a private `--hooks-dir` holding packaging/hooks.d/gpuctk-hook.json,
 with only the hook's path (the venv's gpuctk-hook) and its env (GPUCTK_CONFIG naming a temp spec

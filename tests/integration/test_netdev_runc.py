@@ -1,5 +1,5 @@
 """REAL runc with `gpuctk-hook createRuntime --netdev` in config.json: a veth end moves into the
-container's network namespace (issue 9's proof; this kernel has no `dummy` driver, veth it has).
+container's network namespace (this kernel has no `dummy` driver, veth it has).
 
 Each test makes a fresh veth pair on the host, runs a container on a fresh overlay of the debian
 image whose config.json has its own `network` namespace and the hook, and checks:

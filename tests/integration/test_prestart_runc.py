@@ -1,4 +1,4 @@
-"""REAL runc with `gpuctk-hook prestart` in config.json and NO shim (issue 3's proof).
+"""REAL runc with `gpuctk-hook prestart` in config.json and NO shim.
 
 The spec comes from `gpuctk cdi generate --simulate h100-8` over the Debian 535 driver root and
 mknod'ed device nodes, in a temp spec dir named by the hook's GPUCTK_CONFIG. Each container runs
