@@ -134,7 +134,8 @@ def runtime_front_text(python: str) -> str:
     """The text of the gpuctk-runtime launcher: a POSIX sh front (see the module docstring)."""
     _check_interpreter(python)
     global_flags = "|".join(sorted(GLOBAL_VALUE_FLAGS))
-    verb_flags = "|".join(sorted(VERB_VALUE_FLAGS))
+    # bundle/b and config/f have their own patterns before this one in the front
+    verb_flags = "|".join(sorted(VERB_VALUE_FLAGS - {"bundle", "b", "config", "f"}))
     return f"""#!/bin/sh
 # gpuctk launcher (gpuctk.launchers): gpuctk-runtime's POSIX sh front; see that module.
 # Verbs other than create/run go to the low-level runtime in the memo; so does a create whose
@@ -143,6 +144,7 @@ unset {FRONT_RUNTIME_ENV}
 sdir=${{{STATE_DIR_ENV}:-{DEFAULT_STATE_DIR}}}
 memo=$sdir/runtime
 pycode='{_RUNTIME_PYTHON}'
+# shellcheck disable=SC3013 # -nt: not POSIX, but in the test of dash, bash and busybox sh
 memo_holds() {{ # the memo is ours, current, and its runtime ours and unchanged since
 	! [ -h "$sdir" ] && [ -O "$sdir" ] && ! [ -h "$memo" ] && [ -f "$memo" ] && [ -O "$memo" ] ||
 		return 1
@@ -221,6 +223,7 @@ create|run)
 		create-grep"	"?*)
 			set -f
 			IFS="	"
+			# shellcheck disable=SC2086 # split on the tabs between markers (IFS, set -f)
 			if no_request "${{bundle:-.}}/config.json" ${{m_create#create-grep"	"}}; then
 				unset IFS
 				set +f

@@ -2,11 +2,12 @@
 # The one test command (README's second set-up command, and what .ci/run calls).
 # Installs everything the tests need on a fresh Debian 12 machine (run as root):
 #   - apt: runc, crun, podman, containerd, gcc (for the fake libnvidia-ml.so.1), iproute2,
+#     the shell linter (shellcheck),
 #     python3 + python3-venv (the deb's venv is built on Debian's python3)
 #   - Debian's non-free component, so that the NVIDIA 535 driver packages can be downloaded
 #     for the driver-root fixture (tests/fixtures/driver_root.py)
 #   - a virtual environment in .venv with gpuctk (editable) and the test tools
-# then runs ruff, mypy (strict) and pytest (unit + integration).
+# then runs ruff, shellcheck, mypy (strict) and pytest (unit + integration).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -14,7 +15,7 @@ ROOT=$PWD
 log() { printf '\n==> %s\n' "$*"; }
 
 need_apt=()
-for cmd in runc crun podman containerd ctr gcc ip mkfs.ext4; do
+for cmd in runc crun podman containerd ctr gcc ip mkfs.ext4 shellcheck; do
     command -v "$cmd" >/dev/null 2>&1 || need_apt+=("$cmd")
 done
 # the deb and `gpuctk install` tests build their venv with Debian's own python3 (the package
@@ -37,7 +38,7 @@ if [ "${#need_apt[@]}" -gt 0 ] || [ "$nonfree_missing" = 1 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
         runc crun podman containerd gcc libc6-dev iproute2 e2fsprogs \
-        uidmap fuse-overlayfs slirp4netns conmon catatonit python3 python3-venv >/dev/null
+        uidmap fuse-overlayfs slirp4netns conmon catatonit python3 python3-venv shellcheck >/dev/null
 fi
 
 PY=${PYTHON:-python3}
@@ -51,6 +52,14 @@ log "installing gpuctk and test tools into .venv"
 log "ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+
+log "shellcheck"
+# the runtime's sh front as gpuctk.launchers writes it, and every shell script in the tree
+front=$(mktemp -d)
+.venv/bin/python -m gpuctk.launchers "$front" >/dev/null
+shellcheck -s sh "$front/gpuctk-runtime"
+rm -rf "$front"
+shellcheck .ci/run tests/run.sh packaging/deb/postinst packaging/deb/postrm packaging/deb/prerm
 
 log "mypy (strict)"
 # mypy cannot follow setuptools' folder mapping (cdi/ -> gpuctk/cdi, ...), so it checks the
