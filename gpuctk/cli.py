@@ -30,12 +30,12 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     ),
     "info": ("gpuctk.cdi.info", "info", "Show the GPUs, MIG devices, driver and topology found."),
     "install": (
-        "gpuctk.containerd.install",
+        "gpuctk.install.cli",
         "install",
         "Install gpuctk onto a host root (the DaemonSet entrypoint).",
     ),
     "uninstall": (
-        "gpuctk.containerd.install",
+        "gpuctk.install.cli",
         "uninstall",
         "Undo `gpuctk install` on a host root.",
     ),

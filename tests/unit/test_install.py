@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from fixtures.containerd import gpuctk, snapshot
 
-from gpuctk.containerd import install_host
-from gpuctk.containerd.install_host import resolve
+from gpuctk.install import host as install_host
+from gpuctk.install.host import resolve
 
 
 def test_resolve_keeps_absolute_links_inside_the_host(tmp_path: Path) -> None:

@@ -87,7 +87,9 @@ def test_launchers_are_executable_and_name_the_interpreter(tmp_path: Path) -> No
             assert '\nexec /opt/gpuctk/bin/python3 -IS -c "$pycode"' in text
         else:
             assert text.startswith("#!/opt/gpuctk/bin/python3 -IS\n")
-        assert "\n# gpuctk launcher (gpuctk.launchers)" in text  # what install_host looks for
+        assert (
+            "\n# gpuctk launcher (gpuctk.launchers)" in text
+        )  # what gpuctk.install.host looks for
 
 
 @pytest.mark.parametrize("python", ["python3", "/opt/my python/bin/python", "/opt/x'y/python"])

@@ -1,10 +1,11 @@
-"""Layering, stated by package: spine <- cdi <- hook; containerd depends only on the spine; the
-doctor on top of them all.
+"""Layering, stated by package: spine <- cdi <- hook; containerd depends only on the spine and
+install on containerd; the doctor on top of them all.
 
     gpuctk              the spine: imports only itself
     gpuctk.cdi          the spine
     gpuctk.hook         the spine and gpuctk.cdi
     gpuctk.containerd   the spine
+    gpuctk.install      the spine, gpuctk.containerd and gpuctk.hook (the launchers it writes)
     gpuctk.doctor       every layer (it diagnoses them all); no other package imports it: the
                         CLI (gpuctk.cli) reaches it by name, through its lazy command table
 
@@ -33,6 +34,7 @@ ALLOWED = {
     "gpuctk.cdi": {"gpuctk", "gpuctk.cdi"},
     "gpuctk.hook": {"gpuctk", "gpuctk.cdi", "gpuctk.hook"},
     "gpuctk.containerd": {"gpuctk", "gpuctk.containerd"},
+    "gpuctk.install": {"gpuctk", "gpuctk.containerd", "gpuctk.hook", "gpuctk.install"},
     TOP: set(PACKAGES),
 }
 # import names that would reach a package's folder without the gpuctk. prefix

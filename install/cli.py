@@ -35,10 +35,10 @@ from typing import Any, TypeVar
 
 import click
 
-from gpuctk.containerd import install_host as host_mod
-from gpuctk.containerd.install_host import Record, resolve, run_in_host
 from gpuctk.containerd.plan import restart_service
 from gpuctk.errors import GpuctkError, InputError, OutputError, UsageError
+from gpuctk.install import host as host_mod
+from gpuctk.install.host import Record, resolve, run_in_host
 
 F = TypeVar("F", bound=Callable[..., Any])
 
