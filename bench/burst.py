@@ -18,10 +18,9 @@ and a case's effect on the next hit them alike):
 - runc + GPU edits    bare runc on config.json files that gpuctk-runtime edited ahead, off the
                       clock: the same requests satisfied by the same spec (mounts, device nodes,
                       the container's ld cache), what runc itself pays for them;
-- gpuctk              gpuctk-runtime as installed (gpuctk.launchers' sh front on every verb, one
-                      Python start per create), its state folder warm as on a node (its plan
-                      cache keeps only some of the plans of a burst's overlapping creates:
-                      tests/integration/test_create_faults.py, test_overlapping_...);
+- gpuctk              gpuctk-runtime as installed (gpuctk.hook.launchers' sh front on every
+                      verb, one Python start per create), its state folder warm as on a node
+                      (a plan per request, kept by every create of a burst);
 - gpuctk @REV         the same for git revision REV (--against; its own venv, built once, and
                       its own state folder).
 

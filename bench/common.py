@@ -27,7 +27,7 @@ def installed_like_python() -> None:
 
 def installed_bin() -> Path:
     """gpuctk as an operator installs it, with .pyc files and the isolated-mode launchers of
-    gpuctk.launchers (what the deb and `gpuctk install` ship). Returns the launchers' folder.
+    gpuctk.hook.launchers (what the deb and `gpuctk install` ship). Returns the launchers' folder.
 
     Where Debian's /usr/bin/python3 exists: the deb's own venv (packaging/deb/build.py venv,
     through tests/fixtures/appvenv.py), on that interpreter, as a node runs it. Elsewhere: a
@@ -65,10 +65,12 @@ PYTHON_NOTE = ".python"  # in the launchers' folder: the venv interpreter they s
 
 
 def _launchers(python: Path, bindir: Path) -> Path:
-    """Write gpuctk.launchers' launchers for the venv of `python` into `bindir`; returns it."""
+    """Write gpuctk.hook.launchers' launchers for the venv of `python` into `bindir`; returns it."""
     bindir.mkdir(exist_ok=True)
     subprocess.run(
-        [str(python), "-I", "-m", "gpuctk.launchers", str(bindir)], check=True, capture_output=True
+        [str(python), "-I", "-m", "gpuctk.hook.launchers", str(bindir)],
+        check=True,
+        capture_output=True,
     )
     (bindir / PYTHON_NOTE).write_text(str(python))
     return bindir

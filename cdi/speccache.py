@@ -54,12 +54,12 @@ class SpecCache:
     @classmethod
     def for_this_process(cls, environ: dict[str, str] | None = None) -> SpecCache | None:
         """The cache in $GPUCTK_STATE_DIR (default /run/gpuctk), or None when turned off."""
-        from gpuctk.launchers import DEFAULT_STATE_DIR, STATE_DIR_ENV
+        from gpuctk.statedir import state_dir
 
         env = os.environ if environ is None else environ
         if env.get("GPUCTK_SPEC_CACHE", "1") == "0":
             return None
-        return cls(env.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
+        return cls(state_dir(env))
 
     def _load(self) -> None:
         from gpuctk.writes import load_private_marshal

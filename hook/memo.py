@@ -2,7 +2,7 @@
 
 After each Python start the shim writes `$GPUCTK_STATE_DIR/runtime` (default /run/gpuctk): the
 config file in force and whether it exists, the low-level runtime it resolved, and the strings
-one of which a config.json asking for a GPU must contain. The front (gpuctk.launchers) execs
+one of which a config.json asking for a GPU must contain. The front (gpuctk.hook.launchers) execs
 that runtime itself for the verbs after a create, and for a create whose config.json holds
 none of the strings. Written only into a folder this uid alone can write.
 """
@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from gpuctk.hook.config import Settings
+
+MEMO_TAG = "gpuctk-runtime memo 3"  # the memo's first line: the format the front reads
 
 
 def request_markers(settings: Settings) -> list[str] | None:
@@ -38,7 +40,7 @@ def request_markers(settings: Settings) -> list[str] | None:
 def remember_runtime(
     runtime: str, environ: Mapping[str, str] | None = None, markers: list[str] | None = None
 ) -> bool:
-    """Write the runtime memo the sh front of gpuctk-runtime reads (gpuctk.launchers): the
+    """Write the runtime memo the sh front of gpuctk-runtime reads (gpuctk.hook.launchers): the
     config file in force and whether it exists, the resolved `runtime`
     (gpuctk.hook.runtime_main.find_runtime: the PATH plays no part), so that the verbs after a
     create skip Python, and the request `markers` (request_markers), so that a create whose
@@ -48,15 +50,15 @@ def remember_runtime(
     changes or the config or the runtime is newer than it (the front would not take it), never
     fsync'd (it is a cache: a lost or stale memo just means a Python start). True when the memo
     is current."""
-    from gpuctk import launchers
     from gpuctk.hook.config import config_path
+    from gpuctk.statedir import state_dir
 
     env = os.environ if environ is None else environ
-    folder = env.get(launchers.STATE_DIR_ENV) or launchers.DEFAULT_STATE_DIR
+    folder = state_dir(env)
     conf, _ = config_path(env)
     present = "present" if os.path.exists(conf) else "absent"
     create = "\t".join(["create-grep", *markers]) if markers else "create-python"
-    lines = (launchers.MEMO_TAG, conf, present, runtime, create)
+    lines = (MEMO_TAG, conf, present, runtime, create)
     if any("\n" in line or "\r" in line for line in lines):
         return False  # not representable in the sh front's line reads
     text = "".join(f"{line}\n" for line in lines).encode()
@@ -108,12 +110,11 @@ def forget_runtime(environ: Mapping[str, str] | None = None) -> None:
     """Remove the runtime memo (when its runtime is no longer found): the front then starts
     Python for every verb until a create or another verb writes it again. Only in a folder
     that this uid alone can write (gpuctk.fs.open_private_dir); a failure is ignored."""
-    from gpuctk import launchers
     from gpuctk.errors import GpuctkError
     from gpuctk.fs import open_private_dir
+    from gpuctk.statedir import state_dir
 
-    env = os.environ if environ is None else environ
-    folder = env.get(launchers.STATE_DIR_ENV) or launchers.DEFAULT_STATE_DIR
+    folder = state_dir(environ)
     try:
         dir_fd = open_private_dir(folder)
     except (GpuctkError, OSError):

@@ -103,12 +103,12 @@ class Plans:
         cls, spec_dirs: Sequence[str], environ: Mapping[str, str] | None = None
     ) -> Plans | None:
         """The plans in $GPUCTK_STATE_DIR (default /run/gpuctk), or None when turned off."""
-        from gpuctk.launchers import DEFAULT_STATE_DIR, STATE_DIR_ENV
+        from gpuctk.statedir import state_dir
 
         env = os.environ if environ is None else environ
         if env.get("GPUCTK_SPEC_CACHE", "1") == "0":
             return None
-        return cls(env.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR, spec_dirs)
+        return cls(state_dir(env), spec_dirs)
 
     def snapshot(self) -> tuple[Any, ...] | None:
         """The world as it is now: this module, each spec dir and each spec file listed in it,

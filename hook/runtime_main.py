@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 INJECT_VERBS = frozenset(("create", "run"))
+# set by the sh front (gpuctk.hook.launchers) for the Python it starts when its memo holds
+FRONT_RUNTIME_ENV = "GPUCTK_FRONT_RUNTIME"
 GLOBAL_VALUE_FLAGS = frozenset(
     ("log", "log-format", "root", "criu", "rootless", "cgroup-manager", "log-level")
 )
@@ -293,7 +295,7 @@ def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     args = list(sys.argv[1:] if argv is None else argv)
-    front = os.environ.pop("GPUCTK_FRONT_RUNTIME", "")  # gpuctk.launchers.FRONT_RUNTIME_ENV
+    front = os.environ.pop(FRONT_RUNTIME_ENV, "")
     status, runtime, log = prepare(args, front)
     if status:
         sys.exit(status)

@@ -23,11 +23,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from gpuctk.errors import InputError, OutputError
+from gpuctk.hook import launchers
 from gpuctk.writes import atomic_write
 
 MARKER = ".gpuctk-install.json"  # in the copied prefix: it is gpuctk's, and its digest
-LAUNCHER_MARK = b"# gpuctk launcher"  # a line every gpuctk.launchers script carries
-LAUNCHERS = ("gpuctk", "gpuctk-runtime", "gpuctk-hook")  # gpuctk.launchers.ENTRY_POINTS
+LAUNCHER_MARK = launchers.LAUNCHER_MARK.encode()  # a line every launcher carries
+LAUNCHERS = tuple(launchers.ENTRY_POINTS)
 STATE = "/var/lib/gpuctk/install.json"
 HOST_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",

@@ -1,5 +1,6 @@
-"""gpuctk-runtime under load and faults, as installed: the sh front that gpuctk.launchers writes,
-then Python, in front of REAL runc, each container on a fresh overlay of the debian test image.
+"""gpuctk-runtime under load and faults, as installed: the sh front that gpuctk.hook.launchers
+writes, then Python, in front of REAL runc, each container on a fresh overlay of the debian
+test image.
 
 - A burst: 32 creates at once, each asking for a different GPU of a simulated 32-GPU node (even
   ones by NVIDIA_VISIBLE_DEVICES, odd ones by CDI annotation and UUID): all succeed, each
@@ -50,8 +51,8 @@ from fixtures.burst import PATH_ENV, gpu_nodes, gpu_request, many_gpu_node, wait
 from fixtures.gpucheck import SCRIPT, Node, check_nodes, need_runtime
 from fixtures.images import make_bundle, snapshot_tree, unique_name, unmount
 
-from gpuctk import launchers
 from gpuctk.cdi.ldcache import read_ld_cache
+from gpuctk.hook import launchers
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +76,7 @@ def known_bug(holds: bool, what: object) -> None:
 
 @pytest.fixture(scope="module")
 def front(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """gpuctk-runtime as packaging installs it: gpuctk.launchers' sh front for this venv."""
+    """gpuctk-runtime as packaging installs it: gpuctk.hook.launchers' sh front for this venv."""
     need_runtime("runc")
     bindir = tmp_path_factory.mktemp("launchers")
     launchers.write_launchers(str(bindir), sys.executable)

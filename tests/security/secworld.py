@@ -7,7 +7,7 @@ the sentinel, the real host files and the mounts taken before the attack. Teardo
 no marker appeared and nothing outside the root changed: every test gets that check for free.
 
 The binaries are the production ones: isolated-mode launchers (`#!python -I`, written by
-gpuctk.launchers, as packaging installs them) of gpuctk-hook and gpuctk-runtime for the venv's
+gpuctk.hook.launchers, as packaging installs them) of gpuctk-hook and gpuctk-runtime for the venv's
 interpreter.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from snapshot import HostSnapshot
 
-from gpuctk import launchers
+from gpuctk.hook import launchers
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 FOLDER = f"{LIBDIR}/nvidia/current"

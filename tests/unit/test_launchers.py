@@ -1,4 +1,4 @@
-"""gpuctk.launchers: what the deb, `gpuctk install` and the benches put on PATH."""
+"""gpuctk.hook.launchers: what the deb, `gpuctk install` and the benches put on PATH."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctk.launchers import ENTRY_POINTS, launcher_text, main, write_launchers
+from gpuctk.hook.launchers import ENTRY_POINTS, launcher_text, main, write_launchers
 
 PYVER = f"python{sys.version_info[0]}.{sys.version_info[1]}"
 PROBE = """
@@ -88,7 +88,7 @@ def test_launchers_are_executable_and_name_the_interpreter(tmp_path: Path) -> No
         else:
             assert text.startswith("#!/opt/gpuctk/bin/python3 -IS\n")
         assert (
-            "\n# gpuctk launcher (gpuctk.launchers)" in text
+            "\n# gpuctk launcher (gpuctk.hook.launchers)" in text
         )  # what gpuctk.install.host looks for
 
 

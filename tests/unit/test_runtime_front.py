@@ -1,4 +1,4 @@
-"""gpuctk-runtime's sh front (gpuctk.launchers.runtime_front_text) and its memo
+"""gpuctk-runtime's sh front (gpuctk.hook.launchers.runtime_front_text) and its memo
 (gpuctk.hook.memo.remember_runtime): create/run always reach Python; every other verb
 goes straight to the runtime in the memo, and only while the memo is still true.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctk import launchers
+from gpuctk.hook import launchers
 from gpuctk.hook.memo import remember_runtime
 
 
@@ -251,14 +251,6 @@ def test_python_rewrites_a_memo_older_than_the_config(node: Node) -> None:
     _age(node.memo, seconds=10)
     assert node.run("state", "c1") == "A"  # the config is newer: Python, which rewrites it
     assert node.memo.stat().st_mtime_ns >= node.config.stat().st_mtime_ns
-
-
-def test_the_front_reads_flags_and_config_as_the_python_side() -> None:
-    from gpuctk.hook import config, runtime_main
-
-    assert launchers.GLOBAL_VALUE_FLAGS == runtime_main.GLOBAL_VALUE_FLAGS
-    assert launchers.VERB_VALUE_FLAGS == runtime_main.VERB_VALUE_FLAGS
-    assert launchers.DEFAULT_CONFIG == config.DEFAULT_PATH
 
 
 # --- create without Python when config.json asks for no GPU -------------------------------

@@ -12,8 +12,8 @@ container start, so the launchers written here start the interpreter with `-IS`:
   venv can be moved (the deb and `gpuctk install` copy one). Where gpuctk is not there (a
   system-wide or editable install), the launcher runs `site` after all and imports again.
 
-    python -m gpuctk.launchers /usr/local/bin          # writes the three launchers
-    python -m gpuctk.launchers --python /opt/gpuctk/bin/python3 DIR
+    python -m gpuctk.hook.launchers /usr/local/bin          # writes the three launchers
+    python -m gpuctk.hook.launchers --python /opt/gpuctk/bin/python3 DIR
 
 The deb package and `gpuctk install` use this; so does `bench/lifecycle.py`.
 
@@ -38,7 +38,7 @@ writes the memo again. So a config change takes effect at once, and the verbs th
 create go to the runtime that create used.
 
 A `create`/`run` skips Python too when its config.json cannot be asking for a GPU: the memo
-also holds the request markers of the config in force (gpuctk.hook.runtime_main
+also holds the request markers of the config in force (gpuctk.hook.memo
 request_markers: `NVIDIA_VISIBLE_DEVICES`, each annotation prefix, and with
 accept-volume-mounts the device-list folder name), and the front finds the bundle as runc
 reads `--bundle`/`-b` (the current folder without one) and runs the host's grep (/usr/bin or
@@ -57,6 +57,17 @@ from __future__ import annotations
 
 import os
 import sys
+
+from gpuctk.hook.config import DEFAULT_PATH as DEFAULT_CONFIG
+from gpuctk.hook.memo import MEMO_TAG
+from gpuctk.hook.runtime_main import (
+    FRONT_RUNTIME_ENV,
+    GLOBAL_VALUE_FLAGS,
+    VERB_VALUE_FLAGS,
+)
+from gpuctk.statedir import DEFAULT_STATE_DIR, STATE_DIR_ENV
+
+LAUNCHER_MARK = "# gpuctk launcher"  # every launcher's second line starts so
 
 # launcher name -> (module, function)
 ENTRY_POINTS: dict[str, tuple[str, str]] = {
@@ -78,7 +89,7 @@ def launcher_text(python: str, module: str, function: str) -> str:
     _check_interpreter(python)
     return (
         f"#!{python} -IS\n"
-        "# gpuctk launcher (gpuctk.launchers): isolated mode, no site; see that module.\n"
+        f"{LAUNCHER_MARK} (gpuctk.hook.launchers): isolated mode, no site; see that module.\n"
         "import sys\n"
         "sys.path.append(\n"
         "    f\"{sys.executable.rpartition('/')[0].rpartition('/')[0]}/lib/\"\n"
@@ -95,21 +106,6 @@ def launcher_text(python: str, module: str, function: str) -> str:
     )
 
 
-MEMO_TAG = "gpuctk-runtime memo 3"
-STATE_DIR_ENV = "GPUCTK_STATE_DIR"
-# set by the front for the Python it starts on create, when the memo holds: its runtime
-FRONT_RUNTIME_ENV = "GPUCTK_FRONT_RUNTIME"
-DEFAULT_STATE_DIR = "/run/gpuctk"
-# The spine may not import gpuctk.hook (tests/unit/test_layering.py): these mirror
-# gpuctk.hook.config.DEFAULT_PATH and gpuctk.hook.runtime_main.GLOBAL_VALUE_FLAGS and
-# VERB_VALUE_FLAGS, and tests/unit/test_runtime_front.py checks that they are equal.
-DEFAULT_CONFIG = "/etc/gpuctk/config.toml"
-GLOBAL_VALUE_FLAGS = frozenset(
-    ("log", "log-format", "root", "criu", "rootless", "cgroup-manager", "log-level")
-)
-VERB_VALUE_FLAGS = frozenset(
-    ("bundle", "b", "console-socket", "pid-file", "preserve-fds", "config", "f", "pidfd-socket")
-)
 GREPS = ("/usr/bin/grep", "/bin/grep")
 
 # The Python half of the runtime front: run with `-IS -c CODE "$0" "$@"` (no single quotes).
@@ -137,7 +133,7 @@ def runtime_front_text(python: str) -> str:
     # bundle/b and config/f have their own patterns before this one in the front
     verb_flags = "|".join(sorted(VERB_VALUE_FLAGS - {"bundle", "b", "config", "f"}))
     return f"""#!/bin/sh
-# gpuctk launcher (gpuctk.launchers): gpuctk-runtime's POSIX sh front; see that module.
+{LAUNCHER_MARK} (gpuctk.hook.launchers): gpuctk-runtime's POSIX sh front; see that module.
 # Verbs other than create/run go to the low-level runtime in the memo; so does a create whose
 # config.json holds none of the memo's request markers; anything else starts Python.
 unset {FRONT_RUNTIME_ENV}
@@ -265,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m gpuctk.launchers",
+        prog="python -m gpuctk.hook.launchers",
         description="Write isolated-mode launchers for gpuctk, gpuctk-runtime and gpuctk-hook.",
     )
     parser.add_argument("bindir", help="folder to write them into, e.g. /usr/local/bin")
@@ -279,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in write_launchers(args.bindir, args.python):
             print(path)
     except (GpuctkError, OSError, ValueError) as exc:
-        print(f"gpuctk.launchers: error: {exc}", file=sys.stderr)
+        print(f"gpuctk.hook.launchers: error: {exc}", file=sys.stderr)
         return 1
     return 0
 
