@@ -64,11 +64,23 @@ def installed_bin() -> Path:
 PYTHON_NOTE = ".python"  # in the launchers' folder: the venv interpreter they start
 
 
+# where a revision keeps its launcher writer: this tree's, then older revisions' (--against)
+LAUNCHER_MODULES = ("gpuctk.hook.launchers", "gpuctk.launchers")
+
+
 def _launchers(python: Path, bindir: Path) -> Path:
-    """Write gpuctk.hook.launchers' launchers for the venv of `python` into `bindir`; returns it."""
+    """Write the launchers (gpuctk.hook.launchers) for the venv of `python` into `bindir`;
+    returns it."""
     bindir.mkdir(exist_ok=True)
+    for module in LAUNCHER_MODULES:
+        probe = f"import importlib.util as u; print(u.find_spec({module!r}) is not None)"
+        found = subprocess.run(
+            [str(python), "-I", "-c", probe], capture_output=True, text=True, check=False
+        )
+        if found.stdout.strip() == "True":
+            break
     subprocess.run(
-        [str(python), "-I", "-m", "gpuctk.hook.launchers", str(bindir)],
+        [str(python), "-I", "-m", module, str(bindir)],
         check=True,
         capture_output=True,
     )
