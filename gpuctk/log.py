@@ -1,12 +1,44 @@
-"""Warnings and debug lines of the `gpuctk` command, on stderr, as `gpuctk: LEVEL: message`.
+"""Every log line gpuctk writes: the `gpuctk` command's, the shim's and the hook's.
 
-Deliberately not the logging module: importing it costs ~10 ms (traceback, threading, string,
-...) on every `gpuctk cdi generate`, for two kinds of line. `--debug` turns debug lines on.
+- The command (`warning`, `debug`): `gpuctk: LEVEL: message` on stderr; the root command's
+  `--debug` (set_debug) turns debug lines on.
+- The shim (RuncLog): runc's format, to the engine's `--log` file in its `--log-format`. runc
+  (logrus) writes, per line:
+
+      text: time="2024-05-01T10:00:00Z" level=error msg="the message"
+      json: {"level":"error","msg":"the message","time":"2024-05-01T10:00:00Z"}
+
+  The engine reads that file back when a runtime call fails (containerd takes the last error
+  line as the reason), so an error the shim reports there reads like runc's own. Without
+  `--log`, runc logs to stderr, and so does the shim (warnings and errors; info lines only
+  with --debug); like runc's `fatal`, an error is also printed as a plain line on stderr when
+  the log goes to a file. The configured extra log file (config `log-file`) gets text lines.
+- The hook (`hook`, one HookLog): warnings and errors on stderr (runc and crun show a hook's
+  stderr when it fails); with GPUCTK_HOOK_LOG, every line at or above GPUCTK_HOOK_LOG_LEVEL
+  (debug, info, warning or error; default info) is also appended in runc's text format.
+
+Nothing is ever written to stdout (engines parse runc's stdout for some verbs). Each file line
+is one O_APPEND write on a freshly opened descriptor; the `log-file` and GPUCTK_HOOK_LOG files
+are opened by gpuctk.fs.append_trusted (an absolute path, no link followed, never blocking, a
+regular file in a folder root alone can write) and, refused, are dropped after one warning.
+Deliberately not the logging module: importing it costs ~10 ms on every start.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import TextIO
+
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+_STDERR_PATHS = ("", "/dev/stderr", "/proc/self/fd/2")
+
+# --- the command ---------------------------------------------------------------------------
 
 _debug = False
 
@@ -24,3 +56,183 @@ def warning(message: str) -> None:
 def debug(message: str) -> None:
     if _debug:
         print(f"gpuctk: debug: {message}", file=sys.stderr)
+
+
+# --- runc's line format --------------------------------------------------------------------
+
+
+def rfc3339(now: float | None = None) -> str:
+    """Local time as Go's time.RFC3339 ("2006-01-02T15:04:05Z07:00")."""
+    t = time.localtime(now)
+    offset = t.tm_gmtoff or 0
+    if offset == 0:
+        zone = "Z"
+    else:
+        sign = "+" if offset > 0 else "-"
+        hours, minutes = divmod(abs(offset) // 60, 60)
+        zone = f"{sign}{hours:02d}:{minutes:02d}"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", t) + zone
+
+
+def _quote(text: str) -> str:
+    """A Go %q-like double-quoted string (what logrus uses for values that need quoting)."""
+    out = text.replace("\\", "\\\\").replace('"', '\\"')
+    out = out.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    if any(c < " " or c == "\x7f" for c in out):
+        out = "".join(f"\\x{ord(c):02x}" if c < " " or c == "\x7f" else c for c in out)
+    return f'"{out}"'
+
+
+def _json_string(text: str) -> str:
+    out = text.replace("\\", "\\\\").replace('"', '\\"')
+    out = out.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+    if any(c < " " or c == "\x7f" for c in out):
+        out = "".join(f"\\u{ord(c):04x}" if c < " " or c == "\x7f" else c for c in out)
+    return f'"{out}"'
+
+
+def format_line(level: str, msg: str, fmt: str = "text", now: float | None = None) -> str:
+    """One log line (with its newline) in runc's `fmt` ("text" or "json")."""
+    stamp = rfc3339(now)
+    if fmt == "json":
+        # keys in logrus's (sorted) order; _json_string escapes what JSON needs here
+        return f'{{"level":"{level}","msg":{_json_string(msg)},"time":"{stamp}"}}\n'
+    return f'time="{stamp}" level={level} msg={_quote(msg)}\n'
+
+
+def _append(path: str, line: str) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return False
+    try:
+        os.write(fd, line.encode("utf-8", "backslashreplace"))
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _append_trusted(path: str, line: str, mode: int) -> str | None:
+    from gpuctk.fs import append_trusted
+
+    return append_trusted(path, line.encode("utf-8", "backslashreplace"), mode)
+
+
+# --- the shim ------------------------------------------------------------------------------
+
+
+class RuncLog:
+    """Where the shim's messages go: the engine's log (or stderr) and an optional extra file."""
+
+    __slots__ = ("engine_format", "engine_path", "extra_path", "stderr", "threshold")
+
+    def __init__(
+        self,
+        engine_path: str | None = None,
+        engine_format: str = "text",
+        *,
+        level: str = "info",
+        stderr: TextIO | None = None,
+    ) -> None:
+        self.engine_path = engine_path or ""
+        self.engine_format = engine_format if engine_format in ("text", "json") else "text"
+        self.extra_path = ""
+        self.threshold = LEVELS.get(level, 20)
+        self.stderr = stderr
+
+    def configure(self, extra_path: str = "", level: str | None = None) -> None:
+        """Add the configured log file and level once the config has been read (the engine's
+        --debug still wins: debug lines then flow whatever the configured level)."""
+        self.extra_path = extra_path
+        if level is not None and self.threshold > LEVELS["debug"]:
+            self.threshold = LEVELS.get(level, LEVELS["info"])
+
+    def log(self, level: str, msg: str) -> None:
+        rank = LEVELS[level]
+        if rank < self.threshold:
+            return
+        if self.engine_path not in _STDERR_PATHS:
+            _append(self.engine_path, format_line(level, msg, self.engine_format))
+        elif rank >= LEVELS["warning"] or self.threshold <= LEVELS["debug"]:
+            # no --log: the engine's stderr; routine info lines only with --debug
+            self._write_stderr(format_line(level, msg, self.engine_format))
+        if self.extra_path:
+            line = format_line(level, f"gpuctk-runtime: {msg}", "text")
+            why = _append_trusted(self.extra_path, line, 0o644)
+            if why is not None:  # say so once, then log without it
+                path, self.extra_path = self.extra_path, ""
+                self.log("warning", f"gpuctk-runtime: log-file {path}: {why}")
+
+    def _write_stderr(self, text: str) -> None:
+        try:
+            stream = self.stderr or sys.stderr
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def debug(self, msg: str) -> None:
+        self.log("debug", msg)
+
+    def info(self, msg: str) -> None:
+        self.log("info", msg)
+
+    def warning(self, msg: str) -> None:
+        self.log("warning", msg)
+
+    def error(self, msg: str) -> None:
+        """An error, as runc's `fatal` reports one: in the log, and plainly on stderr when the
+        log is a file (it is already on stderr otherwise). Never filtered by the level."""
+        saved, self.threshold = self.threshold, 0
+        try:
+            self.log("error", msg)
+        finally:
+            self.threshold = saved
+        if self.engine_path not in _STDERR_PATHS:
+            self._write_stderr(msg + "\n")
+
+
+# --- the hook ------------------------------------------------------------------------------
+
+
+class HookLog:
+    """gpuctk-hook's log, configured only by its entry point (configure)."""
+
+    __slots__ = ("level", "path")
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+        self.level = LEVELS["info"]
+
+    def configure(self, env: Mapping[str, str] | None = None) -> None:
+        """Read GPUCTK_HOOK_LOG and GPUCTK_HOOK_LOG_LEVEL from `env` (default: os.environ)."""
+        env = os.environ if env is None else env
+        self.path = env.get("GPUCTK_HOOK_LOG") or None
+        self.level = LEVELS.get(env.get("GPUCTK_HOOK_LOG_LEVEL", "info").lower(), LEVELS["info"])
+
+    def log(self, level: str, message: str, *, to_stderr: bool = True) -> None:
+        """Log `message` at `level` (a key of LEVELS); warnings and errors also go to stderr."""
+        value = LEVELS[level]
+        if to_stderr and value >= LEVELS["warning"]:
+            sys.stderr.write(f"gpuctk-hook: {level}: {message}\n")
+        path = self.path
+        if path is None or value < self.level:
+            return
+        why = _append_trusted(path, format_line(level, f"gpuctk-hook: {message}"), 0o640)
+        if why is not None:  # say so once, then log without it
+            sys.stderr.write(f"gpuctk-hook: warning: log file {path}: {why}\n")
+            self.path = None
+
+    def debug(self, message: str) -> None:
+        self.log("debug", message)
+
+    def info(self, message: str) -> None:
+        self.log("info", message)
+
+    def warning(self, message: str) -> None:
+        self.log("warning", message)
+
+
+hook = HookLog()

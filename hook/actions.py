@@ -19,7 +19,8 @@ import posixpath
 
 from gpuctk import rootfs
 from gpuctk.errors import UsageError
-from gpuctk.hook import hooklog, inroot, ldmerge, mounts, oci_state
+from gpuctk.hook import inroot, ldmerge, mounts, oci_state
+from gpuctk.log import hook as hooklog
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ the container root from the bundle's config.json and does all its work inside th
 process. An unknown verb or option logs a warning and is ignored (exit 0), so that a spec written
 by a newer gpuctk never blocks a container. Errors: one line on stderr, exit 1 (runc's
 convention: runc shows it; crun 1.8 shows only the exit code, so a spec's hook env should name
-a GPUCTK_HOOK_LOG file). Logs: never stdout; see gpuctk.hook.hooklog.
+a GPUCTK_HOOK_LOG file). Logs: never stdout; see gpuctk.log (hook).
 
 The modes for engines without the shim: `prestart` / `createRuntime` (run in the runtime's
 namespaces: enter /proc/<pid>/ns/mnt after checking the pid, then the same in-root steps) and
@@ -32,7 +32,7 @@ import sys
 
 from gpuctk import __version__
 from gpuctk.errors import EXIT_FAILURE, GpuctkError
-from gpuctk.hook import hooklog
+from gpuctk.log import hook as hooklog
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import stat
 
 from gpuctk import rootfs
 from gpuctk.errors import UsageError
-from gpuctk.hook import hooklog
+from gpuctk.log import hook as hooklog
 
 LD_CONF_DIR = "/etc/ld.so.conf.d"
 LD_CONF_FILE = LD_CONF_DIR + "/00-gpuctk.conf"  # "00-": driver folders come first

@@ -45,7 +45,8 @@ from collections.abc import Callable
 from typing import Any, BinaryIO, Protocol
 
 from gpuctk.errors import GpuctkError
-from gpuctk.hook import hooklog, oci_state
+from gpuctk.hook import oci_state
+from gpuctk.log import hook as hooklog
 
 IFNAMSIZ = 16
 

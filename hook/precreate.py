@@ -13,7 +13,8 @@ from __future__ import annotations
 import sys
 
 from gpuctk.errors import InputError
-from gpuctk.hook import hooklog, oci_state, ocikeys
+from gpuctk.hook import oci_state, ocikeys
+from gpuctk.log import hook as hooklog
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

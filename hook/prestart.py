@@ -31,7 +31,8 @@ import posixpath
 import time
 
 from gpuctk.errors import InputError
-from gpuctk.hook import hooklog, oci_state
+from gpuctk.hook import oci_state
+from gpuctk.log import hook as hooklog
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ import os
 import sys
 
 from gpuctk.errors import GpuctkError, InputError
-from gpuctk.hook.runclog import RuncLog
+from gpuctk.log import RuncLog
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -552,7 +552,7 @@ def test_the_front_never_runs_a_memo_runtime_rewritten_by_others(node: Node) -> 
 def test_the_hook_log_in_a_user_folder_is_never_opened_through_a_link(
     node: Node, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gpuctk.hook import hooklog
+    from gpuctk.log import hook as hooklog
 
     secret = node.root / "secret"
     secret.write_text("root only\n")

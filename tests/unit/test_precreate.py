@@ -18,7 +18,7 @@ import pytest
 
 from gpuctk.errors import InputError, RequestError
 from gpuctk.hook import config, precreate, runtime_main
-from gpuctk.hook.runclog import RuncLog
+from gpuctk.log import RuncLog
 
 HOOK = str(Path(sys.executable).parent / "gpuctk-hook")
 LIB = "/usr/lib/x86_64-linux-gnu"

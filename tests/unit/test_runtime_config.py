@@ -1,4 +1,4 @@
-"""gpuctk-runtime configuration (hook.config), runc-format logging (hook.runclog), argv parsing."""
+"""gpuctk-runtime configuration (hook.config), runc-format logging (gpuctk.log), argv parsing."""
 
 from __future__ import annotations
 
@@ -14,13 +14,17 @@ from hypothesis import strategies as st
 
 from gpuctk.errors import InputError, ValidationError
 from gpuctk.hook import config
-from gpuctk.hook.runclog import RuncLog, format_line, rfc3339
 from gpuctk.hook.runtime_main import parse_argv
 from gpuctk.jsonfast import dumps, loads
+from gpuctk.log import RuncLog, format_line, rfc3339
 
 
-def test_defaults_when_the_default_file_is_missing(tmp_path: Path) -> None:
-    s = config.load({})  # /etc/gpuctk/config.toml does not exist on test machines
+def test_defaults_when_the_default_file_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the default path, made one that does not exist (a host may have the deb's file)
+    monkeypatch.setattr(config, "DEFAULT_PATH", str(tmp_path / "etc" / "config.toml"))
+    s = config.load({})
     assert s.runtimes == ("runc", "crun")
     assert s.spec_dirs == ("/etc/cdi", "/var/run/cdi")
     assert s.default_kind == "nvidia.com/gpu" and s.device_list_kinds == ()

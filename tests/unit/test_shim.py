@@ -375,7 +375,7 @@ def test_hot_path_imports(env: Env) -> None:
     code = (
         "import sys\n"
         "from gpuctk.hook import config, runtime_main as r\n"
-        "from gpuctk.hook.runclog import RuncLog\n"
+        "from gpuctk.log import RuncLog\n"
         f"inv = r.parse_argv(['create', '-b', {str(env.bundle)!r}, 'c'])\n"
         f"settings = config.load({{'GPUCTK_CONFIG': {str(env.tmp / 'config.toml')!r}}})\n"
         "r.inject(inv, settings, RuncLog())\n"
