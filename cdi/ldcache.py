@@ -32,7 +32,7 @@ from itertools import accumulate, compress, repeat
 
 from gpuctk.records import record
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
     from collections.abc import Callable
 

@@ -21,14 +21,14 @@ way: every name by which hook mode makes a library loadable stays loadable, only
 loader's fallback instead of the ld cache.
 
 `--loader-folders triplet` (or `lib64`) keeps one family's folders only: on a node whose images
-are all Debian/Ubuntu-based (the CUDA images are), half the library mounts and ~0.7 ms each of
+are all Debian/Ubuntu-based (the CUDA images are), half the library mounts, each paid at
 every container start; an image of the other family then finds no driver library.
 
 These mounts replace the library's own mount (the versioned file at its driver path): nothing
 loads a driver library by that name (DT_NEEDED and dlopen name SONAMEs; a library whose SONAME
-is its versioned file name gets that name in the loader folders), and each mount costs podman
-4.3.1 about 0.7 ms at container start (measured; runc alone ~0.15 ms): the 24 versioned mounts
-of the Debian 535 driver would add ~15-20 ms to every start. A library without a usable SONAME
+is its versioned file name gets that name in the loader folders), and each mount costs the
+engine time at every container start (docs/benchmarks.md, podman): the 24 versioned mounts
+of the Debian 535 driver would be paid at every start. A library without a usable SONAME
 keeps its own mount.
 
 Pure: driver files in, Mount records out.

@@ -244,8 +244,8 @@ def _pynvml() -> Any:
     """The pynvml module, imported without `ctypes.util`.
 
     pynvml does `from ctypes.util import find_library` at import and never calls it; importing
-    ctypes.util pulls in subprocess, shutil, tempfile, bz2, lzma and random (~5 ms of the
-    generator's 100 ms budget). A stand-in module whose `find_library` loads the real one on
+    ctypes.util pulls in subprocess, shutil, tempfile, bz2, lzma and random (a twentieth of
+    the generator's budget). A stand-in module whose `find_library` loads the real one on
     first use serves the import and is removed from sys.modules at once, so any other importer
     of ctypes.util gets the real module.
     """

@@ -16,7 +16,7 @@ from gpuctk.cdi.machine import Gpu, Machine, MigDevice
 from gpuctk.errors import InputError, UsageError
 
 # Shipped as package data beside this module (an installed package is plain files, never a zip:
-# importlib.resources would cost ~10 ms of imports on every `cdi generate` for nothing).
+# importlib.resources would cost every `cdi generate` its imports for nothing).
 _PROFILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
 
 _PROFILE_RE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb$")

@@ -1,9 +1,10 @@
 """A pre-parsed cache of the CDI spec files, for the container-create path.
 
-Every `gpuctk-runtime create` reads the spec dirs. Decoding a spec costs ~1 ms as JSON and, as
-YAML (what `nvidia-ctk` and most guides write), ~30 ms: PyYAML's import alone. The shim keeps the
+Every `gpuctk-runtime create` reads the spec dirs. Decoding a spec as JSON is cheap; as YAML
+(what `nvidia-ctk` and most guides write) PyYAML's import alone costs more than the rest of a
+create (docs/benchmarks.md). The shim keeps the
 decoded documents in one file, `$GPUCTK_STATE_DIR/specs.cache` (default /run/gpuctk, a tmpfs:
-gone at reboot), in `marshal` format (built in, ~0.15 ms for an 8-GPU spec).
+gone at reboot), in `marshal` format (built in, and the fastest decoder Python has).
 
 Keyed on the identity of the descriptor the loader opened, after the trust policy accepted it:
 path, device, inode, size, mtime and ctime (ns). A spec rewritten by rename (what `gpuctk cdi

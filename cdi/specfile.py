@@ -35,7 +35,7 @@ from gpuctk import jsonfast
 from gpuctk.errors import InputError, TrustError, ValidationError
 from gpuctk.fs import read_limited
 
-TYPE_CHECKING = False  # not typing's: importing typing costs the create path ~3 ms
+TYPE_CHECKING = False  # not typing's: its import is costly on the create path
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any

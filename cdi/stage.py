@@ -1,7 +1,7 @@
 """`--library-mode folder`: the driver's libraries and binaries staged in one host folder.
 
 An engine that applies CDI itself (podman, containerd 1.7+, CRI-O) pays for every mount of a
-spec at every container start: ~0.7 ms each in podman 4.3.1 here, ~0.37 ms in runc alone. The
+spec at every container start (docs/benchmarks.md, podman). The
 SONAME mounts of `--library-mode mounts` are one mount per library and loader folder (19 for
 a compute-only L4 spec in one loader family). Folder mode stages the selected libraries, their
 SONAME and development links and the binaries in one folder on the host, once per driver, and

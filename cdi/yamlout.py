@@ -1,7 +1,7 @@
 """A small block-style YAML writer for generated specs, so that `cdi generate` never imports PyYAML.
 
-PyYAML's import alone costs ~10 ms (its reader and resolver compile dozens of regular
-expressions), a tenth of the generator's time budget, to write a document made of mappings,
+PyYAML's import alone (its reader and resolver compile dozens of regular expressions) is a
+tenth of the generator's time budget (docs/benchmarks.md), to write a document made of mappings,
 lists, strings, integers and booleans. This writer covers exactly those types, in the layout
 PyYAML's `dump(default_flow_style=False, sort_keys=False)` uses, and is conservative about
 strings: a string is written plain only when it starts with a letter, `_` or `/`, uses only

@@ -1,9 +1,9 @@
 """JSON for the container-create path, through the stdlib's C scanner and encoder directly.
 
-`import json` costs the shim `re`, `enum` and the json package's Python layers (~3 ms of a
-~14 ms interpreter start here) for nothing: the work is done by `_json`'s C functions, which
-these wrappers call with the same settings `json.loads`/`json.dumps` would. The json package
-is imported only on an error path, to say what is wrong with a malformed document.
+`import json` costs the shim `re`, `enum` and the json package's Python layers (a fifth of an
+interpreter start: docs/benchmarks.md) for nothing: the work is done by `_json`'s C functions,
+which these wrappers call with the same settings `json.loads`/`json.dumps` would. The json
+package is imported only on an error path, to say what is wrong with a malformed document.
 
     loads(text)                       one document; NaN/Infinity refused; ValueError
     loads(text, pairs_hook=f)         f(list of (key, value)) builds each object;

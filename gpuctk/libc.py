@@ -1,11 +1,11 @@
 """C library calls for the container-create path, through `_ctypes` without the `ctypes` package.
 
-`import ctypes` costs ~4-8 ms per Python start here (it builds every C type, imports `struct`,
+`import ctypes` is costly at every Python start (it builds every C type, imports `struct`,
 `types` and its endianness helpers); the shim and the hook need a few functions: `syscall` (for
 openat2), `renameat2`, and in the hook `mount`, `umount2`, `unshare`, `prctl`, `capget`,
 `capset`. This module builds exactly those from the `_ctypes` extension the
 package itself wraps (dlopen of the running program, a CFuncPtr subclass with the cdecl and
-use-errno flags, a C `long`, `int` and `char[]` type), which costs ~0.5 ms. Where `_ctypes`
+use-errno flags, a C `long`, `int` and `char[]` type), a fraction of that. Where `_ctypes`
 lacks any of that, it falls back to `ctypes` itself: the same result, only slower to load.
 
     function("renameat2", restype="i")  -> callable; errno after a call: get_errno()

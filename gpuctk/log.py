@@ -21,7 +21,8 @@ Nothing is ever written to stdout (engines parse runc's stdout for some verbs). 
 is one O_APPEND write on a freshly opened descriptor; the `log-file` and GPUCTK_HOOK_LOG files
 are opened by gpuctk.fs.append_trusted (an absolute path, no link followed, never blocking, a
 regular file in a folder root alone can write) and, refused, are dropped after one warning.
-Deliberately not the logging module: importing it costs ~10 ms on every start.
+Deliberately not the logging module: its import would cost every start more than the lines
+(docs/benchmarks.md, import costs).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """`@record`: frozen-dataclass semantics for mypy, without dataclasses' cost at run time.
 
 `dataclasses` compiles an `__init__`, `__repr__`, `__eq__`, `__hash__` and `__setattr__` for
-every class it decorates, and importing it pulls in `inspect`: together ~1 ms per class here,
-~25 ms for the records `gpuctk cdi generate` imports, a quarter of its whole time budget. These
+every class it decorates, and importing it pulls in `inspect`: together a large share of what
+`gpuctk cdi generate` costs (docs/benchmarks.md, import costs). These
 records are few and small, so one generic implementation serves them all, and
 `typing.dataclass_transform` (PEP 681) tells mypy they are frozen dataclasses: constructors
 stay fully type-checked.
@@ -19,7 +19,7 @@ immutable, and `replace(r, field=value)` makes a changed copy.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: the shim imports records, typing costs ~3 ms
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: the shim imports records; typing is costly
 if TYPE_CHECKING:
     from typing import Any, TypeVar, dataclass_transform
 

@@ -103,7 +103,7 @@ def atomic_write(
         dest = path
     else:
         directory, dest = "", base
-    # Not tempfile.mkstemp: importing tempfile costs the container-start path ~8 ms.
+    # Not tempfile.mkstemp: importing tempfile would cost the container-start path dearly.
     tmp = f".{base}.{os.urandom(6).hex()}.tmp"
     tmp = os.path.join(directory, tmp) if directory else tmp
     try:

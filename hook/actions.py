@@ -4,10 +4,10 @@
 subset of it): symlinks, modes, then the loader: `/etc/ld.so.conf.d/00-gpuctk.conf`, an
 `/etc/ld.so.conf` when the image lacks one, and the ld cache. createContainer merges the cache
 in-process as gpuctk-runtime does (gpuctk.hook.ldmerge: the image's cache plus the mounted
-driver libraries, ~1-2 ms); where it cannot (no cache in the image, a library whose SONAME link
+driver libraries); where it cannot (no cache in the image, a library whose SONAME link
 is missing), for `update-ldcache`, and when an ldconfig is named (--ldconfig-path,
 GPUCTK_LDCONFIG), the host's ldconfig rebuilds it, confined to the root (gpuctk.hook.ldconfig:
-~11 ms here on a small image, more with every library the image holds). musl images get
+slower, and more so with every library the image holds). musl images get
 `/etc/ld-musl-<arch>.path` instead. A root mounted read-only (crun mounts it so before the
 hooks) is made writable for the duration.
 """
@@ -22,14 +22,14 @@ from gpuctk.errors import UsageError
 from gpuctk.hook import inroot, ldmerge, mounts, oci_state
 from gpuctk.log import hook as hooklog
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
     from typing import Any, BinaryIO
 
 
 class Request:
     """What one hook invocation was asked to do (raw option values, checked by run_request).
-    A plain class: dataclasses would import inspect, ~8 ms at every container start."""
+    A plain class: dataclasses would import inspect at every container start."""
 
     __slots__ = (
         "container_spec",

@@ -34,7 +34,7 @@ from gpuctk import __version__
 from gpuctk.errors import EXIT_FAILURE, GpuctkError
 from gpuctk.log import hook as hooklog
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None, *, exit: Callable[[int], object] = sys.e
         code = EXIT_FAILURE
     except Exception as exc:  # the edge of the program
         if "--debug" in args:
-            import traceback  # only here: it costs ~10 ms of import time
+            import traceback  # only here: its import is costly
 
             traceback.print_exc()
         message = f"internal error: {exc.__class__.__name__}: {exc}"

@@ -111,8 +111,8 @@ _RUNNABLE_MUSL = {"x86_64": ("x86_64", "i386"), "aarch64": ("aarch64", "armhf", 
 
 def has_runnable_musl(root_fd: int) -> bool:
     """Whether /lib holds a musl loader this machine can run (ld-musl-<arch>.so.1 for its own
-    arch or its 32-bit one): a few stats, where musl_arches lists the whole folder (~0.6 ms
-    for a merged-/usr image's /usr/lib). A loader for another machine cannot start here."""
+    arch or its 32-bit one): a few stats, where musl_arches lists the whole folder (a merged-/usr
+    image's /usr/lib is large). A loader for another machine cannot start here."""
     machine = os.uname().machine
     arches = _RUNNABLE_MUSL.get(machine, (machine,))
     return any(rootfs.stat_in_root(root_fd, f"/lib/ld-musl-{a}.so.1") for a in arches)

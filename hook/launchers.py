@@ -6,11 +6,12 @@ adds an import hook to every start. `gpuctk-runtime` and `gpuctk-hook` run as ro
 container start, so the launchers written here start the interpreter with `-IS`:
 
 - `-I` (isolated): no PYTHON* variables, no user site, no script folder on sys.path;
-- `-S` (no `site`): no .pth files run, and ~2.5 ms less per start (a quarter of CPython's
-  start here). The launcher puts its venv's site-packages on sys.path itself, found from the
-  interpreter's own path (`<venv>/bin/python` -> `<venv>/lib/pythonX.Y/site-packages`), so a
-  venv can be moved (the deb and `gpuctk install` copy one). Where gpuctk is not there (a
-  system-wide or editable install), the launcher runs `site` after all and imports again.
+- `-S` (no `site`): no .pth files run, and a quarter of CPython's start saved
+  (docs/benchmarks.md). The launcher puts its venv's site-packages on sys.path itself, found
+  from the interpreter's own path (`<venv>/bin/python` -> `<venv>/lib/pythonX.Y/
+  site-packages`), so a venv can be moved (the deb and `gpuctk install` copy one). Where
+  gpuctk is not there (a system-wide or editable install), the launcher runs `site` after all
+  and imports again.
 
     python -m gpuctk.hook.launchers /usr/local/bin          # writes the three launchers
     python -m gpuctk.hook.launchers --python /opt/gpuctk/bin/python3 DIR
@@ -19,7 +20,7 @@ The deb package and `gpuctk install` use this; so does `bench/lifecycle.py`.
 
 `gpuctk-runtime` is different: containerd runs it for every verb of every container (create,
 start, state, kill, delete, ...), and only `create`/`run` need Python. Its launcher is a POSIX sh
-front (dash starts in ~1 ms, CPython in ~13 ms here) that finds the verb as runc reads its
+front (dash starts in a fraction of CPython's time) that finds the verb as runc reads its
 global flags and, for any verb but create/run, execs the low-level runtime that gpuctk-runtime
 itself last resolved, read from its memo (`$GPUCTK_STATE_DIR/runtime`, default
 /run/gpuctk/runtime; see gpuctk.hook.memo.remember_runtime). The memo is used only when

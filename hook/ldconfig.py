@@ -37,7 +37,7 @@ WARNING = "gpuctk-hook: warning: "  # lines the child writes for the hook to log
 _PT_INTERP = 3
 _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL = 24, 38, 47, 4
 _CAP_V3 = 0x20080522  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words per set
-_SIGKILL = 9  # not signal.SIGKILL: `import signal` pulls in enum, ~5 ms per hook start
+_SIGKILL = 9  # not signal.SIGKILL: `import signal` pulls in enum at every hook start
 
 
 class LdconfigError(GpuctkError):

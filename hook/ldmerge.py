@@ -26,7 +26,7 @@ import stat
 from gpuctk import rootfs
 from gpuctk.fs import stat_identity
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
     from typing import Any
 

@@ -9,7 +9,7 @@ other flags (nosuid, nodev, noexec, atime) kept. The remount goes through the ro
 so it hits exactly the root's mount; a root that is not a mount point is never remounted.
 
 The hook imports this at every container start, so it stays off `ctypes` (libc calls go through
-gpuctk.libc), `re` and `contextlib`: together ~5 ms of imports per hook process.
+gpuctk.libc), `re` and `contextlib`: imports every hook process would pay for.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from gpuctk.errors import InputError
 from gpuctk.fs import read_limited
 from gpuctk.hook.ocikeys import check_keys
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
     from typing import Any, BinaryIO
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from gpuctk.errors import ValidationError
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
     from typing import Any
 

@@ -9,7 +9,7 @@ the result (a "plan") in `$GPUCTK_STATE_DIR/plans/` (default /run/gpuctk, a tmpf
 overwrites another's (at most MAX_PLANS files: a write past that removes the oldest). The next
 create with the same request takes the plan, after a few stat calls, instead of importing and
 running the registry, the capability filter, the merge, the hook argument parser and the ELF
-reader (~4-5 ms of a ~16 ms create here).
+reader (a quarter of a create: docs/benchmarks.md).
 
 A plan is keyed on the request as gpuctk.hook.requests read it (kind, device names or driver
 only), the raw NVIDIA_DRIVER_CAPABILITIES value and the NVIDIA_REQUIRE_* requirements that

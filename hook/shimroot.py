@@ -2,9 +2,9 @@
 
 A generated spec carries ONE `gpuctk-hook createContainer --link TARGET::LINK... --folder DIR...`
 entry: make the SONAME links, list the driver folders for the loader, refresh the ld cache. A
-hook process costs a Python start plus an ldconfig run (~50 ms of a ~60 ms runc lifecycle
-here). When gpuctk-runtime applies the spec, the container root is already mounted (the engine
-mounts it before `create`), so the shim can do the same before runc runs:
+hook process costs a Python start plus an ldconfig run, most of a runc lifecycle
+(docs/benchmarks.md). When gpuctk-runtime applies the spec, the container root is already
+mounted (the engine mounts it before `create`), so the shim can do the same before runc runs:
 
 - each LINK whose TARGET is a driver file the spec mounts becomes one more bind mount of that
   host file at LINK (what a loader sees through a symlink, without writing into the image);
@@ -36,7 +36,7 @@ import posixpath
 from gpuctk import rootfs
 from gpuctk.hook import inroot, ldmerge
 
-TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~3 ms per start
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
