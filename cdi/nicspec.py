@@ -21,8 +21,9 @@ Network interfaces reach the container in one of two ways (`--nic-mode`):
   cdiVersion 1.1.0, which only engines that know CDI 1.1 accept.
 
 The GPU spec is not changed, so its cdiVersion (0.5.0 for podman 4.3.1) is not raised either.
-This module's top level imports only click (for the options): `gpuctk cdi generate` without
-`--nics` pays nothing more.
+The spec is built from gpuctk.cdi.spec records, as the GPU spec is. This module's top level
+imports only click (for the options) and those records: `gpuctk cdi generate` without `--nics`
+pays nothing more.
 """
 
 from __future__ import annotations
@@ -33,11 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from gpuctk.cdi.spec import ContainerEdits, Device, DeviceNode, Hook, NetDevice, Spec
+
 if TYPE_CHECKING:
     from gpuctk.cdi.discover import Roots
     from gpuctk.cdi.generate import Options
     from gpuctk.cdi.machine import Gpu, Machine
     from gpuctk.cdi.nics import CharNode, Nic
+    from gpuctk.cdi.shape import SpecDoc
 
 NIC_MODES = ("hook", "netdevices")
 AFFINITIES = ("PIX", "PXB", "PHB", "NODE", "SYS", "off")
@@ -92,12 +96,11 @@ def nic_options(f: F) -> F:
     return f
 
 
-def _node(node: CharNode, dev_root: str) -> dict[str, Any]:
-    d: dict[str, Any] = {"path": node.path}
+def _node(node: CharNode, dev_root: str) -> DeviceNode:
+    host = None
     if os.path.realpath(dev_root) != "/":
-        d["hostPath"] = os.path.join(dev_root, node.path.lstrip("/"))
-    d.update(type="c", major=node.major, minor=node.minor)
-    return d
+        host = os.path.join(dev_root, node.path.lstrip("/"))
+    return DeviceNode(node.path, host_path=host, type="c", major=node.major, minor=node.minor)
 
 
 def nic_edits(
@@ -107,27 +110,24 @@ def nic_edits(
     mode: str = "hook",
     hook_path: str = "/usr/bin/gpuctk-hook",
     dev_root: str = "/",
-) -> dict[str, Any]:
-    """The containerEdits (CDI JSON) that give a container `nics`."""
+) -> ContainerEdits:
+    """The container edits that give a container `nics`."""
     nodes = [n for nic in nics for n in nic.nodes]
     if rdma_cm is not None and nics:
         nodes.append(rdma_cm)
-    edits: dict[str, Any] = {"deviceNodes": [_node(n, dev_root) for n in nodes]} if nodes else {}
+    device_nodes = tuple(_node(n, dev_root) for n in nodes)
     netdevs = [name for nic in nics for name in nic.netdevs]
     if netdevs and mode == "netdevices":
-        edits["netDevices"] = [{"hostInterfaceName": n, "name": n} for n in netdevs]
-    elif netdevs:
-        flags = [arg for name in netdevs for arg in ("--netdev", name)]
-        edits["hooks"] = [
-            {
-                "hookName": stage,
-                "path": hook_path,
-                "args": ["gpuctk-hook", stage, *flags],
-                "env": [HOOK_ENV_PATH],
-            }
+        net = tuple(NetDevice(n, n) for n in netdevs)
+        return ContainerEdits(device_nodes=device_nodes, net_devices=net)
+    hooks: tuple[Hook, ...] = ()
+    if netdevs:
+        flags = tuple(arg for name in netdevs for arg in ("--netdev", name))
+        hooks = tuple(
+            Hook(stage, hook_path, args=("gpuctk-hook", stage, *flags), env=(HOOK_ENV_PATH,))
             for stage in ("createRuntime", "poststop")
-        ]
-    return edits
+        )
+    return ContainerEdits(device_nodes=device_nodes, hooks=hooks)
 
 
 def closest(gpu: Gpu, nics: tuple[Nic, ...], sys_root: str, limit: str) -> tuple[str, list[Nic]]:
@@ -159,7 +159,7 @@ def build_doc(
     hook_path: str = "/usr/bin/gpuctk-hook",
     uuid_names: bool = True,
     device_ids: tuple[str, ...] = (),
-) -> dict[str, Any]:
+) -> SpecDoc:
     """The NIC spec as a CDI JSON document, cdiVersion set to the minimum it needs.
 
     NICs with neither device nodes nor interfaces (a soft-RoCE device before its verbs node
@@ -171,10 +171,10 @@ def build_doc(
     if not nics:
         raise NoDevicesError("no RDMA device with device nodes or interfaces: no NIC spec")
 
-    def edits(group: list[Nic]) -> dict[str, Any]:
+    def edits(group: list[Nic]) -> ContainerEdits:
         return nic_edits(group, rdma_cm, mode=mode, hook_path=hook_path, dev_root=dev_root)
 
-    devices: list[dict[str, Any]] = [{"name": n.name, "containerEdits": edits([n])} for n in nics]
+    devices = [Device(n.name, edits([n])) for n in nics]
     for gpu in machine.gpus:
         if device_ids and not selected(gpu, device_ids):
             continue
@@ -182,9 +182,9 @@ def build_doc(
         if not near:
             continue
         names = [f"gpu{gpu.index}"] + ([gpu.uuid] if uuid_names else [])
-        devices += [{"name": name, "containerEdits": edits(near)} for name in names]
-    devices.append({"name": "all", "containerEdits": edits(list(nics))})
-    doc: dict[str, Any] = {"cdiVersion": "", "kind": kind, "devices": devices}
+        devices += [Device(name, edits(near)) for name in names]
+    devices.append(Device("all", edits(list(nics))))
+    doc = Spec(kind, tuple(devices)).to_dict()
     doc["cdiVersion"] = minimum_version(doc)
     return doc
 
@@ -301,7 +301,7 @@ def build(
     return NicOutput(path, render_doc(doc, "yaml" if path is None else fmt), summary)
 
 
-def render_doc(doc: dict[str, Any], fmt: str) -> bytes:
+def render_doc(doc: SpecDoc, fmt: str) -> bytes:
     """YAML (with a leading ---, so that it can follow the GPU spec on stdout) or JSON."""
     if fmt == "json":
         import json

@@ -8,9 +8,20 @@ minimum cdiVersion (gpuctk.cdi.version) is not raised by fields that carry nothi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gpuctk.records import record
+
+if TYPE_CHECKING:
+    from gpuctk.cdi.shape import (
+        DeviceDoc,
+        DeviceNodeDoc,
+        EditsDoc,
+        HookDoc,
+        MountDoc,
+        NetDeviceDoc,
+        SpecDoc,
+    )
 
 
 @record
@@ -25,21 +36,24 @@ class DeviceNode:
     uid: int | None = None
     gid: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"path": self.path}
+    def to_dict(self) -> DeviceNodeDoc:
+        d: DeviceNodeDoc = {"path": self.path}
         if self.host_path is not None and self.host_path != self.path:
             d["hostPath"] = self.host_path
-        for key, value in (
-            ("type", self.type),
-            ("major", self.major),
-            ("minor", self.minor),
-            ("fileMode", self.file_mode),
-            ("permissions", self.permissions),
-            ("uid", self.uid),
-            ("gid", self.gid),
-        ):
-            if value is not None:
-                d[key] = value
+        if self.type is not None:
+            d["type"] = self.type
+        if self.major is not None:
+            d["major"] = self.major
+        if self.minor is not None:
+            d["minor"] = self.minor
+        if self.file_mode is not None:
+            d["fileMode"] = self.file_mode
+        if self.permissions is not None:
+            d["permissions"] = self.permissions
+        if self.uid is not None:
+            d["uid"] = self.uid
+        if self.gid is not None:
+            d["gid"] = self.gid
         return d
 
 
@@ -50,8 +64,8 @@ class Mount:
     options: tuple[str, ...] = ()
     type: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"hostPath": self.host_path, "containerPath": self.container_path}
+    def to_dict(self) -> MountDoc:
+        d: MountDoc = {"hostPath": self.host_path, "containerPath": self.container_path}
         if self.options:
             d["options"] = list(self.options)
         if self.type:
@@ -67,8 +81,8 @@ class Hook:
     env: tuple[str, ...] = ()
     timeout: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"hookName": self.hook_name, "path": self.path}
+    def to_dict(self) -> HookDoc:
+        d: HookDoc = {"hookName": self.hook_name, "path": self.path}
         if self.args:
             d["args"] = list(self.args)
         if self.env:
@@ -79,18 +93,30 @@ class Hook:
 
 
 @record
+class NetDevice:
+    host_interface_name: str
+    name: str
+
+    def to_dict(self) -> NetDeviceDoc:
+        return {"hostInterfaceName": self.host_interface_name, "name": self.name}
+
+
+@record
 class ContainerEdits:
     env: tuple[str, ...] = ()
     device_nodes: tuple[DeviceNode, ...] = ()
     mounts: tuple[Mount, ...] = ()
     hooks: tuple[Hook, ...] = ()
+    net_devices: tuple[NetDevice, ...] = ()  # CDI 1.1
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {}
+    def to_dict(self) -> EditsDoc:
+        d: EditsDoc = {}
         if self.env:
             d["env"] = list(self.env)
         if self.device_nodes:
             d["deviceNodes"] = [n.to_dict() for n in self.device_nodes]
+        if self.net_devices:
+            d["netDevices"] = [n.to_dict() for n in self.net_devices]
         if self.mounts:
             d["mounts"] = [m.to_dict() for m in self.mounts]
         if self.hooks:
@@ -98,7 +124,7 @@ class ContainerEdits:
         return d
 
     def is_empty(self) -> bool:
-        return not (self.env or self.device_nodes or self.mounts or self.hooks)
+        return not (self.env or self.device_nodes or self.mounts or self.hooks or self.net_devices)
 
 
 @record
@@ -107,8 +133,8 @@ class Device:
     edits: ContainerEdits
     annotations: tuple[tuple[str, str], ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"name": self.name}
+    def to_dict(self) -> DeviceDoc:
+        d: DeviceDoc = {"name": self.name}
         if self.annotations:
             d["annotations"] = dict(self.annotations)
         d["containerEdits"] = self.edits.to_dict()
@@ -123,8 +149,8 @@ class Spec:
     annotations: tuple[tuple[str, str], ...] = ()
     version: str = ""  # filled by generate with the minimum needed
 
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"cdiVersion": self.version, "kind": self.kind}
+    def to_dict(self) -> SpecDoc:
+        d: SpecDoc = {"cdiVersion": self.version, "kind": self.kind}
         if self.annotations:
             d["annotations"] = dict(self.annotations)
         d["devices"] = [dev.to_dict() for dev in self.devices]
