@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
     from typing import Any
 
+    from gpuctk.cdi.shape import DeviceNodeDoc, EditsDoc
+
     DeviceStat = Callable[[str], tuple[str, int, int]]
 
 # The edit rules' words, here for the create path and read by gpuctk.cdi.validate_edits and
@@ -49,10 +51,10 @@ BIND_TYPES = frozenset(("", "bind", "rbind", "none"))  # a mount type whose sour
 _LIST_KEYS = ("env", "deviceNodes", "netDevices", "hooks", "mounts", "additionalGids")
 
 
-def merge(parts: Iterable[Mapping[str, Any] | None]) -> dict[str, Any]:
+def merge(parts: Iterable[Mapping[str, Any] | None]) -> EditsDoc:
     """The reference `ContainerEdits.Append` folded over `parts`: lists concatenated in order,
     `intelRdt` taken from the last part that has one."""
-    merged: dict[str, Any] = {}
+    merged: Any = {}  # EditsDoc: each key of _LIST_KEYS a list of its shape's items
     for part in parts:
         if not part:
             continue
@@ -62,7 +64,8 @@ def merge(parts: Iterable[Mapping[str, Any] | None]) -> dict[str, Any]:
                 merged.setdefault(key, []).extend(items)
         if part.get("intelRdt") is not None:
             merged["intelRdt"] = part["intelRdt"]
-    return merged
+    edits: EditsDoc = merged
+    return edits
 
 
 def _env_problem(what: str, env: Any) -> str | None:
@@ -224,9 +227,7 @@ def clean_depth(destination: str) -> int:
     return destination.count("/")
 
 
-def apply(
-    oci: dict[str, Any], edits: Mapping[str, Any], *, stat_device: DeviceStat | None = None
-) -> None:
+def apply(oci: dict[str, Any], edits: EditsDoc, *, stat_device: DeviceStat | None = None) -> None:
     """Apply merged CDI `edits` to the OCI spec dict `oci` in place.
 
     ValidationError (nothing changed) when the edits are invalid or a device node's missing
@@ -267,7 +268,7 @@ def apply(
         if hook.get("timeout") is not None:
             entry["timeout"] = hook["timeout"]
         _child(_child(oci, "hooks", {}), hook["hookName"], []).append(entry)
-    rdt = edits.get("intelRdt")
+    rdt: Mapping[str, Any] | None = edits.get("intelRdt")
     if rdt is not None:
         keys = ("closID", "l3CacheSchema", "memBwSchema", "schemata", "enableMonitoring")
         _child(oci, "linux", {})["intelRdt"] = {k: rdt[k] for k in keys if rdt.get(k)}
@@ -311,7 +312,7 @@ def _apply_env(process: dict[str, Any], env: Iterable[str]) -> None:
 
 
 def _apply_devices(
-    oci: dict[str, Any], devices: list[tuple[Mapping[str, Any], dict[str, Any]]]
+    oci: dict[str, Any], devices: list[tuple[DeviceNodeDoc, dict[str, Any]]]
 ) -> None:
     process = oci.get("process")
     user = process.get("user") if isinstance(process, dict) else None

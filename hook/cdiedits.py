@@ -15,13 +15,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
+    from gpuctk.cdi.shape import EditsDoc
     from gpuctk.hook.config import Settings
     from gpuctk.hook.requests import Request
 
 
 def resolve(
     doc: Mapping[str, Any], settings: Settings, warn: Callable[[str], object]
-) -> tuple[Request, dict[str, Any]] | None:
+) -> tuple[Request, EditsDoc] | None:
     """(request, merged edits) for the OCI config `doc`; None when it asks for nothing.
     RequestError for an unknown device or an unmet requirement."""
     req = request(doc, settings, warn)
@@ -52,7 +53,7 @@ def request(
 
 def edits_for(
     req: Request, doc: Mapping[str, Any], settings: Settings, warn: Callable[[str], object]
-) -> tuple[dict[str, Any], list[str]]:
+) -> tuple[EditsDoc, list[str]]:
     """The merged edits for `req` (from `doc`), resolved in the spec dirs (capability filter,
     NVIDIA_REQUIRE_* checked, hooks given an explicit env), and the registry's errors (spec
     files or dirs it could not use). RequestError for an unknown device or an unmet
@@ -92,7 +93,7 @@ def edits_for(
 HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
 
 
-def explicit_hook_env(edits: dict[str, Any]) -> dict[str, Any]:
+def explicit_hook_env(edits: EditsDoc) -> EditsDoc:
     """`edits` with every hook given a non-empty env (HOOK_ENV when a spec's hook has none).
     runc 1.2 and older run a hook whose env is empty with the CONTAINER's environment
     (LD_PRELOAD and all: the NVIDIAScape escape), so no hook entry gpuctk writes lacks one."""

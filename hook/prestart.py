@@ -36,7 +36,10 @@ from gpuctk.log import hook as hooklog
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import Any, BinaryIO
+
+    from gpuctk.cdi.shape import EditsDoc
 
 HOOK_VERBS = ("createContainer", "create-symlinks", "update-ldcache", "chmod")
 UNSUPPORTED = ("env", "additionalGids", "netDevices", "intelRdt")
@@ -61,7 +64,7 @@ def _list(parent: Any, *keys: str) -> list[Any]:
     return parent if isinstance(parent, list) else []
 
 
-def plan(doc: dict[str, Any], edits: dict[str, Any]) -> Plan:
+def plan(doc: dict[str, Any], edits: EditsDoc) -> Plan:
     """Apply `edits` to `doc` (in place) and collect what was added, in the runtime's order."""
     from gpuctk.cdi import apply
     from gpuctk.hook import cgroupdev
@@ -90,8 +93,9 @@ def plan(doc: dict[str, Any], edits: dict[str, Any]) -> Plan:
                 out.hooks.append(list(args[1:]))
             else:
                 out.notes.append(f"{stage} hook {' '.join(args)[:120]} not run (prestart mode)")
+    raw: Mapping[str, Any] = edits  # the keys no prestart hook can apply, by name
     for key in UNSUPPORTED:
-        items = edits.get(key)
+        items = raw.get(key)
         if key == "env":
             items = [e for e in items or () if not e.startswith("NVIDIA_VISIBLE_DEVICES=")]
         if items:

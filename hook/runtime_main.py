@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import NoReturn
 
+    from gpuctk.cdi.shape import EditsDoc
     from gpuctk.hook.config import Settings
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -221,7 +222,8 @@ def _inject(
         log.debug(f"{inv.container}: the request's plan remembered in {plans.path}")
         for note in plan["notes"]:
             log.warning(note)
-        edits, prep = plan["edits"], plan["prep"]
+        edits: EditsDoc = plan["edits"]
+        prep = plan["prep"]
     else:
         before = plans.snapshot() if plans is not None else None
         notes: list[str] = []

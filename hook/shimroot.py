@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from gpuctk.cdi.shape import EditsDoc, MountDoc
+
 
 def _our_hook(hook: Any) -> bool:
     args = hook.get("args") if isinstance(hook, dict) else None
@@ -62,12 +64,12 @@ class _Fallback(Exception):
 def take_over(
     config: dict[str, Any],
     bundle: str,
-    edits: dict[str, Any],
+    edits: EditsDoc,
     debug: Callable[[str], None],
     prep: dict[str, Any],
     *,
     bundle_fd: int | None = None,
-) -> dict[str, Any]:
+) -> EditsDoc:
     """`edits` with the gpuctk hook replaced by mounts, after doing its in-root work in the
     container root; `edits` unchanged when the hook must run (see the module docstring).
     `prep` is prepare(edits), made now or remembered with the plan (gpuctk.hook.plans).
@@ -89,13 +91,13 @@ def take_over(
     except (_Fallback, rootfs.InRootError, OSError, ValueError) as exc:
         debug(f"in-root work left to gpuctk-hook: {exc}")
         return edits
-    done = dict(edits)
+    done = edits.copy()
     done["mounts"] = [*(edits.get("mounts") or []), *mounts]
     done["hooks"] = [h for h in hooks if h is not ours[0]]
     return done
 
 
-def prepare(edits: dict[str, Any]) -> dict[str, Any]:
+def prepare(edits: EditsDoc) -> dict[str, Any]:
     """What the in-root work needs from `edits` alone, for any container: the hook's links
     (link -> target) and folders, and the ELF facts (file identity, cache flags, SONAME) of
     every mounted file a cache entry may name. {"fallback": why} when the hook must run;
@@ -227,7 +229,7 @@ def _merge_cache(
     ldmerge.write_cache(root_fd, cache, entries)
 
 
-def _by_dest(edits: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _by_dest(edits: EditsDoc) -> dict[str, MountDoc]:
     return {
         posixpath.normpath(m["containerPath"]): m
         for m in edits.get("mounts") or []
@@ -238,10 +240,10 @@ def _by_dest(edits: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def _work(
     config: dict[str, Any],
     bundle: str,
-    edits: dict[str, Any],
+    edits: EditsDoc,
     prep: dict[str, Any],
     bundle_fd: int | None = None,
-) -> list[dict[str, Any]]:
+) -> list[MountDoc]:
     links, folders = prep["links"], prep["folders"]
     by_dest = _by_dest(edits)
     root_fd = _open_glibc_root(config, bundle, bundle_fd)
@@ -260,10 +262,10 @@ def _work(
 
 
 def _link_mounts(
-    root_fd: int, links: dict[str, str], by_dest: dict[str, dict[str, Any]]
-) -> list[dict[str, Any]]:
+    root_fd: int, links: dict[str, str], by_dest: dict[str, MountDoc]
+) -> list[MountDoc]:
     """One bind mount per link whose target (through other links) is a mounted driver file."""
-    out = []
+    out: list[MountDoc] = []
     for link, target in links.items():
         path = ldmerge.chain_end(links, link)
         mount = by_dest.get(path)
