@@ -1,13 +1,18 @@
 """`gpuctk runtime configure|unconfigure --runtime containerd`: plan the drop-in and the imports.
 
-Which config version to write, and how containerd will combine the drop-in with the rest:
+The drop-in is written at the main config's own version (gpuctk.containerd.versions: never the
+version `config dump` prints), in that version's CRI plugin table. How containerd combines it
+with the rest:
 
 - version 2 (plugin `io.containerd.grpc.v1.cri`) read by containerd 1.x: an imported file
   REPLACES each plugin table it names, so the drop-in carries the complete CRI table as
   containerd currently sees it (`config dump`, or the same merge re-done from the files) plus
   the new handler: runc and every other CRI setting survive.
-- version 3 (plugin `io.containerd.cri.v1.runtime`), or any version read by containerd 2.x:
-  imported files are deep-merged, so the drop-in holds only what gpuctk adds.
+- version 3 or 4 (plugin `io.containerd.cri.v1.runtime`), or any version read by containerd
+  2.x: imported files are deep-merged, so the drop-in holds only what gpuctk adds.
+
+Every handler table carries `runtime_type`: without it CRI creates containers with no runtime
+name and every sandbox fails ("container.Runtime.Name must be set").
 """
 
 from __future__ import annotations
@@ -15,15 +20,22 @@ from __future__ import annotations
 import copy
 import os
 
-from gpuctk.containerd import engine, handler, imports, mainconfig, ocispec, state, tomlfiles
+from gpuctk.containerd import (
+    engine,
+    handler,
+    imports,
+    mainconfig,
+    ocispec,
+    state,
+    tomlfiles,
+    versions,
+)
 from gpuctk.containerd import plan as planmod
 from gpuctk.containerd.options import Options
 from gpuctk.containerd.plan import FileChange, Plan
 from gpuctk.containerd.tomlfiles import Table
 from gpuctk.errors import InputError, ValidationError
 
-CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
-V3_ONLY_PLUGINS = ("io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images")
 BACKUP_SUFFIX = ".gpuctk-backup"
 
 # containerd 1.6/1.7's built-in runc handler (`containerd config default`): what a drop-in that
@@ -64,51 +76,6 @@ def _binary(opts: Options) -> engine.Binary | None:
     return engine.version(path)
 
 
-def _version(main: str, data: Table | None, binary: engine.Binary | None) -> int:
-    """The config version to write, after checking the main file agrees with containerd."""
-    declared = data.get("version") if data is not None else None
-    if data is not None and "version" in data and declared not in (1, 2, 3):
-        raise ValidationError(f"{main}: unsupported config version {declared!r} (use 2 or 3)")
-    if declared == 1:
-        raise ValidationError(
-            f"{main}: config version 1 is not supported: migrate it to version 2 "
-            "(`containerd config migrate` in containerd 1.7+, or by hand)"
-        )
-    if declared is None:
-        if data is not None and "plugins" in data:
-            raise ValidationError(
-                f"{main}: has plugin tables but no `version`, so containerd reads it as the "
-                "unsupported version 1: add `version = 2` (containerd 1.x) or 3 (2.x)"
-            )
-        version = 3 if binary is not None and binary.major >= 2 else 2
-    else:
-        assert isinstance(declared, int)
-        version = declared
-    if binary is not None and version == 3 and binary.major < 2:
-        raise ValidationError(
-            f"{main} is config version 3 (containerd 2.x) but {binary.path} is "
-            f"{binary.major}.{binary.minor}, which reads version 2: conflicting versions"
-        )
-    plugins = data.get("plugins") if data is not None else None
-    if version == 2 and isinstance(plugins, dict):
-        clash = [p for p in V3_ONLY_PLUGINS if p in plugins]
-        if clash:
-            raise ValidationError(
-                f"{main}: version 2 config with version 3 plugin tables ({', '.join(clash)}): "
-                "conflicting versions"
-            )
-    return version
-
-
-def _check_imports(main: str, files: tuple[str, ...], version: int) -> None:
-    for path, found in imports.versions(f for f in files if f != tomlfiles.abspath(main)).items():
-        if found is not None and found > version:
-            raise ValidationError(
-                f"{path} is config version {found} but the main config {main} is version "
-                f"{version}: conflicting versions (containerd refuses a newer drop-in)"
-            )
-
-
 def _effective_cri(
     opts: Options,
     data: Table | None,
@@ -116,16 +83,22 @@ def _effective_cri(
     merge: imports.MergeMode,
     binary: engine.Binary | None,
 ) -> tuple[Table, int]:
-    """The CRI plugin table containerd sees without our drop-in, and the version of its layout."""
+    """The CRI plugin table containerd sees without our drop-in, and the version of its layout.
+
+    The dump's version is the newest the binary knows, whatever the files say: it picks the
+    table to read here and nothing else.
+    """
     if binary is not None:
         dumped = engine.dump(binary.path, opts.config, data, opts.drop_in, version)
         layout = dumped.get("version", version)
-        layout = layout if layout in CRI_PLUGIN else version
+        layout = layout if layout in versions.CRI_PLUGIN else version
         return copy.deepcopy(
-            tomlfiles.get_table(dumped, "plugins", CRI_PLUGIN[layout]) or {}
+            tomlfiles.get_table(dumped, "plugins", versions.CRI_PLUGIN[layout]) or {}
         ), layout
     loaded = imports.load(opts.config, merge, exclude=opts.drop_in, main_data=data or {})
-    cri = copy.deepcopy(tomlfiles.get_table(loaded.data, "plugins", CRI_PLUGIN[version]) or {})
+    cri = copy.deepcopy(
+        tomlfiles.get_table(loaded.data, "plugins", versions.CRI_PLUGIN[version]) or {}
+    )
     if merge == "replace" and tomlfiles.get_table(cri, "containerd", "runtimes") is None:
         # containerd 1.x keeps its built-in runc only while no file names a runtimes table;
         # the drop-in names one, so it must carry runc too.
@@ -155,7 +128,8 @@ def _header(opts: Options, merge: imports.MergeMode, record: state.State) -> lis
 def _drop_in_data(
     opts: Options, cri: Table, version: int, merge: imports.MergeMode
 ) -> tuple[Table, tuple[str, ...]]:
-    """The drop-in's data: the whole CRI table plus the handler (replace), or only the handler."""
+    """The drop-in's data at `version` (the main config's): the whole CRI table plus the
+    handler (replace), or only the handler."""
     spec = base_spec_path(opts.drop_in) if opts.mode == "hook" else None
     runtimes = tomlfiles.get_table(cri, "containerd", "runtimes") or {}
     default_name = tomlfiles.get(cri, "containerd", "default_runtime_name")
@@ -172,7 +146,7 @@ def _drop_in_data(
     if opts.cdi_enabled:
         out["enable_cdi"] = True
         out["cdi_spec_dirs"] = list(opts.cdi_spec_dirs)
-    return {"version": version, "plugins": {CRI_PLUGIN[version]: out}}, built.notes
+    return {"version": version, "plugins": {versions.CRI_PLUGIN[version]: out}}, built.notes
 
 
 def plan_configure(opts: Options) -> Plan:
@@ -181,12 +155,10 @@ def plan_configure(opts: Options) -> Plan:
     data = tomlfiles.parse(main_text, opts.config) if main_text is not None else None
     _, previous = state.read_owned(opts.drop_in, "drop-in")
     binary = _binary(opts)
-    version = _version(opts.config, data, binary)
-    merge: imports.MergeMode = (
-        "deep" if version == 3 or (binary is not None and binary.major >= 2) else "replace"
-    )
+    version = versions.main_version(opts.config, data, binary)
+    merge: imports.MergeMode = "deep" if versions.deep_merges(version, binary) else "replace"
     loaded = imports.load(opts.config, merge, exclude=opts.drop_in, main_data=data or {})
-    _check_imports(opts.config, loaded.files, version)
+    versions.check_imports(opts.config, loaded.files, version, tomlfiles.abspath(opts.config))
     cri, layout = _effective_cri(opts, data, version, merge, binary)
     if merge == "replace" and layout != version:
         raise ValidationError(

@@ -4,8 +4,9 @@ containerd: the effective config (`containerd --config X config dump` when the b
 and `--config-source` allows, else the files merged as containerd does, by gpuctk.containerd's
 own loader) has the handler (`--runtime-name`, default `nvidia`), the handler's BinaryName
 (shim mode) or base_runtime_spec (hook mode) exists, and `enable_cdi` is set where the mode
-needs it. CRI-O (crio.conf + crio.conf.d) and Docker (daemon.json): the same handler with an
-existing runtime path, checked when the engine is present.
+needs it; no config file is newer than containerd reads and every handler has runtime_type
+(gpuctk.doctor.containerdfiles). CRI-O (crio.conf + crio.conf.d) and Docker (daemon.json): the
+same handler with an existing runtime path, checked when the engine is present.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import shutil
 import tempfile
 from typing import Any
 
+from gpuctk.doctor import containerdfiles
 from gpuctk.doctor.context import Context, Findings
 from gpuctk.doctor.daemon import LOADED_TITLE, check_containerd_loaded
 from gpuctk.doctor.report import Result, failed, ok, skipped, warning
 from gpuctk.errors import GpuctkError
 
-CRI_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 SHIM_NAMES = ("gpuctk-runtime",)
 
 
@@ -61,18 +62,18 @@ def load_containerd(ctx: Context, binary: str | None, config: str) -> tuple[dict
                     f.write("version = 2\n")
                 text = engine.run([binary, "--config", empty, "config", "dump"])
         return tomlfiles.parse(text, f"{binary} config dump"), f"`{binary} config dump`"
-    data = tomlfiles.load(config) or {}
-    merge: imports.MergeMode = "deep" if data.get("version") == 3 else "replace"
+    version = (tomlfiles.load(config) or {}).get("version")
+    merge: imports.MergeMode = "deep" if isinstance(version, int) and version >= 3 else "replace"
     return imports.load(config, merge).data, f"{config} and its imports"
 
 
 def _handlers(data: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any]]:
     """(config version, CRI plugin table, runtimes table)."""
-    from gpuctk.containerd import tomlfiles
+    from gpuctk.containerd import tomlfiles, versions
 
-    version = data.get("version") if data.get("version") in CRI_PLUGIN else 2
+    version = data.get("version") if data.get("version") in versions.CRI_PLUGIN else 2
     assert isinstance(version, int)
-    cri = tomlfiles.get_table(data, "plugins", CRI_PLUGIN[version]) or {}
+    cri = tomlfiles.get_table(data, "plugins", versions.CRI_PLUGIN[version]) or {}
     runtimes = tomlfiles.get_table(cri, "containerd", "runtimes") or {}
     return version, cri, runtimes
 
@@ -84,12 +85,16 @@ def check_containerd(ctx: Context, found: Findings) -> list[Result]:
         "engine.containerd.binary",
         "engine.containerd.cdi",
         "engine.containerd.loaded",
+        containerdfiles.VERSIONS[0],
+        containerdfiles.RUNTIME_TYPE[0],
     )
     titles = (
         f"containerd has the {ctx.runtime_name!r} handler",
         "the handler's runtime binary exists",
         "containerd CDI setting fits the mode",
         LOADED_TITLE,
+        containerdfiles.VERSIONS[1],
+        containerdfiles.RUNTIME_TYPE[1],
     )
     if binary is None and not os.path.exists(config):
         return [
@@ -98,15 +103,23 @@ def check_containerd(ctx: Context, found: Findings) -> list[Result]:
         ]
     restart = "systemctl restart containerd"
     fix = _configure_fix(ctx, "containerd", config, restart)
+    # From the files: a file containerd refuses makes `config dump` fail too.
+    versions = containerdfiles.check_versions(config, binary, fix)
     try:
         data, source = load_containerd(ctx, binary, config)
     except GpuctkError as exc:
         return [
             failed(ids[0], "containerd config readable", [exc.message], f"fix {config}"),
-            *(skipped(i, t, "config unreadable") for i, t in zip(ids[1:], titles[1:], strict=True)),
+            *(
+                skipped(i, t, "config unreadable")
+                for i, t in zip(ids[1:4], titles[1:4], strict=True)
+            ),
+            versions,
+            skipped(ids[5], titles[5], "config unreadable"),
         ]
     _, cri, runtimes = _handlers(data)
     found.handlers["containerd"] = set(runtimes)
+    files = [versions, containerdfiles.check_runtime_types(config, runtimes, source, fix)]
     handler = runtimes.get(ctx.runtime_name)
     if not isinstance(handler, dict):
         known = ", ".join(sorted(runtimes)) or "none"
@@ -120,6 +133,7 @@ def check_containerd(ctx: Context, found: Findings) -> list[Result]:
             skipped(ids[1], titles[1], "no handler"),
             skipped(ids[2], titles[2], "no handler"),
             check_containerd_loaded(ctx, config),
+            *files,
         ]
     results = [ok(ids[0], titles[0], f"{source}: handler {ctx.runtime_name!r}")]
     options = handler.get("options") if isinstance(handler.get("options"), dict) else {}
@@ -130,7 +144,7 @@ def check_containerd(ctx: Context, found: Findings) -> list[Result]:
     results.append(_handler_binary(ids[1], titles[1], mode, binary_name, base_spec, fix))
     results.append(_containerd_cdi(ctx, ids[2], titles[2], mode, cri, binary, config, restart))
     results.append(check_containerd_loaded(ctx, config))
-    return results
+    return [*results, *files]
 
 
 def _is_gpuctk(path: str) -> bool:
