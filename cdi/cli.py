@@ -58,6 +58,29 @@ def render(spec: Spec, fmt: str) -> bytes:
     return yamlout.dump(doc).encode()
 
 
+def same_file(path: str, data: bytes, mode: int) -> bool:
+    """Whether `path` is already a regular file (not a symlink) with exactly `data` and `mode`:
+    then it is left alone, inode and mtime too, so a periodic refresh costs no write and
+    wakes no watcher of the spec folder."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if (st.st_mode & 0o170000) != 0o100000 or st.st_mode & 0o7777 != mode:
+            return False
+        if st.st_size != len(data):
+            return False
+        from gpuctk.fs import read_limited
+
+        return read_limited(fd, len(data)) == data
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def output_format(fmt: str | None, output: str | None) -> str:
     if fmt:
         return fmt
@@ -340,8 +363,11 @@ def generate(
             err=True,
         )
     if output:
-        atomic_write(output, data, 0o644)
-        click.echo(f"gpuctk: wrote {output}: {summary}", err=True)
+        if same_file(output, data, 0o644):
+            click.echo(f"gpuctk: {output} unchanged: {summary}", err=True)
+        else:
+            atomic_write(output, data, 0o644)
+            click.echo(f"gpuctk: wrote {output}: {summary}", err=True)
     else:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()

@@ -6,7 +6,8 @@
 - driver version: the version the spec was generated for (the facts in its gpuctk-hook entry,
   else the versioned library names it mounts) is the running one, and what it mounts exists;
 - layout: its GPU UUIDs and MIG devices are NVML's now (drift after a GPU swap, a MIG
-  re-partition or a driver upgrade), and its device nodes exist;
+  re-partition or a driver upgrade), and its device nodes exist; a stale spec's fix is the
+  package's refresh unit (gpuctk-cdi-refresh.service) where it writes that file;
 - conflicts: no other spec file (another tool's, an old copy) defines the same devices.
 """
 
@@ -41,6 +42,24 @@ def generate_fix(ctx: Context, output: str | None = None) -> str:
         argv += ["--vendor", vendor, "--class", cls]
     argv += ["--output", output or DEFAULT_OUTPUT]
     return shlex.join(argv)
+
+
+REFRESH_SERVICE = "gpuctk-cdi-refresh.service"  # the deb's unit: it writes DEFAULT_OUTPUT
+REFRESH_UNIT_DIRS = ("/usr/lib/systemd/system", "/lib/systemd/system", "/etc/systemd/system")
+
+
+def refresh_fix(ctx: Context, output: str) -> str:
+    """How to bring the spec at `output` up to date: the package's refresh unit when it is
+    installed and writes that file (what an operator runs after a MIG re-partition too), with
+    the generate command beside it; else the generate command."""
+    generate = generate_fix(ctx, output)
+    default = ctx.host(DEFAULT_OUTPUT)
+    same = output in (default, os.path.normpath(default))
+    same = same or os.path.realpath(output) == os.path.realpath(default)
+    units = (ctx.host(f"{d}/{REFRESH_SERVICE}") for d in REFRESH_UNIT_DIRS)
+    if same and any(os.path.isfile(u) for u in units):
+        return f"systemctl start {REFRESH_SERVICE}   # or: {generate}"
+    return generate
 
 
 def _shown(items: list[str]) -> list[str]:
@@ -177,7 +196,7 @@ def check_driver_version(ctx: Context, found: Findings, spec: Any) -> Result:
     wrote = _spec_driver_version(spec.doc, facts)
     running = found.machine.driver_version if found.machine else found.kernel_version
     missing = [p for p in _host_paths(spec.doc, "mounts", "hostPath") if not os.path.lexists(p)]
-    fix = generate_fix(ctx, spec.path)
+    fix = refresh_fix(ctx, spec.path)
     evidence: list[str] = []
     if wrote is None:
         evidence.append(f"{spec.path}: names no driver version")
@@ -234,7 +253,7 @@ def check_layout(ctx: Context, found: Findings, spec: Any) -> Result:
     title = "CDI spec matches the GPU/MIG layout"
     if spec is None:
         return skipped("cdi.layout", title, "no spec")
-    fix = generate_fix(ctx, spec.path)
+    fix = refresh_fix(ctx, spec.path)
     nodes = _host_paths(spec.doc, "deviceNodes", "hostPath")
     missing = [f"device node {p} (in the spec) is missing" for p in nodes if not os.path.exists(p)]
     if found.machine is None:

@@ -27,11 +27,12 @@ LAYER_ORDER = ("driver", "nvml", "cdi", "runtime", "engine", "kubernetes", "prob
 
 def run_checks(ctx: Context) -> list[Result]:
     """Every check, reported in LAYER_ORDER."""
-    from gpuctk.doctor import cdi, driver, engine, k8s, probe, runtime
+    from gpuctk.doctor import cdi, devchar, driver, engine, k8s, probe, runtime
 
     found = Findings()
     done: dict[str, list[Result]] = {}
     done["driver"] = _guarded("driver", driver.driver_checks, ctx, found)
+    done["driver"] += _guarded("driver", devchar.devchar_checks, ctx, found)
     done["nvml"] = _guarded("nvml", driver.nvml_checks, ctx, found)
     # The runtime config names the spec dirs the shim reads, so it is read before the CDI layer.
     done["runtime"] = _guarded("runtime", runtime.runtime_checks, ctx, found)
@@ -156,7 +157,8 @@ def doctor(
 
     \b
     Layers, in order:
-      driver      kernel module, user-space version, device nodes vs /proc/devices, persistence
+      driver      kernel module, user-space version, device nodes vs /proc/devices, persistence,
+                  /dev/char links of the nodes (runc's systemd cgroup driver needs them)
       nvml        NVML loads, GPUs, MIG mode and devices, their device nodes
       cdi         spec present, valid, for the running driver and GPU/MIG layout, no conflicts
       runtime     gpuctk-runtime and gpuctk-hook run, config valid, low-level runtime found

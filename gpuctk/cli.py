@@ -34,6 +34,11 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "install",
         "Install gpuctk onto a host root (the DaemonSet entrypoint).",
     ),
+    "system": (
+        "gpuctk.cdi.system_cli",
+        "system",
+        "Node set-up for the engines: /dev/char links for the NVIDIA device nodes.",
+    ),
     "uninstall": (
         "gpuctk.install.cli",
         "uninstall",

@@ -12,12 +12,17 @@ install, in order, each step skipped when its result is already in place:
 2. writes the isolated-mode launchers gpuctk, gpuctk-runtime, gpuctk-hook into BIN_DIR (default
    /usr/local/bin), naming PREFIX/bin/python3;
 3. generates the CDI spec (/var/run/cdi/nvidia.yaml) with the copied gpuctk, chrooted into the
-   host root, so that the spec names host paths and NVML is the host's;
+   host root, so that the spec names host paths and NVML is the host's, and links each NVIDIA
+   device node in the node's /dev/char (`gpuctk system create-dev-char-symlinks`: runc's systemd
+   cgroup driver allows devices through those links);
 4. registers the runtime handler with containerd (`gpuctk runtime configure`, chrooted: the
    drop-in, the imports entry, backups, idempotence are that command's);
 5. restarts containerd only with --restart, and only when its configuration changed.
 
-What it did is recorded in /var/lib/gpuctk/install.json; uninstall undoes exactly that.
+What it did is recorded in /var/lib/gpuctk/install.json; uninstall undoes exactly that (the
+/dev/char links stay: they name the driver's nodes, not gpuctk). While it waits (--wait,
+--uninstall-on-exit) it regenerates the spec and the links every --refresh-interval seconds, so
+a MIG re-partition reaches the spec within a minute; the spec is rewritten only when it changed.
 """
 
 from __future__ import annotations
@@ -101,6 +106,7 @@ def do_install(
     configure_flags: list[str],
     restart: bool,
     restart_command: str | None,
+    dev_root: str | None = None,
 ) -> None:
     """Steps 1-5 of the module docstring; raises GpuctkError with nothing further done."""
     problem = host_mod.interpreter_problem(source, host)
@@ -133,10 +139,9 @@ def do_install(
     click.echo(f"wrote launchers {', '.join(record.launchers())}")
     gpuctk = os.path.join(record.bin_dir, "gpuctk")
     if record.cdi_spec:
-        argv = [gpuctk, "cdi", "generate", "--output", record.cdi_spec]
-        argv += ["--hook-path", record.hook_path(), *generate_flags]
-        proc = _checked(host, argv, "CDI spec generation")
+        proc = _checked(host, host_mod.generate_argv(record, generate_flags), "CDI spec generation")
         click.echo(proc.stderr.strip().splitlines()[-1].removeprefix("gpuctk: "))
+    click.echo(host_mod.link_dev_char(host, gpuctk, dev_root)[1])
     if record.containerd_config and record.drop_in:
         before = _containerd_files(host, record)
         argv = [gpuctk, "runtime", "configure", "--runtime", "containerd"]
@@ -202,12 +207,20 @@ def do_uninstall(host: str, restart: bool, restart_command: str | None) -> bool:
 STOPS = {signal.SIGTERM, signal.SIGINT}
 
 
-def _wait_for_signal() -> int:
-    """Block until SIGTERM or SIGINT (they were blocked before install, so none is lost)."""
-    click.echo("gpuctk: installed; waiting for SIGTERM", err=True)
-    sys.stderr.flush()
-    sys.stdout.flush()
-    return signal.sigwait(STOPS)
+def _wait_for_signal(every: float, tick: Callable[[], None]) -> int:
+    """Block until SIGTERM or SIGINT (they were blocked before install, so none is lost),
+    calling `tick` each `every` seconds meanwhile (never when `every` is 0)."""
+    also = f" (refreshing every {every:g} s)" if every > 0 else ""
+    click.echo(f"gpuctk: installed; waiting for SIGTERM{also}", err=True)
+    while True:
+        sys.stderr.flush()
+        sys.stdout.flush()
+        if every <= 0:
+            return signal.sigwait(STOPS)
+        info = signal.sigtimedwait(STOPS, every)
+        if info is not None:
+            return info.si_signo
+        tick()
 
 
 _HOST_ROOT = click.option(
@@ -270,6 +283,15 @@ def _path_option(name: str, default: str, help_: str, metavar: str = "PATH") -> 
     is_flag=True,
     help="After installing, wait for SIGTERM or SIGINT, then uninstall (DaemonSet removal).",
 )
+@click.option(
+    "--refresh-interval",
+    type=click.FloatRange(min=0),
+    default=60,
+    show_default=True,
+    metavar="SECONDS",
+    help="While waiting: regenerate the CDI spec (rewritten only when it changed: a MIG "
+    "re-partition, a GPU swap) and the /dev/char links this often; 0: never.",
+)
 def install(
     host_root: str,
     source: str | None,
@@ -291,12 +313,16 @@ def install(
     restart_command: str | None,
     wait: bool,
     uninstall_on_exit: bool,
+    refresh_interval: float,
 ) -> None:
     """Install gpuctk onto a node: copy, launchers, CDI spec, containerd handler.
 
     \b
     In a DaemonSet (node's / mounted at /host, privileged, hostPID):
       gpuctk install --host-root /host --restart --uninstall-on-exit
+    It also links the node's NVIDIA device nodes in /dev/char, and while it waits keeps the
+    spec and those links current (--refresh-interval).
+
     Every path option is a path as the node sees it. Running it again changes nothing;
     `gpuctk uninstall` removes what it added.
     """
@@ -324,10 +350,17 @@ def install(
     configure_flags = ["--config-source", config_source]
     if set_as_default:
         configure_flags.append("--set-as-default")
-    do_install(host, src, record, generate_flags, configure_flags, restart, restart_command)
+    do_install(
+        host, src, record, generate_flags, configure_flags, restart, restart_command, dev_root
+    )
     if not (wait or uninstall_on_exit):
         return
-    sig = _wait_for_signal()
+
+    def tick() -> None:
+        for line in host_mod.refresh(host, record, generate_flags, dev_root):
+            click.echo(f"gpuctk: {line}", err=line.startswith("warning:"))
+
+    sig = _wait_for_signal(refresh_interval, tick)
     click.echo(f"gpuctk: {signal.Signals(sig).name} received", err=True)
     if uninstall_on_exit:
         do_uninstall(host, restart, restart_command)

@@ -35,6 +35,7 @@ HOST_ENV = {
     "LANG": "C.UTF-8",
 }
 _MAX_LINKS = 40
+REFRESH_TIMEOUT = 120.0  # a periodic pass must not keep SIGTERM waiting on a stuck NVML
 
 
 def resolve(host: str, path: str) -> str:
@@ -233,8 +234,11 @@ def foreign_launchers(host: str, bin_dir: str) -> list[str]:
     return foreign
 
 
-def run_in_host(host: str, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    """Run `argv` (host paths) chrooted into `host`, with a fixed, minimal environment."""
+def run_in_host(
+    host: str, argv: Sequence[str], timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run `argv` (host paths) chrooted into `host`, with a fixed, minimal environment, killed
+    after `timeout` seconds (None: no limit). InputError when it cannot run or ran too long."""
 
     def enter() -> None:  # in the child, before exec
         os.chroot(host)
@@ -250,6 +254,7 @@ def run_in_host(host: str, argv: Sequence[str]) -> subprocess.CompletedProcess[s
             cwd="/",
             preexec_fn=None if same else enter,  # the CLI is single-threaded
             check=False,
+            timeout=timeout,
         )
     except (OSError, subprocess.SubprocessError) as exc:
         raise InputError(f"cannot run {argv[0]} in {host}: {exc}") from None
@@ -261,3 +266,61 @@ def read_bytes(path: str) -> bytes | None:
             return f.read()
     except (FileNotFoundError, NotADirectoryError):
         return None
+
+
+def link_dev_char(
+    host: str, gpuctk: str, dev_root: str | None, timeout: float | None = None
+) -> tuple[int, str]:
+    """Run `gpuctk system create-dev-char-symlinks` in the host root (the node's /dev, or the
+    one under `dev_root`): (links created or replaced, one line saying what happened or what
+    failed). Never raises for the command's failure: the spec and the handler work without
+    the links, which only matter at the node's next `systemctl daemon-reload`."""
+    argv = [gpuctk, "system", "create-dev-char-symlinks", "--format", "json"]
+    if dev_root:
+        argv += ["--driver-root", dev_root]
+    try:
+        proc = run_in_host(host, argv, timeout)
+    except InputError as exc:
+        return 0, f"warning: /dev/char links not made: {exc.message}"
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines() or ["(no message)"]
+        reason = lines[-1].removeprefix("gpuctk: error: ")
+        return 0, f"warning: /dev/char links not made: {reason}"
+    try:
+        links = json.loads(proc.stdout)["links"]
+        statuses = [str(link["status"]) for link in links]
+    except (ValueError, KeyError, TypeError):
+        return 0, "warning: /dev/char links: unreadable answer from create-dev-char-symlinks"
+    changed = sum(s in ("created", "replaced") for s in statuses)
+    return changed, f"/dev/char: {changed} link(s) made, {len(statuses) - changed} already right"
+
+
+def generate_argv(record: Record, generate_flags: list[str]) -> list[str]:
+    """The copied gpuctk's `cdi generate` for the record's spec (host paths)."""
+    gpuctk = os.path.join(record.bin_dir, "gpuctk")
+    argv = [gpuctk, "cdi", "generate", "--output", str(record.cdi_spec)]
+    return [*argv, "--hook-path", record.hook_path(), *generate_flags]
+
+
+def refresh(
+    host: str, record: Record, generate_flags: list[str], dev_root: str | None
+) -> list[str]:
+    """One periodic pass of the waiting agent: regenerate the spec (generate leaves the file
+    alone when nothing changed) and the /dev/char links. The lines worth a log: what changed,
+    or "warning: ..." for what failed; never raises (the next pass tries again)."""
+    lines = []
+    if record.cdi_spec:
+        try:
+            proc = run_in_host(host, generate_argv(record, generate_flags), REFRESH_TIMEOUT)
+        except InputError as exc:
+            proc = subprocess.CompletedProcess([], 1, "", exc.message)
+        last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+        if proc.returncode != 0:
+            lines.append(
+                f"warning: CDI spec refresh failed: {last.removeprefix('gpuctk: error: ')}"
+            )
+        elif last.startswith("gpuctk: wrote "):
+            lines.append(last.removeprefix("gpuctk: "))
+    gpuctk = os.path.join(record.bin_dir, "gpuctk")
+    changed, line = link_dev_char(host, gpuctk, dev_root, REFRESH_TIMEOUT)
+    return [*lines, line] if changed or line.startswith("warning:") else lines

@@ -13,8 +13,9 @@ What goes in (see packaging/deb/README in the project README, "Install"):
   the venv's bin/python3 is a link to it. No system Python package is touched.
 - /usr/bin/gpuctk, gpuctk-runtime, gpuctk-hook: isolated-mode launchers (`#!/opt/gpuctk/bin/python3
   -I`, hook/launchers.py), so PYTHONPATH and friends never reach the shim or the hook.
-- /etc/gpuctk/config.toml (conffile), the podman hooks.d JSON, the systemd refresh units, the
-  udev rule, man pages made from `--help`, the maintainer scripts in packaging/deb/.
+- /etc/gpuctk/config.toml (conffile), the podman hooks.d JSON, the systemd refresh units (path,
+  timer, oneshot service), the udev rules (CDI refresh, /dev/char links), man pages made from
+  `--help`, the maintainer scripts in packaging/deb/.
 
 Only the standard library is used here, so any python3 runs it. pip needs PyPI (or a pip cache /
 PIP_INDEX_URL mirror). Set GPUCTK_DEB_CACHE to a folder to reuse the dependency venv between
@@ -43,12 +44,19 @@ PACKAGING = HERE.parent
 REPO = PACKAGING.parent
 PREFIX = "/opt/gpuctk"
 MULTIARCH = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
-UNITS = ("gpuctk-cdi-refresh.service", "gpuctk-cdi-refresh.path")
+UNITS = ("gpuctk-cdi-refresh.service", "gpuctk-cdi-refresh.path", "gpuctk-cdi-refresh.timer")
+UDEV_RULES = ("71-gpuctk.rules", "71-gpuctk-dev-char.rules")
 MAN_PAGES = {  # page -> argv of the installed launcher that prints the text
     "gpuctk": ["gpuctk", "--help"],
     "gpuctk-cdi-generate": ["gpuctk", "cdi", "generate", "--help"],
     "gpuctk-runtime-configure": ["gpuctk", "runtime", "configure", "--help"],
     "gpuctk-install": ["gpuctk", "install", "--help"],
+    "gpuctk-system-create-dev-char-symlinks": [
+        "gpuctk",
+        "system",
+        "create-dev-char-symlinks",
+        "--help",
+    ],
 }
 
 
@@ -257,7 +265,8 @@ def control(version: str, arch: str, size_kib: int, python: str) -> str:
         " gpuctk generates CDI specs for NVIDIA GPUs (gpuctk cdi generate), ships a runc\n"
         " shim (gpuctk-runtime) and an OCI hook (gpuctk-hook), and registers them with\n"
         " containerd, CRI-O, Docker and podman (gpuctk runtime configure). A systemd unit\n"
-        " regenerates /var/run/cdi/nvidia.yaml at boot and when the driver changes.\n"
+        " regenerates /var/run/cdi/nvidia.yaml at boot, when the driver changes and each\n"
+        " minute (MIG re-partitions); udev links the NVIDIA nodes in /dev/char.\n"
     )
 
 
@@ -289,7 +298,8 @@ def build_deb(out_dir: Path, python: str) -> Path:
         )
         for unit in UNITS:
             _put(root, f"/usr/lib/systemd/system/{unit}", _render(unit, arch))
-        _put(root, "/usr/lib/udev/rules.d/71-gpuctk.rules", _render("71-gpuctk.rules", arch))
+        for rule in UDEV_RULES:
+            _put(root, f"/usr/lib/udev/rules.d/{rule}", _render(rule, arch))
         _put(root, "/usr/share/doc/gpuctk/README.md", (REPO / "README.md").read_text())
         _put(root, "/usr/share/doc/gpuctk/copyright", (HERE / "copyright").read_text())
         for page, argv in MAN_PAGES.items():

@@ -138,6 +138,7 @@ def test_contents(deb: Path) -> None:
         "./usr/lib/systemd/system/gpuctk-cdi-refresh.service",
         "./usr/lib/systemd/system/gpuctk-cdi-refresh.path",
         "./usr/lib/udev/rules.d/71-gpuctk.rules",
+        "./usr/lib/udev/rules.d/71-gpuctk-dev-char.rules",
         "./usr/share/containers/oci/hooks.d/oci-gpuctk-hook.json",
         "./usr/share/man/man1/gpuctk.1.gz",
         "./opt/gpuctk/bin/python3 -> /usr/bin/python3.11",
@@ -147,9 +148,10 @@ def test_contents(deb: Path) -> None:
         line.split()[-1] for line in listing.splitlines()
         if "/lib/systemd/system/" in line and not line.endswith("/")
     )  # fmt: skip
-    assert units == [  # the refresh pair only: nothing resident
+    assert units == [  # the refresh oneshot and what starts it: nothing resident
         "./usr/lib/systemd/system/gpuctk-cdi-refresh.path",
         "./usr/lib/systemd/system/gpuctk-cdi-refresh.service",
+        "./usr/lib/systemd/system/gpuctk-cdi-refresh.timer",
     ]
     assert "site-packages/pip/" not in listing  # pip's scripts would name the build folder
     assert ".cpython-311.pyc" in listing  # compiled at build: nothing written at run time

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,10 +29,12 @@ NodeFactory = Callable[..., DoctorNode]
 # What a healthy node must show as ok (not merely "not failed"): each check really ran.
 HEALTHY_OK = {
     "driver.module", "driver.libraries", "driver.device-nodes", "driver.persistence",
+    "driver.dev-char",
     "nvml.load", "nvml.gpus", "nvml.mig", "nvml.device-nodes",
     "cdi.spec", "cdi.valid", "cdi.driver-version", "cdi.layout", "cdi.conflicts",
     "runtime.shim", "runtime.hook", "runtime.config", "runtime.low-level",
     "engine.containerd", "engine.containerd.binary", "engine.containerd.cdi",
+    "engine.containerd.versions", "engine.containerd.runtime-type",
     "kubernetes.device-plugins", "kubernetes.device-plugin", "kubernetes.runtimeclass",
 }  # fmt: skip
 
@@ -47,11 +50,21 @@ def make_node(
     def make(profile: str = "l4", nvml: Machine | None = None) -> DoctorNode:
         node = build_node(tmp_path / f"n{len(nodes)}", driver_root, profile, fake_nvml_env, nvml)
         nodes.append(node)
+        link_dev_char(node)  # as the package's udev rule and refresh do on a real node
         return node
 
     yield make
     for node in nodes:
         node.close()
+
+
+def link_dev_char(node: DoctorNode) -> None:
+    """The node's /dev/char links, as `gpuctk system create-dev-char-symlinks` makes them."""
+    from gpuctk.cdi import devchar
+
+    dev = str(node.roots.dev_root / "dev")
+    majors = devchar.nvidia_majors(devchar.read_char_majors(str(node.roots.proc_root)))
+    devchar.update_links(dev, f"{dev}/char", devchar.find_nodes(dev, majors))
 
 
 def statuses(report: dict[str, Any]) -> dict[str, str]:
@@ -532,3 +545,56 @@ def test_probe_verdict_ld_cache_or_loader_folder() -> None:
     result = _verdict(_probe_out("LDCACHE libnvidia-ml.so.1"), {"/dev/nvidia0"}, "0")
     assert result.status == "warning"
     assert any("lack libcuda.so.1" in e for e in result.evidence)
+
+
+def test_nvidia_node_without_its_dev_char_link(make_node: NodeFactory) -> None:
+    node = make_node("a100-mig")
+    char = node.roots.dev_root / "dev/char"
+    os.unlink(char / "195:0")
+    (char / f"{UVM_MAJOR}:0").unlink()
+    (char / f"{UVM_MAJOR}:0").symlink_to("../nvidiactl")  # leads to another node
+    code, report, _ = node.doctor()
+    assert code == 1, bad(report)
+    check = node.check(report, "driver.dev-char")
+    assert check["status"] == "warning"
+    assert f"{char}/195:0 is missing" in check["evidence"]
+    assert f"{char}/{UVM_MAJOR}:0 -> ../nvidiactl is not nvidia-uvm" in check["evidence"]
+    assert "systemctl daemon-reload" in text(check)
+    dev_root, proc = node.roots.dev_root, node.roots.proc_root
+    assert check["fix"] == (
+        f"gpuctk system create-dev-char-symlinks --driver-root {dev_root} "
+        f"--dev-char-path {char} --proc-root {proc}"
+    )
+    done = subprocess.run(
+        [str(BIN / check["fix"].split()[0]), *check["fix"].split()[1:]],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    code, report, _ = node.doctor()
+    assert code == 0 and node.check(report, "driver.dev-char")["status"] == "ok"
+
+
+def test_stale_spec_fix_names_the_refresh_unit_that_writes_it(make_node: NodeFactory) -> None:
+    machine = load_profile("a100-mig")
+    gpu2 = machine.gpus[2]
+    fewer = replace(gpu2, mig_devices=gpu2.mig_devices[:1])
+    node = make_node("a100-mig", nvml=replace(machine, gpus=(*machine.gpus[:2], fewer,
+                                                              *machine.gpus[3:])))  # fmt: skip
+    # the spec where the package's refresh unit writes it, under the host root
+    spec = node.host / "var/run/cdi/nvidia.yaml"
+    spec.parent.mkdir(parents=True)
+    shutil.move(node.spec, spec)
+    config = f'spec-dirs = ["{spec.parent}"]\n'
+    node.runtime_config.write_text(node.runtime_config.read_text().splitlines()[0] + "\n" + config)
+    code, report, _ = node.doctor()
+    check = node.check(report, "cdi.layout")
+    assert code == 2 and check["status"] == "failed"
+    assert check["fix"].startswith("gpuctk cdi generate")  # no refresh unit on this node
+    unit = node.host / "usr/lib/systemd/system/gpuctk-cdi-refresh.service"
+    unit.parent.mkdir(parents=True)
+    unit.write_text("[Service]\nType=oneshot\n")
+    code, report, _ = node.doctor()
+    check = node.check(report, "cdi.layout")
+    assert code == 2 and check["status"] == "failed"
+    assert check["fix"].startswith("systemctl start gpuctk-cdi-refresh.service   # or: gpuctk ")
+    assert check["fix"].endswith(f"--output {spec}")

@@ -153,3 +153,49 @@ def test_real_discovery_spec_is_valid_and_complete(
     mounts = {m["containerPath"] for m in doc["containerEdits"]["mounts"]}
     assert "/usr/lib/x86_64-linux-gnu/nvidia/current/libcuda.so.535.309.01" in mounts
     assert "/usr/bin/nvidia-smi" in mounts
+
+
+def test_an_unchanged_spec_is_left_alone_until_the_mig_layout_changes(
+    tmp_path: Path,
+    fake_nvml_env,  # type: ignore[no-untyped-def]
+    driver_root: Path,
+) -> None:
+    from fixtures.devroot import make_node_roots
+    from fixtures.fake_nvml import write_fake_profile
+
+    from gpuctk.cdi.profile import load_profile
+    from gpuctk.records import replace
+
+    machine = load_profile("a100-mig")
+    roots = make_node_roots(tmp_path / "node", machine)
+    env = fake_nvml_env(machine)
+    out = tmp_path / "nvidia.yaml"
+    argv = [
+        "--nvml-library", env["FAKE_NVML_LIBRARY"], "--driver-root", str(driver_root),
+        "--dev-root", str(roots.dev_root), "--proc-root", str(roots.proc_root),
+        "--sys-root", str(roots.sys_root), "-o", str(out),
+    ]  # fmt: skip
+    first = run(argv, env=env)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.strip().splitlines()[-1].startswith(f"gpuctk: wrote {out}: ")
+    before, data = out.stat(), out.read_bytes()
+    again = run(argv, env=env)
+    assert again.returncode == 0, again.stderr
+    (line,) = again.stderr.strip().splitlines()
+    assert line.startswith(f"gpuctk: {out} unchanged: ")
+    after = out.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    assert out.read_bytes() == data
+    # MIG re-partitioned: GPU 2 keeps only its first MIG device; the fake NVML now says so
+    gpu2 = machine.gpus[2]
+    fewer = replace(gpu2, mig_devices=gpu2.mig_devices[:1])
+    write_fake_profile(
+        replace(machine, gpus=(*machine.gpus[:2], fewer, *machine.gpus[3:])),
+        Path(env["FAKE_NVML_PROFILE"]),
+    )
+    third = run(argv, env=env)
+    assert third.returncode == 0, third.stderr
+    assert third.stderr.strip().splitlines()[-1].startswith(f"gpuctk: wrote {out}: ")
+    assert out.stat().st_ino != before.st_ino
+    gone = {m.uuid for m in gpu2.mig_devices[1:]}
+    assert gone and all(u in data.decode() and u not in out.read_text() for u in gone)

@@ -5,8 +5,11 @@
 - the refresh units and the udev rule name the same service, the launcher and the spec path;
 - the maintainer scripts are POSIX sh that `sh -n` accepts, and never exit non-zero by design
   (each ends in `exit 0`);
-- nothing the package ships stays resident: its units are the refresh pair (a oneshot and its
-  path unit), the only ones build.py installs and postinst starts.
+- nothing the package ships stays resident: its units are the refresh oneshot and the path
+  unit and timer that start it, the only ones build.py installs and postinst starts;
+- the timer restarts the oneshot within a minute (MIG re-partitions), and the oneshot and a
+  udev rule run `gpuctk system create-dev-char-symlinks`, which build.py ships and postinst
+  runs when NVIDIA nodes exist.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import importlib.util
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +27,18 @@ from gpuctk.hook import config
 
 DEB = Path(__file__).resolve().parents[2] / "packaging" / "deb"
 SERVICE = "gpuctk-cdi-refresh.service"
+TIMER = "gpuctk-cdi-refresh.timer"
+DEV_CHAR_RULE = "71-gpuctk-dev-char.rules"
+LINKS = "/usr/bin/gpuctk system create-dev-char-symlinks"
+
+
+def _build() -> Any:
+    """packaging/deb/build.py as a module (it is a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("deb_build", DEB / "build.py")
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    return build
 
 
 def test_shipped_config_is_the_defaults() -> None:
@@ -70,16 +86,51 @@ def test_maintainer_scripts(script: str) -> None:
 def test_the_package_starts_nothing_resident() -> None:
     kinds = (".service", ".path", ".socket", ".timer")
     units = sorted(p.name for p in DEB.iterdir() if p.suffix in kinds)
-    assert units == ["gpuctk-cdi-refresh.path", SERVICE]  # the oneshot and its path unit
-    spec = importlib.util.spec_from_file_location("deb_build", DEB / "build.py")
-    assert spec is not None and spec.loader is not None
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
-    assert sorted(build.UNITS) == units
+    # the oneshot and the two units that start it
+    assert units == ["gpuctk-cdi-refresh.path", SERVICE, TIMER]
+    assert sorted(_build().UNITS) == units
     assert "Restart" not in _unit(SERVICE)["Service"]
     postinst = (DEB / "postinst").read_text()
-    assert re.findall(r"systemctl start (\S+)", postinst) == ["gpuctk-cdi-refresh.path"]
+    assert re.findall(r"systemctl start (\S+)", postinst) == [
+        "gpuctk-cdi-refresh.path",
+        TIMER,
+    ]
     for path in (p for p in DEB.iterdir() if p.is_file()):  # an upgrade only stops an old one
         lines = [x for x in path.read_text(errors="replace").splitlines() if "create-server" in x]
         assert all(re.search(r"(stop|purge|is-active) gpuctk-create-server", x) or
                    x.lstrip().startswith("#") for x in lines), (path.name, lines)  # fmt: skip
+
+
+def test_timer_refreshes_the_spec_each_minute() -> None:
+    timer = _unit(TIMER)
+    assert timer["Timer"]["Unit"] == SERVICE
+    assert timer["Timer"]["OnUnitActiveSec"] == "1min" and timer["Timer"]["OnBootSec"] == "1min"
+    assert timer["Install"]["WantedBy"] == "timers.target"
+    assert "ConditionPathExists" not in timer["Unit"]  # the service skips itself without a driver
+    assert TIMER in _build().UNITS
+    for script in ("postinst", "postrm"):  # enabled on install, purged on removal
+        units = re.search(r'UNITS="([^"]*)"', (DEB / script).read_text())
+        assert units is not None and TIMER in units[1].split()
+    assert TIMER in (DEB / "prerm").read_text()
+
+
+def test_dev_char_links_from_udev_the_refresh_and_postinst() -> None:
+    rules = [x for x in (DEB / DEV_CHAR_RULE).read_text().splitlines() if x and x[0] != "#"]
+    assert len(rules) == 2
+    driver, module = rules
+    assert 'ACTION=="add"' in driver and 'DEVPATH=="/bus/pci/drivers/nvidia"' in driver
+    assert 'SUBSYSTEM=="module"' in module and "nvidia_uvm" in module
+    for rule in rules:  # udev runs an absolute path; --create-all makes the nodes first
+        assert rule.endswith(f'RUN+="{LINKS} --create-all"'), rule
+    assert DEV_CHAR_RULE in _build().UDEV_RULES
+    assert "for rule in UDEV_RULES" in (DEB / "build.py").read_text()  # each one shipped
+    pre = [v for k, v in _service_lines() if k == "ExecStartPre"]
+    assert f"-{LINKS}" in pre  # "-": the spec is written even when linking fails
+    postinst = (DEB / "postinst").read_text()
+    block = postinst[postinst.index("for node in /dev/nvidiactl") :]
+    assert block.index('if [ -c "$node" ]') < block.index(LINKS) < block.index("done")
+
+
+def _service_lines() -> list[tuple[str, str]]:
+    lines = (DEB / SERVICE).read_text().splitlines()
+    return [(k, v) for k, _, v in (x.partition("=") for x in lines if "=" in x and x[0] != "#")]

@@ -1,0 +1,166 @@
+"""`gpuctk system ...`: node set-up beside the CDI spec (the /dev/char links for NVIDIA nodes)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from gpuctk.cdi import cliopts
+from gpuctk.cdi.devchar import DEV_CHAR, Change, Node
+
+
+@click.group("system", context_settings={"help_option_names": ["-h", "--help"]})
+def system() -> None:
+    """Node set-up that container engines rely on, beside the CDI spec.
+
+    \b
+      gpuctk system create-dev-char-symlinks     # /dev/char links for the NVIDIA nodes
+    """
+
+
+def _report(changes: list[Change], made: list[str], dev: str, dev_char: str) -> None:
+    for line in made:
+        click.echo(line)
+    for c in changes:
+        if c.status == "unchanged":
+            continue
+        was = f" (was {c.was})" if c.was else ""
+        click.echo(f"{c.status} {c.link} -> {c.target}{was}")
+    counts: dict[str, int] = {}
+    for c in changes:
+        counts[c.status] = counts.get(c.status, 0) + 1
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    click.echo(f"gpuctk: {dev_char}: {summary} ({len(changes)} NVIDIA nodes in {dev})", err=True)
+
+
+def _json(changes: list[Change], made: list[str], dev: str, dev_char: str) -> None:
+    import json
+
+    def node(n: Node) -> dict[str, object]:
+        return {"path": os.path.join(dev, n.name), "major": n.major, "minor": n.minor}
+
+    doc = {
+        "devCharPath": dev_char,
+        "madeNodes": made,
+        "links": [
+            {**node(c.node), "link": c.link, "target": c.target, "status": c.status}
+            | ({"was": c.was} if c.was else {})
+            for c in changes
+        ],
+    }
+    click.echo(json.dumps(doc, indent=2))
+
+
+@system.command("create-dev-char-symlinks", short_help="Link the NVIDIA device nodes in /dev/char.")
+@click.option(
+    "--dev-char-path",
+    default=DEV_CHAR,
+    show_default=True,
+    metavar="DIR",
+    envvar="DEV_CHAR_PATH",
+    help="Where the links go: DIR/MAJOR:MINOR for each NVIDIA node (made 0755 if missing).",
+)
+@click.option(
+    "--driver-root",
+    default="/",
+    show_default=True,
+    metavar="DIR",
+    envvar=["NVIDIA_DRIVER_ROOT", "DRIVER_ROOT"],
+    help="Root whose dev/ holds the NVIDIA nodes (e.g. /run/nvidia/driver for a "
+    "containerised driver that makes its own nodes).",
+)
+@click.option(
+    "--create-all",
+    is_flag=True,
+    envvar="CREATE_ALL",
+    help="First make the NVIDIA nodes the loaded driver serves that are missing (as "
+    "nvidia-modprobe would: control nodes, one per bound GPU, the MIG capabilities that exist; "
+    "the driver's modes and owner), then link them all.",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
+@click.option(
+    "--proc-root",
+    default="/proc",
+    show_default=True,
+    help="Where /proc is (the driver's majors in devices; with --create-all its GPUs, MIG "
+    "capabilities and params).",
+)
+@cliopts.sys_root(
+    "Where /sys is (with --create-all: NVIDIA PCI devices, without driver/nvidia/gpus)."
+)
+@cliopts.table_or_json("table: one line per change, a summary on stderr; json: every link.")
+def create_dev_char_symlinks(
+    dev_char_path: str,
+    driver_root: str,
+    create_all: bool,
+    dry_run: bool,
+    proc_root: str,
+    sys_root: str,
+    fmt: str,
+) -> None:
+    """Link /dev/char/MAJOR:MINOR to every NVIDIA device node.
+
+    \b
+    With the systemd cgroup driver, runc turns each device a container may use into
+    DeviceAllow=/dev/char/MAJOR:MINOR. udev makes those links only for nodes the kernel
+    announced, and nvidia-modprobe's nodes (or mknod's) have none; runc 1.1.3-1.1.6 then
+    leaves the device out (older systemd drops it itself), and at the next `systemctl
+    daemon-reload` systemd re-applies the container's device policy without it: running GPU
+    containers lose their GPUs ("Failed to initialize NVML: Unknown Error").
+
+    \b
+    Links are relative (195:0 -> ../nvidia0, 509:1 -> ../nvidia-caps/nvidia-cap1), for
+    nvidia<N>, nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools, nvidia-caps/* and
+    nvidia-caps-imex-channels/*: character devices whose major /proc/devices gives an nvidia
+    driver. Running it again changes nothing; a wrong link is replaced in one rename; the
+    links of other devices are never touched. The gpuctk package runs it from udev when the
+    driver loads and each minute with the CDI refresh; `gpuctk doctor` checks the links.
+
+    \b
+    Examples:
+      gpuctk system create-dev-char-symlinks
+      gpuctk system create-dev-char-symlinks --create-all      # also make missing nodes
+      gpuctk system create-dev-char-symlinks --dry-run --format json
+      gpuctk system create-dev-char-symlinks --driver-root /run/nvidia/driver
+    """
+    from gpuctk.cdi import devchar, devchar_all
+    from gpuctk.errors import GpuctkError, OutputError, UsageError
+
+    for flag, value in (("--dev-char-path", dev_char_path), ("--driver-root", driver_root)):
+        if not os.path.isabs(value):
+            raise UsageError(f"{flag} must be an absolute path, got {value!r}")
+    dev = os.path.normpath(os.path.join(driver_root, "dev"))
+    dev_char = os.path.normpath(dev_char_path)
+    made: list[str] = []
+    wanted: list[devchar_all.Wanted] = []
+    problems: list[str] = []  # the nodes that exist are linked all the same, then they are told
+    error: type[GpuctkError] = OutputError
+    if create_all:
+        try:
+            wanted = devchar_all.wanted_nodes(proc_root, sys_root)
+        except GpuctkError as exc:
+            problems.append(exc.message)
+            error = type(exc)
+        done, failed = devchar_all.create_missing(dev, wanted, dry_run)
+        problems += failed
+        verb = "would make" if dry_run else "made"
+        made = [
+            f"{verb} node {dev}/{w.name} c {w.major}:{w.minor} {w.mode:04o} {w.uid}:{w.gid}"
+            for w in done
+        ]
+    majors = devchar.nvidia_majors(devchar.read_char_majors(proc_root))
+    nodes = devchar.find_nodes(dev, majors)
+    if dry_run and made:  # the nodes that would be made, as if they were
+        planned = [Node(w.name, w.major, w.minor) for w in wanted]
+        nodes = sorted({(n.major, n.minor): n for n in [*planned, *nodes]}.values(),
+                       key=lambda n: (n.major, n.minor))  # fmt: skip
+    if not nodes and fmt != "json":
+        click.echo(f"gpuctk: no NVIDIA device nodes in {dev}: nothing to link", err=True)
+    else:
+        changes = devchar.update_links(dev, dev_char, nodes, dry_run)
+        (_json if fmt == "json" else _report)(changes, made, dev, dev_char)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        first = problems[0].removeprefix("--create-all: ")
+        raise error(f"--create-all: {first}{more}; the nodes that exist are linked")
