@@ -164,7 +164,7 @@ def measure(
     out: dict[str, dict[str, list[float]]] = {
         k: {c: [] for c in names} for k in ("burst", "single")
     }
-    time.sleep(1.1)  # the spec settles (gpuctk.cdi.speccache.SETTLE_NS), as on a node
+    time.sleep(1.1)  # the spec settles (gpuctk.cdi.specs.speccache.SETTLE_NS), as on a node
     for n in range(rounds + 1):  # round 0 warms the page cache, the .pyc files, the caches
         order = names[n % len(names) :] + names[: n % len(names)]
         for name in order:

@@ -27,7 +27,7 @@ from fixtures.devroot import make_node_roots
 from fixtures.driver_root import build_driver_root
 from fixtures.fake_nvml import build_fake_nvml, write_fake_profile
 
-from gpuctk.cdi.profile import load_profile
+from gpuctk.cdi.node.profile import load_profile
 
 
 def timed(argv: list[str], env: dict[str, str]) -> float:

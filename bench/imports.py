@@ -331,7 +331,7 @@ def main() -> int:
         node = generate(work, driver_root, PROFILE, out, bindir)
         # a spec younger than speccache.SETTLE_NS is parsed every time (coarse timestamps); on
         # a node it was written at boot: let it settle, so the warm-up run caches it
-        from gpuctk.cdi.speccache import SETTLE_NS
+        from gpuctk.cdi.specs.speccache import SETTLE_NS
 
         time.sleep(SETTLE_NS / 1e9 + 0.1)
         cases = make_cases(bindir, work, image, node.spec_dir, node.spec)

@@ -330,7 +330,7 @@ def main() -> None:
     samples: dict[str, list[float]] = {name: [] for name in cases}
     podman_times: dict[str, list[float]] = {}
     try:
-        time.sleep(1.1)  # the specs settle (gpuctk.cdi.speccache.SETTLE_NS), as on a node
+        time.sleep(1.1)  # the specs settle (gpuctk.cdi.specs.speccache.SETTLE_NS), as on a node
         for name, (argv, env, prepare) in cases.items():  # warm-up: page cache, .pyc, caches
             lifecycle(argv, image, work, env, prepare, envs.get(name))
         for _ in range(args.runs):

@@ -49,7 +49,7 @@ from fixtures.devroot import make_node_roots
 from fixtures.driver_root import build_driver_root
 from fixtures.podman import private_podman
 
-from gpuctk.cdi.profile import load_profile
+from gpuctk.cdi.node.profile import load_profile
 
 IMAGE = "localhost/gpuctk-bench-debian:latest"
 PRIVATE = (

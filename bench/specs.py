@@ -22,7 +22,7 @@ from common import CACHE, installed_bin, installed_bin_at
 from fixtures.devroot import make_node_roots
 from fixtures.driver_root import build_driver_root
 
-from gpuctk.cdi.profile import load_profile
+from gpuctk.cdi.node.profile import load_profile
 
 PROFILES = ("h100-8", "h100-8-mig7", "a100-mig", "l4")
 FLAG_SETS = (

@@ -12,7 +12,7 @@ from gpuctk.cdi import cliopts
 from gpuctk.cdi.discover import Roots
 from gpuctk.cdi.generate import DEFAULT_STRATEGIES, LIBRARY_MODES, NAME_STRATEGIES, Options
 from gpuctk.cdi.nicspec import nic_options
-from gpuctk.cdi.spec import Spec
+from gpuctk.cdi.specs.spec import Spec
 from gpuctk.errors import OutputError, UsageError
 
 
@@ -53,7 +53,7 @@ def render(spec: Spec, fmt: str) -> bytes:
         import json
 
         return (json.dumps(doc, indent=2) + "\n").encode()
-    from gpuctk.cdi import yamlout
+    from gpuctk.cdi.specs import yamlout
 
     return yamlout.dump(doc).encode()
 
@@ -269,7 +269,7 @@ def generate(
     """
     from gpuctk.cdi import discover
     from gpuctk.cdi.generate import build_spec, check_options, without_drm
-    from gpuctk.cdi.names import class_name_problem, vendor_name_problem
+    from gpuctk.cdi.specs.names import class_name_problem, vendor_name_problem
     from gpuctk.records import replace
     from gpuctk.writes import atomic_write
 
@@ -282,7 +282,7 @@ def generate(
             raise UsageError(f"{flag}: {problem} (example: --vendor nvidia.com --class gpu)")
     if hook_path and not os.path.isabs(hook_path):
         raise UsageError(f"--hook-path must be an absolute path, got {hook_path!r}")
-    from gpuctk.cdi.capabilities import DRM_USERS, parse_strict
+    from gpuctk.cdi.node.capabilities import DRM_USERS, parse_strict
 
     try:
         selected = parse_strict(driver_capabilities)
@@ -299,7 +299,7 @@ def generate(
     roots = Roots(driver_root, dev_root, proc_root, sys_root)
     discover.check_dir(driver_root, "driver root", "--driver-root")
     if simulate:
-        from gpuctk.cdi.profile import load_profile
+        from gpuctk.cdi.node.profile import load_profile
 
         machine = load_profile(simulate)
         if dev_root == "/" and not os.path.exists("/dev/nvidiactl"):
@@ -311,7 +311,7 @@ def generate(
     else:
         machine = discover.machine_from_nvml(roots, nvml_library)
         nodes = discover.real_nodes(roots)
-    from gpuctk.cdi.driverfiles import select_capabilities
+    from gpuctk.cdi.node.driverfiles import select_capabilities
 
     files = select_capabilities(discover.driver_files(roots, machine), selected)
     if not selected & DRM_USERS:
@@ -373,7 +373,7 @@ def generate(
         sys.stdout.flush()
         click.echo(f"gpuctk: {summary}", err=True)
     if prune_stages:
-        from gpuctk.cdi.registry import DEFAULT_SPEC_DIRS
+        from gpuctk.cdi.specs.registry import DEFAULT_SPEC_DIRS
         from gpuctk.cdi.stage import prune_stages as prune
 
         mine = (os.path.dirname(os.path.abspath(output)),) if output else ()

@@ -53,8 +53,8 @@ def scan_spec_dirs(dirs: tuple[str, ...] | list[str]) -> Listing:
     Defined twice at one priority, it is a conflict: reported for both files, and dropped.
     Invalid spec files are skipped (and reported), as engines skip them.
     """
-    from gpuctk.cdi.specfile import load_spec_file
-    from gpuctk.cdi.validate import qualified_devices, validate_spec_dict
+    from gpuctk.cdi.specs.specfile import load_spec_file
+    from gpuctk.cdi.specs.validate import qualified_devices, validate_spec_dict
     from gpuctk.errors import GpuctkError
 
     chosen: dict[str, ListedDevice] = {}
@@ -227,7 +227,7 @@ def validate_cmd(files: tuple[str, ...], schema_dir: str | None, no_schema: bool
       gpuctk cdi validate /var/run/cdi/nvidia.yaml
       gpuctk cdi validate /etc/cdi /var/run/cdi --format json
     """
-    from gpuctk.cdi.validate import check_files
+    from gpuctk.cdi.specs.validate import check_files
     from gpuctk.errors import InputError
 
     paths = _expand(files)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from gpuctk.cdi.driverfiles import DriverFiles, discover_driver_files
 from gpuctk.cdi.generate import NodeLookup
-from gpuctk.cdi.machine import Machine
+from gpuctk.cdi.node.driverfiles import DriverFiles, discover_driver_files
+from gpuctk.cdi.node.machine import Machine
 from gpuctk.errors import InputError
 from gpuctk.records import record
 
@@ -51,7 +51,7 @@ def nvml_library_under(driver_root: str) -> str | None:
 
 
 def machine_from_nvml(roots: Roots, nvml_library: str | None) -> Machine:
-    from gpuctk.cdi import nvml
+    from gpuctk.cdi.node import nvml
 
     return nvml.discover(nvml_library or nvml_library_under(roots.driver_root))
 
@@ -61,7 +61,7 @@ def driver_files(roots: Roots, machine: Machine) -> DriverFiles:
 
 
 def real_nodes(roots: Roots) -> NodeLookup:
-    from gpuctk.cdi import devnodes as df
+    from gpuctk.cdi.node import devnodes as df
 
     check_dir(roots.dev_root, "device root", "--dev-root")
     return NodeLookup(

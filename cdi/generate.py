@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from gpuctk.cdi import capabilities as caps
-from gpuctk.cdi import facts
-from gpuctk.cdi.devnodes import NodeInfo
-from gpuctk.cdi.driverfiles import DriverFile, DriverFiles
 from gpuctk.cdi.libmounts import FAMILIES, hwcaps_dirs, library_mounts
-from gpuctk.cdi.machine import Gpu, Machine, MigDevice
-from gpuctk.cdi.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
+from gpuctk.cdi.node import capabilities as caps
+from gpuctk.cdi.node import facts
+from gpuctk.cdi.node.devnodes import NodeInfo
+from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles
+from gpuctk.cdi.node.machine import Gpu, Machine, MigDevice
+from gpuctk.cdi.specs.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
 from gpuctk.errors import NoDevicesError, UsageError
 from gpuctk.records import record, replace
 
@@ -207,7 +207,7 @@ def check_options(opts: Options) -> None:
 
 def build_spec(machine: Machine, files: DriverFiles, opts: Options, nodes: NodeLookup) -> Spec:
     """The whole spec, with cdiVersion set to the minimum its content needs."""
-    from gpuctk.cdi.version import minimum_version
+    from gpuctk.cdi.specs.version import minimum_version
 
     check_options(opts)
     if (opts.library_mode == "folder") != bool(opts.stage_path):

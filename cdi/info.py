@@ -1,7 +1,7 @@
 """`gpuctk info`: the machine as gpuctk sees it: driver, GPUs, MIG devices, RDMA NICs, topology.
 
 The same discovery as `gpuctk cdi generate` (NVML through pynvml, or `--simulate PROFILE`), plus
-sysfs for the PCI topology (gpuctk.cdi.topology) and the RDMA cards (gpuctk.cdi.nics). The
+sysfs for the PCI topology (gpuctk.cdi.node.topology) and the RDMA cards (gpuctk.cdi.node.nics). The
 topology matrix names links as `nvidia-smi topo -m` does (X, PIX, PXB, PHB, NODE, SYS; PCIe only:
 NVLink is not read). Output: tables, or one JSON document (`--format json`, stable keys).
 """
@@ -17,8 +17,8 @@ import click
 from gpuctk.cdi import cliopts
 
 if TYPE_CHECKING:
-    from gpuctk.cdi.machine import Machine
-    from gpuctk.cdi.nics import Nic
+    from gpuctk.cdi.node.machine import Machine
+    from gpuctk.cdi.node.nics import Nic
 
 
 def _gpu_dict(gpu: Any, dev_root: str) -> dict[str, Any]:
@@ -61,8 +61,8 @@ def describe(
     machine: Machine, nics: tuple[Nic, ...], *, sys_root: str, dev_root: str, source: str
 ) -> dict[str, Any]:
     """The whole report as a JSON-ready dict (pure over its inputs and the sysfs tree)."""
-    from gpuctk.cdi import topology
-    from gpuctk.cdi.nics import exclusive_netns_mode
+    from gpuctk.cdi.node import topology
+    from gpuctk.cdi.node.nics import exclusive_netns_mode
 
     units: list[tuple[str, str | None, int | None]] = [
         (f"GPU{g.index}", g.pci_bus_id, g.numa_node) for g in machine.gpus
@@ -218,12 +218,13 @@ def info(
     """
     import json
 
-    from gpuctk.cdi import discover, nics
+    from gpuctk.cdi import discover
     from gpuctk.cdi.discover import Roots
+    from gpuctk.cdi.node import nics
 
     discover.check_dir(driver_root, "driver root", "--driver-root")
     if simulate:
-        from gpuctk.cdi.profile import load_profile
+        from gpuctk.cdi.node.profile import load_profile
 
         machine = load_profile(simulate)
         source = f"simulated profile {simulate}"

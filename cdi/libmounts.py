@@ -16,7 +16,7 @@ So a 64-bit library goes to /usr/lib/<triplet>/SONAME and /usr/lib64/SONAME, a 3
 too). /usr is named rather than /lib: with a merged /usr they are one folder, and without it
 the loader searches both. A folder the image lacks is created by the runtime (an empty
 /usr/lib64 on a Debian image is harmless). The other names hook mode links (libcuda.so,
-libGLX_indirect.so.0, gbm/ and vdpau/ backends: gpuctk.cdi.driverpaths) are mounted the same
+libGLX_indirect.so.0, gbm/ and vdpau/ backends: gpuctk.cdi.node.driverpaths) are mounted the same
 way: every name by which hook mode makes a library loadable stays loadable, only through the
 loader's fallback instead of the ld cache.
 
@@ -39,12 +39,12 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable
 
-from gpuctk.cdi import capabilities as caps
-from gpuctk.cdi.driverfiles import DriverFile
-from gpuctk.cdi.driverpaths import DEV_LINKS, LOADER_LINKS
-from gpuctk.cdi.spec import Mount
+from gpuctk.cdi.node import capabilities as caps
+from gpuctk.cdi.node.driverfiles import DriverFile
+from gpuctk.cdi.node.driverpaths import DEV_LINKS, LOADER_LINKS
+from gpuctk.cdi.specs.spec import Mount
 
-# ELF machine (gpuctk.cdi.elf.ElfInfo.arch) -> Debian multiarch triplet.
+# ELF machine (gpuctk.cdi.node.elf.ElfInfo.arch) -> Debian multiarch triplet.
 TRIPLETS = {
     "x86_64": "x86_64-linux-gnu",
     "aarch64": "aarch64-linux-gnu",

@@ -5,7 +5,7 @@ The NIC spec (kind `nvidia.com/nic` by default, `--nic-kind`) has, in CDI JSON s
 - one device per RDMA device, named as the kernel names it (`mlx5_0`): its verbs, MAD and
   issm nodes and /dev/infiniband/rdma_cm as deviceNodes, and its network interfaces;
 - per GPU, an "affine" device named `gpu<index>` (and the GPU's UUID under the uuid naming
-  strategy): the NIC(s) closest to that GPU by PCI topology (gpuctk.cdi.topology), taken only
+  strategy): the NIC(s) closest to that GPU by PCI topology (gpuctk.cdi.node.topology), taken only
   when they are at most `--nic-affinity` away (NODE by default: never across sockets); only
   for the GPUs `--device-id` selects, when it is given.
   Ask for both: `--device nvidia.com/gpu=0 --device nvidia.com/nic=gpu0`;
@@ -21,7 +21,7 @@ Network interfaces reach the container in one of two ways (`--nic-mode`):
   cdiVersion 1.1.0, which only engines that know CDI 1.1 accept.
 
 The GPU spec is not changed, so its cdiVersion (0.5.0 for podman 4.3.1) is not raised either.
-The spec is built from gpuctk.cdi.spec records, as the GPU spec is. This module's top level
+The spec is built from gpuctk.cdi.specs.spec records, as the GPU spec is. This module's top level
 imports only click (for the options) and those records: `gpuctk cdi generate` without `--nics`
 pays nothing more.
 """
@@ -34,14 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from gpuctk.cdi.spec import ContainerEdits, Device, DeviceNode, Hook, NetDevice, Spec
+from gpuctk.cdi.specs.spec import ContainerEdits, Device, DeviceNode, Hook, NetDevice, Spec
 
 if TYPE_CHECKING:
     from gpuctk.cdi.discover import Roots
     from gpuctk.cdi.generate import Options
-    from gpuctk.cdi.machine import Gpu, Machine
-    from gpuctk.cdi.nics import CharNode, Nic
-    from gpuctk.cdi.shape import SpecDoc
+    from gpuctk.cdi.node.machine import Gpu, Machine
+    from gpuctk.cdi.node.nics import CharNode, Nic
+    from gpuctk.cdi.specs.shape import SpecDoc
 
 NIC_MODES = ("hook", "netdevices")
 AFFINITIES = ("PIX", "PXB", "PHB", "NODE", "SYS", "off")
@@ -132,7 +132,7 @@ def nic_edits(
 
 def closest(gpu: Gpu, nics: tuple[Nic, ...], sys_root: str, limit: str) -> tuple[str, list[Nic]]:
     """(link type, the NICs at that link) nearest `gpu`; ("", []) when none is within `limit`."""
-    from gpuctk.cdi import topology
+    from gpuctk.cdi.node import topology
 
     if limit == "off" or not nics:
         return "", []
@@ -164,7 +164,7 @@ def build_doc(
 
     NICs with neither device nodes nor interfaces (a soft-RoCE device before its verbs node
     exists) give a container nothing and are left out; NoDevicesError when none is left."""
-    from gpuctk.cdi.version import minimum_version
+    from gpuctk.cdi.specs.version import minimum_version
     from gpuctk.errors import NoDevicesError
 
     nics = usable(nics)
@@ -241,8 +241,8 @@ def build(
     """Discover the NICs and render their spec (nothing written yet); None without --nics."""
     if not nic.get("nics"):
         return None
-    from gpuctk.cdi import nics as nic_discovery
-    from gpuctk.cdi.names import kind_problem
+    from gpuctk.cdi.node import nics as nic_discovery
+    from gpuctk.cdi.specs.names import kind_problem
     from gpuctk.errors import OutputError, UsageError
 
     kind = nic["nic_kind"]
@@ -307,6 +307,6 @@ def render_doc(doc: SpecDoc, fmt: str) -> bytes:
         import json
 
         return (json.dumps(doc, indent=2) + "\n").encode()
-    from gpuctk.cdi import yamlout
+    from gpuctk.cdi.specs import yamlout
 
     return yamlout.dump(doc).encode()

@@ -7,9 +7,9 @@ nvidia-caps as commonly assigned; MIG capability minors follow the driver's mig-
 
 from __future__ import annotations
 
-from gpuctk.cdi.devnodes import NodeInfo
 from gpuctk.cdi.generate import NodeLookup
-from gpuctk.cdi.machine import Gpu, Machine, MigDevice
+from gpuctk.cdi.node.devnodes import NodeInfo
+from gpuctk.cdi.node.machine import Gpu, Machine, MigDevice
 
 NVIDIA_MAJOR = 195
 UVM_MAJOR = 510

@@ -57,9 +57,9 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from gpuctk.cdi import capabilities as caps
-from gpuctk.cdi.driverfiles import DriverFiles
 from gpuctk.cdi.libmounts import names_of
+from gpuctk.cdi.node import capabilities as caps
+from gpuctk.cdi.node.driverfiles import DriverFiles
 from gpuctk.errors import InputError, OutputError
 from gpuctk.fs import private_folder, stat_identity
 

@@ -7,7 +7,7 @@ import os
 import click
 
 from gpuctk.cdi import cliopts
-from gpuctk.cdi.devchar import DEV_CHAR, Change, Node
+from gpuctk.cdi.node.devchar import DEV_CHAR, Change, Node
 
 
 @click.group("system", context_settings={"help_option_names": ["-h", "--help"]})
@@ -124,7 +124,7 @@ def create_dev_char_symlinks(
       gpuctk system create-dev-char-symlinks --dry-run --format json
       gpuctk system create-dev-char-symlinks --driver-root /run/nvidia/driver
     """
-    from gpuctk.cdi import devchar, devchar_all
+    from gpuctk.cdi.node import devchar, devchar_all
     from gpuctk.errors import GpuctkError, OutputError, UsageError
 
     for flag, value in (("--dev-char-path", dev_char_path), ("--driver-root", driver_root)):

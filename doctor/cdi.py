@@ -2,7 +2,7 @@
 
 - present: a spec for the kind (nvidia.com/gpu) in the spec dirs (the runtime config's
   `spec-dirs` unless `--spec-dir` is given), read as the shim's registry reads them;
-- valid: the strict validator (gpuctk.cdi.validate; the JSON schema layer when it is found);
+- valid: the strict validator (gpuctk.cdi.specs.validate; the JSON schema layer when it is found);
 - driver version: the version the spec was generated for (the facts in its gpuctk-hook entry,
   else the versioned library names it mounts) is the running one, and what it mounts exists;
 - layout: its GPU UUIDs and MIG devices are NVML's now (drift after a GPU swap, a MIG
@@ -90,8 +90,8 @@ def writer(doc: dict[str, Any]) -> str:
 
 
 def spec_facts(doc: dict[str, Any]) -> Any:
-    """The gpuctk machine facts in a spec's hook env (gpuctk.cdi.facts.Facts), or None."""
-    from gpuctk.cdi import facts
+    """The gpuctk machine facts in a spec's hook env (gpuctk.cdi.node.facts.Facts), or None."""
+    from gpuctk.cdi.node import facts
 
     for hook in _hooks(doc):
         env = hook.get("env")
@@ -144,7 +144,7 @@ def check_present(ctx: Context, found: Findings, registry: Any) -> tuple[Result,
 
 def check_valid(ctx: Context, registry: Any) -> Result:
     title = "CDI specs valid (strict)"
-    from gpuctk.cdi.validate import schema_checker, validate_spec_dict
+    from gpuctk.cdi.specs.validate import schema_checker, validate_spec_dict
     from gpuctk.errors import GpuctkError
 
     try:
@@ -322,7 +322,7 @@ def _doc(specs: list[Any], path: str) -> dict[str, Any]:
 
 
 def cdi_checks(ctx: Context, found: Findings) -> list[Result]:
-    from gpuctk.cdi import registry as registrymod
+    from gpuctk.cdi.specs import registry as registrymod
 
     registry = registrymod.load(found.spec_dirs)
     present, spec = check_present(ctx, found, registry)

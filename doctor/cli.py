@@ -27,7 +27,7 @@ LAYER_ORDER = ("driver", "nvml", "cdi", "runtime", "engine", "kubernetes", "prob
 
 def run_checks(ctx: Context) -> list[Result]:
     """Every check, reported in LAYER_ORDER."""
-    from gpuctk.doctor import cdi, devchar, driver, engine, k8s, probe, runtime
+    from gpuctk.doctor import cdi, devchar, driver, engine, k8s, policy, probe, runtime
 
     found = Findings()
     done: dict[str, list[Result]] = {}
@@ -36,9 +36,11 @@ def run_checks(ctx: Context) -> list[Result]:
     done["nvml"] = _guarded("nvml", driver.nvml_checks, ctx, found)
     # The runtime config names the spec dirs the shim reads, so it is read before the CDI layer.
     done["runtime"] = _guarded("runtime", runtime.runtime_checks, ctx, found)
+    done["runtime"] += _guarded("runtime", policy.runtime_policy_checks, ctx, found)
     found.spec_dirs = ctx.spec_dirs or (found.settings.spec_dirs if found.settings else ())
     found.spec_dirs = found.spec_dirs or ("/etc/cdi", "/var/run/cdi")
     done["cdi"] = _guarded("cdi", cdi.cdi_checks, ctx, found)
+    done["cdi"] += _guarded("cdi", policy.cdi_policy_checks, ctx, found)
     done["engine"] = _guarded("engine", engine.engine_checks, ctx, found)
     done["kubernetes"] = _guarded("kubernetes", k8s.k8s_checks, ctx, found)
     done["probe"] = _guarded("probe", lambda c, f: [probe.check_probe(c, f)], ctx, found)

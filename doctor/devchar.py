@@ -29,7 +29,7 @@ def fix_command(ctx: Context) -> str:
 
 
 def check_dev_char(ctx: Context, found: Findings) -> Result:
-    from gpuctk.cdi import devchar
+    from gpuctk.cdi.node import devchar
 
     dev, dev_char = ctx.dev("/dev"), ctx.dev("/dev/char")
     majors = found.char_majors or devchar.read_char_majors(ctx.proc_root)

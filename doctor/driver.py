@@ -108,7 +108,7 @@ def check_libraries(ctx: Context, found: Findings) -> Result:
     if version is None:
         return skipped("driver.libraries", title, "kernel module version unknown")
     from gpuctk.cdi.discover import NVML_DIRS
-    from gpuctk.cdi.driverfiles import discover_driver_files
+    from gpuctk.cdi.node.driverfiles import discover_driver_files
 
     try:
         files = discover_driver_files(ctx.driver_root, version)
@@ -243,7 +243,7 @@ def driver_checks(ctx: Context, found: Findings) -> list[Result]:
 def check_nvml(ctx: Context, found: Findings) -> Result:
     title = "NVML loads and answers"
     if ctx.simulate:
-        from gpuctk.cdi.profile import load_profile
+        from gpuctk.cdi.node.profile import load_profile
 
         try:
             found.machine = load_profile(ctx.simulate)
@@ -327,7 +327,7 @@ def check_gpu_nodes(ctx: Context, found: Findings) -> Result:
     m = found.machine
     if m is None:
         return skipped("nvml.device-nodes", title, "NVML unavailable")
-    from gpuctk.cdi import devnodes
+    from gpuctk.cdi.node import devnodes
 
     nv = nvidia_major(found.char_majors) or NVIDIA_MAJOR
     caps = found.char_majors.get("nvidia-caps")

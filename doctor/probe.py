@@ -2,7 +2,9 @@
 
 The container runs on a fresh overlay of `--probe-rootfs` (default `/`: the host's own root
 filesystem, read-only below a tmpfs upper layer, so nothing it writes reaches the host), asks for
-`NVIDIA_VISIBLE_DEVICES=<--probe-device>` and reports what it sees: the GPU device nodes, the
+the `--probe-device` of the active spec's kind by CDI annotation (as an orchestrator does:
+accepted whatever `accept-envvar-unprivileged` says; `NVIDIA_VISIBLE_DEVICES` where the shim
+reads no annotation prefix) and reports what it sees: the GPU device nodes, the
 result of opening each /dev/nvidiaN, whether the ld cache lists libcuda.so.1 and
 libnvidia-ml.so.1 (the gpuctk-hook entry ran) or, failing that, whether they sit in one of
 the loader's system folders, where a `--library-mode mounts` spec puts them and the loader
@@ -68,8 +70,18 @@ def expected_nodes(doc: dict[str, Any], device: str) -> set[str] | None:
     return None
 
 
-def _bundle(runtime: str, folder: str, rootfs: str, device: str) -> str:
-    """A bundle from `<runtime> spec`, running SCRIPT in `rootfs` with one GPU requested."""
+def request_for(kind: str, device: str, prefixes: tuple[str, ...]) -> tuple[str, str, str]:
+    """(annotation key, its value, the request in words) asking for `device` of `kind`; with
+    no annotation prefix the shim would read, ("", "", "NVIDIA_VISIBLE_DEVICES=...")."""
+    if not prefixes:
+        return "", "", f"NVIDIA_VISIBLE_DEVICES={device}"
+    key, value = f"{prefixes[0]}gpuctk-doctor-probe", f"{kind}={device}"
+    return key, value, f"{key}: {value}"
+
+
+def _bundle(runtime: str, folder: str, rootfs: str, device: str, key: str, value: str) -> str:
+    """A bundle from `<runtime> spec`, running SCRIPT in `rootfs` with one GPU requested: by
+    the annotation `key` (its `value`), or by NVIDIA_VISIBLE_DEVICES without one."""
     bundle = os.path.join(folder, "bundle")
     os.mkdir(bundle)
     subprocess.run(
@@ -81,11 +93,10 @@ def _bundle(runtime: str, folder: str, rootfs: str, device: str) -> str:
     path = os.path.join(bundle, "config.json")
     with open(path, encoding="utf-8") as f:
         config = json.load(f)
-    config["process"].update(
-        terminal=False,
-        args=["/bin/sh", "-c", SCRIPT],
-        env=[PATH_ENV, f"NVIDIA_VISIBLE_DEVICES={device}"],
-    )
+    env = [PATH_ENV] if key else [PATH_ENV, f"NVIDIA_VISIBLE_DEVICES={device}"]
+    config["process"].update(terminal=False, args=["/bin/sh", "-c", SCRIPT], env=env)
+    if key:
+        config["annotations"] = {key: value}
     config["root"] = {"path": rootfs, "readonly": False}
     config["hostname"] = "gpuctk-doctor-probe"
     with open(path, "w", encoding="utf-8") as f:
@@ -160,15 +171,13 @@ def _open_text(line: str) -> str:
     return f"open {path}: {result.rsplit(': ', 1)[-1]}"
 
 
-def _verdict(out: str, expected: set[str], device: str) -> Result:
+def _verdict(out: str, expected: set[str], asked: str) -> Result:
     nodes = set(_tagged(out, "NODE"))
     opened = _tagged(out, "OPEN")
     ldcache = set(_tagged(out, "LDCACHE"))
     sysdir = dict(line.split(" ", 1) for line in _tagged(out, "SYSDIR") if " " in line)
     smi = _tagged(out, "SMI")
-    evidence = [
-        f"NVIDIA_VISIBLE_DEVICES={device}: {len(nodes)} GPU device node(s) in the container"
-    ]
+    evidence = [f"{asked}: {len(nodes)} GPU device node(s) in the container"]
     if nodes != expected:
         extra, gone = sorted(nodes - expected), sorted(expected - nodes)
         if gone:
@@ -243,6 +252,8 @@ def check_probe(ctx: Context, found: Findings) -> Result:
         runtime = find_runtime(found.settings.runtimes)
     except GpuctkError as exc:
         return failed(ID, TITLE, [exc.message], "see the runtime layer")
+    kind = str(spec.get("kind") or found.settings.default_kind)
+    key, value, asked = request_for(kind, ctx.probe_device, found.settings.annotation_prefixes)
     env = _shim_env(ctx)
     name = f"gpuctk-doctor-probe-{os.getpid()}-{secrets.token_hex(3)}"
     folder = tempfile.mkdtemp(prefix="gpuctk-doctor-probe-")
@@ -250,7 +261,7 @@ def check_probe(ctx: Context, found: Findings) -> Result:
     try:
         try:
             _, merged = _mount_overlay(os.path.abspath(ctx.probe_rootfs), folder)
-            bundle = _bundle(runtime, folder, merged, ctx.probe_device)
+            bundle = _bundle(runtime, folder, merged, ctx.probe_device, key, value)
         except (GpuctkError, OSError, subprocess.SubprocessError) as exc:
             return failed(
                 ID,
@@ -278,7 +289,7 @@ def check_probe(ctx: Context, found: Findings) -> Result:
                 [f"{shim} run exited {done.returncode}", *tail],
                 "gpuctk doctor   # the layer that fails above names the fix",
             )
-        result = _verdict(done.stdout, expected, ctx.probe_device)
+        result = _verdict(done.stdout, expected, asked)
     finally:
         left = _cleanup(shim, name, folder, env)
     if left:

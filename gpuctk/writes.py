@@ -3,7 +3,8 @@
 atomic_write never shows a partial file and sets ownership on the temporary file before the
 rename; in shared folders (the state folder) it locks the temporary file while writing it, so
 that sweep_dead_temps can remove what a killed writer left without guessing by pid. The
-`marshal` caches (gpuctk.cdi.speccache, gpuctk.hook.plans) are read only from folders and files
+`marshal` caches (gpuctk.cdi.specs.speccache, gpuctk.hook.plans) are read only from folders and
+files
 this uid alone can have written (gpuctk.fs.open_private_dir).
 """
 
@@ -162,7 +163,7 @@ def load_private_marshal(folder: str, path: str, limit: int, fmt: str) -> dict[s
     the folder private (open_private_dir: its ancestors too), the file, opened through it, a
     regular one owned by this uid and not group/world-writable (checked on the descriptor), at
     most `limit` bytes, a dict whose "format" is `fmt`. None for anything else: marshal is not
-    meant for hostile input, and these files are caches (gpuctk.cdi.speccache,
+    meant for hostile input, and these files are caches (gpuctk.cdi.specs.speccache,
     gpuctk.hook.plans)."""
     try:
         dir_fd = open_private_dir(folder)

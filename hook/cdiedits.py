@@ -3,9 +3,9 @@
 The shim's steps 2-3 (gpuctk.hook.runtime_main.inject) without the file handling, for the hook
 modes that serve engines without the shim (precreate, prestart): the request from annotations,
 device mounts or NVIDIA_VISIBLE_DEVICES (gpuctk.hook.requests), resolved in the CDI spec dirs
-(gpuctk.cdi.registry), the spec-level driver files filtered by NVIDIA_DRIVER_CAPABILITIES
+(gpuctk.cdi.specs.registry), the spec-level driver files filtered by NVIDIA_DRIVER_CAPABILITIES
 (gpuctk.hook.drivercaps), NVIDIA_REQUIRE_* checked (gpuctk.hook.require), the blocks merged in
-the reference order (gpuctk.cdi.apply.merge). One model of "what to inject": the CDI edits.
+the reference order (gpuctk.cdi.specs.apply.merge). One model of "what to inject": the CDI edits.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any
 
-    from gpuctk.cdi.shape import EditsDoc
+    from gpuctk.cdi.specs.shape import EditsDoc
     from gpuctk.hook.config import Settings
     from gpuctk.hook.requests import Request
 
@@ -58,8 +58,8 @@ def edits_for(
     NVIDIA_REQUIRE_* checked, hooks given an explicit env), and the registry's errors (spec
     files or dirs it could not use). RequestError for an unknown device or an unmet
     requirement."""
-    from gpuctk.cdi import apply, registry
-    from gpuctk.cdi.speccache import SpecCache
+    from gpuctk.cdi.specs import apply, registry
+    from gpuctk.cdi.specs.speccache import SpecCache
     from gpuctk.hook import drivercaps, requests, require
 
     reg = registry.load(settings.spec_dirs, cache=SpecCache.for_this_process())

@@ -10,7 +10,8 @@ controller.
 - v2: the eBPF device program(s) attached to the cgroup are replaced by ones that also allow the
   rules (gpuctk.hook.devbpf).
 
-Rules are OCI `linux.resources.devices` entries as gpuctk.cdi.apply writes them (allow, type b or
+Rules are OCI `linux.resources.devices` entries as gpuctk.cdi.specs.apply writes them (allow, type
+b or
 c, major, minor, access); a rule without access allows nothing and is skipped.
 """
 

@@ -114,7 +114,7 @@ def check(values: Mapping[str, Any]) -> list[str]:
                     if not v.startswith("/"):
                         out.append(f"spec-dirs: {v!r} must be an absolute path")
             elif key == "device-list-kinds":
-                from gpuctk.cdi.names import kind_problem
+                from gpuctk.cdi.specs.names import kind_problem
 
                 out += [f"{key}: {p}" for p in map(kind_problem, values[key]) if p]
     for key in ("accept-envvar-unprivileged", "accept-volume-mounts"):
@@ -124,7 +124,7 @@ def check(values: Mapping[str, Any]) -> list[str]:
         if key in values and not isinstance(values[key], str):
             out.append(f"{key}: must be a string")
     if isinstance(values.get("default-kind"), str):
-        from gpuctk.cdi.names import kind_problem
+        from gpuctk.cdi.specs.names import kind_problem
 
         problem = kind_problem(values["default-kind"])
         if problem:

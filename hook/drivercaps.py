@@ -8,7 +8,8 @@ Only the spec-level edits are filtered, and within them only the mounts of drive
 binaries (and the graphics/display config files); device nodes, IPC sockets (mounted noexec),
 firmware and anything not recognised stay. A device's own edits lose their /dev/dri nodes unless
 graphics or display is asked for (filter_device_edits). A library's capability comes from its
-file name (gpuctk.cdi.capabilities.capability_of); a 32-bit library (in an i386/lib32 folder, or
+file name (gpuctk.cdi.node.capabilities.capability_of); a 32-bit library (in an i386/lib32 folder,
+or
 in /usr/lib or /lib when the spec also mounts libraries from /usr/lib64 or /lib64) needs
 `compat32` as well as its own capability. The hook's `--link TARGET::LINK` arguments whose
 target is a dropped file (or a dropped link) are dropped too.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import posixpath
 
-from gpuctk.cdi import capabilities as caps
+from gpuctk.cdi.node import capabilities as caps
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

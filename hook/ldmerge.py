@@ -6,13 +6,14 @@ engine applied the spec. The image's `/etc/ld.so.cache` is parsed and kept; each
 library is added under its SONAME: a mounted driver file whose name is its own SONAME, or a
 SONAME link (the spec's `--link`) that leads to one. Flags and SONAMEs come from the ELF
 headers of the HOST files (the mount sources), never from files of the image. The result is in
-ldconfig's order and format (gpuctk.cdi.ldcache.build_ld_cache), so the loader and `ldconfig -p`
+ldconfig's order and format (gpuctk.cdi.node.ldcache.build_ld_cache), so the loader and `ldconfig
+-p`
 see what ldconfig would have written for those libraries.
 
 The image's cache is hostile input read as root: the merge costs time and memory linear in its
 size, and a cache over MAX_CACHE is not read at all. Such a cache, a malformed one, or one past
 the reader's limits (a name that is no file name, more strings or digits than a real cache's:
-gpuctk.cdi.ldcache) is not merged: the shim leaves the container to gpuctk-hook, whose
+gpuctk.cdi.node.ldcache) is not merged: the shim leaves the container to gpuctk-hook, whose
 confined host ldconfig (with its time limit) builds the cache from the image's folders
 instead, as for an image with no cache.
 """
@@ -30,10 +31,10 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at 
 if TYPE_CHECKING:
     from typing import Any
 
-    from gpuctk.cdi.ldcache import LdCacheEntry
+    from gpuctk.cdi.node.ldcache import LdCacheEntry
 
 LD_CACHE = "/etc/ld.so.cache"
-MAX_CACHE = 4 << 20  # gpuctk.cdi.ldcache.MAX_CACHE_SIZE (not imported: only merges load it)
+MAX_CACHE = 4 << 20  # gpuctk.cdi.node.ldcache.MAX_CACHE_SIZE (not imported: only merges load it)
 # ELF (class, machine) -> ld.so.cache flags (FLAG_ELF_LIBC6 | the architecture's required bits)
 CACHE_FLAGS = {(64, 62): 0x0303, (32, 3): 0x0003, (64, 183): 0x0A03}
 
@@ -48,7 +49,7 @@ def host_identity(host: str) -> tuple[int, int, int, int, int] | None:
 def elf_facts(host: str) -> tuple[Any, ...] | None:
     """(identity, cache flags or None, SONAME) of the host file `host`; None if it is not a
     readable regular ELF file (a device or FIFO is never opened)."""
-    from gpuctk.cdi.elf import read_elf_fd
+    from gpuctk.cdi.node.elf import read_elf_fd
 
     try:
         if not stat.S_ISREG(os.stat(host).st_mode):
@@ -94,7 +95,7 @@ def library_entries(
 ) -> list[LdCacheEntry]:
     """A cache entry for each (container path, host file) in `folders` whose name is the host
     file's SONAME. ELF facts through facts_for(host, known)."""
-    from gpuctk.cdi.ldcache import LdCacheEntry
+    from gpuctk.cdi.node.ldcache import LdCacheEntry
 
     wanted = set(folders)
     entries = []
@@ -131,8 +132,8 @@ def write_cache(root_fd: int, old: bytes, added: list[LdCacheEntry]) -> int:
     replace, then `added`. Returns how many of the image's entries were kept. ValueError if
     `old` is not a cache this reader knows or is past its limits; nothing is written then.
     Time and memory are linear in len(old) (at most MAX_CACHE) and len(added), and what is
-    written is at most about twice len(old), plus `added` (gpuctk.cdi.ldcache)."""
-    from gpuctk.cdi.ldcache import build_ld_cache, parse_ld_cache
+    written is at most about twice len(old), plus `added` (gpuctk.cdi.node.ldcache)."""
+    from gpuctk.cdi.node.ldcache import build_ld_cache, parse_ld_cache
 
     new_keys = {(e.key, e.flags) for e in added}
     kept = [e for e in parse_ld_cache(old, max_size=MAX_CACHE) if (e.key, e.flags) not in new_keys]

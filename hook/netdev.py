@@ -165,7 +165,7 @@ def ifname_problem(name: str) -> str | None:
 
 def check_rdma_mode(sys_root: str, hosts: list[str]) -> None:
     """Refuse in exclusive RDMA netns mode for interfaces that have an RDMA device."""
-    from gpuctk.cdi import nics
+    from gpuctk.cdi.node import nics
 
     if not nics.exclusive_netns_mode(sys_root):
         return

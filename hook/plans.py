@@ -115,8 +115,8 @@ class Plans:
         by identity. None when something in it is not settled yet (or cannot be listed)."""
         import time
 
-        from gpuctk.cdi.registry import spec_paths
-        from gpuctk.cdi.speccache import SETTLE_NS
+        from gpuctk.cdi.specs.registry import spec_paths
+        from gpuctk.cdi.specs.speccache import SETTLE_NS
 
         now = time.time_ns()
         dirs, files = [], []

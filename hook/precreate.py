@@ -3,7 +3,7 @@
 podman (4.x; containers/common pkg/hooks/exec) and CRI-O run a `precreate` hook before they hand
 the config to the runtime: the container's config.json on stdin, the (possibly changed) config
 expected on stdout. This applies the CDI edits exactly as the shim does (gpuctk.hook.cdiedits,
-gpuctk.cdi.apply): device nodes and their cgroup rules, driver mounts, env, and the spec's
+gpuctk.cdi.specs.apply): device nodes and their cgroup rules, driver mounts, env, and the spec's
 createContainer hook entry, which the runtime then runs. A config that asks for nothing is
 written back byte for byte. Errors: one line on stderr, exit 1, nothing on stdout.
 """
@@ -35,7 +35,7 @@ def transform(data: bytes, settings: Settings) -> bytes:
     if got is None:
         hooklog.log("debug", "precreate: no GPU requested; config unchanged", to_stderr=False)
         return data
-    from gpuctk.cdi import apply
+    from gpuctk.cdi.specs import apply
     from gpuctk.jsonfast import dumps
 
     req, edits = got

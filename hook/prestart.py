@@ -8,7 +8,7 @@ In one process:
 
 1. read the state (bundle, init pid) and the bundle's config.json;
 2. work out the request and the CDI edits exactly as the shim does (gpuctk.hook.cdiedits) and
-   apply them to the config in memory (gpuctk.cdi.apply): the entries it adds (device nodes,
+   apply them to the config in memory (gpuctk.cdi.specs.apply): the entries it adds (device nodes,
    device cgroup rules, mounts, createContainer hooks) are what the runtime would have done had
    the shim written them; nothing asked: exit 0 at once, nothing touched;
 3. pin the init process and open its mount namespace (gpuctk.hook.nsmount.Container);
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any, BinaryIO
 
-    from gpuctk.cdi.shape import EditsDoc
+    from gpuctk.cdi.specs.shape import EditsDoc
 
 HOOK_VERBS = ("createContainer", "create-symlinks", "update-ldcache", "chmod")
 UNSUPPORTED = ("env", "additionalGids", "netDevices", "intelRdt")
@@ -66,7 +66,7 @@ def _list(parent: Any, *keys: str) -> list[Any]:
 
 def plan(doc: dict[str, Any], edits: EditsDoc) -> Plan:
     """Apply `edits` to `doc` (in place) and collect what was added, in the runtime's order."""
-    from gpuctk.cdi import apply
+    from gpuctk.cdi.specs import apply
     from gpuctk.hook import cgroupdev
 
     had = {id(x) for x in (*_list(doc, "linux", "devices"), *_list(doc, "mounts"))}

@@ -72,13 +72,13 @@ class Request:
 
 
 def _is_qualified(name: str) -> bool:
-    from gpuctk.cdi.names import is_qualified_name
+    from gpuctk.cdi.specs.names import is_qualified_name
 
     return is_qualified_name(name)
 
 
 def _bare_name_problem(name: str) -> str | None:
-    from gpuctk.cdi.names import device_name_problem
+    from gpuctk.cdi.specs.names import device_name_problem
 
     return device_name_problem(name)
 
@@ -101,7 +101,7 @@ def _qualify(name: str, kind: str, where: str, kinds: Container[str] = ()) -> st
     name only of `kind` or one of `kinds`."""
     if "=" in name or "/" in name:
         if not _is_qualified(name):
-            from gpuctk.cdi.names import qualified_name_problem
+            from gpuctk.cdi.specs.names import qualified_name_problem
 
             raise RequestError(f"{where}: {qualified_name_problem(name)}")
         named = name.partition("=")[0]

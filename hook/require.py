@@ -16,7 +16,7 @@ brand) must hold for every selected GPU; with no GPU selected they hold.
 A legacy image (CUDA_VERSION set, NVIDIA_REQUIRE_CUDA not) requires cuda>=<its major.minor>.
 NVIDIA_DISABLE_REQUIRE set to a true value (1, t, true, ...) turns every check off.
 
-Facts come from the env of the spec's gpuctk hook entry (gpuctk.cdi.facts). An unmet
+Facts come from the env of the spec's gpuctk hook entry (gpuctk.cdi.node.facts). An unmet
 constraint raises RequestError naming the variable, the constraint and the value found.
 """
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
-    from gpuctk.cdi.facts import Facts, GpuFacts
+    from gpuctk.cdi.node.facts import Facts, GpuFacts
 
     Term = tuple[str, str, str]  # key, operator, value
 
@@ -216,7 +216,7 @@ def facts_of(edits: Mapping[str, Any]) -> Facts | None:
         if isinstance(env, list) and any(
             isinstance(e, str) and e.startswith("GPUCTK_DRIVER_VERSION=") for e in env
         ):
-            from gpuctk.cdi.facts import decode
+            from gpuctk.cdi.node.facts import decode
 
             try:
                 return decode([e for e in env if isinstance(e, str)])

@@ -4,7 +4,7 @@
       1. read B/config.json (or crun's --config name) through the bundle's fd (gpuctk.hook.bundle)
       2. work out the requested devices (gpuctk.hook.requests); none: go to 5, file untouched
       3. resolve them in the CDI spec dirs, filter the driver files by NVIDIA_DRIVER_CAPABILITIES,
-         check NVIDIA_REQUIRE_*, apply the edits (gpuctk.cdi.apply)
+         check NVIDIA_REQUIRE_*, apply the edits (gpuctk.cdi.specs.apply)
       4. write config.json back atomically, same mode and owner, every other field kept
       5. execv the low-level runtime (config `runtimes`) with the original arguments
 
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import NoReturn
 
-    from gpuctk.cdi.shape import EditsDoc
+    from gpuctk.cdi.specs.shape import EditsDoc
     from gpuctk.hook.config import Settings
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -196,7 +196,7 @@ def _inject(
     dir_fd: int,
     name: str,
 ) -> None:
-    from gpuctk.cdi import apply
+    from gpuctk.cdi.specs import apply
     from gpuctk.hook import cdiedits, shimroot
     from gpuctk.hook.bundle import read_config, write_config
     from gpuctk.hook.plans import Plans, key_of

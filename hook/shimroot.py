@@ -11,7 +11,7 @@ mounted (the engine mounts it before `create`), so the shim can do the same befo
 - `/etc/ld.so.conf.d/00-gpuctk.conf` lists the folders (an image's later ldconfig keeps them);
 - `/etc/ld.so.cache` is rewritten with the image's own entries plus one per injected library
   under its SONAME (read from the host file's ELF header), in ldconfig's order and format
-  (gpuctk.cdi.ldcache.build_ld_cache), so `ldconfig -p` and the loader find libcuda.so.1
+  (gpuctk.cdi.node.ldcache.build_ld_cache), so `ldconfig -p` and the loader find libcuda.so.1
   without any ldconfig running.
 
 A spec of `gpuctk cdi generate --library-mode folder` has no hook: one mount of the driver
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from gpuctk.cdi.shape import EditsDoc, MountDoc
+    from gpuctk.cdi.specs.shape import EditsDoc, MountDoc
 
 
 def _our_hook(hook: Any) -> bool:

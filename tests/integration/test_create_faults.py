@@ -51,7 +51,7 @@ from fixtures.burst import PATH_ENV, gpu_nodes, gpu_request, many_gpu_node, wait
 from fixtures.gpucheck import SCRIPT, Node, check_nodes, need_runtime
 from fixtures.images import make_bundle, snapshot_tree, unique_name, unmount
 
-from gpuctk.cdi.ldcache import read_ld_cache
+from gpuctk.cdi.node.ldcache import read_ld_cache
 from gpuctk.hook import launchers
 
 pytestmark = pytest.mark.integration
@@ -267,7 +267,7 @@ def test_a_burst_through_a_warm_state_folder(
     """The same with the memo and the caches in place (a node's steady state): the front
     takes the runtime from the memo and the creates share remembered plans."""
     h = host()
-    time.sleep(1.1)  # the spec settles (gpuctk.cdi.speccache.SETTLE_NS): the caches keep it
+    time.sleep(1.1)  # the spec settles (gpuctk.cdi.specs.speccache.SETTLE_NS): the caches keep it
     for i in (0, 1):  # one of each kind of request, for the plans
         warm = h.container(fresh_rootfs("debian"), i)
         assert h.create(warm).returncode == 0
@@ -405,7 +405,7 @@ def strace() -> str:
 
 
 def settled(path: Path) -> None:
-    """Until `path` and its entries were left alone for gpuctk.cdi.speccache.SETTLE_NS (then
+    """Until `path` and its entries were left alone for gpuctk.cdi.specs.speccache.SETTLE_NS (then
     the shim writes its spec and plan caches too)."""
     newest = max(p.stat().st_ctime for p in (path, *path.iterdir()))
     time.sleep(max(0.0, newest + 1.1 - time.time()))

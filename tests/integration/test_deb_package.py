@@ -30,7 +30,7 @@ from fixtures.fake_nvml import fake_nvml_environ, write_fake_profile
 from fixtures.gpucheck import SCRIPT, check_nodes, seen
 from fixtures.images import make_bundle, run_container, unique_name
 
-from gpuctk.cdi.profile import load_profile
+from gpuctk.cdi.node.profile import load_profile
 
 pytestmark = [
     pytest.mark.integration,

@@ -28,7 +28,7 @@ from fixtures.devroot import make_node_roots
 from fixtures.images import hook_path
 from fixtures.podman import private_podman
 
-from gpuctk.cdi.profile import load_profile
+from gpuctk.cdi.node.profile import load_profile
 
 pytestmark = pytest.mark.integration
 

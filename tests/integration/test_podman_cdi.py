@@ -22,7 +22,7 @@ from fixtures.fake_nvml import build_fake_nvml, write_fake_profile
 from fixtures.images import hook_path
 from fixtures.podman import private_podman
 
-from gpuctk.cdi.profile import load_profile
+from gpuctk.cdi.node.profile import load_profile
 
 pytestmark = pytest.mark.integration
 

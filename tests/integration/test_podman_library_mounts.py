@@ -37,7 +37,7 @@ from fixtures.gpucheck import runc_run, shim_edit
 from fixtures.images import build_image, make_bundle, snapshot_tree
 from fixtures.podman import CdiPodman, generate_spec, private_podman
 
-from gpuctk.cdi.validate import validate_files
+from gpuctk.cdi.specs.validate import validate_files
 
 pytestmark = pytest.mark.integration
 

@@ -35,7 +35,7 @@ from fixtures import gpucheck
 from fixtures.devroot import make_node_roots
 from fixtures.images import hook_path, make_bundle, run_container, unique_name
 
-from gpuctk.cdi.profile import load_profile
+from gpuctk.cdi.node.profile import load_profile
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ import pytest
 from fixtures.gpucheck import Node, generate
 from fixtures.images import make_bundle, snapshot_tree
 
-from gpuctk.cdi.ldcache import (
+from gpuctk.cdi.node.ldcache import (
     MAGIC_NEW,
     MAX_CACHE_SIZE,
     build_ld_cache,

@@ -20,7 +20,7 @@ import sys
 import atheris
 
 with atheris.instrument_imports():
-    from gpuctk.cdi import elf, ldcache
+    from gpuctk.cdi.node import elf, ldcache
 
 SEED_FILES = (
     "/etc/ld.so.cache",

@@ -5,7 +5,7 @@ swaps the folder for `ln -s / /tmp/nvidia-mps`: runc follows links in a mount so
 GPU container would get the host's `/` read-write. Both layers refuse it: the generator
 records only mount sources root alone can have made (gpuctk.fs trusted paths, below the
 driver root), and every create checks each mount source and device host path again before
-it goes into config.json (gpuctk.cdi.apply).
+it goes into config.json (gpuctk.cdi.specs.apply).
 
 A driver root of its own stands in for the node's `/`: root's, 0755, with a sticky `tmp/`.
 """

@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuctk import jsonfast
-from gpuctk.cdi import devnodes, elf, ldcache
-from gpuctk.cdi.names import is_qualified_name
+from gpuctk.cdi.node import devnodes, elf, ldcache
+from gpuctk.cdi.specs.names import is_qualified_name
 from gpuctk.errors import InputError, RequestError, UsageError
 from gpuctk.hook import inroot, oci_state, requests
 

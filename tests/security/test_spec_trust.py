@@ -1,6 +1,7 @@
 """Hostile CDI spec files in the spec dirs, through the real shim (gpuctk-runtime create).
 
-Trust model (gpuctk.cdi.spectrust): a spec dir or file that someone other than root owns or can
+Trust model (gpuctk.cdi.specs.spectrust): a spec dir or file that someone other than root owns or
+can
 write is refused before it is read, with a warning naming it; the same content written by root
 is used. Malformed specs (any owner) are skipped without stopping the others from serving; a
 FIFO never hangs the reader; a name defined twice in one dir is a conflict naming both files.

@@ -1,4 +1,4 @@
-"""gpuctk.cdi.apply against the reference library's semantics (pkg/cdi/container-edits.go)."""
+"""gpuctk.cdi.specs.apply against the reference library's semantics (pkg/cdi/container-edits.go)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuctk.cdi.apply import apply, clean_depth, merge, problems
+from gpuctk.cdi.specs.apply import apply, clean_depth, merge, problems
 from gpuctk.errors import TrustError, ValidationError
 
 

@@ -1,4 +1,5 @@
-"""gpuctk.cdi.capabilities: each driver file's capability, after libnvidia-container's lists."""
+"""gpuctk.cdi.node.capabilities: each driver file's capability, after libnvidia-container's
+lists."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import sys
 
 import pytest
 
-from gpuctk.cdi import capabilities as caps
-from gpuctk.cdi.capabilities import capability_of, parse_capabilities
+from gpuctk.cdi.node import capabilities as caps
+from gpuctk.cdi.node.capabilities import capability_of, parse_capabilities
 
 V = "535.309.01"
 
@@ -72,8 +73,13 @@ def test_parse_capabilities(value: str | None, expected: set[str]) -> None:
 
 def test_import_is_light() -> None:
     code = (
-        "import sys; before = set(sys.modules); import gpuctk.cdi.capabilities; "
+        "import sys; before = set(sys.modules); import gpuctk.cdi.node.capabilities; "
         "print(' '.join(sorted(set(sys.modules) - before)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert set(out.stdout.split()) <= {"gpuctk", "gpuctk.cdi", "gpuctk.cdi.capabilities"}
+    assert set(out.stdout.split()) <= {
+        "gpuctk",
+        "gpuctk.cdi",
+        "gpuctk.cdi.node",
+        "gpuctk.cdi.node.capabilities",
+    }

@@ -167,7 +167,7 @@ def test_validate_schema_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     bad_dir = run(validate_cmd, str(good), "--schema-dir", str(tmp_path))
     assert exit_code(bad_dir) == 2  # UsageError: no schema.json there
     monkeypatch.delenv("GPUCTK_CDI_SCHEMA_DIR", raising=False)
-    monkeypatch.setattr("gpuctk.cdi.schema._REPO_DEFAULT", tmp_path / "none")
+    monkeypatch.setattr("gpuctk.cdi.specs.schema._REPO_DEFAULT", tmp_path / "none")
     skipped = run(validate_cmd, str(good))
     assert skipped.exit_code == 0
     assert "gpuctk: note: CDI JSON schema not found" in skipped.stderr

@@ -1,4 +1,4 @@
-"""Spec loading and validation in layers (gpuctk.cdi.specfile, .validate, .schema, .names)."""
+"""Spec loading and validation in layers (gpuctk.cdi.specs.specfile, .validate, .schema, .names)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,15 @@ from typing import Any
 
 import pytest
 
-from gpuctk.cdi import names
-from gpuctk.cdi.schema import find_schema_dir, load_checker
-from gpuctk.cdi.specfile import load_spec_file
-from gpuctk.cdi.validate import check_files, check_spec_dict, validate_files, validate_spec_dict
+from gpuctk.cdi.specs import names
+from gpuctk.cdi.specs.schema import find_schema_dir, load_checker
+from gpuctk.cdi.specs.specfile import load_spec_file
+from gpuctk.cdi.specs.validate import (
+    check_files,
+    check_spec_dict,
+    validate_files,
+    validate_spec_dict,
+)
 from gpuctk.errors import InputError, UsageError, ValidationError
 
 SCHEMA_DIR = Path(__file__).resolve().parents[2].parent / "shared/vendor-data/cdi-schema"
@@ -292,7 +297,7 @@ def test_schema_dir_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_missing_schema_is_a_note(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("GPUCTK_CDI_SCHEMA_DIR", raising=False)
-    monkeypatch.setattr("gpuctk.cdi.schema._REPO_DEFAULT", tmp_path / "none")
+    monkeypatch.setattr("gpuctk.cdi.specs.schema._REPO_DEFAULT", tmp_path / "none")
     spec = write(tmp_path / "s.json", good())
     report = check_files([spec])
     assert report.ok and report.schema_dir is None
@@ -371,8 +376,8 @@ def test_yaml_and_json_load_the_same(tmp_path: Path) -> None:
 
 def test_hot_path_modules_import_nothing_heavy() -> None:
     code = (
-        "import sys; import gpuctk.cdi.specfile, gpuctk.cdi.names, gpuctk.cdi.version, "
-        "gpuctk.cdi.validate; "
+        "import sys; import gpuctk.cdi.specs.specfile, gpuctk.cdi.specs.names, "
+        "gpuctk.cdi.specs.version, gpuctk.cdi.specs.validate; "
         "print(sorted(m for m in ('jsonschema', 'click', 'referencing') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

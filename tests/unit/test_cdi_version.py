@@ -1,4 +1,4 @@
-"""cdiVersion rules (gpuctk.cdi.version), mirrored from the reference specs-go/version.go."""
+"""cdiVersion rules (gpuctk.cdi.specs.version), mirrored from the reference specs-go/version.go."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from gpuctk.cdi.spec import ContainerEdits, Device, DeviceNode, Mount, Spec
-from gpuctk.cdi.version import (
+from gpuctk.cdi.specs.spec import ContainerEdits, Device, DeviceNode, Mount, Spec
+from gpuctk.cdi.specs.version import (
     CURRENT_VERSION,
     EARLIEST_VERSION,
     compare_versions,

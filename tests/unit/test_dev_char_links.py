@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from fixtures.devroot import CAPS_MAJOR, UVM_MAJOR, NodeRoots, ci_minor, gi_minor
 
-from gpuctk.cdi import devchar
-from gpuctk.cdi.profile import load_profile
+from gpuctk.cdi.node import devchar
+from gpuctk.cdi.node.profile import load_profile
 
 GPUCTK = str(Path(sys.executable).with_name("gpuctk"))
 IMEX_MAJOR = 510

@@ -20,8 +20,8 @@ import pytest
 from fixtures.devroot import CAPS_MAJOR, UVM_MAJOR
 from fixtures.doctornode import BIN, DoctorNode, build_node, generate_spec, listen
 
-from gpuctk.cdi.machine import Machine
-from gpuctk.cdi.profile import load_profile
+from gpuctk.cdi.node.machine import Machine
+from gpuctk.cdi.node.profile import load_profile
 from gpuctk.records import replace
 
 NodeFactory = Callable[..., DoctorNode]
@@ -32,7 +32,9 @@ HEALTHY_OK = {
     "driver.dev-char",
     "nvml.load", "nvml.gpus", "nvml.mig", "nvml.device-nodes",
     "cdi.spec", "cdi.valid", "cdi.driver-version", "cdi.layout", "cdi.conflicts",
+    "cdi.version-readers",
     "runtime.shim", "runtime.hook", "runtime.config", "runtime.low-level",
+    "runtime.envvar-unprivileged",
     "engine.containerd", "engine.containerd.binary", "engine.containerd.cdi",
     "engine.containerd.versions", "engine.containerd.runtime-type",
     "kubernetes.device-plugins", "kubernetes.device-plugin", "kubernetes.runtimeclass",
@@ -50,21 +52,11 @@ def make_node(
     def make(profile: str = "l4", nvml: Machine | None = None) -> DoctorNode:
         node = build_node(tmp_path / f"n{len(nodes)}", driver_root, profile, fake_nvml_env, nvml)
         nodes.append(node)
-        link_dev_char(node)  # as the package's udev rule and refresh do on a real node
         return node
 
     yield make
     for node in nodes:
         node.close()
-
-
-def link_dev_char(node: DoctorNode) -> None:
-    """The node's /dev/char links, as `gpuctk system create-dev-char-symlinks` makes them."""
-    from gpuctk.cdi import devchar
-
-    dev = str(node.roots.dev_root / "dev")
-    majors = devchar.nvidia_majors(devchar.read_char_majors(str(node.roots.proc_root)))
-    devchar.update_links(dev, f"{dev}/char", devchar.find_nodes(dev, majors))
 
 
 def statuses(report: dict[str, Any]) -> dict[str, str]:
@@ -90,6 +82,7 @@ def test_healthy_node_passes_with_exit_0(make_node: NodeFactory, profile: str) -
     assert statuses(report)["probe.container"] == "skipped"
     assert {i for i in statuses(report) if i.startswith("runtime.")} == {
         "runtime.shim", "runtime.hook", "runtime.config", "runtime.low-level",
+        "runtime.envvar-unprivileged",
     }  # fmt: skip
     if profile == "a100-mig":
         mig = node.check(report, "nvml.mig")
@@ -528,6 +521,18 @@ def test_containerd_not_restarted_after_configure(make_node: NodeFactory) -> Non
 
 def _probe_out(*libs: str) -> str:
     return "\n".join(["NODE /dev/nvidia0", "OPEN /dev/nvidia0 ok", *libs])
+
+
+def test_probe_asks_by_annotation_where_the_shim_reads_one() -> None:
+    """By CDI annotation, as an orchestrator asks (accepted even with
+    accept-envvar-unprivileged off); by NVIDIA_VISIBLE_DEVICES only without a prefix."""
+    from gpuctk.doctor.probe import request_for
+
+    assert request_for("nvidia.com/gpu", "1:0", ("cdi.k8s.io/",)) == (
+        "cdi.k8s.io/gpuctk-doctor-probe", "nvidia.com/gpu=1:0",
+        "cdi.k8s.io/gpuctk-doctor-probe: nvidia.com/gpu=1:0",
+    )  # fmt: skip
+    assert request_for("nvidia.com/gpu", "0", ()) == ("", "", "NVIDIA_VISIBLE_DEVICES=0")
 
 
 def test_probe_verdict_ld_cache_or_loader_folder() -> None:

@@ -1,5 +1,5 @@
-"""gpuctk.cdi.driverfiles: driver files under a root (Debian's real packages and synthetic
-roots), and gpuctk.cdi.devnodes: device nodes made with mknod."""
+"""gpuctk.cdi.node.driverfiles: driver files under a root (Debian's real packages and synthetic
+roots), and gpuctk.cdi.node.devnodes: device nodes made with mknod."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import pytest
 from fixtures.devroot import CAPS_MAJOR, UVM_MAJOR, NodeRoots, ci_minor, gi_minor
 from fixtures.driver_root import make_elf
 
-from gpuctk.cdi import driverfiles as df
-from gpuctk.cdi.machine import Machine
-from gpuctk.cdi.profile import load_profile
+from gpuctk.cdi.node import driverfiles as df
+from gpuctk.cdi.node.machine import Machine
+from gpuctk.cdi.node.profile import load_profile
 from gpuctk.errors import InputError
 
 V = "535.309.01"
@@ -366,7 +366,7 @@ def test_gpu_node_missing_and_no_drm(node_roots: MakeRoots, tmp_path: Path) -> N
 
 
 def test_sysfs_bus_id() -> None:
-    from gpuctk.cdi.devnodes import sysfs_bus_id
+    from gpuctk.cdi.node.devnodes import sysfs_bus_id
 
     assert sysfs_bus_id("00000000:18:00.0") == "0000:18:00.0"
     assert sysfs_bus_id("00000001:AB:00.0") == "0001:ab:00.0"
@@ -419,7 +419,7 @@ def test_parse_mig_minors() -> None:
 
 
 def test_mig_minors_size_cap(tmp_path: Path) -> None:
-    from gpuctk.cdi import devnodes
+    from gpuctk.cdi.node import devnodes
 
     path = tmp_path / "proc" / devnodes.MIG_MINORS
     path.parent.mkdir(parents=True)

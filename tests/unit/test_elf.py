@@ -1,4 +1,4 @@
-"""gpuctk.cdi.elf: DT_SONAME, class and machine from ELF files, robust to bad input."""
+"""gpuctk.cdi.node.elf: DT_SONAME, class and machine from ELF files, robust to bad input."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from fixtures.driver_root import make_elf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuctk.cdi import elf
+from gpuctk.cdi.node import elf
 
 
 def _write(tmp_path: Path, data: bytes, name: str = "lib.so") -> str:

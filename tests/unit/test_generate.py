@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from gpuctk.cdi import facts
-from gpuctk.cdi.driverfiles import DriverFile, DriverFiles
 from gpuctk.cdi.generate import Options, build_spec
-from gpuctk.cdi.profile import available_profiles, load_profile
+from gpuctk.cdi.node import facts
+from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles
+from gpuctk.cdi.node.profile import available_profiles, load_profile
 from gpuctk.cdi.simulate import mig_cap_minors, simulated_nodes
-from gpuctk.cdi.validate import schema_checker, validate_spec_dict
+from gpuctk.cdi.specs.validate import schema_checker, validate_spec_dict
 from gpuctk.errors import NoDevicesError, UsageError
 
 SCHEMA = Path(__file__).resolve().parents[3] / "shared" / "vendor-data" / "cdi-schema"

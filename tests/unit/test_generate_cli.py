@@ -122,8 +122,8 @@ def test_real_discovery_spec_is_valid_and_complete(
 ) -> None:
     from fixtures.devroot import make_node_roots
 
-    from gpuctk.cdi.profile import load_profile
-    from gpuctk.cdi.validate import validate_files
+    from gpuctk.cdi.node.profile import load_profile
+    from gpuctk.cdi.specs.validate import validate_files
 
     machine = load_profile("a100-mig")
     roots = make_node_roots(tmp_path / "node", machine)
@@ -163,7 +163,7 @@ def test_an_unchanged_spec_is_left_alone_until_the_mig_layout_changes(
     from fixtures.devroot import make_node_roots
     from fixtures.fake_nvml import write_fake_profile
 
-    from gpuctk.cdi.profile import load_profile
+    from gpuctk.cdi.node.profile import load_profile
     from gpuctk.records import replace
 
     machine = load_profile("a100-mig")

@@ -21,7 +21,7 @@ import pytest
 from fixtures.images import hook_path
 from fixtures.images import snapshot_tree as snapshot
 
-from gpuctk.cdi.ldcache import MAGIC_NEW, MAX_CACHE_SIZE
+from gpuctk.cdi.node.ldcache import MAGIC_NEW, MAX_CACHE_SIZE
 
 FOLDER = "/usr/lib/x86_64-linux-gnu/nvidia/current"
 LINK = f"libfoo.so.1.2.3::{FOLDER}/libfoo.so.1"

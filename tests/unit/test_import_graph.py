@@ -36,7 +36,7 @@ LAZY_DOORS: dict[tuple[str, str], str] = {
         "only `gpuctk-hook createRuntime|poststop --netdev` (a NIC spec's entry) moves network "
         "interfaces, through pyroute2; GPU containers never take it"
     ),
-    ("gpuctk.cdi.specfile", "gpuctk.cdi.specyaml"): (
+    ("gpuctk.cdi.specs.specfile", "gpuctk.cdi.specs.specyaml"): (
         "PyYAML only for a spec file that is not JSON; a JSON spec (generate --output *.json) "
         "never loads it. NOTE: a .yaml spec in the spec dirs puts PyYAML (~10 ms) on every "
         "create the shim resolves, and the refresh unit writes /var/run/cdi/nvidia.yaml"
@@ -48,7 +48,7 @@ LAZY_DOORS: dict[tuple[str, str], str] = {
 # banned module -> the only gpuctk module that may import it (behind a door above)
 BANNED_VIA = {
     "pyroute2": "gpuctk.hook.netdev",
-    "yaml": "gpuctk.cdi.specyaml",
+    "yaml": "gpuctk.cdi.specs.specyaml",
     "tomllib": "gpuctk.hook.config",
 }
 
@@ -281,16 +281,16 @@ def test_the_walk_covers_the_create_path(graph: Graph) -> None:
         "gpuctk.errors",
         "gpuctk.hook.config",  # lazy, in runtime_main.main
         "gpuctk.hook.cdiedits",  # lazy, in inject
-        "gpuctk.cdi.apply",
-        "gpuctk.cdi.registry",
-        "gpuctk.cdi.specfile",
+        "gpuctk.cdi.specs.apply",
+        "gpuctk.cdi.specs.registry",
+        "gpuctk.cdi.specs.specfile",
         "gpuctk.hook.shimroot",
-        "gpuctk.cdi.ldcache",
+        "gpuctk.cdi.node.ldcache",
         "gpuctk.hook.actions",  # lazy, in hook_main._run
         "gpuctk.hook.prestart",
     ):
         assert module in reached, f"the walk missed {module}"
-    assert graph.origins["gpuctk.cdi.apply"].endswith("/cdi/apply.py")
+    assert graph.origins["gpuctk.cdi.specs.apply"].endswith("/cdi/specs/apply.py")
     assert graph.origins["gpuctk.hook.runtime_main"].endswith("/hook/runtime_main.py")
 
 

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from fixtures.fakesys import make_two_socket
 
-from gpuctk.cdi import info, nics
-from gpuctk.cdi.profile import load_profile
+from gpuctk.cdi import info
+from gpuctk.cdi.node import nics
+from gpuctk.cdi.node.profile import load_profile
 
 GPUCTK = str(Path(sys.executable).with_name("gpuctk"))
 

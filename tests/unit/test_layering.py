@@ -2,7 +2,9 @@
 install on containerd; the doctor on top of them all.
 
     gpuctk              the spine: imports only itself
-    gpuctk.cdi          the spine
+    gpuctk.cdi.specs    the spine (the CDI library)
+    gpuctk.cdi.node     the spine and gpuctk.cdi.specs (what the node has)
+    gpuctk.cdi          the spine and its subpackages (generation and its commands)
     gpuctk.hook         the spine and gpuctk.cdi
     gpuctk.containerd   the spine
     gpuctk.install      the spine, gpuctk.containerd and gpuctk.hook (the launchers it writes)
@@ -25,17 +27,24 @@ import pytest
 from fixtures.layout import package_dirs, setuptools_table
 
 PACKAGES = package_dirs()
+# subpackages inside a package's folder, each a layer of its own
+SUBPACKAGES = {"gpuctk.cdi.specs": PACKAGES["gpuctk.cdi"] / "specs",
+               "gpuctk.cdi.node": PACKAGES["gpuctk.cdi"] / "node"}  # fmt: skip
+LAYERS = {**PACKAGES, **SUBPACKAGES}
+CDI = {"gpuctk.cdi", *SUBPACKAGES}
 SPINE = "gpuctk"
 TOP = "gpuctk.doctor"
 CLI = "gpuctk.cli"  # its lazy command table names the top layer's command module
 # layer -> the gpuctk layers it may import
 ALLOWED = {
     "gpuctk": {"gpuctk"},
-    "gpuctk.cdi": {"gpuctk", "gpuctk.cdi"},
-    "gpuctk.hook": {"gpuctk", "gpuctk.cdi", "gpuctk.hook"},
+    "gpuctk.cdi.specs": {"gpuctk", "gpuctk.cdi.specs"},
+    "gpuctk.cdi.node": {"gpuctk", "gpuctk.cdi.specs", "gpuctk.cdi.node"},
+    "gpuctk.cdi": {"gpuctk", *CDI},
+    "gpuctk.hook": {"gpuctk", *CDI, "gpuctk.hook"},
     "gpuctk.containerd": {"gpuctk", "gpuctk.containerd"},
     "gpuctk.install": {"gpuctk", "gpuctk.containerd", "gpuctk.hook", "gpuctk.install"},
-    TOP: set(PACKAGES),
+    TOP: set(LAYERS),
 }
 # import names that would reach a package's folder without the gpuctk. prefix
 BARE = {p.rpartition(".")[2] for p in PACKAGES if p != SPINE} | {
@@ -46,7 +55,7 @@ TOP_MODULE = re.compile(re.escape(TOP) + r"(\.\w+)*")
 
 def layer_of(module: str) -> str | None:
     """The package a gpuctk module belongs to (the longest one that holds it), else None."""
-    holding = [p for p in PACKAGES if module == p or module.startswith(p + ".")]
+    holding = [p for p in LAYERS if module == p or module.startswith(p + ".")]
     return max(holding, key=len) if holding else None
 
 
@@ -99,7 +108,7 @@ def problems(layer: str, path: Path) -> list[str]:
 
 def sources() -> list[tuple[str, Path]]:
     out = []
-    for layer, folder in PACKAGES.items():
+    for layer, folder in LAYERS.items():
         out += [(layer, p) for p in sorted(folder.glob("*.py"))]
     return out
 
@@ -113,10 +122,12 @@ def test_module_respects_layers(layer: str, path: Path) -> None:
 def test_every_package_has_a_layer() -> None:
     """A package added to pyproject.toml must be placed here; setuptools' package list and the
     folder map name the same packages."""
-    assert set(ALLOWED) == set(PACKAGES)
-    assert setuptools_table()["packages"] == list(PACKAGES)
-    for layer, folder in PACKAGES.items():
+    assert set(ALLOWED) == set(LAYERS)
+    assert set(setuptools_table()["packages"]) == set(LAYERS)
+    for layer, folder in LAYERS.items():
         assert (folder / "__init__.py").is_file(), layer
+    nested = {p.parent for folder in PACKAGES.values() for p in folder.glob("*/__init__.py")}
+    assert nested == set(SUBPACKAGES.values())  # no subpackage without a layer
 
 
 def test_the_cli_table_is_the_way_in_to_the_top_layer() -> None:
@@ -148,3 +159,15 @@ def test_the_check_sees_a_violation(tmp_path: Path) -> None:
     assert any(":5: bare import hook.config" in p for p in found), found
     assert any(":6: names gpuctk.doctor.cli" in p for p in found), found
     assert not [p for p in problems(TOP, sample) if "bare" not in p]
+
+
+def test_the_cdi_library_imports_nothing_above_it(tmp_path: Path) -> None:
+    sample = tmp_path / "x.py"
+    sample.write_text("from gpuctk.cdi.node import elf\nfrom gpuctk.cdi import generate\n")
+
+    def lines(layer: str) -> set[str]:
+        return {b.split(":")[1] for b in problems(layer, sample)}
+
+    assert lines("gpuctk.cdi.specs") == {"1", "2"}  # the library imports neither
+    assert lines("gpuctk.cdi.node") == {"2"}  # the node may use the library, not generation
+    assert lines("gpuctk.cdi") == set()

@@ -1,4 +1,4 @@
-"""gpuctk.cdi.ldcache: glibc's ld.so.cache, checked against `ldconfig -p`, and fuzzed."""
+"""gpuctk.cdi.node.ldcache: glibc's ld.so.cache, checked against `ldconfig -p`, and fuzzed."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from fixtures.driver_root import make_elf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpuctk.cdi import ldcache
+from gpuctk.cdi.node import ldcache
 from gpuctk.hook import ldmerge as hook_ldmerge
 
 LDCONFIG = shutil.which("ldconfig") or shutil.which("/sbin/ldconfig")

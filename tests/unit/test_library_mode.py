@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from gpuctk.cdi import capabilities as caps
-from gpuctk.cdi.driverfiles import DriverFile, DriverFiles
 from gpuctk.cdi.generate import READ_ONLY, Options, build_spec
 from gpuctk.cdi.libmounts import library_mounts, loader_dirs
-from gpuctk.cdi.profile import available_profiles, load_profile
+from gpuctk.cdi.node import capabilities as caps
+from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles
+from gpuctk.cdi.node.profile import available_profiles, load_profile
 from gpuctk.cdi.simulate import simulated_nodes
-from gpuctk.cdi.validate import schema_checker, validate_files, validate_spec_dict
+from gpuctk.cdi.specs.validate import schema_checker, validate_files, validate_spec_dict
 from gpuctk.errors import UsageError
 from gpuctk.hook import drivercaps
 
@@ -252,7 +252,7 @@ def test_cli_on_the_debian_driver_root(
 
 
 def test_select_capabilities_keeps_only_the_selected_files() -> None:
-    from gpuctk.cdi.driverfiles import select_capabilities
+    from gpuctk.cdi.node.driverfiles import select_capabilities
 
     fw = DriverFile("/drv/lib/firmware/gsp.bin", "/lib/firmware/gsp.bin", "firmware", "utility")
     smi = DriverFile("/drv/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi", "binary", "utility")

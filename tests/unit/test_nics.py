@@ -12,10 +12,11 @@ import pytest
 import yaml
 from fixtures.fakesys import make_two_socket
 
-from gpuctk.cdi import nics, nicspec
-from gpuctk.cdi.profile import load_profile
-from gpuctk.cdi.schema import load_checker
-from gpuctk.cdi.validate import validate_spec_dict
+from gpuctk.cdi import nicspec
+from gpuctk.cdi.node import nics
+from gpuctk.cdi.node.profile import load_profile
+from gpuctk.cdi.specs.schema import load_checker
+from gpuctk.cdi.specs.validate import validate_spec_dict
 from gpuctk.errors import NoDevicesError
 
 GPUCTK = str(Path(sys.executable).with_name("gpuctk"))

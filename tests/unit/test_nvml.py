@@ -19,8 +19,8 @@ from fixtures.fake_nvml import (
     write_fake_profile,
 )
 
-from gpuctk.cdi.machine import Machine
-from gpuctk.cdi.nvml import (
+from gpuctk.cdi.node.machine import Machine
+from gpuctk.cdi.node.nvml import (
     LIBRARY_NAME,
     PynvmlAdapter,
     architecture_name,
@@ -28,14 +28,14 @@ from gpuctk.cdi.nvml import (
     discover,
     normalize_bus_id,
 )
-from gpuctk.cdi.profile import available_profiles, load_profile
+from gpuctk.cdi.node.profile import available_profiles, load_profile
 from gpuctk.errors import EXIT_NVML, NvmlError
 from gpuctk.records import replace
 
 SCRIPT = """
 import pickle, sys
 from gpuctk.errors import GpuctkError
-from gpuctk.cdi.nvml import discover
+from gpuctk.cdi.node.nvml import discover
 try:
     machine = discover(sys.argv[1] or None)
 except GpuctkError as exc:
@@ -90,7 +90,7 @@ def test_no_library_at_all_says_what_to_do(tmp_path: Path) -> None:
 
 
 def test_import_does_not_load_pynvml() -> None:
-    code = "import sys, gpuctk.cdi.nvml; print('pynvml' in sys.modules)"
+    code = "import sys, gpuctk.cdi.node.nvml; print('pynvml' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -99,9 +99,9 @@ def test_discovery_does_not_import_ctypes_util_and_pynvml_still_finds_libraries(
     fake_nvml_env: FakeNvmlEnv,
 ) -> None:
     # pynvml imports ctypes.util (subprocess, shutil, tempfile, bz2, lzma: ~5 ms) and never
-    # uses it: gpuctk.cdi.nvml serves that import with a stand-in.
+    # uses it: gpuctk.cdi.node.nvml serves that import with a stand-in.
     code = (
-        "import sys; from gpuctk.cdi.nvml import discover; discover(sys.argv[1]);"
+        "import sys; from gpuctk.cdi.node.nvml import discover; discover(sys.argv[1]);"
         "print(sorted({'ctypes.util', 'subprocess', 'tempfile'} & set(sys.modules)));"
         "import pynvml, ctypes.util; real = ctypes.util.find_library;"
         "print(pynvml.find_library('c') == real('c') is not None, type(real).__module__)"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from test_shim import LIB, Env, base_config, make_spec, mounts
 
-from gpuctk.cdi import speccache
+from gpuctk.cdi.specs import speccache
 from gpuctk.hook import plans as plans_mod
 
 REUSED = "the request's plan remembered in"

@@ -1,7 +1,7 @@
 """gpuctk-hook prestart without a container: the plan it derives, and its quick exits.
 
 The plan is what the runtime would have done with the shim's config.json: the entries that
-gpuctk.cdi.apply added (device nodes with their filled-in owner, cgroup rules, mounts in depth
+gpuctk.cdi.specs.apply added (device nodes with their filled-in owner, cgroup rules, mounts in depth
 order, the gpuctk-hook createContainer argv), and notes for what a prestart hook cannot apply.
 """
 

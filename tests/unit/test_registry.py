@@ -1,4 +1,4 @@
-"""gpuctk.cdi.registry: spec dirs in order, later dir wins, conflicts, clear messages."""
+"""gpuctk.cdi.specs.registry: spec dirs in order, later dir wins, conflicts, clear messages."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuctk.cdi import registry
+from gpuctk.cdi.specs import registry
 from gpuctk.errors import RequestError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuctk.cdi import facts as f
+from gpuctk.cdi.node import facts as f
 from gpuctk.errors import RequestError
 from gpuctk.hook.require import (
     check,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpuctk.cdi import facts
+from gpuctk.cdi.node import facts
 
 SHIM = str(Path(sys.executable).parent / "gpuctk-runtime")
 LIB = "/usr/lib/x86_64-linux-gnu"
@@ -383,12 +383,12 @@ def test_hot_path_imports(env: Env) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(out.stdout.split())
-    assert "gpuctk.hook.require" in loaded and "gpuctk.cdi.apply" in loaded
+    assert "gpuctk.hook.require" in loaded and "gpuctk.cdi.specs.apply" in loaded
     for banned in ("click", "jsonschema", "pynvml", "pyroute2", "tomllib", "tomlkit"):
         assert banned not in loaded
     start = subprocess.run(
         [sys.executable, "-c", "import sys, gpuctk.hook.runtime_main; print(*sys.modules)"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
-    for heavy in ("json", "yaml", "typing", "dataclasses", "tempfile", "gpuctk.cdi.registry"):
+    for heavy in ("json", "yaml", "typing", "dataclasses", "tempfile", "gpuctk.cdi.specs.registry"):
         assert heavy not in start.stdout.split()

@@ -1,4 +1,4 @@
-from gpuctk.cdi.profile import available_profiles, load_profile
+from gpuctk.cdi.node.profile import available_profiles, load_profile
 
 
 def test_profiles_load() -> None:

@@ -1,4 +1,4 @@
-"""gpuctk.cdi.speccache: the shim's pre-parsed spec cache. A second create in a fresh process
+"""gpuctk.cdi.specs.speccache: the shim's pre-parsed spec cache. A second create in a fresh process
 serves an unchanged YAML spec without importing PyYAML; any change of the file, of its trust
 or of the cache's own trust means a fresh parse."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuctk.cdi import registry, speccache
-from gpuctk.cdi.speccache import SpecCache
+from gpuctk.cdi.specs import registry, speccache
+from gpuctk.cdi.specs.speccache import SpecCache
 
 SPEC = {
     "cdiVersion": "0.5.0",
@@ -28,8 +28,8 @@ SPEC = {
 # PyYAML was imported
 PROBE = """
 import json, sys
-from gpuctk.cdi import registry
-from gpuctk.cdi.speccache import SpecCache
+from gpuctk.cdi.specs import registry
+from gpuctk.cdi.specs.speccache import SpecCache
 reg = registry.load([sys.argv[1]], cache=SpecCache.for_this_process())
 blocks = reg.resolve(["nvidia.com/gpu=0"])
 print(json.dumps([b.edits for b in blocks]), "yaml" in sys.modules)

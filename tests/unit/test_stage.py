@@ -14,11 +14,11 @@ import pytest
 from fixtures.devroot import make_node_roots
 
 from gpuctk.cdi import stage
-from gpuctk.cdi.driverfiles import DriverFile, DriverFiles
 from gpuctk.cdi.generate import STAGE_PATH, Options, build_spec
-from gpuctk.cdi.profile import load_profile
+from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles
+from gpuctk.cdi.node.profile import load_profile
 from gpuctk.cdi.simulate import simulated_nodes
-from gpuctk.cdi.validate import validate_files
+from gpuctk.cdi.specs.validate import validate_files
 from gpuctk.errors import OutputError, UsageError
 from gpuctk.records import replace
 

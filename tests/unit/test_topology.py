@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from fixtures.fakesys import add_pci, make_two_socket
 
-from gpuctk.cdi import topology
+from gpuctk.cdi.node import topology
 
 NIC0 = "0000:19:00.0"  # mlx5_0 under switch A, socket 0
 NIC1 = "0000:9b:00.0"  # mlx5_1 under switch C, socket 1

@@ -1,4 +1,5 @@
-"""gpuctk.cdi.yamlout: PyYAML (the reader every engine-side tool and our validator use) must read
+"""gpuctk.cdi.specs.yamlout: PyYAML (the reader every engine-side tool and our validator use) must
+read
 back exactly the document written, for real specs and for hostile strings."""
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuctk.cdi import yamlout
-from gpuctk.cdi.profile import available_profiles
+from gpuctk.cdi.node.profile import available_profiles
+from gpuctk.cdi.specs import yamlout
 
 GPUCTK = str(Path(sys.executable).with_name("gpuctk"))
 

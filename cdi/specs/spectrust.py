@@ -2,7 +2,8 @@
 
 A CDI spec is code for a root process: its mounts, device nodes and hooks are carried out as root
 in every container that asks for a device. So the spec dirs the container-create path reads
-(gpuctk-runtime, gpuctk-hook prestart / precreate, through gpuctk.cdi.registry) are trusted only
+(gpuctk-runtime, gpuctk-hook prestart / precreate, through gpuctk.cdi.specs.registry) are trusted
+only
 as far as the accounts that can write them, or swap them:
 
 - a spec dir, and every folder above it, must be owned by root (or by the user gpuctk runs as: a
@@ -16,7 +17,7 @@ as far as the accounts that can write them, or swap them:
 - a hook a spec names (containerEdits.hooks[].path) is run by the low-level runtime as root:
   it must be an absolute path whose file and folders pass the same rules; a path missing from a
   folder only root can write is let through (the runtime then says it is missing), one missing
-  from a folder others can write is not. gpuctk.cdi.apply checks this on every apply (also for
+  from a folder others can write is not. gpuctk.cdi.specs.apply checks this on every apply (also for
   a remembered plan: the files may have changed since), without importing this module.
 
 The walk is gpuctk.fs.open_trusted_dir / trusted_file. A refused dir or file is skipped (never

@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 import re
 
-from gpuctk.cdi.devchar import read_char_majors
-from gpuctk.cdi.devnodes import MIG_MINORS, parse_mig_minors
+from gpuctk.cdi.node.devchar import read_char_majors
+from gpuctk.cdi.node.devnodes import MIG_MINORS, parse_mig_minors
 from gpuctk.errors import InputError, OutputError
 from gpuctk.fs import open_trusted_dir
 from gpuctk.records import record

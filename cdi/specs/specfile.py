@@ -17,7 +17,7 @@ standard library and PyYAML's C loader: no jsonschema, no click. What it guarant
 refuse it, without a second open (no race between the check and the read). `dir_fd` opens the
 file through its folder's descriptor with the trust walk of gpuctk.fs.trusted_file (owner,
 mode, symlinks followed through trusted folders only): the registry's spec-dir policy
-(gpuctk.cdi.spectrust). Without it, `follow_symlinks=False` refuses a symlink as the last path
+(gpuctk.cdi.specs.spectrust). Without it, `follow_symlinks=False` refuses a symlink as the last path
 component (O_NOFOLLOW). Messages never quote file content beyond key names and short values.
 
 Errors: InputError (exit 4) when the file cannot be read as a file (missing, not a regular file,
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from gpuctk.cdi.speccache import SpecCache
+    from gpuctk.cdi.specs.speccache import SpecCache
 
 MAX_BYTES = 4 * 1024 * 1024
 MAX_DEPTH = 32
@@ -152,7 +152,7 @@ def decode_json(text: str) -> Any:
 
 def decode_yaml(text: str) -> Any:
     """Strict YAML decode; PyYAML is imported only here, so JSON specs never pay for it."""
-    from gpuctk.cdi.specyaml import decode_strict_yaml
+    from gpuctk.cdi.specs.specyaml import decode_strict_yaml
 
     return decode_strict_yaml(text)
 
@@ -219,7 +219,7 @@ def load_spec_file(
 ) -> dict[str, Any]:
     """The spec document at `path` as a plain dict (not yet validated beyond decoding).
 
-    With a `cache` (gpuctk.cdi.speccache), a file whose identity (device, inode, size, mtime,
+    With a `cache` (gpuctk.cdi.specs.speccache), a file whose identity (device, inode, size, mtime,
     ctime of the descriptor opened here, after `check_stat` accepted it) is in the cache is not
     read or decoded again; one that was is offered to the cache. `dir_fd`: the trusted folder
     of `path` to open it through (see _open_checked)."""

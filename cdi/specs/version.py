@@ -20,7 +20,7 @@ Generators must write the minimum: Debian 12's podman 4.3.1 accepts only up to 0
 with numeric device names and hostPaths must say 0.5.0 (not the newest version).
 
 Everything here works on plain dicts in CDI JSON shape and tolerates malformed content (wrong
-types are ignored here; the strict layer of gpuctk.cdi.validate reports them).
+types are ignored here; the strict layer of gpuctk.cdi.specs.validate reports them).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The generator builds these records; the shim, the precreate hook and the hook's legacy mode read
 specs into them (or straight into dicts of the same shape) and apply them to an OCI spec dict.
 `to_dict()` yields exactly the CDI JSON shape, leaving out empty fields so that the spec's
-minimum cdiVersion (gpuctk.cdi.version) is not raised by fields that carry nothing.
+minimum cdiVersion (gpuctk.cdi.specs.version) is not raised by fields that carry nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from gpuctk.records import record
 
 if TYPE_CHECKING:
-    from gpuctk.cdi.shape import (
+    from gpuctk.cdi.specs.shape import (
         DeviceDoc,
         DeviceNodeDoc,
         EditsDoc,

@@ -1,10 +1,10 @@
 """The CDI JSON shape, as types: what a spec file holds, key for key.
 
-One model for both sides. The generators build gpuctk.cdi.spec records, whose `to_dict()`
+One model for both sides. The generators build gpuctk.cdi.specs.spec records, whose `to_dict()`
 returns these shapes; the create path (the registry, merge, apply and the host-path checks)
 reads specs as these shapes. TypedDicts cost nothing at run time: modules on the create path
 import this module only under TYPE_CHECKING, so mypy checks every key while the shim never
-loads `typing`. A spec read from a file is held to the shape by gpuctk.cdi.validate (strict
+loads `typing`. A spec read from a file is held to the shape by gpuctk.cdi.specs.validate (strict
 decoding, then every edit rule) before anything reads it as one.
 """
 

@@ -12,12 +12,12 @@ import os
 import re
 from typing import Any
 
-from gpuctk.cdi.machine import Gpu, Machine, MigDevice
+from gpuctk.cdi.node.machine import Gpu, Machine, MigDevice
 from gpuctk.errors import InputError, UsageError
 
 # Shipped as package data beside this module (an installed package is plain files, never a zip:
 # importlib.resources would cost every `cdi generate` its imports for nothing).
-_PROFILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "profiles")
+_PROFILES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "profiles")
 
 _PROFILE_RE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.(\d+)gb$")
 

@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from gpuctk.cdi.apply import BIND_TYPES, NO_PERMISSIONS, NODE_TYPES
-from gpuctk.cdi.apply import HOOK_STAGES as HOOK_NAMES
+from gpuctk.cdi.specs.apply import BIND_TYPES, NO_PERMISSIONS, NODE_TYPES
+from gpuctk.cdi.specs.apply import HOOK_STAGES as HOOK_NAMES
 
 _SPACE = frozenset(" \t\n\r\v\f")
 

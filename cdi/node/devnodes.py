@@ -15,7 +15,7 @@ import stat
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from gpuctk.cdi.machine import Gpu
+from gpuctk.cdi.node.machine import Gpu
 from gpuctk.errors import InputError
 from gpuctk.records import record
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import stat
 
-from gpuctk.cdi.capabilities import COMPUTE, DISPLAY, GRAPHICS, UTILITY
+from gpuctk.cdi.node.capabilities import COMPUTE, DISPLAY, GRAPHICS, UTILITY
 
 _TRIPLETS = ("x86_64-linux-gnu", "aarch64-linux-gnu", "powerpc64le-linux-gnu")
 

@@ -3,8 +3,8 @@
 runc follows links in a mount source and runs each hook as root, so every mount `hostPath`,
 device-node host path and hook file must be one root alone can have made: every folder above
 it root's (or this euid's) and not group/world-writable, the entry itself looked at once from
-its folder without following a link (gpuctk.fs trusted-path rules). gpuctk.cdi.apply refuses
-edits these functions find a problem with; gpuctk.cdi.driverfiles holds the generator's
+its folder without following a link (gpuctk.fs trusted-path rules). gpuctk.cdi.specs.apply refuses
+edits these functions find a problem with; gpuctk.cdi.node.driverfiles holds the generator's
 sources to the same rule (source_problem, one folder memo per run).
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from gpuctk.cdi.apply import BIND_TYPES
+from gpuctk.cdi.specs.apply import BIND_TYPES
 from gpuctk.errors import TrustError
 from gpuctk.fs import MAX_LINKS, open_trusted_dir, open_trusted_file
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 def hook_problems(hooks: Iterable[Mapping[str, Any]]) -> list[str]:
     """ "CDI hook PATH: refused: WHY" for each hook (absolute paths, `problems` checked) that
-    must not be run as root, by the spec-trust rules (gpuctk.cdi.spectrust): its file and
+    must not be run as root, by the spec-trust rules (gpuctk.cdi.specs.spectrust): its file and
     every folder above it writable by root (or this euid) alone, a file missing from folders
     only root can write let through (the runtime says so)."""
     found = []

@@ -5,7 +5,7 @@ NVML query, that raises `NvmlCallError(function, code)` and decides nothing. `re
 holds the policy (what an unsupported query means, which MIG slots are empty) and turns NVML
 failures into one-line `gpuctk.errors.NvmlError`s that say what to do. `PynvmlAdapter` is the
 production adapter over the official bindings (`pynvml` from nvidia-ml-py), imported lazily so
-that `import gpuctk.cdi.nvml` stays cheap; the tests drive it with a fake libnvidia-ml.so.1.
+that `import gpuctk.cdi.node.nvml` stays cheap; the tests drive it with a fake libnvidia-ml.so.1.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Protocol
 
-from gpuctk.cdi.machine import Gpu, Machine, MigDevice
-from gpuctk.cdi.profile import mig_profile_name
+from gpuctk.cdi.node.machine import Gpu, Machine, MigDevice
+from gpuctk.cdi.node.profile import mig_profile_name
 from gpuctk.errors import NvmlError
 from gpuctk.records import record, replace
 
@@ -266,7 +266,7 @@ def _pynvml() -> Any:
 
         return util.find_library(name)
 
-    stand_in = types.ModuleType("ctypes.util", "gpuctk's stand-in, see gpuctk.cdi.nvml")
+    stand_in = types.ModuleType("ctypes.util", "gpuctk's stand-in, see gpuctk.cdi.node.nvml")
     stand_in.find_library = find_library  # type: ignore[attr-defined]
     sys.modules["ctypes.util"] = stand_in
     try:

@@ -2,15 +2,15 @@
 
 Layers, in order (each reports everything it finds; later layers skip values of the wrong type):
 
-1. decode   -- gpuctk.cdi.specfile: UTF-8, size and nesting caps, no duplicate keys/aliases
-2. strict   -- gpuctk.cdi.strict: unknown keys anywhere, wrong types, missing required keys
-3. schema   -- gpuctk.cdi.schema: the CDI project's JSON schema, when found (jsonschema is
+1. decode   -- gpuctk.cdi.specs.specfile: UTF-8, size and nesting caps, no duplicate keys/aliases
+2. strict   -- gpuctk.cdi.specs.strict: unknown keys anywhere, wrong types, missing required keys
+3. schema   -- gpuctk.cdi.specs.schema: the CDI project's JSON schema, when found (jsonschema is
                imported only then); findings at a location the strict layer already reported
                are dropped as duplicates
-4. version  -- gpuctk.cdi.version: cdiVersion known and >= the minimum the content needs
+4. version  -- gpuctk.cdi.specs.version: cdiVersion known and >= the minimum the content needs
 5. names    -- kind (vendor/class), device names, duplicate device names, at least one device,
                annotation keys (Kubernetes qualified names, 256 KiB in all)
-6. edits    -- gpuctk.cdi.validate_edits: env, paths, device nodes, hooks, mounts, conflicts
+6. edits    -- gpuctk.cdi.specs.validate_edits: env, paths, device nodes, hooks, mounts, conflicts
 7. cross-spec (validate_files) -- one fully qualified device name defined in two files
 
 Problems are strings "<location>: <message>", e.g.
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuctk.cdi import names, version
-from gpuctk.cdi.schema import SchemaChecker, find_schema_dir, load_checker
-from gpuctk.cdi.specfile import load_spec_file
-from gpuctk.cdi.strict import strict_problems
-from gpuctk.cdi.validate_edits import conflict_problems, edits_problems
+from gpuctk.cdi.specs import names, version
+from gpuctk.cdi.specs.schema import SchemaChecker, find_schema_dir, load_checker
+from gpuctk.cdi.specs.specfile import load_spec_file
+from gpuctk.cdi.specs.strict import strict_problems
+from gpuctk.cdi.specs.validate_edits import conflict_problems, edits_problems
 from gpuctk.errors import InputError, ValidationError
 
 ANNOTATIONS_LIMIT = 256 * 1024
@@ -56,7 +56,8 @@ class ValidationReport:
 
 
 def schema_checker(schema_dir: str | os.PathLike[str] | None = None) -> SchemaChecker | None:
-    """A checker for the vendored CDI schema (see gpuctk.cdi.schema), or None when not found."""
+    """A checker for the vendored CDI schema (see gpuctk.cdi.specs.schema), or None when not
+    found."""
     directory = find_schema_dir(schema_dir)
     return load_checker(directory) if directory is not None else None
 

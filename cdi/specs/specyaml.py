@@ -6,7 +6,7 @@ from typing import Any
 
 import yaml
 
-from gpuctk.cdi.specfile import _DocumentError
+from gpuctk.cdi.specs.specfile import _DocumentError
 
 _BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _STR_TAG = "tag:yaml.org,2002:str"

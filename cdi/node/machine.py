@@ -1,7 +1,8 @@
 """The discovered machine: frozen records, the one thing discovery hands to generation.
 
-Both sources of truth produce these records: NVML through pynvml (gpuctk.cdi.nvml) and the
-embedded machine profiles used by --simulate (gpuctk.cdi.profile). Tests check that the two agree
+Both sources of truth produce these records: NVML through pynvml (gpuctk.cdi.node.nvml) and the
+embedded machine profiles used by --simulate (gpuctk.cdi.node.profile). Tests check that the two
+agree
 for every profile, through a fake libnvidia-ml.so.1.
 """
 

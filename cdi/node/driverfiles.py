@@ -10,7 +10,7 @@ node's /etc). Host paths always name the final real file, so a bind mount never 
 symlink on the node.
 
 Every host path recorded, and every symlink followed on the way to one, must be one that root
-alone can have made (gpuctk.cdi.hostpaths.source_problem, the gpuctk.fs trusted-path rules): a
+alone can have made (gpuctk.cdi.specs.hostpaths.source_problem, the gpuctk.fs trusted-path rules): a
 symlink is followed only out of a folder nobody else can write, and a file, folder or socket
 whose owner is another account, that others can write, or that sits below a folder others can
 write or rename, is left out with one warning naming it and the fix. runc follows links in a
@@ -21,7 +21,7 @@ Cost: one stat per candidate folder, one scandir per library folder, a few pread
 (ELF headers only, memoised), one trusted walk per folder holding a recorded file. No tree
 walks.
 
-Device nodes live in gpuctk.cdi.devnodes and are re-exported here.
+Device nodes live in gpuctk.cdi.node.devnodes and are re-exported here.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import posixpath
 import stat
 
 from gpuctk import log
-from gpuctk.cdi import capabilities as caps
-from gpuctk.cdi.devnodes import NodeInfo, control_nodes, gpu_nodes, mig_nodes, parse_mig_minors
-from gpuctk.cdi.driverpaths import (
+from gpuctk.cdi.node import capabilities as caps
+from gpuctk.cdi.node.devnodes import NodeInfo, control_nodes, gpu_nodes, mig_nodes, parse_mig_minors
+from gpuctk.cdi.node.driverpaths import (
     BINARIES,
     BINARY_DIRS,
     CONFIGS,
@@ -46,9 +46,9 @@ from gpuctk.cdi.driverpaths import (
     SOCKETS,
     is_driver_library_name,
 )
-from gpuctk.cdi.elf import elf_info
-from gpuctk.cdi.hostpaths import close_folders, folder_fd, source_problem
-from gpuctk.cdi.ldcache import read_ld_cache
+from gpuctk.cdi.node.elf import elf_info
+from gpuctk.cdi.node.ldcache import read_ld_cache
+from gpuctk.cdi.specs.hostpaths import close_folders, folder_fd, source_problem
 from gpuctk.errors import InputError
 from gpuctk.records import record
 
@@ -80,9 +80,11 @@ class DriverFile:
     host_path: str  # absolute, driver root prefix included, the real file (no symlink)
     container_path: str  # where it is mounted in the container
     kind: str  # "library" | "binary" | "firmware" | "config" | "socket"
-    capability: str  # gpuctk.cdi.capabilities: utility, compute, graphics, ...
+    capability: str  # gpuctk.cdi.node.capabilities: utility, compute, graphics, ...
     soname: str | None = None  # DT_SONAME, libraries only
-    arch: str | None = None  # ELF machine ("x86_64", "i386", ...: gpuctk.cdi.elf), libraries only
+    arch: str | None = (
+        None  # ELF machine ("x86_64", "i386", ...: gpuctk.cdi.node.elf), libraries only
+    )
 
 
 @record
@@ -104,7 +106,9 @@ class _Root:
     def __init__(self, root: str) -> None:
         self.prefix = "" if root == "/" else root.rstrip("/")
         self._memo: dict[str, str | None] = {}
-        self._folders: dict[str, int] = {}  # trusted folders (gpuctk.cdi.hostpaths.source_problem)
+        self._folders: dict[
+            str, int
+        ] = {}  # trusted folders (gpuctk.cdi.specs.hostpaths.source_problem)
         self.left_out: dict[str, str] = {}  # host path -> why it is not recorded
 
     def close(self) -> None:
@@ -330,7 +334,7 @@ def _listed(r: _Root, table: tuple[tuple[tuple[str, ...], str, int], ...], kind:
 
 
 def select_capabilities(files: DriverFiles, selected: frozenset[str]) -> DriverFiles:
-    """`files` cut down to the driver capabilities in `selected` (gpuctk.cdi.capabilities):
+    """`files` cut down to the driver capabilities in `selected` (gpuctk.cdi.node.capabilities):
     libraries, binaries, configs and sockets of other capabilities go, with the SONAME links
     and ld folders that only they needed. Firmware always stays: the kernel driver may load
     it from the container's root on a GPU's first open, whatever the container asked for."""

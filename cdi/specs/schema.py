@@ -24,7 +24,7 @@ from gpuctk.errors import InputError, UsageError
 ENV_VAR = "GPUCTK_CDI_SCHEMA_DIR"
 SCHEMA_FILE = "schema.json"
 DEFS_FILE = "defs.json"
-_REPO_DEFAULT = Path(__file__).resolve().parent.parent.parent / "shared/vendor-data/cdi-schema"
+_REPO_DEFAULT = Path(__file__).resolve().parents[3] / "shared/vendor-data/cdi-schema"
 
 
 def find_schema_dir(schema_dir: str | os.PathLike[str] | None = None) -> Path | None:

@@ -15,14 +15,15 @@ pkg/cdi/container-edits.go, `ContainerEdits.Apply` after `Append`):
   ALL mounts are sorted, stably, by the number of `/` in their cleaned destination (one index
   of destinations per call: linear in the OCI mounts, whatever the number of CDI mounts);
 - every mount `hostPath` and device-node host path must be one root alone can have made
-  (gpuctk.cdi.hostpaths: runc follows links in a mount source, so a folder others can write
+  (gpuctk.cdi.specs.hostpaths: runc follows links in a mount source, so a folder others can write
   on the way would let them swap in a link to `/`), else the whole apply is refused;
-- `hooks`: appended to their stage (each path absolute, its file trusted: gpuctk.cdi.hostpaths);
+- `hooks`: appended to their stage (each path absolute, its file trusted:
+  gpuctk.cdi.specs.hostpaths);
   `additionalGids` (not 0) added once; `intelRdt` set;
   `netDevices` set by host interface name.
 
 Everything else in the OCI dict survives untouched. Pure functions over dicts, importing only
-`os`; the host-path checks (gpuctk.cdi.hostpaths) load only for edits that name host paths.
+`os`; the host-path checks (gpuctk.cdi.specs.hostpaths) load only for edits that name host paths.
 """
 
 from __future__ import annotations
@@ -36,12 +37,12 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
     from typing import Any
 
-    from gpuctk.cdi.shape import DeviceNodeDoc, EditsDoc
+    from gpuctk.cdi.specs.shape import DeviceNodeDoc, EditsDoc
 
     DeviceStat = Callable[[str], tuple[str, int, int]]
 
-# The edit rules' words, here for the create path and read by gpuctk.cdi.validate_edits and
-# gpuctk.cdi.hostpaths. CDI hookName -> OCI `hooks` key (the same words).
+# The edit rules' words, here for the create path and read by gpuctk.cdi.specs.validate_edits and
+# gpuctk.cdi.specs.hostpaths. CDI hookName -> OCI `hooks` key (the same words).
 HOOK_STAGES = frozenset(
     ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 )
@@ -233,7 +234,7 @@ def apply(oci: dict[str, Any], edits: EditsDoc, *, stat_device: DeviceStat | Non
     ValidationError (nothing changed) when the edits are invalid or a device node's missing
     type/major/minor cannot be read from the host; TrustError when a hook's file, a mount
     source or a device host path (or a folder above it) could be written or swapped by
-    someone other than root (gpuctk.cdi.spectrust, gpuctk.cdi.hostpaths).
+    someone other than root (gpuctk.cdi.specs.spectrust, gpuctk.cdi.specs.hostpaths).
     """
     found = problems(edits)
     if found:
@@ -245,7 +246,7 @@ def apply(oci: dict[str, Any], edits: EditsDoc, *, stat_device: DeviceStat | Non
         _refuse_untrusted_host_paths(edits)
     devices = []  # read before any edit: a node that cannot be read changes nothing
     if edits.get("deviceNodes"):
-        from gpuctk.cdi.hostpaths import host_device_info
+        from gpuctk.cdi.specs.hostpaths import host_device_info
 
         stat_fn = stat_device or host_device_info
         devices = [(node, _oci_device(node, stat_fn)) for node in edits["deviceNodes"]]
@@ -285,7 +286,7 @@ def _refuse_untrusted_host_paths(edits: Mapping[str, Any]) -> None:
     """TrustError for the first hook file (run as root), else the first mount source or
     device host path (runc follows links in one) that someone other than root could have
     written or swapped, with the count of the others."""
-    from gpuctk.cdi.hostpaths import hook_problems, source_problems
+    from gpuctk.cdi.specs.hostpaths import hook_problems, source_problems
 
     found = hook_problems(edits["hooks"]) if edits.get("hooks") else []
     if not found and (edits.get("mounts") or edits.get("deviceNodes")):

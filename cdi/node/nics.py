@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from gpuctk.cdi.topology import PciPath, path_of_dir, read_numa
+from gpuctk.cdi.node.topology import PciPath, path_of_dir, read_numa
 from gpuctk.records import record
 
 DEV_DIR = "/dev/infiniband"

@@ -7,7 +7,7 @@ one; two files of the SAME dir defining one name are a conflict, and requesting 
 A file that cannot be read or is malformed is skipped and remembered: the rest still serve, and
 a request that cannot be resolved names those files in its message.
 
-Trust (gpuctk.cdi.spectrust): a spec dir or file that someone other than root (or the user
+Trust (gpuctk.cdi.specs.spectrust): a spec dir or file that someone other than root (or the user
 gpuctk runs as) owns or can write, or that sits below a folder they can write, is refused
 before it is read: listed in `Registry.refused` (the shim and the hook log each as a warning)
 and in `Registry.errors`. Each dir is listed, and its files opened, through the descriptor the
@@ -16,8 +16,9 @@ trust walk (gpuctk.fs.open_trusted_dir) returned.
 `resolve` returns the edit blocks to apply, in the reference's order: the spec-level edits of a
 spec once, just before the first device requested from it, then each device's own edits.
 
-Import cost: stdlib `os` only at import; the spec loader (gpuctk.cdi.specfile) is imported when
-the first spec file is read, and gpuctk.cdi.names for kind checks.
+Import cost: stdlib `os` only at import; the spec loader (gpuctk.cdi.specs.specfile) is imported
+when
+the first spec file is read, and gpuctk.cdi.specs.names for kind checks.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
     from typing import Any
 
-    from gpuctk.cdi.speccache import SpecCache
+    from gpuctk.cdi.specs.speccache import SpecCache
 
     Loader = Callable[[str], dict[str, Any]]
 
@@ -74,14 +75,14 @@ class Block:
 def _load_spec_file(
     path: str, cache: SpecCache | None = None, dir_fd: int | None = None
 ) -> dict[str, Any]:
-    from gpuctk.cdi.specfile import load_spec_file
+    from gpuctk.cdi.specs.specfile import load_spec_file
 
     return load_spec_file(path, cache=cache, dir_fd=dir_fd)
 
 
 def _spec_problem(doc: dict[str, Any]) -> str | None:
     """The first structural problem the registry cannot index around (full checks: cdi.validate)."""
-    from gpuctk.cdi.names import device_name_problem, kind_problem
+    from gpuctk.cdi.specs.names import device_name_problem, kind_problem
 
     kind = doc.get("kind")
     if not isinstance(kind, str):
@@ -280,10 +281,10 @@ def load(
     cache: SpecCache | None = None,
 ) -> Registry:
     """Read every spec in `dirs` (later dirs win). Never raises for a bad file or dir: those
-    land in `Registry.errors`. With a `cache` (gpuctk.cdi.speccache, the shim's), unchanged
+    land in `Registry.errors`. With a `cache` (gpuctk.cdi.specs.speccache, the shim's), unchanged
     spec files are not decoded again, and the cache is saved before returning."""
     registry = Registry(dirs)
-    from gpuctk.cdi.spectrust import open_spec_dir
+    from gpuctk.cdi.specs.spectrust import open_spec_dir
     from gpuctk.errors import TrustError
 
     for priority, directory in enumerate(dirs):
