@@ -192,7 +192,7 @@ def output_format(fmt: str | None, output: str | None) -> str:
     "folders the libraries are mounted in, "
     "comma-separated. triplet: /usr/lib/<triplet> (Debian, Ubuntu, and the CUDA images "
     "built on them); lib64: /usr/lib64, /usr/lib for 32-bit (Fedora, RHEL, UBI, SUSE). One "
-    "family alone halves the library mounts (each ~0.7 ms of every container start in "
+    "family alone halves the library mounts (each one paid at every container start in "
     "podman); an image of the other family then finds no driver library.",
 )
 @click.option(
@@ -204,11 +204,11 @@ def output_format(fmt: str | None, output: str | None) -> str:
     "utility, compute, video, graphics, display, ngx, compat32 (firmware is always mounted). "
     "Engines that apply CDI themselves (podman, containerd 1.7+, CRI-O) mount every file of "
     "the spec into every GPU container and cannot honour NVIDIA_DRIVER_CAPABILITIES; on a "
-    "compute-only node, utility,compute cuts the spec from ~45 to ~20 files and each "
-    "container start by ~1 ms per mount left out. gpuctk-runtime still applies each "
+    "compute-only node, utility,compute cuts the spec from ~45 to ~20 files, and each "
+    "container start by every mount left out. gpuctk-runtime still applies each "
     "container's NVIDIA_DRIVER_CAPABILITIES within what the spec has. Without graphics and "
     "display the GPUs' /dev/dri nodes are left out too, as the NVIDIA runtime's legacy mode "
-    "does (each device node cost podman ~3 ms per start here).",
+    "does (each device node costs podman time at every start: docs/benchmarks.md).",
 )
 @cliopts.driver_root(
     "Root of the driver files and the NVML library (e.g. /run/nvidia/driver for a "

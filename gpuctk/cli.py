@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> Any:
         return cli.main(args=args, prog_name="gpuctk", standalone_mode=False)
     except GpuctkError as exc:
         if debug:
-            import traceback  # only here: it imports linecache and tokenize, ~5 ms
+            import traceback  # only here: it imports linecache and tokenize
 
             traceback.print_exc()
         click.echo(f"gpuctk: error: {exc.message}", err=True)
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> Any:
         sys.exit(130)
     except Exception as exc:
         if debug:
-            import traceback  # only here: it imports linecache and tokenize, ~5 ms
+            import traceback  # only here: it imports linecache and tokenize
 
             traceback.print_exc()
         else:
