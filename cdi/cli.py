@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 import click
 
 from gpuctk.cdi import cliopts
 from gpuctk.cdi.discover import Roots
-from gpuctk.cdi.generate import DEFAULT_STRATEGIES, LIBRARY_MODES, NAME_STRATEGIES, Options
+from gpuctk.cdi.generate import LIBRARY_MODES, NAME_STRATEGIES
 from gpuctk.cdi.nicspec import nic_options
-from gpuctk.cdi.specs.spec import Spec
-from gpuctk.errors import OutputError, UsageError
 
 
 class _InspectCommands(click.Group):
@@ -45,48 +41,6 @@ def cdi() -> None:
     then ask for GPUs by name:
       podman run --device nvidia.com/gpu=0 ...
     """
-
-
-def render(spec: Spec, fmt: str) -> bytes:
-    doc = spec.to_dict()
-    if fmt == "json":
-        import json
-
-        return (json.dumps(doc, indent=2) + "\n").encode()
-    from gpuctk.cdi.specs import yamlout
-
-    return yamlout.dump(doc).encode()
-
-
-def same_file(path: str, data: bytes, mode: int) -> bool:
-    """Whether `path` is already a regular file (not a symlink) with exactly `data` and `mode`:
-    then it is left alone, inode and mtime too, so a periodic refresh costs no write and
-    wakes no watcher of the spec folder."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        st = os.fstat(fd)
-        if (st.st_mode & 0o170000) != 0o100000 or st.st_mode & 0o7777 != mode:
-            return False
-        if st.st_size != len(data):
-            return False
-        from gpuctk.fs import read_limited
-
-        return read_limited(fd, len(data)) == data
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
-def output_format(fmt: str | None, output: str | None) -> str:
-    if fmt:
-        return fmt
-    if output and output.endswith(".json"):
-        return "json"
-    return "yaml"
 
 
 @cdi.command("generate")
@@ -267,117 +221,13 @@ def generate(
       gpuctk cdi generate --library-mode folder -o /var/run/cdi/nvidia.yaml   # 3 mounts
       gpuctk cdi generate --driver-capabilities utility,compute   # compute-only node
     """
-    from gpuctk.cdi import discover
-    from gpuctk.cdi.generate import build_spec, check_options, without_drm
-    from gpuctk.cdi.specs.names import class_name_problem, vendor_name_problem
-    from gpuctk.records import replace
-    from gpuctk.writes import atomic_write
+    from gpuctk.cdi.generate_cmd import GenerateArgs, run
 
-    for check, value, flag in (
-        (vendor_name_problem, vendor, "--vendor"),
-        (class_name_problem, device_class, "--class"),
-    ):
-        problem = check(value)
-        if problem:
-            raise UsageError(f"{flag}: {problem} (example: --vendor nvidia.com --class gpu)")
-    if hook_path and not os.path.isabs(hook_path):
-        raise UsageError(f"--hook-path must be an absolute path, got {hook_path!r}")
-    from gpuctk.cdi.node.capabilities import DRM_USERS, parse_strict
-
-    try:
-        selected = parse_strict(driver_capabilities)
-    except ValueError as exc:
-        raise UsageError(f"--driver-capabilities: {exc}") from None
-    fmt = output_format(fmt, output)
-    if output:
-        # Fail on an unwritable destination before any discovery work.
-        folder = os.path.dirname(os.path.abspath(output))
-        if not os.path.isdir(folder):
-            raise OutputError(f"cannot write {output}: folder {folder} does not exist")
-        if not os.access(folder, os.W_OK):
-            raise OutputError(f"cannot write {output}: folder {folder} is not writable")
-    roots = Roots(driver_root, dev_root, proc_root, sys_root)
-    discover.check_dir(driver_root, "driver root", "--driver-root")
-    if simulate:
-        from gpuctk.cdi.node.profile import load_profile
-
-        machine = load_profile(simulate)
-        if dev_root == "/" and not os.path.exists("/dev/nvidiactl"):
-            from gpuctk.cdi.simulate import simulated_nodes
-
-            nodes = simulated_nodes(machine)
-        else:
-            nodes = discover.real_nodes(roots)
-    else:
-        machine = discover.machine_from_nvml(roots, nvml_library)
-        nodes = discover.real_nodes(roots)
-    from gpuctk.cdi.node.driverfiles import select_capabilities
-
-    files = select_capabilities(discover.driver_files(roots, machine), selected)
-    if not selected & DRM_USERS:
-        nodes = without_drm(nodes)
-    opts = Options(
-        kind=f"{vendor}/{device_class}",
-        name_strategies=tuple(dict.fromkeys(strategies or DEFAULT_STRATEGIES)),
-        all_device=not no_all_device,
-        device_ids=device_ids,
-        hook_path=hook_path,
-        library_mode=library_mode,
-        loader_folders=tuple(
-            dict.fromkeys(w.strip() for w in loader_folders.split(",") if w.strip())
-        ),
-    )
-    check_options(opts)
-    if prune_stages and library_mode != "folder":
-        raise UsageError("--prune-stages goes with --library-mode folder (no other mode stages)")
-    if keep_spec_dir and not prune_stages:
-        raise UsageError("--keep-spec-dir goes with --prune-stages")
-    keep_spec_dir = tuple(os.path.abspath(d) for d in keep_spec_dir)
-
-    def report(line: str) -> None:
-        click.echo(f"gpuctk: {line}", err=True)
-
-    if library_mode == "folder":
-        from gpuctk.cdi.stage import stage_driver
-
-        if not os.path.isabs(staging_dir):
-            raise UsageError(f"--staging-dir must be an absolute path, got {staging_dir!r}")
-        stage_path = stage_driver(files, machine.driver_version, staging_dir, report)
-        opts = replace(opts, stage_path=stage_path)
-    spec = build_spec(machine, files, opts, nodes)
-    nic_spec = None
-    if nic["nics"]:  # RDMA cards: a second spec (gpuctk.cdi.nicspec)
-        from gpuctk.cdi import nicspec
-
-        nic_spec = nicspec.build(machine, opts, roots, output, fmt, nic)
-    data = render(spec, fmt)
-    summary = (
-        f"{len(spec.devices)} devices for {len(machine.gpus)} GPU(s), "
-        f"{len(machine.mig_devices)} MIG device(s); driver {machine.driver_version}; "
-        f"{len(spec.edits.mounts)} mounts; cdiVersion {spec.version}"
-    )
-    if not files.libraries:
-        click.echo(
-            f"gpuctk: warning: no driver libraries for {machine.driver_version} under "
-            f"{driver_root} (set --driver-root); the spec mounts none",
-            err=True,
+    run(
+        GenerateArgs(
+            output, fmt, vendor, device_class, strategies, no_all_device, device_ids,
+            hook_path, library_mode, staging_dir, prune_stages, keep_spec_dir,
+            loader_folders, driver_capabilities,
+            Roots(driver_root, dev_root, proc_root, sys_root), nvml_library, simulate, nic,
         )
-    if output:
-        if same_file(output, data, 0o644):
-            click.echo(f"gpuctk: {output} unchanged: {summary}", err=True)
-        else:
-            atomic_write(output, data, 0o644)
-            click.echo(f"gpuctk: wrote {output}: {summary}", err=True)
-    else:
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-        click.echo(f"gpuctk: {summary}", err=True)
-    if prune_stages:
-        from gpuctk.cdi.specs.registry import DEFAULT_SPEC_DIRS
-        from gpuctk.cdi.stage import prune_stages as prune
-
-        mine = (os.path.dirname(os.path.abspath(output)),) if output else ()
-        where = tuple(dict.fromkeys(DEFAULT_SPEC_DIRS + mine + keep_spec_dir))
-        prune(os.path.dirname(opts.stage_path), opts.stage_path, where, report)
-    if nic_spec is not None:
-        nic_spec.emit()
+    )  # fmt: skip

@@ -1,0 +1,211 @@
+"""`gpuctk cdi generate` as one function over one options record (the click command in
+gpuctk.cdi.cli only gathers the flags): check the flags, discover the node (NVML or a
+profile, the driver files, the device nodes), build the spec (gpuctk.cdi.generate), stage
+the driver for folder mode, and write the spec only when its bytes changed."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from gpuctk.cdi.discover import Roots
+from gpuctk.cdi.generate import DEFAULT_STRATEGIES, Options
+from gpuctk.cdi.specs.spec import Spec
+from gpuctk.errors import OutputError, UsageError
+from gpuctk.records import record
+
+
+@record
+class GenerateArgs:
+    """The flags of `gpuctk cdi generate`, as click parsed them (see its --help)."""
+
+    output: str | None
+    fmt: str | None
+    vendor: str
+    device_class: str
+    strategies: tuple[str, ...]
+    no_all_device: bool
+    device_ids: tuple[str, ...]
+    hook_path: str
+    library_mode: str
+    staging_dir: str
+    prune_stages: bool
+    keep_spec_dir: tuple[str, ...]
+    loader_folders: str
+    driver_capabilities: str
+    roots: Roots
+    nvml_library: str | None
+    simulate: str | None
+    nic: dict[str, Any]  # the NIC spec's flags (gpuctk.cdi.nicspec.nic_options)
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def render(spec: Spec, fmt: str) -> bytes:
+    doc = spec.to_dict()
+    if fmt == "json":
+        import json
+
+        return (json.dumps(doc, indent=2) + "\n").encode()
+    from gpuctk.cdi.specs import yamlout
+
+    return yamlout.dump(doc).encode()
+
+
+def same_file(path: str, data: bytes, mode: int) -> bool:
+    """Whether `path` is already a regular file (not a symlink) with exactly `data` and `mode`:
+    then it is left alone, inode and mtime too, so a periodic refresh costs no write and
+    wakes no watcher of the spec folder."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if (st.st_mode & 0o170000) != 0o100000 or st.st_mode & 0o7777 != mode:
+            return False
+        if st.st_size != len(data):
+            return False
+        from gpuctk.fs import read_limited
+
+        return read_limited(fd, len(data)) == data
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def output_format(fmt: str | None, output: str | None) -> str:
+    if fmt:
+        return fmt
+    if output and output.endswith(".json"):
+        return "json"
+    return "yaml"
+
+
+def run(a: GenerateArgs) -> None:
+    """Generate the spec `a` asks for; UsageError, OutputError and the discovery errors."""
+    output, fmt, vendor, device_class = a.output, a.fmt, a.vendor, a.device_class
+    strategies, no_all_device, device_ids = a.strategies, a.no_all_device, a.device_ids
+    hook_path, library_mode, staging_dir = a.hook_path, a.library_mode, a.staging_dir
+    prune_stages, keep_spec_dir, loader_folders = a.prune_stages, a.keep_spec_dir, a.loader_folders
+    driver_capabilities, nvml_library, simulate, nic = (
+        a.driver_capabilities, a.nvml_library, a.simulate, a.nic,
+    )  # fmt: skip
+    from gpuctk.cdi import discover
+    from gpuctk.cdi.generate import build_spec, check_options, without_drm
+    from gpuctk.cdi.specs.names import class_name_problem, vendor_name_problem
+    from gpuctk.records import replace
+    from gpuctk.writes import atomic_write
+
+    for check, value, flag in (
+        (vendor_name_problem, vendor, "--vendor"),
+        (class_name_problem, device_class, "--class"),
+    ):
+        problem = check(value)
+        if problem:
+            raise UsageError(f"{flag}: {problem} (example: --vendor nvidia.com --class gpu)")
+    if hook_path and not os.path.isabs(hook_path):
+        raise UsageError(f"--hook-path must be an absolute path, got {hook_path!r}")
+    from gpuctk.cdi.node.capabilities import DRM_USERS, parse_strict
+
+    try:
+        selected = parse_strict(driver_capabilities)
+    except ValueError as exc:
+        raise UsageError(f"--driver-capabilities: {exc}") from None
+    fmt = output_format(fmt, output)
+    if output:
+        # Fail on an unwritable destination before any discovery work.
+        folder = os.path.dirname(os.path.abspath(output))
+        if not os.path.isdir(folder):
+            raise OutputError(f"cannot write {output}: folder {folder} does not exist")
+        if not os.access(folder, os.W_OK):
+            raise OutputError(f"cannot write {output}: folder {folder} is not writable")
+    roots = a.roots
+    driver_root, dev_root = roots.driver_root, roots.dev_root
+    discover.check_dir(driver_root, "driver root", "--driver-root")
+    if simulate:
+        from gpuctk.cdi.node.profile import load_profile
+
+        machine = load_profile(simulate)
+        if dev_root == "/" and not os.path.exists("/dev/nvidiactl"):
+            from gpuctk.cdi.simulate import simulated_nodes
+
+            nodes = simulated_nodes(machine)
+        else:
+            nodes = discover.real_nodes(roots)
+    else:
+        machine = discover.machine_from_nvml(roots, nvml_library)
+        nodes = discover.real_nodes(roots)
+    from gpuctk.cdi.node.driverfiles import select_capabilities
+
+    files = select_capabilities(discover.driver_files(roots, machine), selected)
+    if not selected & DRM_USERS:
+        nodes = without_drm(nodes)
+    opts = Options(
+        kind=f"{vendor}/{device_class}",
+        name_strategies=tuple(dict.fromkeys(strategies or DEFAULT_STRATEGIES)),
+        all_device=not no_all_device,
+        device_ids=device_ids,
+        hook_path=hook_path,
+        library_mode=library_mode,
+        loader_folders=tuple(
+            dict.fromkeys(w.strip() for w in loader_folders.split(",") if w.strip())
+        ),
+    )
+    check_options(opts)
+    if prune_stages and library_mode != "folder":
+        raise UsageError("--prune-stages goes with --library-mode folder (no other mode stages)")
+    if keep_spec_dir and not prune_stages:
+        raise UsageError("--keep-spec-dir goes with --prune-stages")
+    keep_spec_dir = tuple(os.path.abspath(d) for d in keep_spec_dir)
+
+    def report(line: str) -> None:
+        print(f"gpuctk: {line}", file=sys.stderr, flush=True)
+
+    if library_mode == "folder":
+        from gpuctk.cdi.stage import stage_driver
+
+        if not os.path.isabs(staging_dir):
+            raise UsageError(f"--staging-dir must be an absolute path, got {staging_dir!r}")
+        stage_path = stage_driver(files, machine.driver_version, staging_dir, report)
+        opts = replace(opts, stage_path=stage_path)
+    spec = build_spec(machine, files, opts, nodes)
+    nic_spec = None
+    if nic["nics"]:  # RDMA cards: a second spec (gpuctk.cdi.nicspec)
+        from gpuctk.cdi import nicspec
+
+        nic_spec = nicspec.build(machine, opts, roots, output, fmt, nic)
+    data = render(spec, fmt)
+    summary = (
+        f"{len(spec.devices)} devices for {len(machine.gpus)} GPU(s), "
+        f"{len(machine.mig_devices)} MIG device(s); driver {machine.driver_version}; "
+        f"{len(spec.edits.mounts)} mounts; cdiVersion {spec.version}"
+    )
+    if not files.libraries:
+        say(
+            f"gpuctk: warning: no driver libraries for {machine.driver_version} under "
+            f"{driver_root} (set --driver-root); the spec mounts none"
+        )
+    if output:
+        if same_file(output, data, 0o644):
+            say(f"gpuctk: {output} unchanged: {summary}")
+        else:
+            atomic_write(output, data, 0o644)
+            say(f"gpuctk: wrote {output}: {summary}")
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        say(f"gpuctk: {summary}")
+    if prune_stages:
+        from gpuctk.cdi.specs.registry import DEFAULT_SPEC_DIRS
+        from gpuctk.cdi.stage import prune_stages as prune
+
+        mine = (os.path.dirname(os.path.abspath(output)),) if output else ()
+        where = tuple(dict.fromkeys(DEFAULT_SPEC_DIRS + mine + keep_spec_dir))
+        prune(os.path.dirname(opts.stage_path), opts.stage_path, where, report)
+    if nic_spec is not None:
+        nic_spec.emit()
