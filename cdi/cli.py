@@ -13,14 +13,19 @@ from gpuctk.cdi.nicspec import nic_options
 
 
 class _InspectCommands(click.Group):
-    """`list` and `validate` load their module only when invoked (generate never pays)."""
+    """`list`, `validate` and `transform` load their module only when invoked (generate never
+    pays)."""
 
-    _lazy = {"list": "list_cmd", "validate": "validate_cmd"}
+    _lazy = {"list": "list_cmd", "validate": "validate_cmd", "transform": "transform"}
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(super().list_commands(ctx)) | set(self._lazy))
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name == "transform":
+            from gpuctk.cdi.transform import transform
+
+            return transform
         if cmd_name in self._lazy:
             from gpuctk.cdi import cli_inspect
 
@@ -44,6 +49,16 @@ def cdi() -> None:
 
 
 @cdi.command("generate")
+@click.option(
+    "--mode",
+    type=click.Choice(["nvml", "management", "imex"]),
+    default="nvml",
+    show_default=True,
+    help="nvml: a device per GPU and MIG device. management: one `all` device with every "
+    "NVIDIA device node and the utility driver files (NVML, nvidia-smi), for monitoring pods; "
+    "kind management.nvidia.com/gpu. imex: a device per IMEX channel node; kind "
+    "nvidia.com/imex-channel, no NVML needed.",
+)
 @click.option(
     "--output",
     "-o",
@@ -200,6 +215,7 @@ def generate(
     sys_root: str,
     nvml_library: str | None,
     simulate: str | None,
+    mode: str,
     **nic: Any,
 ) -> None:
     """Write a CDI spec for every GPU and MIG device on this node.
@@ -220,6 +236,7 @@ def generate(
       gpuctk cdi generate --library-mode mounts -o /var/run/cdi/nvidia.yaml   # no hook
       gpuctk cdi generate --library-mode folder -o /var/run/cdi/nvidia.yaml   # 3 mounts
       gpuctk cdi generate --driver-capabilities utility,compute   # compute-only node
+      gpuctk cdi generate --mode management -o /var/run/cdi/management.yaml
     """
     from gpuctk.cdi.generate_cmd import GenerateArgs, run
 
@@ -229,5 +246,6 @@ def generate(
             hook_path, library_mode, staging_dir, prune_stages, keep_spec_dir,
             loader_folders, driver_capabilities,
             Roots(driver_root, dev_root, proc_root, sys_root), nvml_library, simulate, nic,
+            mode,
         )
     )  # fmt: skip

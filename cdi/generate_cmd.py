@@ -38,6 +38,10 @@ class GenerateArgs:
     nvml_library: str | None
     simulate: str | None
     nic: dict[str, Any]  # the NIC spec's flags (gpuctk.cdi.nicspec.nic_options)
+    mode: str = "nvml"  # one of MODES
+
+
+MODES = ("nvml", "management", "imex")  # --mode (gpuctk.cdi.management, gpuctk.cdi.imex)
 
 
 def say(line: str) -> None:
@@ -86,9 +90,48 @@ def output_format(fmt: str | None, output: str | None) -> str:
     return "yaml"
 
 
+def emit(spec: Spec, fmt: str, output: str | None, summary: str) -> None:
+    """Write `spec` to `output` (only when its bytes changed), or to standard output."""
+    from gpuctk.writes import atomic_write
+
+    data = render(spec, fmt)
+    if output:
+        if same_file(output, data, 0o644):
+            say(f"gpuctk: {output} unchanged: {summary}")
+        else:
+            atomic_write(output, data, 0o644)
+            say(f"gpuctk: wrote {output}: {summary}")
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+        say(f"gpuctk: {summary}")
+
+
+def mode_defaults(a: GenerateArgs) -> tuple[str, str]:
+    """(vendor, class): the reference's defaults for the mode where the flags keep theirs."""
+    if a.mode not in MODES:
+        raise UsageError(f"--mode must be one of {', '.join(MODES)}, got {a.mode!r}")
+    if a.mode != "nvml" and a.nic["nics"]:
+        raise UsageError(f"--nic goes with --mode nvml, not {a.mode}")
+    if a.mode == "management":
+        if a.device_ids or a.no_all_device:
+            raise UsageError(
+                "--mode management has one device, all: drop --device-id and --no-all-device"
+            )
+        from gpuctk.cdi.management import VENDOR
+
+        return (VENDOR if a.vendor == "nvidia.com" else a.vendor), a.device_class
+    if a.mode == "imex":
+        from gpuctk.cdi.imex import CLASS
+
+        return a.vendor, (CLASS if a.device_class == "gpu" else a.device_class)
+    return a.vendor, a.device_class
+
+
 def run(a: GenerateArgs) -> None:
     """Generate the spec `a` asks for; UsageError, OutputError and the discovery errors."""
-    output, fmt, vendor, device_class = a.output, a.fmt, a.vendor, a.device_class
+    output, fmt = a.output, a.fmt
+    vendor, device_class = mode_defaults(a)
     strategies, no_all_device, device_ids = a.strategies, a.no_all_device, a.device_ids
     hook_path, library_mode, staging_dir = a.hook_path, a.library_mode, a.staging_dir
     prune_stages, keep_spec_dir, loader_folders = a.prune_stages, a.keep_spec_dir, a.loader_folders
@@ -99,7 +142,6 @@ def run(a: GenerateArgs) -> None:
     from gpuctk.cdi.generate import build_spec, check_options, without_drm
     from gpuctk.cdi.specs.names import class_name_problem, vendor_name_problem
     from gpuctk.records import replace
-    from gpuctk.writes import atomic_write
 
     for check, value, flag in (
         (vendor_name_problem, vendor, "--vendor"),
@@ -110,7 +152,7 @@ def run(a: GenerateArgs) -> None:
             raise UsageError(f"{flag}: {problem} (example: --vendor nvidia.com --class gpu)")
     if hook_path and not os.path.isabs(hook_path):
         raise UsageError(f"--hook-path must be an absolute path, got {hook_path!r}")
-    from gpuctk.cdi.node.capabilities import DRM_USERS, parse_strict
+    from gpuctk.cdi.node.capabilities import DRM_USERS, UTILITY, parse_strict
 
     try:
         selected = parse_strict(driver_capabilities)
@@ -126,6 +168,17 @@ def run(a: GenerateArgs) -> None:
             raise OutputError(f"cannot write {output}: folder {folder} is not writable")
     roots = a.roots
     driver_root, dev_root = roots.driver_root, roots.dev_root
+    if a.mode == "imex":
+        from gpuctk.cdi import imex
+
+        discover.check_dir(dev_root, "device root", "--dev-root")
+        channels = imex.channel_nodes(dev_root, roots.proc_root)
+        spec = imex.build(f"{vendor}/{device_class}", channels, device_ids, not no_all_device)
+        summary = f"{len(spec.devices)} devices for {len(channels)} IMEX channel(s)"
+        emit(spec, fmt, output, f"{summary}; cdiVersion {spec.version}")
+        return
+    if a.mode == "management" and driver_capabilities == "all":
+        selected = frozenset((UTILITY,))  # NVML and nvidia-smi: what monitoring needs
     discover.check_dir(driver_root, "driver root", "--driver-root")
     if simulate:
         from gpuctk.cdi.node.profile import load_profile
@@ -173,13 +226,22 @@ def run(a: GenerateArgs) -> None:
             raise UsageError(f"--staging-dir must be an absolute path, got {staging_dir!r}")
         stage_path = stage_driver(files, machine.driver_version, staging_dir, report)
         opts = replace(opts, stage_path=stage_path)
-    spec = build_spec(machine, files, opts, nodes)
+    if a.mode == "management":
+        from gpuctk.cdi import management
+        from gpuctk.cdi.simulate import simulated_nodes
+
+        if simulate and dev_root == "/" and not os.path.exists("/dev/nvidiactl"):
+            found = management.lookup_nodes(machine, simulated_nodes(machine))
+        else:
+            found = management.scan_nodes(dev_root)
+        spec = management.build(machine, files, opts, found)
+    else:
+        spec = build_spec(machine, files, opts, nodes)
     nic_spec = None
     if nic["nics"]:  # RDMA cards: a second spec (gpuctk.cdi.nicspec)
         from gpuctk.cdi import nicspec
 
         nic_spec = nicspec.build(machine, opts, roots, output, fmt, nic)
-    data = render(spec, fmt)
     summary = (
         f"{len(spec.devices)} devices for {len(machine.gpus)} GPU(s), "
         f"{len(machine.mig_devices)} MIG device(s); driver {machine.driver_version}; "
@@ -190,16 +252,7 @@ def run(a: GenerateArgs) -> None:
             f"gpuctk: warning: no driver libraries for {machine.driver_version} under "
             f"{driver_root} (set --driver-root); the spec mounts none"
         )
-    if output:
-        if same_file(output, data, 0o644):
-            say(f"gpuctk: {output} unchanged: {summary}")
-        else:
-            atomic_write(output, data, 0o644)
-            say(f"gpuctk: wrote {output}: {summary}")
-    else:
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
-        say(f"gpuctk: {summary}")
+    emit(spec, fmt, output, summary)
     if prune_stages:
         from gpuctk.cdi.specs.registry import DEFAULT_SPEC_DIRS
         from gpuctk.cdi.stage import prune_stages as prune
