@@ -4,10 +4,11 @@
 subset of it): symlinks, modes, then the loader: `/etc/ld.so.conf.d/00-gpuctk.conf`, an
 `/etc/ld.so.conf` when the image lacks one, and the ld cache. createContainer merges the cache
 in-process as gpuctk-runtime does (gpuctk.hook.ldmerge: the image's cache plus the mounted
-driver libraries); where it cannot (no cache in the image, a library whose SONAME link
-is missing), for `update-ldcache`, and when an ldconfig is named (--ldconfig-path,
-GPUCTK_LDCONFIG), the host's ldconfig rebuilds it, confined to the root (gpuctk.hook.ldconfig:
-slower, and more so with every library the image holds). musl images get
+driver libraries, an image's newer CUDA compat folder first: gpuctk.hook.cudacompat); where it
+cannot (no cache in the image, a library whose SONAME link is missing), for `update-ldcache`,
+and when an ldconfig is named (--ldconfig-path, GPUCTK_LDCONFIG), the host's ldconfig rebuilds
+it, confined to the root (gpuctk.hook.ldconfig: slower, and more so with every library the
+image holds), with that compat folder first on its command line. musl images get
 `/etc/ld-musl-<arch>.path` instead. A root mounted read-only (crun mounts it so before the
 hooks) is made writable for the duration.
 """
@@ -19,7 +20,7 @@ import posixpath
 
 from gpuctk import rootfs
 from gpuctk.errors import UsageError
-from gpuctk.hook import inroot, ldmerge, mounts, oci_state
+from gpuctk.hook import cudacompat, inroot, ldmerge, mounts, oci_state
 from gpuctk.log import hook as hooklog
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
@@ -99,7 +100,11 @@ def bind_files(config: dict[str, Any]) -> dict[str, str]:
 
 
 def merge_cache(
-    root_fd: int, present: list[str], binds: dict[str, str], links: dict[str, str]
+    root_fd: int,
+    present: list[str],
+    binds: dict[str, str],
+    links: dict[str, str],
+    compat: cudacompat.Compat | None = None,
 ) -> str | None:
     """Write the root's ld cache as gpuctk-runtime does (gpuctk.hook.ldmerge: the image's
     cache plus the driver libraries mounted in `present`, under their SONAMEs, from the host
@@ -107,7 +112,8 @@ def merge_cache(
     ldconfig would do: the image has no cache this reader knows, or a mounted library's
     SONAME is nowhere in the folder (ldconfig would make that link), a folder lies in a
     mounted folder (whose files ldconfig would find), or no mounted library is in `present`
-    (the folders hold only files of the root: ldconfig indexes what is there)."""
+    (the folders hold only files of the root: ldconfig indexes what is there). `compat`'s
+    entries go before the driver's (gpuctk.hook.cudacompat)."""
     wanted = set(present)
     for folder in present:
         for up in _self_and_parents(folder):
@@ -143,11 +149,23 @@ def merge_cache(
                 )
                 return None
     try:
-        kept = ldmerge.write_cache(root_fd, old, entries)
+        kept = ldmerge.write_cache(root_fd, old, cudacompat.ahead(compat, entries))
     except ValueError as exc:
         hooklog.warning(f"the image's {ldmerge.LD_CACHE}: {exc}: the host's ldconfig rebuilds it")
         return None
-    return f"ld cache: the image's {kept} entries and {len(entries)} driver libraries (no ldconfig)"
+    done = f"ld cache: the image's {kept} entries and {len(entries)} driver libraries"
+    if compat is not None:
+        done += f", {compat.folder} first"
+    return done + " (no ldconfig)"
+
+
+def find_compat(root_fd: int, binds: dict[str, str]) -> cudacompat.Compat | None:
+    """The image's CUDA compat folder when it is to come first: the driver's version from the
+    mounted libcuda.so.<version>, else from the hook's GPUCTK_DRIVER_VERSION."""
+    host = cudacompat.host_version([*binds, *binds.values()])
+    if host is None:
+        host = cudacompat.parse_version(os.environ.get("GPUCTK_DRIVER_VERSION", ""))
+    return cudacompat.find(root_fd, host)
 
 
 def _self_and_parents(folder: str) -> list[str]:
@@ -182,15 +200,18 @@ def update_loader(
         return "musl loader path" if arches else "no libc loader found: nothing to configure"
     if present:
         inroot.write_ld_conf(root_fd, present)
+    compat = find_compat(root_fd, merge[0] if merge is not None else {})
+    cudacompat.write_conf(root_fd, compat)
     if merge is not None and ldconfig_path is None and not always and present:
-        done = merge_cache(root_fd, present, *merge)
+        done = merge_cache(root_fd, present, *merge, compat=compat)
         if done is not None:
             return done
     from gpuctk.hook import ldconfig
 
     exe_fd, exe = ldconfig.open_host_ldconfig(ldconfig_path)
     try:
-        args = ["-C", "/etc/ld.so.cache", "-f", inroot.LD_SO_CONF, *present]
+        first = [compat.folder] if compat is not None else []  # ldconfig: the first folder wins
+        args = ["-C", "/etc/ld.so.cache", "-f", inroot.LD_SO_CONF, *first, *present]
         output = ldconfig.run_confined(root_fd, root_path, exe_fd, args)
     finally:
         os.close(exe_fd)

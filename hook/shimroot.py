@@ -12,7 +12,8 @@ mounted (the engine mounts it before `create`), so the shim can do the same befo
 - `/etc/ld.so.cache` is rewritten with the image's own entries plus one per injected library
   under its SONAME (read from the host file's ELF header), in ldconfig's order and format
   (gpuctk.cdi.node.ldcache.build_ld_cache), so `ldconfig -p` and the loader find libcuda.so.1
-  without any ldconfig running.
+  without any ldconfig running; an image's CUDA compat folder whose libcuda is newer than the
+  driver comes first in both (gpuctk.hook.cudacompat).
 
 A spec of `gpuctk cdi generate --library-mode folder` has no hook: one mount of the driver
 staged on the host at /usr/local/nvidia (gpuctk.cdi.stage), which CUDA images find through
@@ -34,7 +35,7 @@ import os
 import posixpath
 
 from gpuctk import rootfs
-from gpuctk.hook import inroot, ldmerge
+from gpuctk.hook import cudacompat, inroot, ldmerge
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
@@ -219,14 +220,17 @@ def _merge_cache(
 ) -> None:
     """List `folders` in ld.so.conf.d and write the image's ld cache plus an entry for each
     (container path, host file) of `files` named by its SONAME (gpuctk.hook.ldmerge; `elf`:
-    the facts already read). _Fallback when the image has no cache; ValueError when it is too
-    large (ldmerge.MAX_CACHE) or malformed."""
+    the facts already read), with an image's newer CUDA compat folder first (gpuctk.hook.
+    cudacompat). _Fallback when the image has no cache; ValueError when it is too large
+    (ldmerge.MAX_CACHE) or malformed."""
     cache = ldmerge.read_image_cache(root_fd)
     if cache is None:
         raise _Fallback(f"the image has no {ldmerge.LD_CACHE}")
     entries = ldmerge.library_entries(files, folders, dict(elf or {}))
+    compat = cudacompat.find(root_fd, cudacompat.host_version(p for f in files for p in f))
     inroot.write_ld_conf(root_fd, folders)
-    ldmerge.write_cache(root_fd, cache, entries)
+    cudacompat.write_conf(root_fd, compat)
+    ldmerge.write_cache(root_fd, cache, cudacompat.ahead(compat, entries))
 
 
 def _by_dest(edits: EditsDoc) -> dict[str, MountDoc]:
