@@ -166,8 +166,13 @@ def list_cmd(spec_dirs: tuple[str, ...], fmt: str, strict: bool) -> None:
     else:
         for device in listing.devices:
             click.echo(device.name)
-        if not listing.files:
-            click.echo(f"gpuctk: no CDI spec files in {', '.join(dirs)}", err=True)
+    if not listing.files:
+        output = os.path.join(dirs[-1], "nvidia.yaml")
+        click.echo(
+            f"gpuctk: no CDI spec files in {', '.join(dirs)}: "
+            f"run gpuctk cdi generate --output {output}",
+            err=True,
+        )
     bad = sum(1 for path in listing.problems if path not in dirs)
     if listing.problems and (strict or (listing.files and not listing.devices and bad)):
         raise ValidationError(

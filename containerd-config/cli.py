@@ -165,6 +165,12 @@ def _run(opts: Options, planned: planmod.Plan, dry_run: bool, restart: bool) -> 
 @click.option(
     "--executable-path", metavar="PATH", help="The engine binary for --config-source command."
 )
+@click.option(
+    "--create",
+    is_flag=True,
+    help="Create missing folders of --config and --drop-in (default: refuse, a typo would give a "
+    "config the engine never reads; the engine's default paths are always created).",
+)
 def configure(
     engine: optmod.Engine,
     config: str | None,
@@ -172,6 +178,7 @@ def configure(
     dry_run: bool,
     restart: bool,
     cdi_spec_dirs: tuple[str, ...],
+    create: bool,
     **kwargs: Any,
 ) -> None:
     """Add the gpuctk runtime handler to a container engine's configuration.
@@ -183,6 +190,7 @@ def configure(
     if engine == "podman":
         kwargs["mode"] = "hook"
     opts = optmod.make(engine, config, drop_in, **kwargs)
+    optmod.check_folders(opts, create)
     _run(opts, _planner(engine).plan_configure(opts), dry_run, restart)
 
 

@@ -111,3 +111,27 @@ def validate(opts: Options) -> None:
         raise UsageError("--drop-in must not be empty")
     if opts.drop_in and os.path.abspath(opts.drop_in) == os.path.abspath(opts.config):
         raise UsageError("--drop-in and --config must be different files")
+
+
+def check_folders(opts: Options, create: bool) -> None:
+    """Refuse paths whose folders are missing (a typo writes a config the engine never reads).
+
+    The engine's default paths are what it reads, so their folders are created as needed. A
+    drop-in's own folder (conf.d) is created when its parent exists; --create allows the rest.
+    """
+    if create:
+        return
+    if opts.config and opts.config != DEFAULT_CONFIG[opts.engine]:
+        folder = os.path.dirname(os.path.abspath(opts.config))
+        if not os.path.isdir(folder):
+            raise UsageError(
+                f"--config {opts.config}: folder {folder} does not exist: "
+                "fix the path, or add --create to make it"
+            )
+    if opts.drop_in and opts.drop_in != DEFAULT_DROP_IN[opts.engine]:
+        folder = os.path.dirname(os.path.abspath(opts.drop_in))
+        if not os.path.isdir(folder) and not os.path.isdir(os.path.dirname(folder)):
+            raise UsageError(
+                f"--drop-in {opts.drop_in}: folder {os.path.dirname(folder)} does not exist: "
+                "fix the path, or add --create to make it"
+            )

@@ -28,11 +28,17 @@ DEFAULT_OUTPUT = "/var/run/cdi/nvidia.yaml"
 MAX_SHOWN = 6
 
 
+SIMULATED_OUTPUT = "simulated.yaml"  # a simulated spec never goes where engines read specs
+
+
 def generate_fix(ctx: Context, output: str | None = None) -> str:
-    """The `gpuctk cdi generate` command that rewrites the spec for this node."""
+    """The `gpuctk cdi generate` command that rewrites the spec for this node: never with a
+    driver root that is not a folder (driver.root says so), and for a simulated node never
+    into the engines' live spec folder."""
     argv = ["gpuctk", "cdi", "generate"]
     if ctx.driver_root != "/":
-        argv += ["--driver-root", ctx.driver_root]
+        root = ctx.driver_root if os.path.isdir(ctx.driver_root) else "<the driver's folder>"
+        argv += ["--driver-root", root]
     if ctx.dev_root != "/":
         argv += ["--dev-root", ctx.dev_root]
     if ctx.simulate:
@@ -40,7 +46,7 @@ def generate_fix(ctx: Context, output: str | None = None) -> str:
     if ctx.kind != "nvidia.com/gpu":
         vendor, _, cls = ctx.kind.partition("/")
         argv += ["--vendor", vendor, "--class", cls]
-    argv += ["--output", output or DEFAULT_OUTPUT]
+    argv += ["--output", output or (SIMULATED_OUTPUT if ctx.simulate else DEFAULT_OUTPUT)]
     return shlex.join(argv)
 
 

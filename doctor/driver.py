@@ -227,14 +227,18 @@ def check_persistence(ctx: Context, found: Findings) -> Result:
     )
 
 
+ROOT_FIX = "pass the driver's folder as --driver-root (/, or /run/nvidia/driver for the Operator)"
+
+
 def driver_checks(ctx: Context, found: Findings) -> list[Result]:
+    """The driver layer; a --driver-root that is not a folder is its own failure, listed first."""
+    title, why = "user-space driver matches the kernel module", ""
+    if not os.path.isdir(ctx.driver_root):
+        why = f"driver root {ctx.driver_root} is not a directory"
+    root = [failed("driver.root", "driver root is a folder", [why], ROOT_FIX)] if why else []
     module = check_module(ctx, found)
-    return [
-        module,
-        check_libraries(ctx, found),
-        check_nodes(ctx, found),
-        check_persistence(ctx, found),
-    ]
+    libraries = skipped("driver.libraries", title, why) if why else check_libraries(ctx, found)
+    return [*root, module, libraries, check_nodes(ctx, found), check_persistence(ctx, found)]
 
 
 # --- NVML -------------------------------------------------------------------------------------
@@ -258,7 +262,9 @@ def check_nvml(ctx: Context, found: Findings) -> Result:
     try:
         found.machine = machine_from_nvml(roots, ctx.nvml_library)
     except GpuctkError as exc:
-        return failed("nvml.load", title, [exc.message], _nvml_fix(exc.message))
+        return failed(
+            "nvml.load", title, [_nvml_evidence(ctx, exc.message)], _nvml_fix(ctx, exc.message)
+        )
     found.machine_source = f"NVML ({library})"
     m = found.machine
     evidence = [f"{library}: driver {m.driver_version}, CUDA {m.cuda_driver_version}"]
@@ -270,9 +276,19 @@ def check_nvml(ctx: Context, found: Findings) -> Result:
     return ok("nvml.load", title, *evidence)
 
 
-def _nvml_fix(message: str) -> str:
+def _nvml_evidence(ctx: Context, message: str) -> str:
+    if ctx.driver_root == "/" or "--driver-root" not in message:
+        return message  # else NVML's advice names the flag that was given
+    return f"{message.split(':', 1)[0]}: not under driver root {ctx.driver_root}, nor system-wide"
+
+
+def _nvml_fix(ctx: Context, message: str) -> str:
     if "not found" in message or "cannot be loaded" in message:
-        return "install the driver, or pass --driver-root / --nvml-library"
+        if ctx.driver_root == "/":
+            return "install the driver, or pass --driver-root / --nvml-library"
+        if not os.path.isdir(ctx.driver_root):
+            return ROOT_FIX
+        return f"install the driver, check --driver-root {ctx.driver_root}, or pass --nvml-library"
     if "permission" in message:
         return "run gpuctk doctor as root"
     if "versions differ" in message:

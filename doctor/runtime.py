@@ -19,7 +19,10 @@ from gpuctk.doctor.report import Result, failed, ok, skipped
 from gpuctk.errors import GpuctkError
 
 TIMEOUT_S = 20
-INSTALL_FIX = "pip install gpuctk   # or put the directory holding {name} on PATH"
+INSTALL_FIX = (
+    "apt install ./gpuctk_*.deb   # or: kubectl apply -k packaging/kubernetes, or gpuctk install; "
+    "or put the directory holding {name} on PATH"
+)
 
 
 def config_path(ctx: Context) -> tuple[str, bool]:

@@ -12,7 +12,9 @@
   line as the reason), so an error the shim reports there reads like runc's own. Without
   `--log`, runc logs to stderr, and so does the shim (warnings and errors; info lines only
   with --debug); like runc's `fatal`, an error is also printed as a plain line on stderr when
-  the log goes to a file. The configured extra log file (config `log-file`) gets text lines.
+  the log goes to a file. The configured extra log file (config `log-file`) gets text lines,
+  each starting `gpuctk-runtime: ` once. A create's warning and error lines in both logs name
+  the container (`gpuctk-runtime: ID: ...`), as its info lines do; the plain stderr line does not.
 - The hook (`hook`, one HookLog): warnings and errors on stderr (runc and crun show a hook's
   stderr when it fails); with GPUCTK_HOOK_LOG, every line at or above GPUCTK_HOOK_LOG_LEVEL
   (debug, info, warning or error; default info) is also appended in runc's text format.
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 _STDERR_PATHS = ("", "/dev/stderr", "/proc/self/fd/2")
+SHIM_PREFIX = "gpuctk-runtime: "
 
 # --- the command ---------------------------------------------------------------------------
 
@@ -127,7 +130,7 @@ def _append_trusted(path: str, line: str, mode: int) -> str | None:
 class RuncLog:
     """Where the shim's messages go: the engine's log (or stderr) and an optional extra file."""
 
-    __slots__ = ("engine_format", "engine_path", "extra_path", "stderr", "threshold")
+    __slots__ = ("container", "engine_format", "engine_path", "extra_path", "stderr", "threshold")
 
     def __init__(
         self,
@@ -142,6 +145,7 @@ class RuncLog:
         self.extra_path = ""
         self.threshold = LEVELS.get(level, 20)
         self.stderr = stderr
+        self.container = ""  # set for a create: its warning and error lines name the container
 
     def configure(self, extra_path: str = "", level: str | None = None) -> None:
         """Add the configured log file and level once the config has been read (the engine's
@@ -150,17 +154,26 @@ class RuncLog:
         if level is not None and self.threshold > LEVELS["debug"]:
             self.threshold = LEVELS.get(level, LEVELS["info"])
 
+    def _tagged(self, rank: int, msg: str) -> str:
+        """`msg` naming the container (after the shim's prefix) for a warning or an error."""
+        body = msg.removeprefix(SHIM_PREFIX)
+        if not self.container or rank < LEVELS["warning"] or body.startswith(self.container + ":"):
+            return msg
+        return f"{msg[: len(msg) - len(body)]}{self.container}: {body}"
+
     def log(self, level: str, msg: str) -> None:
         rank = LEVELS[level]
         if rank < self.threshold:
             return
+        msg = self._tagged(rank, msg)
         if self.engine_path not in _STDERR_PATHS:
             _append(self.engine_path, format_line(level, msg, self.engine_format))
         elif rank >= LEVELS["warning"] or self.threshold <= LEVELS["debug"]:
             # no --log: the engine's stderr; routine info lines only with --debug
             self._write_stderr(format_line(level, msg, self.engine_format))
         if self.extra_path:
-            line = format_line(level, f"gpuctk-runtime: {msg}", "text")
+            named = msg if msg.startswith(SHIM_PREFIX) else SHIM_PREFIX + msg  # the prefix once
+            line = format_line(level, named, "text")
             why = _append_trusted(self.extra_path, line, 0o644)
             if why is not None:  # say so once, then log without it
                 path, self.extra_path = self.extra_path, ""

@@ -251,6 +251,8 @@ def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
     front = front if front.startswith("/") else ""
     inv = parse_argv(args)
     log = RuncLog(inv.log, inv.log_format, level="debug" if inv.debug else "info")
+    if inv.verb in INJECT_VERBS:
+        log.container = inv.container
     runtime = ""
     try:
         from gpuctk.hook import config

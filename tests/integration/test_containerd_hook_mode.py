@@ -70,6 +70,7 @@ def test_runc_runs_base_spec_with_prestart_hook(
         "hook",
         "--hook-path",
         str(hook),
+        "--create",
     )
     assert code == 0, err
     spec = json.loads((etc / "conf.d" / "99-gpuctk.base-spec.json").read_text())
@@ -118,7 +119,7 @@ def test_written_base_spec_gives_gpus_with_the_real_hook(
         capsys,
         "runtime", "configure", "--config-source", "file",
         "--config", str(etc / "config.toml"), "--drop-in", str(etc / "conf.d" / "99-gpuctk.toml"),
-        "--mode", "hook", "--hook-path", hook_path(), "--hook-config", str(toml),
+        "--mode", "hook", "--hook-path", hook_path(), "--hook-config", str(toml), "--create",
     )  # fmt: skip
     assert code == 0, err
     spec = json.loads((etc / "conf.d" / "99-gpuctk.base-spec.json").read_text())

@@ -9,6 +9,7 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner, Result
+from fixtures.containerd import gpuctk
 
 from gpuctk.cdi.cli_inspect import list_cmd, scan_spec_dirs, validate_cmd
 from gpuctk.errors import GpuctkError, InputError, ValidationError
@@ -182,3 +183,23 @@ def test_help_texts_teach() -> None:
         assert result.exit_code == 0
         for needle in needles:
             assert needle in result.stdout
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_list_without_specs_says_what_to_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], fmt: str
+) -> None:
+    """Empty or missing spec folders: one stderr line naming the generate command, stdout as is."""
+    empty, missing = tmp_path / "etc-cdi", tmp_path / "run-cdi"
+    empty.mkdir()
+    argv = ["cdi", "list", "--spec-dir", str(empty), "--spec-dir", str(missing), "--format", fmt]
+    code, out, err = gpuctk(capsys, *argv)
+    assert code == 0
+    assert err == (
+        f"gpuctk: no CDI spec files in {empty}, {missing}: "
+        f"run gpuctk cdi generate --output {missing}/nvidia.yaml\n"
+    )
+    if fmt == "json":
+        assert json.loads(out)["devices"] == []
+    else:
+        assert out == ""

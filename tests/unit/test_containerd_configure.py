@@ -306,7 +306,7 @@ def test_restart_runs_systemctl_only_when_something_changed(
     (bin_dir / "systemctl").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     root = tmp_path / "etc"
-    code, out, _ = gpuctk(capsys, *args(root, "--restart"))
+    code, out, _ = gpuctk(capsys, *args(root, "--restart", "--create"))
     assert code == 0 and "restarted containerd" in out
     assert gpuctk(capsys, *args(root, "--restart"))[0] == 0
     assert calls.read_text() == "restart containerd\n"
@@ -335,3 +335,34 @@ def test_symlinked_private_main_config_keeps_its_link_and_mode(
     assert (tmp_path / "config.toml").is_symlink() and real.read_text() == SYSTEMD_SANDBOX
     assert stat.S_IMODE(real.stat().st_mode) == 0o600
     assert not (tmp_path / "config.toml.gpuctk-backup").exists()
+
+
+def test_config_in_a_missing_folder_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A typo in --config names a file containerd never reads: refuse unless --create."""
+    typo = tmp_path / "typo" / "dir"
+    argv = args(tmp_path)
+    argv[argv.index("--config") + 1] = str(typo / "config.toml")
+    code, out, err = gpuctk(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("gpuctk: error: ") and err.count("\n") == 1
+    assert str(typo) in err and "--create" in err
+    assert not (tmp_path / "typo").exists() and not (tmp_path / "conf.d").exists()
+    code, out, err = gpuctk(capsys, *argv, "--create")
+    assert code == 0, err
+    assert (typo / "config.toml").is_file()
+
+
+def test_drop_in_folder_is_created_only_under_an_existing_parent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """conf.d under an existing containerd folder is normal; a missing parent is a typo."""
+    argv = args(tmp_path)
+    argv[argv.index("--drop-in") + 1] = str(tmp_path / "containred" / "conf.d" / "99-gpuctk.toml")
+    code, _, err = gpuctk(capsys, *argv)
+    assert code == 2 and str(tmp_path / "containred") in err and "--create" in err
+    assert not (tmp_path / "containred").exists()
+    code, _, err = gpuctk(capsys, *args(tmp_path))
+    assert code == 0, err
+    assert (tmp_path / "conf.d" / "99-gpuctk.toml").is_file()

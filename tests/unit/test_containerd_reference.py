@@ -68,7 +68,7 @@ def _docker(root: Path) -> list[str]:
 
 def _podman(root: Path) -> list[str]:
     hooks = str(root / "etc/containers/oci/hooks.d/99-gpuctk.json")
-    return ["runtime", "configure", "--runtime", "podman", "--drop-in", hooks]
+    return ["runtime", "configure", "--runtime", "podman", "--drop-in", hooks, "--create"]
 
 
 def _runtimeclass(*extra: str) -> Callable[[Path], list[str]]:

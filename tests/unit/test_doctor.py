@@ -169,6 +169,41 @@ def test_module_not_loaded(make_node: NodeFactory) -> None:
     assert statuses(report)["driver.libraries"] == "skipped"
 
 
+def test_missing_driver_root_is_its_own_finding(make_node: NodeFactory, tmp_path: Path) -> None:
+    node = make_node()
+    missing = tmp_path / "nonexistent"
+    env = {k: v for k, v in node.env.items() if k != "GPUCTK_NVML_LIBRARY"}
+    code, report, _ = node.doctor("--driver-root", str(missing), env=env)
+    assert code == 2
+    check = node.check(report, "driver.root")
+    assert check["status"] == "failed"
+    assert check["evidence"] == [f"driver root {missing} is not a directory"]
+    assert check["fix"].startswith("pass the driver's folder as --driver-root")
+    assert report["checks"][0]["id"] == "driver.root"
+    assert statuses(report)["driver.libraries"] == "skipped"
+    nvml = node.check(report, "nvml.load")
+    if nvml["status"] == "failed":  # no system-wide NVML here: its finding names no given flag
+        assert "use --driver-root" not in text(nvml) and "pass --driver-root" not in nvml["fix"]
+        assert nvml["fix"] == check["fix"]
+    healthy_code, healthy, _ = node.doctor()
+    assert "driver.root" not in statuses(healthy) and healthy_code == 0
+    fixes = " ".join(str(c.get("fix") or "") for c in report["checks"])
+    assert f"--driver-root {missing}" not in fixes  # no fix repeats the root that is missing
+
+
+def test_generate_fix_names_no_missing_root_and_no_live_folder_for_a_simulation(
+    tmp_path: Path,
+) -> None:
+    from gpuctk.doctor.cdi import DEFAULT_OUTPUT, SIMULATED_OUTPUT, generate_fix
+    from gpuctk.doctor.context import Context
+
+    missing = Context(driver_root=str(tmp_path / "nonexistent"))
+    assert str(tmp_path / "nonexistent") not in generate_fix(missing)
+    assert generate_fix(Context(driver_root=str(tmp_path))).endswith(DEFAULT_OUTPUT)
+    simulated = generate_fix(Context(simulate="h100-8"))
+    assert DEFAULT_OUTPUT not in simulated and simulated.endswith(SIMULATED_OUTPUT)
+
+
 def test_nvml_init_fails(
     make_node: NodeFactory, fake_nvml_env: Callable[..., dict[str, str]]
 ) -> None:
@@ -386,7 +421,9 @@ def test_shim_not_on_path(make_node: NodeFactory, tmp_path: Path) -> None:
     assert code == 2
     assert node.check(report, "runtime.shim")["status"] == "failed"
     assert node.check(report, "runtime.hook")["status"] == "failed"
-    assert node.check(report, "runtime.shim")["fix"].startswith("pip install gpuctk")
+    fix = node.check(report, "runtime.shim")["fix"]
+    assert fix.startswith("apt install ./gpuctk_*.deb") and "pip install" not in fix
+    assert "kubectl apply -k packaging/kubernetes" in fix and "gpuctk install" in fix
 
 
 def test_warnings_only_exit_1(make_node: NodeFactory) -> None:

@@ -231,3 +231,20 @@ def test_json_codec_round_trip() -> None:
     for bad in ("", "{", '{"a": NaN}', "[1] x", '{"a": 1,}', "nul"):
         with pytest.raises(ValueError):
             loads(bad)
+
+
+def test_a_creates_warning_names_its_container(tmp_path: Path) -> None:
+    engine, extra = tmp_path / "engine.log", tmp_path / "gpuctk.log"
+    log = RuncLog(str(engine), "text", stderr=io.StringIO())
+    log.configure(str(extra), "info")
+    log.container = "ctr1"
+    log.warning("a note")
+    log.warning("gpuctk-runtime: a prefixed note")
+    log.info("ctr1: injected x")
+    assert engine.read_text().count('msg="ctr1: ') == 2
+    assert 'msg="gpuctk-runtime: ctr1: a prefixed note"' in engine.read_text()
+    assert [x.split("msg=")[1] for x in extra.read_text().splitlines()] == [
+        '"gpuctk-runtime: ctr1: a note"',
+        '"gpuctk-runtime: ctr1: a prefixed note"',
+        '"gpuctk-runtime: ctr1: injected x"',
+    ]
