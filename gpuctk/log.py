@@ -13,8 +13,9 @@
   `--log`, runc logs to stderr, and so does the shim (warnings and errors; info lines only
   with --debug); like runc's `fatal`, an error is also printed as a plain line on stderr when
   the log goes to a file. The configured extra log file (config `log-file`) gets text lines,
-  each starting `gpuctk-runtime: ` once. A create's warning and error lines in both logs name
-  the container (`gpuctk-runtime: ID: ...`), as its info lines do; the plain stderr line does not.
+  each starting `gpuctk-runtime: ` once; there, where every container's lines meet, a create's
+  warning and error lines name the container (`gpuctk-runtime: ID: ...`), as its info lines
+  do. The engine's log (one per container) and stderr carry the same line, unnamed.
 - The hook (`hook`, one HookLog): warnings and errors on stderr (runc and crun show a hook's
   stderr when it fails); with GPUCTK_HOOK_LOG, every line at or above GPUCTK_HOOK_LOG_LEVEL
   (debug, info, warning or error; default info) is also appended in runc's text format.
@@ -165,13 +166,13 @@ class RuncLog:
         rank = LEVELS[level]
         if rank < self.threshold:
             return
-        msg = self._tagged(rank, msg)
         if self.engine_path not in _STDERR_PATHS:
             _append(self.engine_path, format_line(level, msg, self.engine_format))
         elif rank >= LEVELS["warning"] or self.threshold <= LEVELS["debug"]:
             # no --log: the engine's stderr; routine info lines only with --debug
             self._write_stderr(format_line(level, msg, self.engine_format))
         if self.extra_path:
+            msg = self._tagged(rank, msg)
             named = msg if msg.startswith(SHIM_PREFIX) else SHIM_PREFIX + msg  # the prefix once
             line = format_line(level, named, "text")
             why = _append_trusted(self.extra_path, line, 0o644)

@@ -395,13 +395,17 @@ def test_hot_path_imports(env: Env) -> None:
 
 
 def test_error_lines_name_the_shim_once_and_the_container(env: Env) -> None:
-    """The engine log and the log-file: one `gpuctk-runtime: ` prefix, then the container id."""
+    """The log-file, where every container's lines meet: one `gpuctk-runtime: ` prefix, then
+    the container id. The engine's own log (one per container) and stderr: the same plain
+    line, as runc writes its own."""
     data = env.write_config(base_config(["NVIDIA_VISIBLE_DEVICES=9"]))
     engine_log = env.tmp / "engine.log"
     proc = env.run("--log", str(engine_log), "create", "-b", str(env.bundle), "ctr9")
     fails(env, proc, data, "gpuctk-runtime: unknown CDI device nvidia.com/gpu=9")
-    for path in (engine_log, env.log):
-        line = path.read_text().splitlines()[-1]
-        assert 'level=error msg="gpuctk-runtime: ctr9: unknown CDI device' in line, line
-        assert line.count("gpuctk-runtime: ") == 1, line
+    line = env.log.read_text().splitlines()[-1]
+    assert 'level=error msg="gpuctk-runtime: ctr9: unknown CDI device' in line, line
+    assert line.count("gpuctk-runtime: ") == 1, line
+    line = engine_log.read_text().splitlines()[-1]
+    assert 'level=error msg="gpuctk-runtime: unknown CDI device' in line, line
+    assert line.count("gpuctk-runtime: ") == 1, line
     assert proc.stderr.startswith("gpuctk-runtime: unknown CDI device")  # plain, like runc
