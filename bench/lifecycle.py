@@ -261,8 +261,11 @@ def main() -> None:
     mig = generate(work / "mig", driver_root, MIG_PROFILE, work / "mig" / "cdi" / "x.json", bindir)
     (spec_dir / "nvidia-mig.json").write_text(json.dumps({**mig.spec, "kind": "nvidia.com/mig"}))
     toml = work / "gpuctk.toml"
+    # the MIG case asks through NVIDIA_VISIBLE_DEVICES for the second kind: the operator's key
+    kinds = 'device-list-kinds = ["nvidia.com/mig"]\n'
     toml.write_text(
         f'runtimes = ["{runc}"]\nspec-dirs = ["{spec_dir}"]\nlog-file = "{work}/gpuctk.log"\n'
+        + kinds
     )
     os.environ["GPUCTK_CONFIG"] = str(toml)
     # The shim's memo and spec cache as on a node: its own state folder, holding only this
@@ -272,7 +275,7 @@ def main() -> None:
     floor = write_floor_shim(work / "floor-shim", installed_python(bindir), runc)
     one_start = write_one_start_shim(work / "one-start", installed_python(bindir), runc)
     dry = work / "dry.toml"  # the shim's edits without starting anything
-    dry.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{spec_dir}"]\n')
+    dry.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{spec_dir}"]\n' + kinds)
 
     def editor(config: Path, state: Path) -> Prepare:
         """A prepare step: the shim's edits to a bundle made ahead, with `config` (its
