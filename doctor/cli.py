@@ -183,6 +183,10 @@ def doctor(
       gpuctk doctor --driver-root /run/nvidia/driver --probe
       gpuctk doctor --simulate a100-mig --dev-root /tmp/node --proc-root /tmp/node/proc
     """
+    if options["simulate"]:  # an unknown profile is the user's mistake, not an NVML failure
+        from gpuctk.cdi.node.profile import load_profile_document
+
+        load_profile_document(str(options["simulate"]))
     ctx = Context(
         driver_root=str(options["driver_root"]),
         dev_root=str(options["dev_root"]),

@@ -640,3 +640,16 @@ def test_stale_spec_fix_names_the_refresh_unit_that_writes_it(make_node: NodeFac
     assert code == 2 and check["status"] == "failed"
     assert check["fix"].startswith("systemctl start gpuctk-cdi-refresh.service   # or: gpuctk ")
     assert check["fix"].endswith(f"--output {spec}")
+
+
+def test_an_unknown_profile_is_a_usage_error() -> None:
+    """`--simulate nope` is the user's mistake: one usage line, not an NVML finding."""
+    done = subprocess.run(
+        [str(BIN / "gpuctk"), "doctor", "--simulate", "nope"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "gpuctk: error: unknown machine profile 'nope'; choose one of: "
+        "a100-mig, h100-8, h100-8-mig7, l4 (or give a .yaml path)"
+    ]
