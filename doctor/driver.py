@@ -13,6 +13,7 @@ import os
 import re
 import stat
 
+from gpuctk.cdi.node.devchar import parse_char_majors
 from gpuctk.doctor.context import Context, Findings
 from gpuctk.doctor.report import Result, failed, ok, skipped, warning
 from gpuctk.errors import GpuctkError
@@ -35,20 +36,6 @@ def kernel_version(text: str) -> str | None:
     """The version in /proc/driver/nvidia/version ("NVRM version: ... Kernel Module  535.x ...")."""
     match = _KERNEL_VERSION.search(text)
     return match.group(1) if match else None
-
-
-def char_majors(text: str) -> dict[str, int]:
-    """The "Character devices:" section of /proc/devices as name -> major."""
-    out: dict[str, int] = {}
-    in_char = False
-    for line in text.splitlines():
-        if line.strip().endswith("devices:"):
-            in_char = line.strip().startswith("Character")
-            continue
-        parts = line.split()
-        if in_char and len(parts) == 2 and parts[0].isdigit():
-            out.setdefault(parts[1], int(parts[0]))
-    return out
 
 
 def nvidia_major(majors: dict[str, int]) -> int | None:
@@ -154,7 +141,7 @@ def check_nodes(ctx: Context, found: Findings) -> Result:
     text = _read(devices)
     if text is None:
         return skipped("driver.device-nodes", title, f"{devices}: cannot read")
-    majors = found.char_majors = char_majors(text)
+    majors = found.char_majors = parse_char_majors(text)
     nv = nvidia_major(majors)
     if nv is None:
         return failed(

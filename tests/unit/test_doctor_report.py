@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuctk.cdi.node.devchar import parse_char_majors as char_majors
 from gpuctk.doctor import report
-from gpuctk.doctor.driver import char_majors, join_fixes, kernel_version
+from gpuctk.doctor.driver import join_fixes, kernel_version
 from gpuctk.doctor.report import failed, ok, skipped, warning
 
 GPUCTK = str(Path(sys.executable).with_name("gpuctk"))
