@@ -186,10 +186,15 @@ def _expand(paths: tuple[str, ...]) -> list[str]:
     files: list[str] = []
     for path in paths:
         if os.path.isdir(path):
-            with os.scandir(path) as entries:
-                files += sorted(
-                    e.path for e in entries if e.name.endswith((*DIR_EXTENSIONS, ".yml"))
-                )
+            try:
+                with os.scandir(path) as entries:
+                    files += sorted(
+                        e.path for e in entries if e.name.endswith((*DIR_EXTENSIONS, ".yml"))
+                    )
+            except OSError as exc:
+                from gpuctk.errors import InputError
+
+                raise InputError(f"{path}: cannot read the directory: {exc.strerror}") from None
         else:
             files.append(path)
     return files
@@ -201,9 +206,8 @@ def _expand(paths: tuple[str, ...]) -> list[str]:
     "--schema-dir",
     type=click.Path(file_okay=False),
     metavar="DIR",
-    help="Directory with the CDI project's schema.json and defs.json. Default: "
-    "$GPUCTK_CDI_SCHEMA_DIR, else ../shared/vendor-data/cdi-schema next to the source tree, "
-    "else the schema layer is skipped (with a note).",
+    help="Directory with another schema.json (and its defs.json), such as the CDI project's. "
+    "Default: $GPUCTK_CDI_SCHEMA_DIR, else gpuctk's own schema, shipped in the package.",
 )
 @click.option("--no-schema", is_flag=True, help="Skip the JSON schema layer.")
 @click.option("--format", "fmt", type=_FORMAT, default="text", show_default=True)
@@ -225,7 +229,8 @@ def validate_cmd(files: tuple[str, ...], schema_dir: str | None, no_schema: bool
 
     \b
     Exit status: 0 when every file is valid, 7 when any problem is found,
-    4 when the arguments name no spec file at all.
+    4 when a file cannot be read (missing, not a regular file, no permission)
+    or the arguments name no spec file at all.
 
     \b
     Examples:
@@ -244,7 +249,7 @@ def validate_cmd(files: tuple[str, ...], schema_dir: str | None, no_schema: bool
     if fmt == "json":
         body = {
             "valid": report.ok,
-            "schemaDir": str(report.schema_dir) if report.schema_dir else None,
+            "schema": str(report.schema) if report.schema else None,
             "files": [
                 {"path": path, "valid": not found, "problems": found}
                 for path, found in report.problems.items()
@@ -254,10 +259,16 @@ def validate_cmd(files: tuple[str, ...], schema_dir: str | None, no_schema: bool
         click.echo(json.dumps(body, indent=2))
     else:
         for path, found in report.problems.items():
+            if path in report.unreadable:
+                continue  # said once, on stderr, as the error below
             if not found:
                 click.echo(f"{path}: valid")
             for problem in found:
                 click.echo(f"{path}: {problem}")
+    if report.unreadable:
+        raise InputError(
+            "; ".join(f"{path}: {report.problems[path][0]}" for path in report.unreadable)
+        )
     if not report.ok:
         bad = [path for path, found in report.problems.items() if found]
         count = sum(len(found) for found in report.problems.values())

@@ -1,14 +1,17 @@
-"""The schema layer: the CDI project's own JSON schema (Draft 7), when it can be found.
+"""The schema layer: a CDI spec checked against a JSON schema (Draft 7) with `jsonschema`.
 
-The schema files are not shipped in the package (they are vendored test data of the project,
-under ../shared/vendor-data/cdi-schema). Where to look, in order:
+By default the schema is gpuctk's own, shipped in the package beside this module as
+`cdi-schema.json`: one self-contained file, written for gpuctk and stricter than the CDI
+project's (no unknown keys at any level; kind, device name, path, env, device node, hook,
+mount and interface name patterns; fields a cdiVersion lacks refused). Another schema, such as
+the CDI project's schema.json + defs.json, is chosen with, in order:
 
-1. the directory given by the caller (`--schema-dir`); it must exist;
-2. the environment variable GPUCTK_CDI_SCHEMA_DIR; it must exist when set;
-3. <repository>/../shared/vendor-data/cdi-schema, relative to this source file, if it exists.
+1. the directory given by the caller (`--schema-dir`); it must hold schema.json;
+2. the environment variable GPUCTK_CDI_SCHEMA_DIR; it must hold schema.json when set.
 
-When none is found the layer is skipped with a note: the strict layer checks a superset of what
-the schema checks. `jsonschema` is imported only here, and only when a check runs.
+The shipped file is found with os.path beside this module (an installed package is plain
+files, never a zip), as gpuctk.cdi.node.profile finds its profiles. `jsonschema` is imported
+only here, and only when a check runs (load_checker).
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ from gpuctk.errors import InputError, UsageError
 ENV_VAR = "GPUCTK_CDI_SCHEMA_DIR"
 SCHEMA_FILE = "schema.json"
 DEFS_FILE = "defs.json"
-_REPO_DEFAULT = Path(__file__).resolve().parents[3] / "shared/vendor-data/cdi-schema"
+SHIPPED_SCHEMA = Path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "cdi-schema.json"))
 
 
 def find_schema_dir(schema_dir: str | os.PathLike[str] | None = None) -> Path | None:
-    """The schema directory to use, or None when there is none (the layer is then skipped)."""
+    """The directory of another schema to use, or None for the shipped one."""
     if schema_dir is not None:
         path = Path(schema_dir)
         if not (path / SCHEMA_FILE).is_file():
@@ -40,8 +43,6 @@ def find_schema_dir(schema_dir: str | os.PathLike[str] | None = None) -> Path | 
         if not (path / SCHEMA_FILE).is_file():
             raise UsageError(f"{ENV_VAR}={env}: no {SCHEMA_FILE} there")
         return path
-    if (_REPO_DEFAULT / SCHEMA_FILE).is_file():
-        return _REPO_DEFAULT
     return None
 
 
@@ -52,25 +53,46 @@ def _read_json(path: Path) -> Any:
         raise InputError(f"{path}: cannot read the CDI schema: {exc}") from None
 
 
+def _error_path(error: Any) -> list[Any]:
+    """Where a schema error is, as a path; a finding about one key is placed at that key."""
+    path = list(error.absolute_path)
+    instance = error.instance
+    if "propertyNames" in error.relative_schema_path:
+        path.append(instance)  # the instance is the offending key itself
+    elif error.validator == "required" and isinstance(instance, dict):
+        # Locate a missing property at the property itself, as the strict layer does.
+        for key in error.validator_value:
+            if key not in instance and error.message.startswith(repr(key)):
+                path.append(key)
+                break
+    return path
+
+
 @dataclass(frozen=True)
 class SchemaChecker:
-    """Checks documents against schema.json, with defs.json registered under its relative URI."""
+    """Checks documents against one schema file (defs.json beside it registered, if any)."""
 
-    directory: Path
+    path: Path  # the schema file
     _validator: Any
+
+    @property
+    def shipped(self) -> bool:
+        """True for gpuctk's own schema, False for one chosen with --schema-dir or the env."""
+        return self.path == SHIPPED_SCHEMA
 
     def problems(self, doc: Any) -> list[tuple[str, str]]:
         """(location, message) for each schema violation, location in `a.b[0].c` form."""
         found = []
         for error in self._validator.iter_errors(doc):
-            path = list(error.absolute_path)
-            if error.validator == "required" and isinstance(error.instance, dict):
-                # Locate a missing property at the property itself, as the strict layer does.
-                for key in error.validator_value:
-                    if key not in error.instance and error.message.startswith(repr(key)):
-                        path.append(key)
-                        break
-            found.append((location(path), error.message))
+            if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+                # One finding per unknown key, at the key, as the strict layer reports it.
+                known = error.schema.get("properties", {})
+                for key in error.instance:
+                    if key not in known:
+                        where = location([*error.absolute_path, key])
+                        found.append((where, f"unknown key {key!r}"))
+                continue
+            found.append((location(_error_path(error)), error.message))
         return sorted(found)
 
 
@@ -84,17 +106,20 @@ def location(path: Any) -> str:
     return text
 
 
-def load_checker(directory: Path) -> SchemaChecker:
-    """A checker for the schema in `directory` (imports jsonschema)."""
+def load_checker(directory: Path | None = None) -> SchemaChecker:
+    """A checker for the schema.json in `directory`, or the shipped schema (imports
+    jsonschema)."""
     import jsonschema
     from referencing import Registry, Resource
     from referencing.jsonschema import DRAFT7
 
-    schema = _read_json(directory / SCHEMA_FILE)
+    path = SHIPPED_SCHEMA if directory is None else directory / SCHEMA_FILE
+    schema = _read_json(path)
     registry: Registry[Any] = Registry()
-    defs_path = directory / DEFS_FILE
-    if defs_path.is_file():
-        defs = Resource.from_contents(_read_json(defs_path), default_specification=DRAFT7)
+    if directory is not None and (directory / DEFS_FILE).is_file():
+        defs = Resource.from_contents(
+            _read_json(directory / DEFS_FILE), default_specification=DRAFT7
+        )
         registry = registry.with_resource(DEFS_FILE, defs)
     validator = jsonschema.Draft7Validator(schema, registry=registry)
-    return SchemaChecker(directory, validator)
+    return SchemaChecker(path, validator)

@@ -4,9 +4,9 @@ Layers, in order (each reports everything it finds; later layers skip values of 
 
 1. decode   -- gpuctk.cdi.specs.specfile: UTF-8, size and nesting caps, no duplicate keys/aliases
 2. strict   -- gpuctk.cdi.specs.strict: unknown keys anywhere, wrong types, missing required keys
-3. schema   -- gpuctk.cdi.specs.schema: the CDI project's JSON schema, when found (jsonschema is
-               imported only then); findings at a location the strict layer already reported
-               are dropped as duplicates
+3. schema   -- gpuctk.cdi.specs.schema: gpuctk's own JSON schema, shipped in the package, or
+               another one chosen by directory (jsonschema is imported only then); findings at
+               a location another layer already reported are dropped as duplicates
 4. version  -- gpuctk.cdi.specs.version: cdiVersion known and >= the minimum the content needs
 5. names    -- kind (vendor/class), device names, duplicate device names, at least one device,
                annotation keys (Kubernetes qualified names, 256 KiB in all)
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuctk.cdi.specs import names, version
-from gpuctk.cdi.specs.schema import SchemaChecker, find_schema_dir, load_checker
+from gpuctk.cdi.specs.schema import SHIPPED_SCHEMA, SchemaChecker, find_schema_dir, load_checker
 from gpuctk.cdi.specs.specfile import load_spec_file
 from gpuctk.cdi.specs.strict import strict_problems
 from gpuctk.cdi.specs.validate_edits import conflict_problems, edits_problems
@@ -40,11 +40,15 @@ _KEY_INNER = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123
 
 @dataclass(frozen=True)
 class ValidationReport:
-    """Problems per file (every file given, in order; [] when valid) and notes for the user."""
+    """Problems per file (every file given, in order; [] when valid) and notes for the user.
+
+    `unreadable`: the files that could not be read at all (missing, not a regular file, no
+    permission), each with one problem; `schema`: the schema file used, None when skipped."""
 
     problems: dict[str, list[str]]
     notes: tuple[str, ...] = ()
-    schema_dir: Path | None = None
+    schema: Path | None = None
+    unreadable: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -56,10 +60,12 @@ class ValidationReport:
 
 
 def schema_checker(schema_dir: str | os.PathLike[str] | None = None) -> SchemaChecker | None:
-    """A checker for the vendored CDI schema (see gpuctk.cdi.specs.schema), or None when not
-    found."""
+    """A checker for the schema in `schema_dir` (or $GPUCTK_CDI_SCHEMA_DIR), else for the shipped
+    one; None only when an install lacks the shipped file (see gpuctk.cdi.specs.schema)."""
     directory = find_schema_dir(schema_dir)
-    return load_checker(directory) if directory is not None else None
+    if directory is None and not SHIPPED_SCHEMA.is_file():
+        return None
+    return load_checker(directory)
 
 
 def _annotation_key_problem(key: str) -> str | None:
@@ -155,15 +161,15 @@ def validate_spec_dict(
     if not isinstance(doc, dict):
         return [f"{source}: a CDI spec must be a mapping, not {type(doc).__name__}"]
     out = strict_problems(doc)
+    rest = version.version_problems(doc)
+    _name_problems(doc, rest)
+    _edit_problems(doc, rest)
     if schema is not None:
-        reported = [p.split(": ", 1)[0] for p in out]
+        reported = [p.split(": ", 1)[0] for p in out + rest]
         for where, message in schema.problems(doc):
             if not _is_within(where, reported):
                 out.append(f"{where or 'spec'}: {message} (CDI schema)")
-    out += version.version_problems(doc)
-    _name_problems(doc, out)
-    _edit_problems(doc, out)
-    return out
+    return out + rest
 
 
 def check_spec_dict(
@@ -216,28 +222,36 @@ def check_files(
     checker = schema_checker(schema_dir) if use_schema else None
     if use_schema and checker is None:
         notes.append(
-            "CDI JSON schema not found (set --schema-dir or GPUCTK_CDI_SCHEMA_DIR): schema "
-            "layer skipped; the strict layer checks a superset of it"
+            f"CDI JSON schema not found ({SHIPPED_SCHEMA} is missing from this install; set "
+            "--schema-dir or GPUCTK_CDI_SCHEMA_DIR): schema layer skipped"
         )
     problems: dict[str, list[str]] = {}
     docs: dict[str, Any] = {}
+    unreadable: list[str] = []
     for raw in paths:
         path = os.fspath(raw)
-        problems.setdefault(path, [])
-        if path in docs:
+        if path in problems:
             continue  # the same file given twice is not a conflict with itself
+        problems[path] = []
         try:
+            os.lstat(path)
             doc = load_spec_file(path)
+        except FileNotFoundError:
+            problems[path].append("does not exist")
+            unreadable.append(path)
+            continue
         except ValidationError as exc:
             problems[path] += exc.problems or [exc.message]
             continue
         except InputError as exc:
             problems[path].append(exc.message.removeprefix(f"{path}: "))
+            unreadable.append(path)
             continue
         docs[path] = doc
         problems[path] += validate_spec_dict(doc, path, schema=checker)
     _cross_spec(docs, problems)
-    return ValidationReport(problems, tuple(notes), checker.directory if checker else None)
+    schema = checker.path if checker else None
+    return ValidationReport(problems, tuple(notes), schema, tuple(unreadable))
 
 
 def validate_files(

@@ -157,7 +157,7 @@ def test_validate_json_and_directories(tmp_path: Path) -> None:
     ]
     assert body["files"][0]["problems"] == ["devices: a spec needs at least one device"]
     empty = run(validate_cmd, str(tmp_path / "d" / "nothing-here"))
-    assert exit_code(empty) == 7  # a missing file is a problem of that file
+    assert exit_code(empty) == 4  # a missing file is unreadable input (EXIT_INPUT)
     (tmp_path / "e").mkdir()
     none = run(validate_cmd, str(tmp_path / "e"))
     assert isinstance(none.exception, InputError) and exit_code(none) == 4
@@ -168,7 +168,7 @@ def test_validate_schema_options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     bad_dir = run(validate_cmd, str(good), "--schema-dir", str(tmp_path))
     assert exit_code(bad_dir) == 2  # UsageError: no schema.json there
     monkeypatch.delenv("GPUCTK_CDI_SCHEMA_DIR", raising=False)
-    monkeypatch.setattr("gpuctk.cdi.specs.schema._REPO_DEFAULT", tmp_path / "none")
+    monkeypatch.setattr("gpuctk.cdi.specs.validate.SHIPPED_SCHEMA", tmp_path / "none.json")
     skipped = run(validate_cmd, str(good))
     assert skipped.exit_code == 0
     assert "gpuctk: note: CDI JSON schema not found" in skipped.stderr

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpuctk.cdi.specs import names
-from gpuctk.cdi.specs.schema import find_schema_dir, load_checker
+from gpuctk.cdi.specs.schema import SHIPPED_SCHEMA, find_schema_dir, load_checker
 from gpuctk.cdi.specs.specfile import load_spec_file
 from gpuctk.cdi.specs.validate import (
     check_files,
@@ -174,12 +174,20 @@ MOUNT0 = "containerEdits.mounts.0"
         ),
     ],
 )
-def test_each_rule_gives_exactly_one_problem(dotted: str, value: Any, needle: str) -> None:
+@pytest.mark.parametrize("layer", ["no schema", "shipped schema"])
+def test_each_rule_gives_exactly_one_problem(
+    dotted: str, value: Any, needle: str, layer: str
+) -> None:
     doc = good()
     if dotted.startswith(("annotations", "containerEdits.intelRdt", "containerEdits.netDev")):
         doc["cdiVersion"] = "1.1.0"  # content that needs a newer version is not the point here
     _set(doc, dotted, value)
-    problems = validate_spec_dict(doc, "t")
+    # The shipped schema refuses it too, at the place another layer names: said once.
+    checker = load_checker() if layer == "shipped schema" else None
+    if checker is not None and not needle.startswith(("needs at least", "'0' is already")):
+        assert checker.problems(doc), "the shipped schema accepts it"  # (cdiVersion minimums
+        # and duplicate names are beyond a JSON schema)
+    problems = validate_spec_dict(doc, "t", schema=checker)
     assert len(problems) == 1, problems
     assert needle in problems[0], problems
 
@@ -282,6 +290,9 @@ def test_schema_layer_runs_and_does_not_repeat_the_strict_layer() -> None:
 
 
 def test_schema_dir_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GPUCTK_CDI_SCHEMA_DIR", raising=False)
+    assert find_schema_dir() is None  # the shipped schema
+    assert load_checker().path == SHIPPED_SCHEMA
     with pytest.raises(UsageError):
         find_schema_dir(tmp_path)
     monkeypatch.setenv("GPUCTK_CDI_SCHEMA_DIR", str(tmp_path))
@@ -291,18 +302,41 @@ def test_schema_dir_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert find_schema_dir() == tmp_path
     spec = write(tmp_path / "s.json", {k: v for k, v in good().items() if k != "kind"})
     report = check_files([spec])
-    assert report.schema_dir == tmp_path and report.notes == ()
+    assert report.schema == tmp_path / "schema.json" and report.notes == ()
     assert report.problems[str(spec)] == ["kind: missing (required)"]
 
 
-def test_missing_schema_is_a_note(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_shipped_schema_is_the_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("GPUCTK_CDI_SCHEMA_DIR", raising=False)
-    monkeypatch.setattr("gpuctk.cdi.specs.schema._REPO_DEFAULT", tmp_path / "none")
     spec = write(tmp_path / "s.json", good())
     report = check_files([spec])
-    assert report.ok and report.schema_dir is None
+    assert report.ok and report.schema == SHIPPED_SCHEMA and report.notes == ()
+    assert check_files([spec], use_schema=False).schema is None
+
+
+def test_an_install_without_the_schema_file_notes_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("GPUCTK_CDI_SCHEMA_DIR", raising=False)
+    monkeypatch.setattr("gpuctk.cdi.specs.validate.SHIPPED_SCHEMA", tmp_path / "none.json")
+    spec = write(tmp_path / "s.json", good())
+    report = check_files([spec])
+    assert report.ok and report.schema is None
     assert "schema layer skipped" in report.notes[0]
     assert check_files([spec], use_schema=False).notes == ()
+
+
+def test_unreadable_files_are_set_apart(tmp_path: Path) -> None:
+    spec = write(tmp_path / "s.json", good())
+    missing, folder = tmp_path / "missing.yaml", tmp_path / "d.yaml"
+    folder.mkdir()
+    report = check_files([spec, missing, folder, missing])
+    assert report.unreadable == (str(missing), str(folder))
+    assert report.problems == {
+        str(spec): [],
+        str(missing): ["does not exist"],
+        str(folder): ["not a regular file"],
+    }
 
 
 # --- decoding: hostile and malformed files -------------------------------------------------
