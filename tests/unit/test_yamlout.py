@@ -34,7 +34,9 @@ def test_generated_specs_read_back_equal_to_their_json(profile: str, tmp_path: P
             check=True, capture_output=True,
         )  # fmt: skip
     text = (tmp_path / "yaml").read_text()
-    assert text.startswith("---\ncdiVersion: ")
+    first, _, rest = text.partition("\n")
+    assert first.startswith("# simulated "), first  # --simulate says what the spec is
+    assert rest.startswith("---\ncdiVersion: ")
     assert read_back(text) == json.loads((tmp_path / "json").read_text())
 
 
