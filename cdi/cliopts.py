@@ -17,7 +17,7 @@ nvml_library: Decorator = click.option(
     "--nvml-library",
     metavar="PATH",
     envvar="GPUCTK_NVML_LIBRARY",
-    help="Load this libnvidia-ml.so.1 instead of the driver root's or the system's.",
+    help="This libnvidia-ml.so.1, not the driver's.",
 )
 
 

@@ -57,38 +57,33 @@ def nic_options(f: F) -> F:
         click.option(
             "--nics",
             is_flag=True,
-            help="Also write a spec for the RDMA network cards (/sys/class/infiniband): one "
-            "device per card, `gpu<N>` devices with the cards closest to GPU N, and `all`.",
+            help="Also write a spec for the RDMA NICs.",
         ),
         click.option(
             "--nic-kind",
             default=DEFAULT_KIND,
             show_default=True,
-            help="Kind of the NIC spec (vendor/class).",
+            help="NIC spec kind.",
         ),
         click.option(
             "--nic-output",
             metavar="PATH",
-            help="Write the NIC spec here. Default: beside --output with '-nic' added "
-            "(nvidia.yaml -> nvidia-nic.yaml); with no --output, after the GPU spec on "
-            "standard output (yaml only).",
+            help="NIC spec file. Default: beside --output.",
         ),
         click.option(
             "--nic-mode",
             type=click.Choice(NIC_MODES),
             default="hook",
             show_default=True,
-            help="How network interfaces move into the container: hook: a gpuctk-hook "
-            "createRuntime entry; netdevices: CDI 1.1 netDevices (cdiVersion 1.1.0; the "
-            "engine moves them).",
+            help="How NICs move in.",
         ),
         click.option(
             "--nic-affinity",
             type=click.Choice(AFFINITIES),
             default="NODE",
             show_default=True,
-            help="Farthest link (nvidia-smi topo names) at which a NIC is still affine to a "
-            "GPU for its gpu<N> device; off: no gpu<N> devices.",
+            metavar="LINK",
+            help="Farthest GPU link.",
         ),
     ]
     for option in reversed(options):

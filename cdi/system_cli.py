@@ -59,7 +59,7 @@ def _json(changes: list[Change], made: list[str], dev: str, dev_char: str) -> No
     show_default=True,
     metavar="DIR",
     envvar="DEV_CHAR_PATH",
-    help="Where the links go: DIR/MAJOR:MINOR for each NVIDIA node (made 0755 if missing).",
+    help="Where the links go.",
 )
 @click.option(
     "--driver-root",
@@ -67,29 +67,23 @@ def _json(changes: list[Change], made: list[str], dev: str, dev_char: str) -> No
     show_default=True,
     metavar="DIR",
     envvar=["NVIDIA_DRIVER_ROOT", "DRIVER_ROOT"],
-    help="Root whose dev/ holds the NVIDIA nodes (e.g. /run/nvidia/driver for a "
-    "containerised driver that makes its own nodes).",
+    help="Root whose dev/ holds the NVIDIA nodes.",
 )
 @click.option(
     "--create-all",
     is_flag=True,
     envvar="CREATE_ALL",
-    help="First make the NVIDIA nodes the loaded driver serves that are missing (as "
-    "nvidia-modprobe would: control nodes, one per bound GPU, the MIG capabilities that exist; "
-    "the driver's modes and owner), then link them all.",
+    help="First make the missing NVIDIA nodes.",
 )
 @click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
 @click.option(
     "--proc-root",
     default="/proc",
     show_default=True,
-    help="Where /proc is (the driver's majors in devices; with --create-all its GPUs, MIG "
-    "capabilities and params).",
+    help="Where /proc is.",
 )
-@cliopts.sys_root(
-    "Where /sys is (with --create-all: NVIDIA PCI devices, without driver/nvidia/gpus)."
-)
-@cliopts.table_or_json("table: one line per change, a summary on stderr; json: every link.")
+@cliopts.sys_root("Where /sys is.")
+@cliopts.table_or_json("json: every link.")
 def create_dev_char_symlinks(
     dev_char_path: str,
     driver_root: str,
@@ -102,20 +96,10 @@ def create_dev_char_symlinks(
     """Link /dev/char/MAJOR:MINOR to every NVIDIA device node.
 
     \b
-    With the systemd cgroup driver, runc turns each device a container may use into
-    DeviceAllow=/dev/char/MAJOR:MINOR. udev makes those links only for nodes the kernel
-    announced, and nvidia-modprobe's nodes (or mknod's) have none; runc 1.1.3-1.1.6 then
-    leaves the device out (older systemd drops it itself), and at the next `systemctl
-    daemon-reload` systemd re-applies the container's device policy without it: running GPU
-    containers lose their GPUs ("Failed to initialize NVML: Unknown Error").
-
-    \b
-    Links are relative (195:0 -> ../nvidia0, 509:1 -> ../nvidia-caps/nvidia-cap1), for
-    nvidia<N>, nvidiactl, nvidia-modeset, nvidia-uvm, nvidia-uvm-tools, nvidia-caps/* and
-    nvidia-caps-imex-channels/*: character devices whose major /proc/devices gives an nvidia
-    driver. Running it again changes nothing; a wrong link is replaced in one rename; the
-    links of other devices are never touched. The gpuctk package runs it from udev when the
-    driver loads and each minute with the CDI refresh; `gpuctk doctor` checks the links.
+    runc's systemd cgroup driver needs these links: without them a `systemctl
+    daemon-reload` takes the GPUs from running containers. Running it again
+    changes nothing.
+    Details: docs/commands.md#gpuctk-system-create-dev-char-symlinks
 
     \b
     Examples:

@@ -33,22 +33,20 @@ def _common(func: F) -> F:
             type=click.Choice(ENGINES),
             default="containerd",
             show_default=True,
-            help="The container engine to configure.",
+            metavar="ENGINE",
+            help="The engine to configure.",
         ),
         click.option(
             "--config",
             metavar="PATH",
-            help="Engine's main config (containerd: /etc/containerd/config.toml, crio: "
-            "/etc/crio/crio.conf, docker: /etc/docker/daemon.json).",
+            help="The engine's main config.",
         ),
         click.option(
             "--drop-in",
             "--drop-in-config",
             "drop_in",
             metavar="PATH",
-            help="File gpuctk owns (containerd: /etc/containerd/conf.d/99-gpuctk.toml, crio: "
-            "/etc/crio/crio.conf.d/99-gpuctk.conf, podman: "
-            "/etc/containers/oci/hooks.d/99-gpuctk.json).",
+            help="The file gpuctk owns.",
         ),
         click.option(
             "--runtime-name",
@@ -56,12 +54,10 @@ def _common(func: F) -> F:
             "runtime_name",
             default=optmod.DEFAULT_RUNTIME_NAME,
             show_default=True,
-            help="Runtime handler name (what a RuntimeClass `handler` names).",
+            help="Handler name.",
         ),
         click.option("--dry-run", is_flag=True, help="Print what would change; write nothing."),
-        click.option(
-            "--restart", is_flag=True, help="Restart the engine with systemctl after a change."
-        ),
+        click.option("--restart", is_flag=True, help="Restart the engine after a change."),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -124,17 +120,14 @@ def _run(opts: Options, planned: planmod.Plan, dry_run: bool, restart: bool) -> 
     "--hook-config",
     "hook_config",
     metavar="PATH",
-    help="gpuctk config file the hook reads (spec-dirs, log-file), passed to it as "
-    "GPUCTK_CONFIG in the hook entry's env (--mode hook, podman). Default: the hook reads "
-    "/etc/gpuctk/config.toml.",
+    help="The gpuctk config the hook reads.",
 )
 @click.option(
     "--mode",
     type=click.Choice(["shim", "hook"]),
     default="shim",
     show_default=True,
-    help="shim: the handler runs gpuctk-runtime. hook: runc runs gpuctk-hook prestart from the "
-    "handler's base OCI spec (containerd), or from hooks.d (podman, always).",
+    help="Run gpuctk-runtime, or gpuctk-hook.",
 )
 @click.option(
     "--set-as-default", "--nvidia-set-as-default", is_flag=True, help="Make it the default."
@@ -145,31 +138,28 @@ def _run(opts: Options, planned: planmod.Plan, dry_run: bool, restart: bool) -> 
     "--cdi.enabled",
     "cdi_enabled",
     is_flag=True,
-    help="Turn on the engine's own CDI support (containerd 1.7+: enable_cdi; Docker: features).",
+    help="Turn on the engine's own CDI support.",
 )
 @click.option(
     "--cdi-spec-dir",
     "cdi_spec_dirs",
     multiple=True,
     metavar="DIR",
-    help="CDI spec folders for --cdi-enabled (repeat; default /etc/cdi and /var/run/cdi).",
+    help="Its spec folders (repeatable).",
 )
 @click.option(
     "--config-source",
     type=click.Choice(["auto", "file", "command"]),
     default="auto",
     show_default=True,
-    help="Where the current configuration comes from: the engine's own `config dump` "
-    "(command), re-reading the files (file), or command when the binary is found (auto).",
+    metavar="SOURCE",
+    help="auto, file or command.",
 )
-@click.option(
-    "--executable-path", metavar="PATH", help="The engine binary for --config-source command."
-)
+@click.option("--executable-path", metavar="PATH", help="The engine binary (for command).")
 @click.option(
     "--create",
     is_flag=True,
-    help="Create missing folders of --config and --drop-in (default: refuse, a typo would give a "
-    "config the engine never reads; the engine's default paths are always created).",
+    help="Create missing folders.",
 )
 def configure(
     engine: optmod.Engine,
@@ -183,7 +173,9 @@ def configure(
 ) -> None:
     """Add the gpuctk runtime handler to a container engine's configuration.
 
+    \b
     Nothing is written when anything is wrong. Running it again changes nothing.
+    Details: docs/commands.md#gpuctk-runtime-configure
     """
     if cdi_spec_dirs:
         kwargs["cdi_spec_dirs"] = tuple(cdi_spec_dirs)

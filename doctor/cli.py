@@ -68,54 +68,49 @@ def _guarded(
 
 
 @click.command("doctor", context_settings={"help_option_names": ["-h", "--help"]})
-@cliopts.table_or_json("table: for people (colour on a terminal); json: stable, for automation.")
+@cliopts.table_or_json("json: for scripts.")
 @click.option("--verbose", "-v", is_flag=True, help="Show the evidence of passing checks too.")
 @click.option(
     "--color/--no-color",
     "colour",
     default=None,
-    help="Colour the table. Default: only when standard output is a terminal.",
+    help="Default: when stdout is a terminal.",
 )
-@cliopts.driver_root("Root of the driver files and NVML (e.g. /run/nvidia/driver).")
-@cliopts.dev_root("Root under which /dev/nvidia* are found.")
+@cliopts.driver_root("Root of the driver files.")
+@cliopts.dev_root("Root of /dev/nvidia*.")
 @click.option("--proc-root", default="/proc", show_default=True, help="Where /proc is.")
 @cliopts.sys_root("Where /sys is.")
 @click.option(
     "--host-root",
     default="/",
     show_default=True,
-    help="Prefix for host files the other options do not name: /etc/gpuctk, /etc/containerd, "
-    "/etc/crio, /etc/docker, /var/lib/kubelet, /var/run/nvidia-persistenced.",
+    help="Prefix of the host's other files.",
 )
 @click.option(
     "--spec-dir",
     "spec_dirs",
     multiple=True,
     metavar="DIR",
-    help="CDI spec dir (repeatable, later wins). Default: the runtime config's spec-dirs.",
+    help="CDI spec dirs (repeatable, later wins).",
 )
-@click.option(
-    "--kind", default="nvidia.com/gpu", show_default=True, help="CDI kind the GPUs are under."
-)
+@click.option("--kind", default="nvidia.com/gpu", show_default=True, help="GPU kind.")
 @cliopts.nvml_library
-@cliopts.simulate(
-    "Take the machine from a profile instead of NVML (h100-8, a100-mig, ... or a .yaml)."
-)
+@cliopts.simulate("A machine profile, not NVML.")
 @click.option(
     "--runtime-config",
     metavar="PATH",
-    help="gpuctk-runtime's config. Default: $GPUCTK_CONFIG, else /etc/gpuctk/config.toml.",
+    help="gpuctk-runtime's config file.",
 )
 @click.option(
     "--runtime-name",
     default="nvidia",
     show_default=True,
-    help="The engine runtime handler (what a RuntimeClass `handler` names).",
+    help="The engine's handler.",
 )
 @click.option(
     "--containerd-config",
     metavar="PATH",
-    help="containerd's main config. Default: /etc/containerd/config.toml (under --host-root).",
+    help="containerd's main config.",
 )
 @click.option("--containerd", "containerd_bin", metavar="PATH", help="The containerd binary.")
 @click.option(
@@ -123,8 +118,8 @@ def _guarded(
     type=click.Choice(["auto", "command", "file"]),
     default="auto",
     show_default=True,
-    help="containerd config: `containerd config dump` (command), the files (file), or the "
-    "command when containerd is installed (auto).",
+    metavar="SOURCE",
+    help="command, file or auto.",
 )
 @click.option("--crio-config", metavar="PATH", help="Default: /etc/crio/crio.conf.")
 @click.option("--docker-config", metavar="PATH", help="Default: /etc/docker/daemon.json.")
@@ -134,54 +129,26 @@ def _guarded(
     "runtimeclass_files",
     multiple=True,
     metavar="FILE",
-    help="A RuntimeClass manifest to check against the engine handlers (repeatable).",
+    help="A RuntimeClass to check (repeatable).",
 )
-@click.option(
-    "--probe",
-    is_flag=True,
-    help="Also start a throwaway container through gpuctk-runtime with one GPU (root).",
-)
+@click.option("--probe", is_flag=True, help="Also run a container with one GPU (root).")
 @click.option(
     "--probe-rootfs",
     default="/",
     show_default=True,
     metavar="DIR",
-    help="Root filesystem of the probe container, used read-only under a tmpfs overlay.",
+    help="The probe's root (read-only).",
 )
-@click.option(
-    "--probe-device", default="0", show_default=True, help="The CDI device the probe asks for."
-)
+@click.option("--probe-device", default="0", show_default=True, help="The probe's CDI device.")
 @click.pass_context
 def doctor(
     click_ctx: click.Context, /, fmt: str, verbose: bool, colour: bool | None, **options: Any
 ) -> None:
-    """Diagnose this GPU node layer by layer, with the evidence and the fix for each finding.
-
-    \b
-    Layers, in order:
-      driver      kernel module, user-space version, device nodes vs /proc/devices, persistence,
-                  /dev/char links of the nodes (runc's systemd cgroup driver needs them)
-      nvml        NVML loads, GPUs, MIG mode and devices, their device nodes
-      cdi         spec present, valid, for the running driver and GPU/MIG layout, no conflicts
-      runtime     gpuctk-runtime and gpuctk-hook run, config valid, low-level runtime found
-      engine      containerd (config dump), CRI-O, Docker know the handler; its binary exists
-      kubernetes  kubelet device-plugin dir, NVIDIA device plugin, RuntimeClass handler
-      probe       (--probe) a throwaway container through the shim gets one GPU
-
-    \b
-    Exit status:
-      0  every check ok (or skipped)
-      1  warnings, no failures
-      2  at least one check failed
-    (other codes are gpuctk's usual errors, e.g. 2 for a bad option: the JSON output tells the
-    two 2s apart.)
-
-    \b
-    Examples:
-      gpuctk doctor
-      gpuctk doctor --format json | jq '.checks[] | select(.status != "ok")'
-      gpuctk doctor --driver-root /run/nvidia/driver --probe
-      gpuctk doctor --simulate a100-mig --dev-root /tmp/node --proc-root /tmp/node/proc
+    """\b
+    Diagnose this GPU node layer by layer: driver, nvml, cdi, runtime, engine,
+    kubernetes, probe; each finding with its evidence and fix.
+    Exit status: 0 every check ok, 1 warnings, 2 a check failed (or a bad option).
+    Details: docs/commands.md#gpuctk-doctor
     """
     if options["simulate"]:  # an unknown profile is the user's mistake, not an NVML failure
         from gpuctk.cdi.node.profile import load_profile_document

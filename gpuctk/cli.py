@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from gpuctk import __version__, log
-from gpuctk.errors import EXIT_FAILURE, GpuctkError
+from gpuctk.errors import EXIT_FAILURE, EXIT_USAGE, GpuctkError, UsageError
 
 # name -> ("module", "attribute", "one-line help")
 _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
@@ -74,7 +74,7 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Log debug detail and show tracebacks on errors.")
-@click.version_option(__version__, prog_name="gpuctk")
+@click.version_option(__version__, prog_name="gpuctk", message="%(prog)s version %(version)s")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
     """gpuctk gives containers NVIDIA GPUs.
@@ -91,12 +91,47 @@ def cli(ctx: click.Context, debug: bool) -> None:
     log.set_debug(debug)
 
 
+def command_path(args: list[str]) -> str:
+    """The command that `args` name ("gpuctk cdi generate"), read as click reads them."""
+    ctx = cli.make_context("gpuctk", list(args), resilient_parsing=True)
+    command: click.Command = cli
+    while isinstance(command, click.Group):
+        protected = getattr(ctx, "_protected_args", None)  # click 8.2+; 8.1: protected_args
+        rest = [*(ctx.protected_args if protected is None else protected), *ctx.args]
+        name, sub, rest = command.resolve_command(ctx, rest) if rest else (None, None, [])
+        if name is None or sub is None:
+            break
+        ctx = sub.make_context(name, rest, parent=ctx, resilient_parsing=True)
+        command = sub
+    return ctx.command_path
+
+
+def _hint_path(args: list[str]) -> str:
+    try:
+        return command_path(args)
+    except Exception:  # the hint is a courtesy: never let it hide the error
+        return "gpuctk"
+
+
+def usage_error(message: str, path: str) -> None:
+    """Every usage error: one line, then where the help is; exit 2."""
+    line = " ".join(message.split())
+    click.echo(f"gpuctk: error: {line}\nTry '{path} --help'.", err=True)
+    sys.exit(EXIT_USAGE)
+
+
 def main(argv: list[str] | None = None) -> Any:
-    """Entry point: run the CLI and turn errors into one stderr line and an exit code."""
+    """Entry point: run the CLI and turn errors into one stderr line and an exit code. Usage
+    errors, click's and gpuctk's, get a second line: `Try 'gpuctk COMMAND --help'.`"""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     try:
         return cli.main(args=args, prog_name="gpuctk", standalone_mode=False)
+    except click.exceptions.UsageError as exc:
+        path = exc.ctx.command_path if exc.ctx else _hint_path(args)
+        usage_error(exc.format_message(), path)
+    except UsageError as exc:
+        usage_error(exc.message, _hint_path(args))
     except GpuctkError as exc:
         if debug:
             import traceback  # only here: it imports linecache and tokenize

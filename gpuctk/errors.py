@@ -4,16 +4,18 @@ Every error a user can cause or fix carries a one-line, user-facing message and 
 The CLI edge (gpuctk.cli.main, the shim and the hook entry points) turns it into one line on
 stderr and that exit code; anything else is a bug and prints a traceback only with --debug.
 
-Exit codes (documented in README):
+Exit codes (README.md's "Exit codes" table says the same; tests/unit/test_cli_errors.py checks):
     0  success
-    1  generic failure (runc's convention for the shim and the hook)
-    2  usage error (bad flag or argument value)
-    3  NVML: library missing, driver not loaded, call failed
-    4  driver root / dev root / input files unreadable or malformed
+    1  generic failure (the shim and the hook follow runc: 1 for every error but a usage error)
+    2  usage: an unknown flag or command, a missing argument, a value the tool cannot use
+    3  NVML: library missing, driver not loaded, a call failed
+    4  input: driver root, dev root or another input unreadable or malformed
     5  output cannot be written
-    6  no NVIDIA GPUs found (nothing written)
-    7  validation failed (a spec, a config file)
-    8  device request cannot be satisfied (unknown device, unmet NVIDIA_REQUIRE_*)
+    6  no NVIDIA GPU found: nothing written (an engine would reject a spec with no devices)
+    7  validation failed (`gpuctk cdi validate`, config files)
+    8  a device request cannot be satisfied (unknown device, unmet `NVIDIA_REQUIRE_*`)
+
+A usage error gets a second line, `Try 'gpuctk COMMAND --help'.` (gpuctk.cli.main).
 """
 
 from __future__ import annotations

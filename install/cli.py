@@ -228,16 +228,13 @@ _HOST_ROOT = click.option(
     default="/",
     show_default=True,
     metavar="DIR",
-    help="Where the node's root is mounted (a DaemonSet mounts it at /host).",
+    help="Where the node's root is mounted.",
 )
-_RESTART = click.option(
-    "--restart", is_flag=True, help="Restart containerd when its configuration changed."
-)
+_RESTART = click.option("--restart", is_flag=True, help="Restart containerd after a change.")
 _RESTART_COMMAND = click.option(
     "--restart-command",
     metavar="COMMAND",
-    help="How to restart containerd (default: `systemctl restart containerd` on the node; from "
-    "a container, `nsenter --target 1 --mount -- systemctl restart containerd`, hostPID).",
+    help="How to restart containerd.",
 )
 
 
@@ -250,8 +247,7 @@ def _path_option(name: str, default: str, help_: str, metavar: str = "PATH") -> 
 @click.option(
     "--source",
     metavar="DIR",
-    help="The application to copy: a Python prefix with gpuctk in it (default: this one, "
-    f"{sys.prefix}).",
+    help="The Python prefix to copy. Default: this one.",
 )
 @_path_option("--prefix", DEFAULT_PREFIX, "Host path of the copy.")
 @_path_option("--bin-dir", DEFAULT_BIN_DIR, "Host folder for the launchers.", "DIR")
@@ -264,24 +260,23 @@ def _path_option(name: str, default: str, help_: str, metavar: str = "PATH") -> 
 @_path_option("--containerd-config", DEFAULT_CONFIG, "Host path of containerd's main config.")
 @_path_option("--drop-in", DEFAULT_DROP_IN, "Host path of the drop-in gpuctk owns.")
 @click.option("--no-containerd", is_flag=True, help="Do not configure containerd.")
-@_path_option("--runtime-name", "nvidia", "Handler name (a RuntimeClass `handler`).", "NAME")
+@_path_option("--runtime-name", "nvidia", "Handler name.", "NAME")
 @click.option("--set-as-default", is_flag=True, help="Make it containerd's default runtime.")
 @click.option(
     "--config-source",
     type=click.Choice(["auto", "file", "command"]),
     default="auto",
     show_default=True,
-    help="As for `gpuctk runtime configure` (command: the host's containerd config dump).",
+    metavar="SOURCE",
+    help="auto, file or command.",
 )
 @_RESTART
 @_RESTART_COMMAND
-@click.option(
-    "--wait", is_flag=True, help="After installing, stay in the foreground until SIGTERM."
-)
+@click.option("--wait", is_flag=True, help="Then wait for SIGTERM.")
 @click.option(
     "--uninstall-on-exit",
     is_flag=True,
-    help="After installing, wait for SIGTERM or SIGINT, then uninstall (DaemonSet removal).",
+    help="Then wait for SIGTERM, and uninstall.",
 )
 @click.option(
     "--refresh-interval",
@@ -289,8 +284,7 @@ def _path_option(name: str, default: str, help_: str, metavar: str = "PATH") -> 
     default=60,
     show_default=True,
     metavar="SECONDS",
-    help="While waiting: regenerate the CDI spec (rewritten only when it changed: a MIG "
-    "re-partition, a GPU swap) and the /dev/char links this often; 0: never.",
+    help="While waiting: refresh the spec this often.",
 )
 def install(
     host_root: str,
@@ -318,13 +312,9 @@ def install(
     """Install gpuctk onto a node: copy, launchers, CDI spec, containerd handler.
 
     \b
-    In a DaemonSet (node's / mounted at /host, privileged, hostPID):
+    Paths are as the node sees them. In a DaemonSet (node's / at /host):
       gpuctk install --host-root /host --restart --uninstall-on-exit
-    It also links the node's NVIDIA device nodes in /dev/char, and while it waits keeps the
-    spec and those links current (--refresh-interval).
-
-    Every path option is a path as the node sees it. Running it again changes nothing;
-    `gpuctk uninstall` removes what it added.
+    Details: docs/install.md#gpuctk-install-on-a-node
     """
     if wait or uninstall_on_exit:
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)

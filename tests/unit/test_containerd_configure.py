@@ -188,7 +188,10 @@ def check_refused(
     before = snapshot(tmp_path)
     got, out, err = gpuctk(capsys, *argv)
     assert got == code, (out, err)
-    assert match in err and err.startswith("gpuctk: error: ") and err.count("\n") == 1, err
+    lines = 2 if code == 2 else 1  # a usage error: the --help hint follows
+    assert match in err and err.startswith("gpuctk: error: ") and err.count("\n") == lines, err
+    if code == 2:
+        assert err.endswith("\nTry 'gpuctk runtime configure --help'.\n"), err
     assert snapshot(tmp_path) == before
 
 
@@ -346,7 +349,7 @@ def test_config_in_a_missing_folder_is_refused(
     argv[argv.index("--config") + 1] = str(typo / "config.toml")
     code, out, err = gpuctk(capsys, *argv)
     assert code == 2 and out == ""
-    assert err.startswith("gpuctk: error: ") and err.count("\n") == 1
+    assert err.startswith("gpuctk: error: ") and err.count("\n") == 2  # + the --help hint
     assert str(typo) in err and "--create" in err
     assert not (tmp_path / "typo").exists() and not (tmp_path / "conf.d").exists()
     code, out, err = gpuctk(capsys, *argv, "--create")

@@ -651,5 +651,6 @@ def test_an_unknown_profile_is_a_usage_error() -> None:
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == [
         "gpuctk: error: unknown machine profile 'nope'; choose one of: "
-        "a100-mig, h100-8, h100-8-mig7, l4 (or give a .yaml path)"
+        "a100-mig, h100-8, h100-8-mig7, l4 (or give a .yaml path)",
+        "Try 'gpuctk doctor --help'.",
     ]

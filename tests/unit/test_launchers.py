@@ -71,7 +71,7 @@ def test_outside_a_venv_the_launcher_falls_back_to_site(tmp_path: Path) -> None:
             [str(tmp_path / name), "--help"], env=env, capture_output=True, text=True, check=False
         )
         assert out.returncode == 0, out.stderr
-        # gpuctk-runtime passes --help through to runc
+        # gpuctk-runtime's own help names the runtime it passes everything else to
         assert ("runc" if name == "gpuctk-runtime" else name) in out.stdout + out.stderr
     assert not (tmp_path / "marker").exists()
 
