@@ -65,7 +65,9 @@ def edits_for(
     reg = registry.load(settings.spec_dirs, cache=SpecCache.for_this_process())
     for refused in reg.refused:
         warn(f"CDI spec {refused}")
-    blocks = reg.common(req.kind) if req.driver_only else reg.resolve(req.devices)
+    blocks = reg.common(req.kind) if req.driver_only else []
+    if req.devices:  # with driver_only: IMEX channels (gpuctk.hook.imex)
+        blocks += reg.resolve(req.devices)
     process = doc.get("process")
     env = requests.env_map(process.get("env") if isinstance(process, dict) else None)
     caps, notes = drivercaps.parse(env.get(drivercaps.ENV))
@@ -108,5 +110,7 @@ def explicit_hook_env(edits: EditsDoc) -> EditsDoc:
 
 def describe(req: Request) -> str:
     """The request in words, for the log."""
-    what = ", ".join(req.devices) or f"{req.kind} driver files (no GPU)"
+    what = ", ".join(req.devices)
+    if req.driver_only:
+        what = ", ".join((f"{req.kind} driver files (no GPU)", *req.devices))
     return f"{what} (from {req.source})"

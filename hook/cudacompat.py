@@ -8,11 +8,24 @@ listed in `/etc/ld.so.conf.d/00-compat-gpuctk.conf` (before 00-gpuctk.conf, so a
 ldconfig keeps it first) and its libraries enter the ld cache ahead of the driver's under the
 same SONAMEs, so `libcuda.so.1` resolves to the compat file. Otherwise (the same or an older
 major version, a name that is no version, no single libcuda.so.X.Y in the folder) the folder is
-left out, as NVIDIA's `enable-cuda-compat` hook does when it has no ELF note to go by.
+left out.
+
+Newer cuda-compat packages say which driver branches they serve: their libcuda carries an ELF
+note section `.note.cuda.fwd_compatibility` (owner `NVIDIA Corporation`, a JSON description
+such as `{"Format": 1, "CUDA Version": "12.9", "Driver": [535, 550, 570], "Device": [...]}`).
+Where that note is present and readable, it decides, as in NVIDIA's `enable-cuda-compat` hook
+(cmd/nvidia-cdi-hook/cudacompat): the folder comes first when the host driver's major version
+is in `Driver` and the compat libcuda's full version is above the host driver's; otherwise it is
+left out, whatever the file name says. A file without the note, or with one that is not
+NVIDIA's or not valid JSON of that shape, falls back to the file name rule above. The
+reference's `--host-cuda-version` (compared with `CUDA Version`) serves only its CSV mode for
+Jetson, where no host driver version is known; gpuctk has no CSV mode and never looks at a
+compat folder without the host driver's version, so it has no counterpart.
 
 The folder is the image's: resolved inside the root (gpuctk.rootfs), at most MAX_ENTRIES names
 listed, each file opened by a plain name from the folder's descriptor with O_NOFOLLOW and
-O_NONBLOCK, read only if a regular file, its ELF header read bounded (gpuctk.cdi.node.elf);
+O_NONBLOCK, read only if a regular file, its ELF header read bounded (gpuctk.cdi.node.elf),
+the note section at most MAX_NOTE bytes, its JSON at most MAX_DRIVERS branches;
 a SONAME link is followed only to a plain name in the same folder, at most MAX_HOPS times.
 """
 
@@ -36,6 +49,11 @@ COMPAT_CONF = "/etc/ld.so.conf.d/00-compat-gpuctk.conf"  # sorts before 00-gpuct
 LIBCUDA = "libcuda.so."
 MAX_ENTRIES = 256  # a cuda-compat folder holds about a dozen names
 MAX_HOPS = 8
+NOTE_SECTION = ".note.cuda.fwd_compatibility"
+NOTE_OWNER = b"NVIDIA Corporation"
+MAX_NOTE = 16 * 1024  # the note NVIDIA writes is a few hundred bytes
+MAX_DRIVERS = 256
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 def parse_version(text: str) -> tuple[int, ...] | None:
@@ -62,9 +80,76 @@ def host_version(paths: Iterable[str]) -> tuple[int, ...] | None:
     return found.pop() if len(found) == 1 else None
 
 
-def use_compat(compat: tuple[int, ...] | None, host: tuple[int, ...] | None) -> bool:
-    """True when the compat libcuda's major version is above the host driver's."""
-    return compat is not None and host is not None and compat[0] > host[0]
+def use_compat(
+    compat: tuple[int, ...] | None,
+    host: tuple[int, ...] | None,
+    drivers: tuple[int, ...] | None = None,
+) -> bool:
+    """True when the compat libcuda is to come first: without a note (`drivers` None), when its
+    major version is above the host driver's; with one, when the host driver's branch is in
+    the note's `drivers` and the compat version is above the host's."""
+    if compat is None or host is None:
+        return False
+    if drivers is None:
+        return compat[0] > host[0]
+    pad = (0, 0, 0, 0)  # 550.54 is 550.54.0
+    return host[0] in drivers and (compat + pad)[:4] > (host + pad)[:4]
+
+
+def parse_note(data: bytes, align: int, order: str) -> tuple[int, ...] | None:
+    """The driver branches (`Driver`) of a `.note.cuda.fwd_compatibility` section's contents
+    (`align`: its sh_addralign, `order`: "<" or ">"); None unless it holds NVIDIA's note with a
+    JSON object whose `Driver` is a list of integers (keys matched as Go's encoding/json
+    matches them, without regard to case)."""
+    import struct
+
+    if len(data) < 12:
+        return None
+    namesz, descsz, _type = struct.unpack(order + "III", data[:12])
+    if namesz == 0 or descsz == 0:
+        return None
+    step = align if align in (4, 8) else 4
+    name_end = 12 + namesz + (-namesz % step)
+    if data[12 : 12 + namesz].strip(b"\0") != NOTE_OWNER:
+        return None
+    desc = data[name_end : name_end + descsz].strip(b"\0")
+    from gpuctk import jsonfast
+
+    try:
+        doc = jsonfast.loads(desc.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    fields = {k.lower(): v for k, v in doc.items() if isinstance(k, str)}
+    drivers = fields.get("driver", [])
+    if drivers is None:
+        drivers = []
+    if not isinstance(drivers, list) or len(drivers) > MAX_DRIVERS:
+        return None
+    if not all(isinstance(d, int) and not isinstance(d, bool) for d in drivers):
+        return None
+    return tuple(drivers)
+
+
+def note_drivers(dir_fd: int, name: str) -> tuple[int, ...] | None:
+    """The driver branches of the forward compatibility note of the regular file `name` in the
+    folder; None when it has none (or is no readable ELF file)."""
+    from gpuctk.cdi.node.elf import read_note_section
+
+    try:
+        fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        found = read_note_section(fd, NOTE_SECTION, MAX_NOTE)
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return parse_note(*found) if found is not None else None
 
 
 class Compat:
@@ -93,9 +178,8 @@ def _facts(dir_fd: int, name: str) -> tuple[int | None, str | None] | None:
     """(cache flags, SONAME) of the regular file `name` in the folder; None if it is not one."""
     from gpuctk.cdi.node.elf import read_elf_fd
 
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        fd = os.open(name, flags, dir_fd=dir_fd)
+        fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
     except OSError:
         return None
     try:
@@ -167,7 +251,9 @@ def find(root_fd: int, host: tuple[int, ...] | None) -> Compat | None:
             for e in entries
             if (v := library_version(e.name)) and e.is_file(follow_symlinks=False)
         ]
-        if len(cuda) != 1 or not use_compat(cuda[0][1], host):
+        if len(cuda) != 1:
+            return None
+        if not use_compat(cuda[0][1], host, note_drivers(dir_fd, cuda[0][0])):
             return None
         found = _entries(dir_fd, entries, COMPAT_DIR)
     except OSError:

@@ -16,6 +16,10 @@ nvidia-container-runtime in CDI mode, internal/modifier/cdi.go, does):
    unprivileged containers (no CAP_SYS_ADMIN in the bounding set) only when
    `accept-envvar-unprivileged` is on.
 
+A request from the device list (sources 2 and 3) also carries the IMEX channels the container
+asks for (NVIDIA_IMEX_CHANNELS, `imex/<N>` mounts: gpuctk.hook.imex) as nvidia.com/imex-channel
+devices; a request from annotations never does.
+
 Bare names get the configured default kind. Sources 2 and 3, the device list, are written by
 the image or request author, not the orchestrator: they select devices of the default kind
 only, and of the kinds the config's `device-list-kinds` names; a qualified name of any other
@@ -35,6 +39,8 @@ if TYPE_CHECKING:
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 MOUNTS_ROOT = "/var/run/nvidia-container-devices"
+IMEX_MOUNTS = "imex/"  # as gpuctk.hook.imex.MOUNT_FOLDER
+IMEX_ENV = "NVIDIA_IMEX_CHANNELS"  # as gpuctk.hook.imex.ENV
 MAX_DEVICES = 1024
 MAX_NAME_LEN = 256  # a qualified name: vendor/class=name
 MAX_VALUE_LEN = 256 * 1024  # one env value or annotation value
@@ -42,9 +48,10 @@ CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
 
 
 class Request:
-    """What a container asked for: qualified `devices`, or `driver_only` (NVIDIA_VISIBLE_DEVICES
-    =none) for `kind`'s spec-level edits alone; `source` says where it came from ("" when
-    nothing was asked); `notes` are messages worth logging (ignored requests)."""
+    """What a container asked for: qualified `devices`, and/or `driver_only`
+    (NVIDIA_VISIBLE_DEVICES=none) for `kind`'s spec-level edits without a GPU (`devices` then
+    holds IMEX channels only); `source` says where it came from ("" when nothing was asked);
+    `notes` are messages worth logging (ignored requests)."""
 
     __slots__ = ("devices", "driver_only", "kind", "notes", "source")
 
@@ -177,6 +184,8 @@ def from_mounts(mounts: Any, kind: str, kinds: Container[str] = ()) -> list[str]
             continue
         rel = dest[len(root) :]
         where = f"mount {dest!r}"
+        if rel.startswith(IMEX_MOUNTS):  # IMEX channels: gpuctk.hook.imex
+            continue
         if rel.startswith("cdi/"):
             parts = rel[4:].split("/")
             if len(parts) != 3:
@@ -262,20 +271,44 @@ def requested(
     if names:
         return Request(names, source="annotations", kind=kind)
     kinds = frozenset(device_list_kinds)
+    process = config.get("process")
+    env = process.get("env") if isinstance(process, dict) else None
+    env_ok = accept_envvar_unprivileged or is_privileged(config)
     if accept_volume_mounts:
         names = from_mounts(config.get("mounts"), kind, kinds)
         if names:
-            return Request(names, source="mounts", kind=kind)
-    process = config.get("process")
-    env = process.get("env") if isinstance(process, dict) else None
+            return _with_imex(Request(names, source="mounts", kind=kind), config, env, env_ok)
     value = env_value(env, VISIBLE_DEVICES)
     names, driver_only = from_visible_devices(value, kind, kinds)
     if not names and not driver_only:
         return Request(kind=kind)
-    if not accept_envvar_unprivileged and not is_privileged(config):
+    if not env_ok:
         note = (
             f"ignoring {VISIBLE_DEVICES}={value} in an unprivileged container "
             "(accept-envvar-unprivileged = false)"
         )
         return Request(kind=kind, notes=[note])
-    return Request(names, source=VISIBLE_DEVICES, driver_only=driver_only, kind=kind)
+    req = Request(names, source=VISIBLE_DEVICES, driver_only=driver_only, kind=kind)
+    return _with_imex(req, config, env, env_ok, mounts=accept_volume_mounts)
+
+
+def _with_imex(
+    req: Request, config: Mapping[str, Any], env: Any, env_ok: bool, *, mounts: bool = True
+) -> Request:
+    """`req` (GPUs from the device list) with the IMEX channels the container asks for
+    (gpuctk.hook.imex; `mounts`: volume mounts accepted)."""
+    value = env_value(env, IMEX_ENV)
+    if value is None and not mounts:
+        return req
+    from gpuctk.hook import imex
+
+    rels = imex.mount_names(config.get("mounts"), MOUNTS_ROOT + "/") if mounts else []
+    channels, notes = imex.requested(value, rels, env_ok=env_ok)
+    if not channels and not notes:
+        return req
+    devices = _dedupe([*req.devices, *channels])
+    _check_bounds(devices, "device requests")
+    return Request(
+        devices, source=req.source, driver_only=req.driver_only, kind=req.kind,
+        notes=[*req.notes, *notes],
+    )  # fmt: skip

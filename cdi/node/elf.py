@@ -3,6 +3,8 @@
 Only the ELF header, the program headers and the dynamic segment are read (a handful of small
 `pread`s, whatever the file size). The answer: the class (32 or 64 bits, 32-bit libraries belong
 to the compat32 capability), the machine (x86_64, i386, aarch64, ...) and DT_SONAME.
+`read_note_section` reads the section headers and one named SHT_NOTE section, size-capped by
+the caller (the CUDA forward compatibility note: gpuctk.hook.cudacompat).
 
 The input is untrusted: every offset and count is checked against the file size and against
 fixed caps, so that a truncated or hostile file gives `ValueError` (never IndexError,
@@ -150,6 +152,55 @@ def _file_offset(vaddr: int, loads: list[tuple[int, int, int]]) -> int | None:
     for seg_vaddr, seg_offset, seg_filesz in loads:
         if seg_vaddr <= vaddr < seg_vaddr + seg_filesz:
             return seg_offset + (vaddr - seg_vaddr)
+    return None
+
+
+_SHT_NOTE = 7
+_MAX_SHNUM = 4096  # real libraries have < 50; SHN_XINDEX (0) with a count elsewhere is refused
+_MAX_SHNAME = 256  # bytes of a section name compared
+
+
+def read_note_section(fd: int, name: str, max_size: int) -> tuple[bytes, int, str] | None:
+    """(contents, sh_addralign, struct byte order "<" or ">") of the SHT_NOTE section called
+    `name` in the ELF file open at `fd`, found through the section headers; None when the file
+    has no such section or it is larger than `max_size` bytes. ValueError if the file is not a
+    well-formed ELF object."""
+    file_size = os.fstat(fd).st_size
+    ident = _read(fd, 0, 16, file_size, "identification")
+    if (
+        ident[:4] != b"\x7fELF"
+        or ident[4] not in (ELFCLASS32, ELFCLASS64)
+        or ident[5] not in (1, 2)
+    ):
+        raise ValueError("not an ELF file")
+    e = "<" if ident[5] == 1 else ">"
+    is64 = ident[4] == ELFCLASS64
+    # e_shoff, e_flags, e_ehsize, e_phentsize, e_phnum, e_shentsize, e_shnum, e_shstrndx
+    hdr_fmt = e + ("QIHHHHHH" if is64 else "IIHHHHHH")
+    at = 40 if is64 else 32
+    hdr = struct.unpack(hdr_fmt, _read(fd, at, struct.calcsize(hdr_fmt), file_size, "header"))
+    shoff, shentsize, shnum, shstrndx = hdr[0], hdr[5], hdr[6], hdr[7]
+    if shoff == 0 or shnum == 0:
+        return None
+    # sh_name, sh_type, sh_flags, sh_addr, sh_offset, sh_size, sh_link, sh_info, sh_addralign
+    sh_fmt = e + ("IIQQQQIIQ" if is64 else "IIIIIIIII")
+    if shnum > _MAX_SHNUM or shstrndx >= shnum:
+        raise ValueError(f"ELF section header count {shnum} or index {shstrndx} is implausible")
+    if not struct.calcsize(sh_fmt) + (8 if is64 else 4) <= shentsize <= 256:
+        raise ValueError(f"ELF section header entry size {shentsize} is implausible")
+    table = _read(fd, shoff, shentsize * shnum, file_size, "section headers")
+    sections = [struct.unpack_from(sh_fmt, table, i * shentsize) for i in range(shnum)]
+    names_at, names_size = sections[shstrndx][4], sections[shstrndx][5]
+    want = name.encode() + b"\0"
+    for sh_name, sh_type, _flags, _addr, offset, size, _link, _info, align in sections:
+        if sh_type != _SHT_NOTE or sh_name >= names_size:
+            continue
+        length = min(len(want), names_size - sh_name, _MAX_SHNAME)
+        if _read(fd, names_at + sh_name, length, file_size, "section name") != want:
+            continue
+        if size > max_size:
+            return None
+        return _read(fd, offset, size, file_size, "note section"), align, e
     return None
 
 

@@ -1,4 +1,5 @@
-"""atheris fuzz harness for the ld.so.cache parser and the ELF SONAME reader (gpuctk.cdi).
+"""atheris fuzz harness for the ld.so.cache parser and the ELF readers (gpuctk.cdi): the SONAME
+reader, and the note section reader with the CUDA forward compatibility note parser.
 
 Both read files an image or a driver root may hand us; the documented failure is ValueError
 (OSError for the file itself). Anything else that escapes is a crash: atheris stops, prints the
@@ -21,6 +22,7 @@ import atheris
 
 with atheris.instrument_imports():
     from gpuctk.cdi.node import elf, ldcache
+    from gpuctk.hook import cudacompat
 
 SEED_FILES = (
     "/etc/ld.so.cache",
@@ -46,6 +48,13 @@ def one_input(data: bytes) -> None:
     fd = os.memfd_create("fuzz-elf", os.MFD_CLOEXEC)
     try:
         os.write(fd, body)
+        try:  # the CUDA forward compatibility note: section headers, then the note's JSON
+            note = elf.read_note_section(fd, cudacompat.NOTE_SECTION, cudacompat.MAX_NOTE)
+        except ValueError:
+            note = None
+        if note is not None:
+            drivers = cudacompat.parse_note(*note)
+            assert drivers is None or all(isinstance(d, int) for d in drivers)
         try:
             info = elf.read_elf_fd(fd)
         except ValueError:

@@ -19,13 +19,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from fixtures.devroot import CAPS_MAJOR, UVM_MAJOR, NodeRoots, ci_minor, gi_minor
+from fixtures.devroot import (
+    CAPS_MAJOR,
+    IMEX_CHANNELS,
+    IMEX_MAJOR,
+    UVM_MAJOR,
+    NodeRoots,
+    ci_minor,
+    gi_minor,
+)
 
 from gpuctk.cdi.node import devchar
 from gpuctk.cdi.node.profile import load_profile
 
 GPUCTK = str(Path(sys.executable).with_name("gpuctk"))
-IMEX_MAJOR = 510
 Roots = Callable[..., NodeRoots]
 
 
@@ -39,18 +46,11 @@ def links(roots: NodeRoots, *extra: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def node(node_roots: Roots) -> NodeRoots:
-    """a100-mig's nodes, an IMEX channel, and a decoy: `nvidia9` with the mem driver's major."""
+    """a100-mig's nodes, the fixture's IMEX channels, and a decoy: `nvidia9` with the mem
+    driver's major."""
     roots = node_roots(load_profile("a100-mig"))
     dev = roots.dev_root / "dev"
-    (dev / "nvidia-caps-imex-channels").mkdir()
-    os.mknod(dev / "nvidia-caps-imex-channels/channel0", stat.S_IFCHR | 0o666,
-             os.makedev(IMEX_MAJOR, 0))  # fmt: skip
     os.mknod(dev / "nvidia9", stat.S_IFCHR | 0o666, os.makedev(1, 3))  # /dev/null's numbers
-    devices = roots.proc_root / "devices"
-    text = devices.read_text()
-    devices.write_text(
-        text.replace("\n\nBlock", f"\n{IMEX_MAJOR} nvidia-caps-imex-channels\n\nBlock")
-    )
     return roots
 
 
@@ -60,8 +60,9 @@ def expected(roots: NodeRoots) -> dict[str, str]:
     want = {"195:255": "../nvidiactl", "195:254": "../nvidia-modeset",
             f"{UVM_MAJOR}:0": "../nvidia-uvm", f"{UVM_MAJOR}:1": "../nvidia-uvm-tools",
             f"{CAPS_MAJOR}:1": "../nvidia-caps/nvidia-cap1",
-            f"{CAPS_MAJOR}:2": "../nvidia-caps/nvidia-cap2",
-            f"{IMEX_MAJOR}:0": "../nvidia-caps-imex-channels/channel0"}  # fmt: skip
+            f"{CAPS_MAJOR}:2": "../nvidia-caps/nvidia-cap2"}  # fmt: skip
+    for c in IMEX_CHANNELS:
+        want[f"{IMEX_MAJOR}:{c}"] = f"../nvidia-caps-imex-channels/channel{c}"
     for g in gpus:
         want[f"195:{g.minor}"] = f"../nvidia{g.minor}"
         for m in g.mig_devices:

@@ -38,6 +38,9 @@ def valid(doc: dict[str, object]) -> None:
 def one_line_error(p: subprocess.CompletedProcess[str], code: int, words: str) -> None:
     assert p.returncode == code, p.stderr
     lines = p.stderr.strip().splitlines()
+    if code == 2:  # a usage error: the --help hint follows the one line
+        assert lines[1:] == ["Try 'gpuctk cdi generate --help'."], p.stderr
+        lines = lines[:1]
     assert len(lines) == 1 and words in lines[0], p.stderr
     assert p.stdout == ""
 
@@ -78,7 +81,7 @@ def test_management_takes_every_node_of_the_dev_root(
     roots = node_roots(machine)
     dev = roots.dev_root / "dev"
     mknod(dev / "nvidia-nvswitch0", 195, 200)  # the fabric's, not a GPU's: left out
-    mknod(dev / "nvidia-caps-imex-channels" / "channel0", IMEX_MAJOR, 0)
+    mknod(dev / "nvidia-caps-imex-channels" / "channel5", IMEX_MAJOR, 5)  # beside the fixture's
     where = ("--dev-root", str(roots.dev_root), "--proc-root", str(roots.proc_root))
     p = generate("--mode", "management", "--simulate", "a100-mig", *where)
     assert p.returncode == 0, p.stderr
