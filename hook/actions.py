@@ -20,12 +20,19 @@ import posixpath
 
 from gpuctk import rootfs
 from gpuctk.errors import UsageError
-from gpuctk.hook import cudacompat, inroot, ldmerge, mounts, oci_state
+from gpuctk.hook import cudacompat, inroot, ldmerge, mounts, nodeprotect, oci_state
 from gpuctk.log import hook as hooklog
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
     from typing import Any, BinaryIO
+
+
+# --disable-hook names (gpuctk.cdi.generate.HOOK_ACTIONS); the verbs that protect the nodes
+KNOWN_ACTIONS = frozenset(
+    ("create-symlinks", "update-ldcache", "enable-cuda-compat", nodeprotect.NAME)
+)
+PROTECTING_VERBS = frozenset(("createContainer", nodeprotect.NAME))
 
 
 class Request:
@@ -34,6 +41,7 @@ class Request:
 
     __slots__ = (
         "container_spec",
+        "disabled",
         "folders",
         "ldconfig",
         "links",
@@ -54,6 +62,7 @@ class Request:
         ldconfig: str | None = None,
         container_spec: str | None = None,
         run_ldconfig: bool = False,
+        disabled: list[str] | None = None,
     ) -> None:
         self.verb = verb
         self.links = list(links or [])
@@ -63,6 +72,7 @@ class Request:
         self.ldconfig = ldconfig
         self.container_spec = container_spec
         self.run_ldconfig = run_ldconfig
+        self.disabled = frozenset(disabled or ())
 
 
 def locate(container_spec: str | None, stdin: BinaryIO | None = None) -> tuple[dict[str, Any], str]:
@@ -159,9 +169,14 @@ def merge_cache(
     return done + " (no ldconfig)"
 
 
-def find_compat(root_fd: int, binds: dict[str, str]) -> cudacompat.Compat | None:
+def find_compat(
+    root_fd: int, binds: dict[str, str], disabled: frozenset[str] = frozenset()
+) -> cudacompat.Compat | None:
     """The image's CUDA compat folder when it is to come first: the driver's version from the
-    mounted libcuda.so.<version>, else from the hook's GPUCTK_DRIVER_VERSION."""
+    mounted libcuda.so.<version>, else from the hook's GPUCTK_DRIVER_VERSION. None when the
+    hook's args say `--disable-hook enable-cuda-compat`."""
+    if "enable-cuda-compat" in disabled:
+        return None
     host = cudacompat.host_version([*binds, *binds.values()])
     if host is None:
         host = cudacompat.parse_version(os.environ.get("GPUCTK_DRIVER_VERSION", ""))
@@ -184,6 +199,7 @@ def update_loader(
     ldconfig_path: str | None,
     always: bool,
     merge: tuple[dict[str, str], dict[str, str]] | None = None,
+    disabled: frozenset[str] = frozenset(),
 ) -> str:
     """Make the folders part of the loader's search path; returns what was done, in words.
     With none of the folders in the root, the cache is rebuilt only when `always`. With
@@ -200,7 +216,7 @@ def update_loader(
         return "musl loader path" if arches else "no libc loader found: nothing to configure"
     if present:
         inroot.write_ld_conf(root_fd, present)
-    compat = find_compat(root_fd, merge[0] if merge is not None else {})
+    compat = find_compat(root_fd, merge[0] if merge is not None else {}, disabled)
     cudacompat.write_conf(root_fd, compat)
     if merge is not None and ldconfig_path is None and not always and present:
         done = merge_cache(root_fd, present, *merge, compat=compat)
@@ -212,6 +228,8 @@ def update_loader(
     try:
         first = [compat.folder] if compat is not None else []  # ldconfig: the first folder wins
         args = ["-C", "/etc/ld.so.cache", "-f", inroot.LD_SO_CONF, *first, *present]
+        if "create-symlinks" in disabled:
+            args.insert(0, "-X")  # ldconfig makes no SONAME links either
         output = ldconfig.run_confined(root_fd, root_path, exe_fd, args)
     finally:
         os.close(exe_fd)
@@ -224,8 +242,13 @@ def update_loader(
 
 
 def run_request(req: Request, stdin: BinaryIO | None = None) -> None:
-    """Check the request, then carry it out inside the container root."""
-    links = [inroot.parse_link(spec) for spec in req.links]
+    """Check the request, then carry it out inside the container root. An action named by
+    `--disable-hook` (gpuctk.cdi.generate.HOOK_ACTIONS) is left out; createContainer ends
+    with disable-device-node-modification (gpuctk.hook.nodeprotect) unless that is disabled."""
+    off = req.disabled
+    for name in sorted(off - KNOWN_ACTIONS):
+        hooklog.warning(f"{req.verb}: --disable-hook {name!r} ignored (written by a newer gpuctk?)")
+    links = [] if "create-symlinks" in off else [inroot.parse_link(spec) for spec in req.links]
     folders = [inroot.check_folder(folder) for folder in req.folders]
     mode = inroot.parse_mode(req.mode) if req.mode is not None else None
     if req.paths and mode is None:
@@ -240,10 +263,14 @@ def run_request(req: Request, stdin: BinaryIO | None = None) -> None:
             if mode is not None:
                 inroot.chmod_paths(root_fd, mode, req.paths)
             done = ""
-            if req.run_ldconfig:
+            if req.run_ldconfig and "update-ldcache" not in off:
                 always = req.verb == "update-ldcache"
                 merge = (bind_files(config), {link: target for target, link in links})
-                done = update_loader(root_fd, root_path, folders, req.ldconfig, always, merge)
-        hooklog.info(f"{req.verb} {root_path}: {changed} links; {done or 'no loader update'}")
+                done = update_loader(root_fd, root_path, folders, req.ldconfig, always, merge, off)
+        guard = ""
+        if req.verb in PROTECTING_VERBS and nodeprotect.NAME not in off:
+            guard = "; " + nodeprotect.protect(root_fd)
+        what = f"{changed} links; {done or 'no loader update'}{guard}"
+        hooklog.info(f"{req.verb} {root_path}: {what}")
     finally:
         os.close(root_fd)

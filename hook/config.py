@@ -11,6 +11,9 @@
     annotation-prefixes = ["cdi.k8s.io/"]
     accept-envvar-unprivileged = true      # honour NVIDIA_VISIBLE_DEVICES without CAP_SYS_ADMIN
     accept-volume-mounts = false           # /var/run/nvidia-container-devices/* mounts
+    disable-device-node-modification = true  # GPU containers see ModifyDeviceFiles: 0
+                                           # (gpuctk.hook.nodeguard); false: not guarded
+    proc-root = "/proc"                    # the host's /proc: the driver's params file there
     log-file = ""                          # an extra log file (text format); "" for none
     log-level = "info"                     # debug, info, warning, error
 
@@ -49,6 +52,8 @@ DEFAULTS: dict[str, Any] = {
     "annotation-prefixes": ["cdi.k8s.io/"],
     "accept-envvar-unprivileged": True,
     "accept-volume-mounts": False,
+    "disable-device-node-modification": True,
+    "proc-root": "/proc",
     "log-file": "",
     "log-level": "info",
 }
@@ -63,8 +68,10 @@ class Settings:
         "annotation_prefixes",
         "default_kind",
         "device_list_kinds",
+        "disable_device_node_modification",
         "log_file",
         "log_level",
+        "proc_root",
         "runtimes",
         "source",
         "spec_dirs",
@@ -79,6 +86,8 @@ class Settings:
         self.annotation_prefixes: tuple[str, ...] = tuple(merged["annotation-prefixes"])
         self.accept_envvar_unprivileged: bool = merged["accept-envvar-unprivileged"]
         self.accept_volume_mounts: bool = merged["accept-volume-mounts"]
+        self.disable_device_node_modification: bool = merged["disable-device-node-modification"]
+        self.proc_root: str = merged["proc-root"]
         self.log_file: str = merged["log-file"]
         self.log_level: str = merged["log-level"]
         self.source = source  # the file read, "" for the defaults
@@ -117,10 +126,14 @@ def check(values: Mapping[str, Any]) -> list[str]:
                 from gpuctk.cdi.specs.names import kind_problem
 
                 out += [f"{key}: {p}" for p in map(kind_problem, values[key]) if p]
-    for key in ("accept-envvar-unprivileged", "accept-volume-mounts"):
+    for key in (
+        "accept-envvar-unprivileged",
+        "accept-volume-mounts",
+        "disable-device-node-modification",
+    ):
         if key in values and not isinstance(values[key], bool):
             out.append(f"{key}: must be true or false")
-    for key in ("default-kind", "log-file", "log-level"):
+    for key in ("default-kind", "log-file", "log-level", "proc-root"):
         if key in values and not isinstance(values[key], str):
             out.append(f"{key}: must be a string")
     if isinstance(values.get("default-kind"), str):
@@ -132,6 +145,9 @@ def check(values: Mapping[str, Any]) -> list[str]:
     log_file = values.get("log-file")
     if isinstance(log_file, str) and log_file and not log_file.startswith("/"):
         out.append(f"log-file: {log_file!r} must be an absolute path (or empty)")
+    proc_root = values.get("proc-root")
+    if isinstance(proc_root, str) and not proc_root.startswith("/"):
+        out.append(f"proc-root: {proc_root!r} must be an absolute path")
     level = values.get("log-level")
     if isinstance(level, str) and level not in LOG_LEVELS:
         out.append(f"log-level: {level!r} is not one of {', '.join(LOG_LEVELS)}")

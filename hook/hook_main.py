@@ -1,9 +1,11 @@
 """`gpuctk-hook`: the OCI hook binary named in gpuctk's CDI specs.
 
     gpuctk-hook createContainer [--link TARGET::LINK]... [--folder DIR]... [--mode M --path P]...
+                    [--disable-hook NAME]...          (an action left out: gpuctk.hook.actions)
     gpuctk-hook create-symlinks --link TARGET::LINK...        (nvidia-ctk hook verbs, one by one)
     gpuctk-hook update-ldcache --folder DIR...
     gpuctk-hook chmod --mode M --path P...
+    gpuctk-hook disable-device-node-modification             (gpuctk.hook.nodeprotect)
     gpuctk-hook prestart | createRuntime | precreate           (no shim: gpuctk.hook.prestart)
     gpuctk-hook createRuntime | poststop --netdev IF[::NAME]... (NICs: gpuctk.hook.netdev)
     gpuctk-hook --version
@@ -11,7 +13,9 @@
 Every verb reads the OCI state on stdin (or takes --container-spec PATH to a config.json), finds
 the container root from the bundle's config.json and does all its work inside that root, in one
 process. An unknown verb or option logs a warning and is ignored (exit 0), so that a spec written
-by a newer gpuctk never blocks a container. Errors: one line on stderr, exit 1 (runc's
+by a newer gpuctk never blocks a container. Arguments it cannot read at all (no verb, an option
+before the verb, a verb's option without its value) are a usage error: `gpuctk-hook: error: ...`
+and `Try 'gpuctk-hook --help'.` on stderr, exit 2. Other errors: one line on stderr, exit 1 (runc's
 convention: runc shows it; crun 1.8 shows only the exit code, so a spec's hook env should name
 a GPUCTK_HOOK_LOG file). Logs: never stdout; see gpuctk.log (hook).
 
@@ -31,7 +35,7 @@ import os
 import sys
 
 from gpuctk import __version__
-from gpuctk.errors import EXIT_FAILURE, GpuctkError
+from gpuctk.errors import EXIT_FAILURE, GpuctkError, UsageError
 from gpuctk.log import hook as hooklog
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
@@ -42,13 +46,43 @@ if TYPE_CHECKING:
 
 # verb -> options it takes (all repeatable, all with a value)
 _OPTIONS = {
-    "createContainer": ("link", "folder", "mode", "path", "ldconfig-path", "container-spec"),
+    "createContainer": (
+        "link",
+        "folder",
+        "mode",
+        "path",
+        "ldconfig-path",
+        "container-spec",
+        "disable-hook",
+    ),
+    "disable-device-node-modification": ("container-spec",),
     "create-symlinks": ("link", "container-spec"),
     "update-ldcache": ("folder", "ldconfig-path", "container-spec"),
     "chmod": ("mode", "path", "container-spec"),
 }
 _FLAGS = ("debug",)
-USAGE = __doc__.split("\n\n")[1] if __doc__ else ""
+USAGE = """Usage: gpuctk-hook [OPTIONS] VERB [VERB OPTIONS]
+
+  The OCI hook named in gpuctk's CDI specs: reads the OCI state on stdin (or
+  --container-spec PATH to a config.json) and works inside the container's root.
+
+Verbs:
+  createContainer [--link T::L]... [--folder DIR]... [--mode M --path P]...
+  create-symlinks --link TARGET::LINK...     one step of createContainer
+  update-ldcache --folder DIR...             one step of createContainer
+  chmod --mode M --path P...                 one step of createContainer
+  disable-device-node-modification           one step of createContainer
+  prestart | createRuntime | precreate       for engines without gpuctk-runtime
+  createRuntime | poststop --netdev IF[::NAME]...    network interfaces (NICs)
+
+Options:
+  --debug      a traceback on internal errors
+  --help       this help
+  --version    the version
+
+An unknown verb or a verb's unknown option is ignored with a warning.
+Details: docs/commands.md#gpuctk-hook
+"""
 
 
 def parse(verb: str, argv: list[str]) -> tuple[dict[str, list[str]], list[str]]:
@@ -66,7 +100,7 @@ def parse(verb: str, argv: list[str]) -> tuple[dict[str, list[str]], list[str]]:
         if name in allowed:
             if not eq:
                 if i >= len(argv):
-                    raise GpuctkError(f"{verb}: --{name} needs a value")
+                    raise UsageError(f"{verb}: --{name} needs a value")
                 value, i = argv[i], i + 1
             values[name].append(value)
             continue
@@ -94,18 +128,23 @@ def _request(verb: str, values: dict[str, list[str]]) -> Request:
         ldconfig=one("ldconfig-path") or os.environ.get("GPUCTK_LDCONFIG") or None,
         container_spec=one("container-spec"),
         run_ldconfig=verb == "update-ldcache" or bool(values.get("folder")),
+        disabled=values.get("disable-hook", []),
     )
 
 
 def _run(argv: list[str]) -> int:
     words = [a for a in argv if a not in ("--debug",)]
-    if not words or words[0] in ("-h", "--help", "help"):
-        sys.stderr.write(USAGE + "\n")
-        return 0 if words else 2
-    if words[0] in ("--version", "version"):
-        sys.stdout.write(f"gpuctk-hook {__version__}\n")
+    if words and words[0] in ("-h", "--help", "help"):
+        sys.stdout.write(USAGE)
         return 0
+    if words and words[0] in ("--version", "version"):
+        sys.stdout.write(f"gpuctk-hook version {__version__}\n")
+        return 0
+    if not words:
+        raise UsageError("no verb given (createContainer, prestart, precreate, ...)")
     verb = words[0]
+    if verb.startswith("-"):
+        raise UsageError(f"no such option: {verb} (options of a verb go after it)")
     if verb in ("createRuntime", "poststop") and any(
         w == "--netdev" or w.startswith("--netdev=") for w in words[1:]
     ):  # a NIC spec's entry: move network interfaces (gpuctk.hook.netdev, pyroute2)
@@ -129,11 +168,16 @@ def _run(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None, *, exit: Callable[[int], object] = sys.exit) -> None:
-    """Console-script entry point: run, turn errors into one stderr line and exit 1."""
+    """Console-script entry point: run, turn errors into one stderr line and exit 1 (a usage
+    error: two lines, exit 2)."""
     args = sys.argv[1:] if argv is None else argv
     hooklog.configure()
     try:
         code = _run(args)
+    except UsageError as exc:
+        hooklog.log("error", exc.message, to_stderr=False)
+        sys.stderr.write(f"gpuctk-hook: error: {exc.message}\nTry 'gpuctk-hook --help'.\n")
+        code = exc.exit_code
     except GpuctkError as exc:
         hooklog.log("error", exc.message, to_stderr=False)
         sys.stderr.write(f"gpuctk-hook: error: {exc.message}\n")

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from gpuctk.hook.requests import Request
 
 FOLDER_NAME = "plans"
-FORMAT = "gpuctk-plan-2"
+FORMAT = "gpuctk-plan-3"  # 3: prep carries the --disable-hook names
 MAX_BYTES = 1 << 20  # one plan
 MAX_PLANS = 64
 CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"  # as gpuctk.hook.drivercaps.ENV

@@ -12,6 +12,12 @@ Any error: message in the engine's log (runc's format) and on stderr, exit 1, co
 was. Flags are read as runc (Go flag + urfave/cli) reads them: `--bundle X`, `--bundle=X`,
 `-b X`, `-b=X`, `-bundle X`, flags after the container id; crun's `-bX` too.
 
+Arguments the shim itself cannot read are a usage error (two lines on stderr, exit 2): no verb,
+or a create/run whose --bundle/--config has no value. Every other argument, unknown flags
+included, goes to the runtime untouched, and runc's conventions hold there. `--help` (no verb)
+prints the shim's help (HELP); `--version` (no verb) prints `gpuctk-runtime version X` first,
+then the runtime's own `--version` lines follow.
+
 Imports at start: os, sys, time and gpuctk.errors; the rest only on `create`/`run`. config.json
 is read and written with the C scanner and encoder of the stdlib `_json` module directly
 (gpuctk.jsonfast): the `json` package would import `re` (and `enum`) for nothing.
@@ -22,7 +28,8 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuctk.errors import GpuctkError, InputError
+from gpuctk import __version__
+from gpuctk.errors import EXIT_USAGE, GpuctkError, InputError
 from gpuctk.log import RuncLog
 
 TYPE_CHECKING = False
@@ -43,12 +50,40 @@ GLOBAL_VALUE_FLAGS = frozenset(
 VERB_VALUE_FLAGS = frozenset(
     ("bundle", "b", "console-socket", "pid-file", "preserve-fds", "config", "f", "pidfd-socket")
 )
+HELP = """Usage: gpuctk-runtime [GLOBAL OPTIONS] VERB [OPTIONS] CONTAINER-ID
+
+  The runc shim: `create` and `run` get the CDI edits for the GPUs the
+  container asks for (CDI annotations, NVIDIA_VISIBLE_DEVICES, device-list
+  mounts); then the low-level runtime (runc or crun: the config's `runtimes`)
+  runs with the same arguments. Every other verb goes to it untouched.
+
+Options (before the verb; every other flag is the runtime's own):
+  --log FILE          the engine's log (runc's format); errors go there
+  --log-format FMT    text or json
+  --debug             debug lines in the log
+  --help              this help; `RUNTIME --help` lists the runtime's own
+  --version           gpuctk-runtime's version, then the runtime's
+
+Configuration: /etc/gpuctk/config.toml (GPUCTK_CONFIG names another).
+Details: docs/commands.md#gpuctk-runtime-the-shim
+"""
 
 
 class Invocation:
     """What the engine asked for, as far as the shim cares."""
 
-    __slots__ = ("bundle", "config_name", "container", "debug", "log", "log_format", "verb")
+    __slots__ = (
+        "bundle",
+        "config_name",
+        "container",
+        "debug",
+        "globals",
+        "log",
+        "log_format",
+        "no_value",
+        "pid_file",
+        "verb",
+    )
 
     def __init__(self) -> None:
         self.verb = ""
@@ -58,6 +93,9 @@ class Invocation:
         self.bundle = ""
         self.config_name = "config.json"
         self.container = ""
+        self.globals: list[str] = []  # the flag names before the verb
+        self.no_value = ""  # the verb's --bundle/--config flag given without a value
+        self.pid_file = ""  # the verb's --pid-file (gpuctk.hook.nodeafter)
 
 
 def _flag(token: str) -> tuple[str, str | None]:
@@ -79,6 +117,7 @@ def parse_argv(args: Sequence[str]) -> Invocation:
             inv.verb = token
             break
         name, value = _flag(token)
+        inv.globals.append(name)
         if value is None and name in GLOBAL_VALUE_FLAGS and i < len(args):
             value, i = args[i], i + 1
         if name == "log":
@@ -103,12 +142,17 @@ def parse_argv(args: Sequence[str]) -> Invocation:
         crun_attached = token[1:2] in ("b", "f") and len(token) > 2  # crun's -bDIR, -fFILE
         if value is None and name not in VERB_VALUE_FLAGS and crun_attached:
             name, value = token[1], token[2:]
-        if value is None and name in VERB_VALUE_FLAGS and i < len(args):
+        if value is None and name in VERB_VALUE_FLAGS:
+            if i >= len(args):
+                inv.no_value = token
+                break
             value, i = args[i], i + 1
         if name in ("bundle", "b") and value is not None:
             inv.bundle = value
         elif name in ("config", "f") and value is not None:
             inv.config_name = value
+        elif name == "pid-file" and value is not None:
+            inv.pid_file = value
     return inv
 
 
@@ -236,9 +280,16 @@ def _inject(
         prep = shimroot.prepare(edits)
         if plans is not None and not errors:
             plans.offer(key, before, {"edits": edits, "notes": notes, "prep": prep})
-    edits = shimroot.take_over(doc, bundle, edits, log.debug, prep, bundle_fd=bundle_fd)
+    from gpuctk.hook import nodeafter
+
+    guard, spec_edits = nodeafter.choose(inv.verb, inv.pid_file, settings), edits
+    edits = shimroot.take_over(
+        doc, bundle, edits, log.debug, prep, bundle_fd=bundle_fd, protect=guard,
+        params=nodeafter.params_path(settings.proc_root),
+    )  # fmt: skip
     apply.apply(doc, edits)
     write_config(dir_fd, write_name, path, doc, st)
+    nodeafter.arm(guard, spec_edits, doc, bundle, inv.pid_file)  # main() then guards
     log.info(f"{inv.container}: injected {cdiedits.describe(req)}")
 
 
@@ -297,12 +348,37 @@ def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
     return 0, runtime, log
 
 
+def usage_problem(inv: Invocation) -> str:
+    """What makes the arguments unreadable to the shim ("" when nothing does)."""
+    if not inv.verb:
+        return "no verb given (create, start, state, delete, ...)"
+    if inv.no_value and inv.verb in INJECT_VERBS:
+        return f"{inv.verb}: {inv.no_value} needs a value"
+    return ""
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     args = list(sys.argv[1:] if argv is None else argv)
     front = os.environ.pop(FRONT_RUNTIME_ENV, "")
+    inv = parse_argv(args)
+    if not inv.verb and ("help" in inv.globals or "h" in inv.globals):
+        sys.stdout.write(HELP)
+        sys.exit(0)
+    if not inv.verb and "version" in inv.globals:
+        sys.stdout.write(f"gpuctk-runtime version {__version__}\n")
+        sys.stdout.flush()  # before the runtime's own lines
+    elif usage_problem(inv):
+        message = f"gpuctk-runtime: error: {usage_problem(inv)}"
+        if inv.log:
+            RuncLog(inv.log, inv.log_format).error(message)
+        sys.stderr.write(f"{message}\nTry 'gpuctk-runtime --help'.\n")
+        sys.exit(EXIT_USAGE)
     status, runtime, log = prepare(args, front)
     if status:
         sys.exit(status)
+    after = sys.modules.get("gpuctk.hook.nodeafter")  # imported by a GPU create only
+    if after is not None and after.pending is not None:
+        after.create_then_guard(runtime, args, log)
     try:
         os.execv(runtime, [runtime, *args])
     except OSError as exc:

@@ -27,6 +27,10 @@ symlinks out of it). Anything this cannot do exactly as the hook would (an optio
 --link/--folder, a link target that is an image file, a musl image, an image without an ld
 cache, a read-only or foreign-mount root) leaves the edits untouched: the hook then runs as
 before. Set `GPUCTK_SHIM_INROOT=0` in the shim's environment to always use the hook.
+
+The hook's last action, keeping the container from making device nodes, needs the container's
+mount namespace: gpuctk.hook.nodeguard decides how it is done once the edits are known. The
+hook's `--disable-hook NAME` args are honoured here as by the hook.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import os
 import posixpath
 
 from gpuctk import rootfs
-from gpuctk.hook import cudacompat, inroot, ldmerge
+from gpuctk.hook import cudacompat, inroot, ldmerge, nodeguard
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
@@ -70,32 +74,35 @@ def take_over(
     prep: dict[str, Any],
     *,
     bundle_fd: int | None = None,
+    protect: str = "hook",
+    params: str | None = None,
 ) -> EditsDoc:
     """`edits` with the gpuctk hook replaced by mounts, after doing its in-root work in the
     container root; `edits` unchanged when the hook must run (see the module docstring).
     `prep` is prepare(edits), made now or remembered with the plan (gpuctk.hook.plans).
     `bundle_fd`: the bundle as the shim opened it; a relative root.path is found from it,
-    never from the `bundle` path again (its owner may have pointed it elsewhere since)."""
-    if os.environ.get("GPUCTK_SHIM_INROOT", "1") == "0":
-        return edits
+    never from the `bundle` path again (its owner may have pointed it elsewhere since).
+    `protect`, `params`: the device node guard's mode and the host's params file
+    (gpuctk.hook.nodeguard.guard)."""
     hooks = edits.get("hooks") or []
     ours = [h for h in hooks if _our_hook(h)]
+    if os.environ.get("GPUCTK_SHIM_INROOT", "1") == "0":
+        return nodeguard.guard(edits, ours, protect, debug, params=params)
     if not ours and prep.get("stage"):
         _cache_stage(config, bundle, prep["stage"], debug, bundle_fd)
-        return edits
     if len(ours) != 1:
-        return edits
+        return nodeguard.guard(edits, ours, protect, debug, params=params)
     try:
         if prep.get("fallback") is not None:
             raise _Fallback(prep["fallback"])
         mounts = _work(config, bundle, edits, prep, bundle_fd)
     except (_Fallback, rootfs.InRootError, OSError, ValueError) as exc:
         debug(f"in-root work left to gpuctk-hook: {exc}")
-        return edits
+        return nodeguard.guard(edits, ours, protect, debug, params=params)
     done = edits.copy()
     done["mounts"] = [*(edits.get("mounts") or []), *mounts]
     done["hooks"] = [h for h in hooks if h is not ours[0]]
-    return done
+    return nodeguard.guard(done, ours, protect, debug, taken=True, params=params)
 
 
 def prepare(edits: EditsDoc) -> dict[str, Any]:
@@ -116,11 +123,18 @@ def prepare(edits: EditsDoc) -> dict[str, Any]:
         values, ignored = parse("createContainer", ours[0]["args"][2:])
     except Exception as exc:
         return {"fallback": f"hook arguments: {exc}"}
-    if ignored or any(values[k] for k in values if k not in ("link", "folder")):
-        return {"fallback": "the hook has options beyond --link and --folder"}
+    if ignored or any(values[k] for k in values if k not in ("link", "folder", "disable-hook")):
+        return {"fallback": "the hook has options beyond --link, --folder and --disable-hook"}
+    off = values["disable-hook"]
+    unknown = [name for name in off if name not in nodeguard.ACTIONS]
+    if unknown:
+        return {"fallback": f"--disable-hook {unknown[0]!r} is not known here"}
     try:
-        links = dict(reversed([inroot.parse_link(s)[::-1] for s in values["link"]]))
+        links_ = [] if "create-symlinks" in off else values["link"]
+        links = dict(reversed([inroot.parse_link(s)[::-1] for s in links_]))
         folders = [inroot.check_folder(f) for f in values["folder"]]
+        if "update-ldcache" in off:
+            folders = []
     except (rootfs.InRootError, ValueError) as exc:
         return {"fallback": str(exc)}
     by_dest = _by_dest(edits)
@@ -137,7 +151,8 @@ def prepare(edits: EditsDoc) -> dict[str, Any]:
             if isinstance(host, str):
                 hosts.add(host)
     elf = {h: ldmerge.elf_facts(h) for h in sorted(hosts)}
-    return {"links": links, "folders": folders, "elf": elf}
+    compat = "enable-cuda-compat" not in off
+    return {"links": links, "folders": folders, "elf": elf, "compat": compat}
 
 
 STAGE_PATH = "/usr/local/nvidia"  # gpuctk.cdi.generate.STAGE_PATH
@@ -216,7 +231,11 @@ def _open_glibc_root(config: dict[str, Any], bundle: str, bundle_fd: int | None 
 
 
 def _merge_cache(
-    root_fd: int, files: list[Any], folders: list[str], elf: dict[str, Any] | None
+    root_fd: int,
+    files: list[Any],
+    folders: list[str],
+    elf: dict[str, Any] | None,
+    with_compat: bool = True,
 ) -> None:
     """List `folders` in ld.so.conf.d and write the image's ld cache plus an entry for each
     (container path, host file) of `files` named by its SONAME (gpuctk.hook.ldmerge; `elf`:
@@ -227,7 +246,9 @@ def _merge_cache(
     if cache is None:
         raise _Fallback(f"the image has no {ldmerge.LD_CACHE}")
     entries = ldmerge.library_entries(files, folders, dict(elf or {}))
-    compat = cudacompat.find(root_fd, cudacompat.host_version(p for f in files for p in f))
+    compat = None
+    if with_compat:  # not with --disable-hook enable-cuda-compat
+        compat = cudacompat.find(root_fd, cudacompat.host_version(p for f in files for p in f))
     inroot.write_ld_conf(root_fd, folders)
     cudacompat.write_conf(root_fd, compat)
     ldmerge.write_cache(root_fd, cache, cudacompat.ahead(compat, entries))
@@ -259,7 +280,7 @@ def _work(
                 for m in [*by_dest.values(), *new_mounts]
                 if isinstance(m.get("hostPath"), str)
             ]
-            _merge_cache(root_fd, files, folders, prep.get("elf"))
+            _merge_cache(root_fd, files, folders, prep.get("elf"), prep.get("compat", True))
     finally:
         os.close(root_fd)
     return new_mounts

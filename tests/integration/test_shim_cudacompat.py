@@ -63,8 +63,10 @@ def create(node: Node, rootfs: Path, tmp_path: Path) -> dict[str, Any]:
     assert done.returncode == 0, done.stderr
     config: dict[str, Any] = json.loads((bundle / "config.json").read_text())
     assert not any(
-        h["path"].endswith("gpuctk-hook") for hs in (config.get("hooks") or {}).values() for h in hs
-    )  # the shim did the in-root work
+        h["path"].endswith("gpuctk-hook") and h["args"][1] == "createContainer"
+        for hs in (config.get("hooks") or {}).values()
+        for h in hs
+    )  # the shim did the in-root work (the device node guard aside: hook/nodeguard.py)
     return config
 
 

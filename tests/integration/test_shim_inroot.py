@@ -65,11 +65,12 @@ def create(
 
 
 def gpuctk_hooks(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """gpuctk-hook entries doing in-root work (not the device node guard: hook/nodeguard.py)."""
     return [
         h
         for hooks in (config.get("hooks") or {}).values()
         for h in hooks
-        if h["path"].endswith("gpuctk-hook")
+        if h["path"].endswith("gpuctk-hook") and h["args"][1] != "disable-device-node-modification"
     ]
 
 

@@ -1,0 +1,292 @@
+"""gpuctk-runtime guards the device nodes itself, after `runc create`, with no hook process.
+
+On a host whose driver says `ModifyDeviceFiles: 1` (the driver's default), a hook entry for
+gpuctk.hook.nodeprotect would start one more Python process at every GPU container's create.
+For a `create` that names a `--pid-file` (containerd, podman's conmon and CRI-O all do), the
+shim can do it for less: instead of exec'ing the runtime it forks it, waits for `create` to
+end (the container's init is then blocked until `start`, having run nothing of the image),
+and then, in this process:
+
+1. reads the init's pid from the pid file, pins it with a pidfd and checks it: its root is the
+   very directory config.json's root.path names (dev, inode), its mount namespace is not ours;
+2. reads the container's /proc/driver/nvidia/params inside that root (the descriptor of
+   /proc/<pid>/root, resolved with RESOLVE_IN_ROOT) and, where it says `ModifyDeviceFiles: 1`,
+   writes the copy that says 0 into a file of the state folder (root's alone), clones that
+   file with open_tree(OPEN_TREE_CLONE) into a detached mount and makes it read-only, nosuid,
+   nodev, noexec (mount_setattr);
+3. joins the init's mount namespace, move_mounts the clone onto the target opened before,
+   returns to its own namespace and removes the file (the mount keeps it).
+
+The runtime child gets SIGKILL should the shim die (PR_SET_PDEATHSIG), as an exec'd runtime
+would die with it; its exit status is the shim's. When the guard fails the container's init
+is killed (it never starts) and the create fails: exit 1 with the reason in the engine's log.
+Everything else (`run`, no pid file, a kernel without the new mount API, a host whose params
+file is missing) gets the hook entry (gpuctk.hook.nodeguard).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+
+from gpuctk import libc, rootfs
+from gpuctk.errors import GpuctkError
+from gpuctk.hook import nodeprotect
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
+
+    from gpuctk.cdi.specs.shape import EditsDoc
+    from gpuctk.hook.config import Settings
+    from gpuctk.log import RuncLog
+
+# set by the shim's create (gpuctk.hook.runtime_main) when this module guards after create:
+# (pid file, container root path); main() then forks the runtime instead of exec'ing it
+pending: tuple[str, str] | None = None
+
+_OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR, _PIDFD_SEND_SIGNAL = 428, 429, 442, 424
+OPEN_TREE_CLONE, AT_EMPTY_PATH = 1, 0x1000
+MOVE_MOUNT_F_EMPTY_PATH, MOVE_MOUNT_T_EMPTY_PATH = 0x4, 0x40
+ATTR_RO_NOSUID_NODEV_NOEXEC = 0x1 | 0x2 | 0x4 | 0x8
+CLONE_NEWNS, PR_SET_PDEATHSIG, SIGKILL = 0x00020000, 1, 9
+
+
+def _syscall(number: int, *args: object) -> int:
+    """syscall(2), each int passed as a C long (bytes and buffers as pointers, None as NULL)."""
+    wide = [libc.long_arg(a) if isinstance(a, int) else a for a in args]
+    rc = libc.function("syscall", "l")(libc.long_arg(number), *wide)
+    if rc < 0:
+        err = libc.get_errno()
+        raise OSError(err, os.strerror(err))
+    return int(rc)
+
+
+def new_mount_api() -> bool:
+    """Whether the kernel has open_tree, move_mount and mount_setattr (5.12 and later)."""
+    try:
+        _syscall(_MOUNT_SETATTR, -1, b"", 0, None, 0)
+    except OSError as exc:
+        return exc.errno != errno.ENOSYS
+    return True  # pragma: no cover (never succeeds on -1)
+
+
+def host_says_1(path: str | None = None) -> bool:
+    """Whether the host's params file exists and says `ModifyDeviceFiles: 1`."""
+    try:
+        fd = os.open(path or nodeprotect.PARAMS, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        data = os.read(fd, nodeprotect.MAX_BYTES + 1)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return len(data) <= nodeprotect.MAX_BYTES and nodeprotect.modified(data) is not None
+
+
+def create_then_guard(runtime: str, args: list[str], log: RuncLog) -> NoReturn:
+    """Run the runtime's `create` as a child, then guard its container (the module docstring);
+    exits with the runtime's status, or 1 when the guard fails."""
+    assert pending is not None
+    pid_file, root_path = pending
+    parent = os.getpid()
+    try:
+        child = os.fork()
+    except OSError as exc:
+        log.error(f"gpuctk-runtime: cannot start {runtime}: {exc.strerror or exc}")
+        _exit(1)
+    if child == 0:  # pragma: no cover (replaced by the runtime)
+        try:
+            libc.function("prctl")(PR_SET_PDEATHSIG, libc.long_arg(SIGKILL))
+            if os.getppid() == parent:  # else the shim died before the line above
+                os.execv(runtime, [runtime, *args])
+        finally:
+            os._exit(127)
+    _, status = os.waitpid(child, 0)  # retried on EINTR
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        _exit(code if code > 0 else 128 - code)
+    try:
+        done = guard(pid_file, root_path)
+    except (GpuctkError, OSError) as exc:
+        message = exc.message if isinstance(exc, GpuctkError) else str(exc)
+        log.error(f"gpuctk-runtime: device node guard: {message}; the container is stopped")
+        _exit(1)
+    log.debug(f"gpuctk-runtime: {done}")
+    _exit(0)
+
+
+def _exit(code: int) -> NoReturn:
+    """Exit at once, as an exec'd runtime would have: no interpreter teardown (the log lines are
+    written already; the standard streams are flushed)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            continue
+    os._exit(code)
+
+
+def guard(pid_file: str, root_path: str) -> str:
+    """Steps 1-3 of the module docstring; what was done, in words. OSError/GpuctkError, the
+    init killed when it had been checked to be the container's (never another process)."""
+    try:
+        with open(pid_file, "rb") as f:
+            pid = int(f.read(32).strip() or b"0")
+    except ValueError:
+        pid = 0
+    if pid <= 1:
+        raise GpuctkError(f"{pid_file} names no container process")
+    pidfd = os.pidfd_open(pid)
+    ns_fd = root_fd = -1
+    try:
+        ns_fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        root_fd = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        _syscall(_PIDFD_SEND_SIGNAL, pidfd, 0, None, 0)  # still the process the file named
+        a, b = os.fstat(root_fd), os.stat(root_path)
+        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+            raise GpuctkError(f"process {pid} has not {root_path} as its root")
+        if os.fstat(ns_fd).st_ino == os.stat("/proc/self/ns/mnt").st_ino:
+            raise GpuctkError(f"process {pid} shares the runtime's mount namespace")
+        try:
+            return _guard(pid, root_fd, ns_fd)
+        except BaseException:
+            _kill(pidfd)  # the container's init, checked above: it never starts
+            raise
+    finally:
+        for fd in (root_fd, ns_fd, pidfd):
+            if fd >= 0:
+                os.close(fd)
+
+
+def _kill(pidfd: int) -> bool:
+    """SIGKILL to the pinned process; False when it is gone already."""
+    try:
+        _syscall(_PIDFD_SEND_SIGNAL, pidfd, SIGKILL, None, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _guard(pid: int, root_fd: int, ns_fd: int) -> str:
+    """Steps 2-3 for the checked init `pid` (its root and mount namespace opened)."""
+    try:
+        text = rootfs.read_file_in_root(root_fd, nodeprotect.PARAMS, nodeprotect.MAX_BYTES)
+    except rootfs.InRootError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
+            raise
+        text = None
+    copy = nodeprotect.modified(text) if text is not None else None
+    if copy is None:
+        return f"process {pid}: {nodeprotect.PARAMS} lets it make no device nodes"
+    clone, dir_fd, name = _clone_of(copy)
+    try:
+        target = rootfs.open_in_root(root_fd, nodeprotect.PARAMS, os.O_PATH)
+        try:
+            _attach(clone, target, ns_fd)
+        finally:
+            os.close(target)
+    finally:
+        os.close(clone)
+        _remove(dir_fd, name)  # the mount keeps the file
+        os.close(dir_fd)
+    return f"process {pid}: {nodeprotect.PARAMS} shows ModifyDeviceFiles: 0 (read-only copy)"
+
+
+def _setns(fd: int) -> None:
+    if libc.function("setns")(fd, CLONE_NEWNS) != 0:
+        err = libc.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def _attach(clone: int, target: int, ns_fd: int) -> None:
+    """move_mount `clone` onto `target` from inside the mount namespace `ns_fd`, then back in
+    this process's own namespace, root and folder (the log is written by path)."""
+    own = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    here = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _setns(ns_fd)
+        try:
+            flags = MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH
+            _syscall(_MOVE_MOUNT, clone, b"", target, b"", flags)
+        finally:
+            _setns(own)
+            os.fchdir(here)
+    finally:
+        os.close(here)
+        os.close(own)
+
+
+def _clone_of(copy: bytes) -> tuple[int, int, str]:
+    """(a detached, read-only mount of a file holding `copy`, the state folder's descriptor,
+    the file's name there): the caller removes the file once the mount is attached (the
+    kernel refuses to attach the mount of a removed file) and closes both descriptors."""
+    from gpuctk.fs import open_private_dir
+    from gpuctk.statedir import state_dir
+
+    dir_fd = open_private_dir(state_dir(), create=True)
+    name = f".params-{os.urandom(6).hex()}"
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o444, dir_fd=dir_fd)
+        try:
+            os.write(fd, copy)
+        finally:
+            os.close(fd)
+        clone = _syscall(_OPEN_TREE, dir_fd, name.encode(), OPEN_TREE_CLONE | os.O_CLOEXEC)
+        try:
+            attr = libc.buffer(ATTR_RO_NOSUID_NODEV_NOEXEC.to_bytes(8, "little") + bytes(24))
+            _syscall(_MOUNT_SETATTR, clone, b"", AT_EMPTY_PATH, attr, 32)
+        except BaseException:
+            os.close(clone)
+            raise
+    except BaseException:
+        _remove(dir_fd, name)
+        os.close(dir_fd)
+        raise
+    return clone, dir_fd, name
+
+
+def _remove(dir_fd: int, name: str) -> bool:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except OSError:
+        return False
+    return True
+
+
+def params_path(proc_root: str) -> str:
+    """The driver's params file under the host's /proc (the config's proc-root)."""
+    return proc_root.rstrip("/") + nodeprotect.PARAMS.removeprefix("/proc")
+
+
+def choose(verb: str, pid_file: str, settings: Settings) -> str:
+    """The device node guard's mode for this invocation (gpuctk.hook.nodeguard.guard): "off"
+    when the config turns it off, "after" where this module can guard the container after
+    `create` (the module docstring), else "hook"."""
+    if not settings.disable_device_node_modification:
+        return "off"
+    if (
+        verb == "create"
+        and pid_file
+        and os.environ.get("GPUCTK_SHIM_INROOT", "1") != "0"
+        and host_says_1(params_path(settings.proc_root))
+        and new_mount_api()
+    ):
+        return "after"
+    return "hook"
+
+
+def arm(mode: str, spec_edits: EditsDoc, doc: dict[str, Any], bundle: str, pid_file: str) -> None:
+    """Set `pending` for main() when `mode` is "after" and no gpuctk hook of the spec says
+    `--disable-hook disable-device-node-modification`."""
+    global pending
+    from gpuctk.hook import nodeguard, oci_state
+
+    hooks = spec_edits.get("hooks") or []
+    if mode != "after" or any(nodeguard.NAME in nodeguard.disabled(h) for h in hooks):
+        return
+    pending = (os.path.abspath(pid_file), oci_state.rootfs_path(doc, bundle))

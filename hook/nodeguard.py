@@ -1,0 +1,114 @@
+"""gpuctk-runtime's part in keeping containers from making device nodes (gpuctk.hook.nodeprotect).
+
+The mount over the container's /proc/driver/nvidia/params can only be made in the container's
+mount namespace once the runtime has mounted its /proc (runc refuses config.json mounts inside
+/proc), so the shim cannot make it before it execs runc. It leaves it to one hook entry, and
+adds that entry only where it can matter:
+
+- the spec's gpuctk-hook entry runs (the shim could not do its in-root work): that process
+  protects the nodes as part of createContainer; nothing is added;
+- the shim did the hook's in-root work, or the spec has no gpuctk hook (library modes mounts
+  and folder, `--disable-hook all`): a createContainer entry `gpuctk-hook
+  disable-device-node-modification` is added, unless the host's params file says
+  `ModifyDeviceFiles: 0` (nodeprotect.host_needs: read at every create, never remembered
+  with a plan), or the spec's hook carries `--disable-hook disable-device-node-modification`;
+- the shim's config says `disable-device-node-modification = false`: nothing is added, and a
+  spec hook that runs gets `--disable-hook disable-device-node-modification`;
+- the shim guards the container itself after `create` (gpuctk.hook.nodeafter: a `create` with
+  a pid file, on a host whose params file says `ModifyDeviceFiles: 1`): nothing is added.
+
+The added entry names the spec's gpuctk-hook (its path and env); for a spec without one, the
+gpuctk-hook installed beside this gpuctk-runtime (the launcher's folder), else
+/usr/bin/gpuctk-hook.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from gpuctk.cdi.specs.shape import EditsDoc, HookDoc
+
+NAME = "disable-device-node-modification"  # gpuctk.hook.nodeprotect.NAME
+# the --disable-hook names of a spec's hook args (gpuctk.cdi.generate.HOOK_ACTIONS)
+ACTIONS = ("create-symlinks", "update-ldcache", "enable-cuda-compat", NAME)
+PACKAGED_HOOK = "/usr/bin/gpuctk-hook"
+HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+
+
+def disabled(hook: Any) -> list[str]:
+    """The `--disable-hook` names in a gpuctk hook entry's args."""
+    args = hook.get("args") or [] if isinstance(hook, dict) else []
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--disable-hook" and i + 1 < len(args):
+            out.append(args[i + 1])
+        elif isinstance(arg, str) and arg.startswith("--disable-hook="):
+            out.append(arg.partition("=")[2])
+    return out
+
+
+def guard(
+    edits: EditsDoc,
+    ours: list[Any],
+    protect: str,
+    debug: Callable[[str], None],
+    *,
+    taken: bool = False,
+    params: str | None = None,
+) -> EditsDoc:
+    """`edits` as the container gets them, protection included (the module docstring).
+    `ours`: the spec's gpuctk hook entries; `taken`: the shim did their work (and dropped
+    them from `edits`). `protect`: "hook" (an entry where needed), "after" (the shim guards
+    after create: gpuctk.hook.nodeafter, nothing added) or "off"; `params`: the host's
+    params file (default nodeprotect.PARAMS)."""
+    if protect == "after":
+        return edits
+    if protect == "off":
+        if taken or not ours:
+            return edits
+        done = edits.copy()
+        done["hooks"] = [
+            {**h, "args": [*h["args"], "--disable-hook", NAME]} if h in ours else h
+            for h in edits.get("hooks") or []
+        ]
+        return done
+    if ours and not taken:
+        return edits  # the spec's hook runs and protects
+    if ours and NAME in disabled(ours[0]):
+        return edits
+    from gpuctk.hook.nodeprotect import host_needs
+
+    if not host_needs(params):
+        debug("the host's driver says ModifyDeviceFiles: 0: no device node guard needed")
+        return edits
+    if ours:
+        path, env = ours[0]["path"], list(ours[0].get("env") or HOOK_ENV)
+    else:
+        path, env = hook_path(), list(HOOK_ENV)
+        if not path:
+            debug(f"no gpuctk-hook beside gpuctk-runtime or at {PACKAGED_HOOK}: nodes unguarded")
+            return edits
+    entry: HookDoc = {
+        "hookName": "createContainer", "path": path, "args": ["gpuctk-hook", NAME], "env": env
+    }  # fmt: skip
+    done = edits.copy()
+    done["hooks"] = [*(edits.get("hooks") or []), entry]
+    return done
+
+
+def hook_path() -> str:
+    """gpuctk-hook beside this gpuctk-runtime's launcher, else PACKAGED_HOOK; "" when neither
+    is an executable file."""
+    me = sys.argv[0] if sys.argv else ""
+    candidates = [posixpath.join(posixpath.dirname(me), "gpuctk-hook")] if me[:1] == "/" else []
+    for path in [*candidates, PACKAGED_HOOK]:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return ""

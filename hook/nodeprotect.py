@@ -1,0 +1,153 @@
+"""Keep a container from making device nodes for GPUs it was not given.
+
+The NVIDIA driver's `/proc/driver/nvidia/params` says `ModifyDeviceFiles: 1` by default: NVML
+in a container then mknods /dev/nvidia<N> for every GPU of the machine. `protect` (the hook's
+`disable-device-node-modification` action, also part of `createContainer`) mounts over the
+container's params file a read-only copy of it that says `ModifyDeviceFiles: 0`, as the
+reference toolkit's hook of that name does. runc refuses config.json mounts inside /proc, so
+this runs as a createContainer hook: in the container's mount namespace, after the runtime
+mounted the container's /proc and before the container runs anything.
+
+- The copy is made of the container's own params file (resolved inside the root: the procfs the
+  runtime mounted there, which the image cannot reach before it starts), at most MAX_BYTES.
+  No such file (no driver loaded), or one that says anything but `ModifyDeviceFiles: 1`: nothing
+  is done.
+- The copy lies on a tmpfs of its own, mounted on an empty folder made for it in /run of the
+  hook's root and detached again (the folder removed) once the copy is bound: the container
+  sees the one file, read-only, nosuid, nodev, noexec, and no folder of it.
+- The bind goes through descriptors: from the copy, onto the target opened inside the root
+  (/proc/self/fd of each), then the new mount, checked to be the copy, is made read-only.
+  Only gpuctk.hook.mounts (mount(2) through gpuctk.libc): no ctypes on the hook's path.
+
+gpuctk-runtime adds the action's hook entry to a GPU container unless the host's params file
+exists and says `ModifyDeviceFiles: 0` (`host_needs`; gpuctk.hook.nodeguard), or guards the
+container itself after the runtime's `create` (gpuctk.hook.nodeafter) where the host's file says
+1 and the engine names a pid file. Where no driver is loaded at create, the entry finds no
+file and does nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from gpuctk import rootfs
+
+NAME = "disable-device-node-modification"
+PARAMS = "/proc/driver/nvidia/params"
+MAX_BYTES = 64 * 1024
+KEY = b"ModifyDeviceFiles: "
+SCRATCH = "/run"
+
+
+def modified(text: bytes) -> bytes | None:
+    """`text` (a params file) with `ModifyDeviceFiles: 1` made 0; None when no line says 1 or
+    one says 0 (nothing to hide), as the reference reads it."""
+    out, changed = [], False
+    for line in text.splitlines():
+        if line.startswith(KEY):
+            if line == KEY + b"0":
+                return None
+            if line == KEY + b"1":
+                line, changed = KEY + b"0", True
+        out.append(line + b"\n")
+    return b"".join(out) if changed else None
+
+
+def host_needs(path: str | None = None) -> bool:
+    """Whether a container being created may need the action: False only when the host's params
+    file (`path`, default PARAMS) exists and does not say `ModifyDeviceFiles: 1` (unreadable
+    counts as needing it)."""
+    try:
+        fd = os.open(path or PARAMS, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True  # no driver loaded at create: the entry stays, the action then finds no file
+    except OSError:
+        return True
+    try:
+        data = os.read(fd, MAX_BYTES + 1)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return len(data) > MAX_BYTES or modified(data) is not None
+
+
+def protect(root_fd: int) -> str:
+    """Mount the `ModifyDeviceFiles: 0` copy over the container's params file (see the module
+    docstring); returns what was done, in words. GpuctkError when the mount fails."""
+    try:
+        text = rootfs.read_file_in_root(root_fd, PARAMS, MAX_BYTES)
+    except rootfs.InRootError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            text = None
+        else:
+            raise
+    if text is None:
+        return f"no {PARAMS} in the container: device nodes left as they are"
+    copy = modified(text)
+    if copy is None:
+        return f"{PARAMS} does not let the container make device nodes"
+    from gpuctk.hook import mounts
+
+    folder = _scratch()
+    try:
+        mounts.mount(
+            "tmpfs", folder, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV | mounts.MS_NOEXEC
+        )
+        try:
+            mounts.mount(None, folder, None, mounts.MS_PRIVATE)
+            dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fchmod(dir_fd, 0o700)
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                fd = os.open("params", flags, 0o444, dir_fd=dir_fd)
+                try:
+                    os.write(fd, copy)
+                finally:
+                    os.close(fd)
+                src = os.open("params", os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            finally:
+                os.close(dir_fd)
+            try:
+                _bind(root_fd, src)
+            finally:
+                os.close(src)
+        finally:
+            mounts.detach(folder)
+    finally:
+        os.rmdir(folder)
+    return f"{PARAMS} shows ModifyDeviceFiles: 0 (read-only copy)"
+
+
+def _bind(root_fd: int, src: int) -> None:
+    """Bind the file `src` over the container's PARAMS (opened inside the root), then make
+    that new mount read-only, nosuid, nodev, noexec, once it is checked to be the copy."""
+    from gpuctk.hook import mounts
+
+    target = rootfs.open_in_root(root_fd, PARAMS, os.O_PATH)
+    try:
+        mounts.mount(f"/proc/self/fd/{src}", f"/proc/self/fd/{target}", None, mounts.MS_BIND)
+    finally:
+        os.close(target)
+    new = rootfs.open_in_root(root_fd, PARAMS, os.O_PATH)
+    try:
+        a, b = os.fstat(new), os.fstat(src)
+        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+            raise OSError(errno.EXDEV, f"{PARAMS} changed while it was mounted")
+        flags = mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV | mounts.MS_NOEXEC
+        mounts.mount(None, f"/proc/self/fd/{new}", None, mounts.MS_REMOUNT | mounts.MS_BIND | flags)
+    finally:
+        os.close(new)
+
+
+def _scratch() -> str:
+    """A new, empty folder of root's alone in SCRATCH (a fresh random name)."""
+    for _ in range(8):
+        path = f"{SCRATCH}/.gpuctk-params-{os.urandom(6).hex()}"
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return path
+    raise FileExistsError(errno.EEXIST, f"no free folder name in {SCRATCH}")

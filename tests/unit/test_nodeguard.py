@@ -1,0 +1,267 @@
+"""The device node guard (hook/nodeprotect.py, hook/nodeguard.py) and `--disable-hook`
+(cdi/generate.py, hook/shimroot.py, hook/actions.py): what is written, what is left out."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctk.cdi.generate import HOOK_ACTIONS, Options, build_spec, check_options
+from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles
+from gpuctk.cdi.node.profile import load_profile
+from gpuctk.cdi.simulate import simulated_nodes
+from gpuctk.errors import UsageError
+from gpuctk.hook import actions, config, hook_main, nodeguard, nodeprotect, shimroot
+
+NAME = "disable-device-node-modification"
+LIB = DriverFile(
+    host_path="/drv/usr/lib/x86_64-linux-gnu/libcuda.so.535.309.01",
+    container_path="/usr/lib/x86_64-linux-gnu/libcuda.so.535.309.01",
+    kind="library",
+    capability="compute",
+    soname="libcuda.so.1",
+)
+FILES = DriverFiles(
+    libraries=(LIB,),
+    symlinks=(("libcuda.so.535.309.01", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),),
+    ld_folders=("/usr/lib/x86_64-linux-gnu",),
+)
+HOOK = {
+    "hookName": "createContainer",
+    "path": "/usr/bin/gpuctk-hook",
+    "args": ["gpuctk-hook", "createContainer", "--folder", "/usr/lib"],
+    "env": ["PATH=/bin"],
+}
+PARAMS = b"Foo: 1\nModifyDeviceFiles: 1\nDeviceFileUID: 0\n"
+
+
+def test_modified_turns_1_into_0_and_leaves_0_alone() -> None:
+    assert nodeprotect.modified(PARAMS) == b"Foo: 1\nModifyDeviceFiles: 0\nDeviceFileUID: 0\n"
+    assert nodeprotect.modified(PARAMS.replace(b"s: 1", b"s: 0")) is None
+    assert nodeprotect.modified(b"DeviceFileUID: 0\n") is None
+
+
+def test_host_needs_the_guard_unless_its_params_say_0(tmp_path: Path) -> None:
+    params = tmp_path / "params"
+    assert nodeprotect.host_needs(str(params))  # no driver loaded: the entry stays
+    params.write_bytes(PARAMS)
+    assert nodeprotect.host_needs(str(params))
+    params.write_bytes(PARAMS.replace(b"s: 1", b"s: 0"))
+    assert not nodeprotect.host_needs(str(params))
+
+
+@pytest.fixture
+def no_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nodeprotect, "PARAMS", str(tmp_path / "absent" / "params"))
+
+
+def guard(edits: dict[str, Any], protect: str = "hook", taken: bool = True) -> dict[str, Any]:
+    ours = [h for h in [HOOK] if h in (edits.get("hooks") or []) or taken]
+    if taken:
+        edits = {**edits, "hooks": [h for h in edits.get("hooks") or [] if h != HOOK]}
+    return dict(nodeguard.guard(edits, ours, protect, lambda _: None, taken=taken))  # type: ignore[arg-type]
+
+
+def test_taken_over_hook_becomes_the_guard_where_no_driver_is_loaded(no_driver: None) -> None:
+    got = guard({"hooks": [HOOK]})
+    assert got["hooks"] == [{**HOOK, "args": ["gpuctk-hook", NAME]}]
+
+
+def test_no_guard_when_the_host_says_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    params = tmp_path / "params"
+    params.write_bytes(b"ModifyDeviceFiles: 0\n")
+    monkeypatch.setattr(nodeprotect, "PARAMS", str(params))
+    assert guard({"hooks": [HOOK]})["hooks"] == []
+
+
+def test_a_hook_that_runs_guards_itself(no_driver: None) -> None:
+    assert guard({"hooks": [HOOK]}, taken=False)["hooks"] == [HOOK]
+
+
+def test_the_setting_off_tells_a_running_hook_and_adds_nothing(no_driver: None) -> None:
+    (hook,) = guard({"hooks": [HOOK]}, protect="off", taken=False)["hooks"]
+    assert hook["args"][-2:] == ["--disable-hook", NAME]
+    assert guard({"hooks": [HOOK]}, protect="off")["hooks"] == []
+
+
+def test_a_spec_that_disables_it_gets_no_guard(no_driver: None) -> None:
+    hook = {**HOOK, "args": [*HOOK["args"], "--disable-hook", NAME]}
+    got = nodeguard.guard({"hooks": []}, [hook], "hook", lambda _: None, taken=True)
+    assert got["hooks"] == []
+
+
+def test_a_spec_without_hook_gets_the_installed_one(
+    no_driver: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hook = Path(sys.executable).with_name("gpuctk-hook")
+    monkeypatch.setattr(sys, "argv", [str(hook.with_name("gpuctk-runtime"))])
+    got = nodeguard.guard({"mounts": []}, [], "hook", lambda _: None)
+    assert got["hooks"] == [
+        {
+            "hookName": "createContainer",
+            "path": str(hook),
+            "args": ["gpuctk-hook", NAME],
+            "env": list(nodeguard.HOOK_ENV),
+        }
+    ]
+
+
+def test_config_json_gets_the_guard_where_no_driver_is_loaded(
+    no_driver: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shim's steps for a spec without a gpuctk hook (library modes mounts, folder):
+    prepare, take_over, apply: config.json's createContainer hooks hold the guard."""
+    from gpuctk.cdi.specs import apply
+
+    hook = str(Path(sys.executable).with_name("gpuctk-hook"))
+    monkeypatch.setattr(sys, "argv", [str(Path(hook).with_name("gpuctk-runtime"))])
+    edits: Any = {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}
+    doc: dict[str, Any] = {"root": {"path": str(tmp_path)}, "process": {"env": []}}
+    got = shimroot.take_over(doc, str(tmp_path), edits, lambda _: None, shimroot.prepare(edits))
+    apply.apply(doc, got)
+    (entry,) = doc["hooks"]["createContainer"]
+    assert entry["path"] == hook and entry["args"] == ["gpuctk-hook", NAME] and entry["env"]
+
+
+def test_the_config_key() -> None:
+    assert config.Settings().disable_device_node_modification is True
+    settings = config.parse("disable-device-node-modification = false\n", "t.toml")
+    assert settings.disable_device_node_modification is False
+    with pytest.raises(Exception, match="must be true or false"):
+        config.parse('disable-device-node-modification = "no"\n', "t.toml")
+
+
+def hook_args(*disabled: str) -> list[str]:
+    machine = load_profile("l4")
+    opts = Options(disabled_hooks=disabled)
+    spec = build_spec(machine, FILES, opts, simulated_nodes(machine)).to_dict()
+    hooks = spec["containerEdits"].get("hooks") or []
+    return list(hooks[0]["args"]) if hooks else []
+
+
+def test_generate_writes_what_is_disabled() -> None:
+    base = hook_args()
+    assert "--link" in base and "--folder" in base and "--disable-hook" not in base
+    args = hook_args("create-symlinks", NAME)
+    assert "--link" not in args and "--folder" in args
+    assert args[-4:] == ["--disable-hook", "create-symlinks", "--disable-hook", NAME]
+    args = hook_args("update-ldcache", "enable-cuda-compat")
+    assert "--folder" not in args and "--link" in args
+    assert args[-4:] == ["--disable-hook", "update-ldcache", "--disable-hook", "enable-cuda-compat"]
+    assert hook_args("all") == []
+
+
+def test_generate_refuses_unknown_names_and_names_outside_hook_mode() -> None:
+    with pytest.raises(UsageError, match="known: create-symlinks, update-ldcache"):
+        check_options(Options(disabled_hooks=("bogus",)))
+    with pytest.raises(UsageError, match="goes with --library-mode hook"):
+        check_options(Options(library_mode="mounts", disabled_hooks=(NAME,)))
+    check_options(Options(library_mode="mounts", disabled_hooks=("all",)))
+    assert HOOK_ACTIONS == nodeguard.ACTIONS
+    assert frozenset(HOOK_ACTIONS) == actions.KNOWN_ACTIONS
+
+
+def test_the_shim_reads_the_disabled_names_from_the_hook_args() -> None:
+    link = ["--link", "libcuda.so.535::/usr/lib/libcuda.so.1", "--folder", "/usr/lib"]
+    args = ["gpuctk-hook", "createContainer", *link]
+    off = ["--disable-hook", "create-symlinks", "--disable-hook", "enable-cuda-compat"]
+    prep = shimroot.prepare({"hooks": [{**HOOK, "args": [*args, *off]}]})  # type: ignore[list-item]
+    assert prep["links"] == {} and prep["folders"] == ["/usr/lib"] and prep["compat"] is False
+    prep = shimroot.prepare({"hooks": [{**HOOK, "args": args}]})  # type: ignore[list-item]
+    assert prep["links"] and prep["compat"] is True
+    odd = shimroot.prepare({"hooks": [{**HOOK, "args": [*args, "--disable-hook", "x"]}]})  # type: ignore[list-item]
+    assert "fallback" in odd
+
+
+def test_the_hook_takes_the_verb_and_the_option() -> None:
+    values, ignored = hook_main.parse("createContainer", ["--disable-hook", NAME])
+    assert values["disable-hook"] == [NAME] and not ignored
+    values, ignored = hook_main.parse(NAME, [])
+    assert not ignored
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="mounts need root")
+def test_protect_binds_a_read_only_copy_in_a_mount_namespace(tmp_path: Path) -> None:
+    """protect() for real, in a private mount namespace: the root's params file (a plain file
+    here) shows 0, cannot be written, and no scratch folder is left in /run."""
+    root = tmp_path / "root"
+    (root / "proc/driver/nvidia").mkdir(parents=True)
+    (root / "proc/driver/nvidia/params").write_bytes(PARAMS)
+    code = textwrap.dedent(f"""
+        import os
+        from gpuctk import rootfs
+        from gpuctk.hook import nodeprotect
+        fd = rootfs.open_root({str(root)!r})
+        print(nodeprotect.protect(fd))
+        print(open({str(root)!r} + "/proc/driver/nvidia/params").read(), end="")
+        try:
+            open({str(root)!r} + "/proc/driver/nvidia/params", "w")
+        except OSError as exc:
+            print("refused", exc.errno)
+        print(nodeprotect.protect(fd))
+    """)
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "ModifyDeviceFiles: 0" in lines[0]
+    assert lines[1:4] == ["Foo: 1", "ModifyDeviceFiles: 0", "DeviceFileUID: 0"]
+    assert lines[4].startswith("refused")  # EACCES or EROFS
+    assert "does not let" in lines[5]  # a second run finds 0: nothing more
+    assert (root / "proc/driver/nvidia/params").read_bytes() == PARAMS  # the host's view
+    assert not [p for p in os.listdir("/run") if p.startswith(".gpuctk-params-")]
+
+
+def test_protect_does_nothing_without_the_file(tmp_path: Path) -> None:
+    from gpuctk import rootfs
+
+    fd = rootfs.open_root(str(tmp_path))
+    try:
+        assert "no /proc/driver/nvidia/params" in nodeprotect.protect(fd)
+    finally:
+        os.close(fd)
+
+
+def test_the_shim_guards_after_create_only_where_it_can(tmp_path: Path) -> None:
+    from gpuctk.hook import nodeafter, runtime_main
+
+    proc = tmp_path / "proc"
+    (proc / "driver/nvidia").mkdir(parents=True)
+    on = config.parse(f'proc-root = "{proc}"\n', "t.toml")
+    assert nodeafter.params_path(str(proc)) == f"{proc}/driver/nvidia/params"
+    assert nodeafter.choose("create", "/run/pid", on) == "hook"  # no params file: an entry
+    (proc / "driver/nvidia/params").write_bytes(PARAMS)
+    want = "after" if nodeafter.new_mount_api() else "hook"
+    assert nodeafter.choose("create", "/run/pid", on) == want
+    assert nodeafter.choose("create", "", on) == "hook"  # no pid file
+    assert nodeafter.choose("run", "/run/pid", on) == "hook"  # started at once
+    off = config.parse("disable-device-node-modification = false\n", "t.toml")
+    assert nodeafter.choose("create", "/run/pid", off) == "off"
+    inv = runtime_main.parse_argv(["--root", "/r", "create", "-b", "B", "--pid-file=/p", "c"])
+    assert inv.pid_file == "/p"
+    with pytest.raises(Exception, match="must be an absolute path"):
+        config.parse('proc-root = "proc"\n', "t.toml")
+
+
+def test_arm_waits_for_a_spec_that_allows_it(tmp_path: Path) -> None:
+    from gpuctk.hook import nodeafter
+
+    doc = {"root": {"path": "rootfs"}}
+    nodeafter.pending = None
+    no = {"hooks": [{**HOOK, "args": [*HOOK["args"], "--disable-hook", NAME]}]}
+    nodeafter.arm("after", no, doc, str(tmp_path), "pid")  # type: ignore[arg-type]
+    assert nodeafter.pending is None
+    nodeafter.arm("hook", {}, doc, str(tmp_path), "pid")
+    assert nodeafter.pending is None
+    nodeafter.arm("after", {"hooks": [HOOK]}, doc, str(tmp_path), "pid")  # type: ignore[list-item]
+    assert nodeafter.pending == (os.path.abspath("pid"), f"{tmp_path}/rootfs")
+    nodeafter.pending = None
