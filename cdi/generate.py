@@ -33,6 +33,10 @@ READ_ONLY = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 SOCKET = ("ro", "nosuid", "nodev", "noexec", "rbind", "rprivate")
 STAGE_PATH = "/usr/local/nvidia"  # folder mode's mount (gpuctk.cdi.stage)
 HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# --disable-hook: the hook's in-root actions by the reference's names (gpuctk.hook.nodeguard)
+HOOK_ACTIONS = (
+    "create-symlinks", "update-ldcache", "enable-cuda-compat", "disable-device-node-modification"
+)  # fmt: skip
 
 
 @record
@@ -45,6 +49,8 @@ class Options:
     library_mode: str = "hook"  # "hook" | "mounts" (gpuctk.cdi.libmounts) | "folder"
     stage_path: str = ""  # folder mode: the host folder gpuctk.cdi.stage built
     loader_folders: tuple[str, ...] = FAMILIES  # mounts and folder modes (gpuctk.cdi.libmounts)
+    additional_gids: bool = False  # --additional-gids: group_gids on each device (CDI 0.7.0)
+    disabled_hooks: tuple[str, ...] = ()  # --disable-hook: HOOK_ACTIONS names, or "all"
 
 
 @record
@@ -66,7 +72,10 @@ def mig_names(mig: MigDevice, strategies: Iterable[str]) -> list[str]:
     return [names[s] for s in strategies]
 
 
-def _device_node(n: NodeInfo) -> DeviceNode:
+def _device_node(n: NodeInfo, owners: bool = False) -> DeviceNode:
+    """The spec's node; with `owners` (--additional-gids) a group-only node keeps its host
+    owner and group, where runc would give it the container's user."""
+    owned = owners and bool(group_gids((n,)))
     return DeviceNode(
         path=n.path,
         host_path=n.host_path if n.host_path != n.path else None,
@@ -74,6 +83,22 @@ def _device_node(n: NodeInfo) -> DeviceNode:
         major=n.major,
         minor=n.minor,
         file_mode=n.file_mode,
+        uid=n.uid if owned else None,
+        gid=n.gid if owned else None,
+    )
+
+
+def group_gids(nodes: Iterable[NodeInfo]) -> tuple[int, ...]:
+    """The groups a non-root process must hold to open `nodes`: those of nodes that their group
+    may read and write and others may not (/dev/dri/renderD* under `render`, mode 0660)."""
+    return tuple(
+        sorted(
+            {
+                n.gid
+                for n in nodes
+                if n.gid != 0 and n.file_mode & 0o060 == 0o060 and n.file_mode & 0o006 != 0o006
+            }
+        )
     )
 
 
@@ -134,7 +159,7 @@ def common_edits(
             mounts[folder] = Mount(f"{opts.stage_path}/lib64", folder, READ_ONLY)
         others = others[1:]
     else:
-        hooks = (_hook(machine, files, opts),)
+        hooks = () if "all" in opts.disabled_hooks else (_hook(machine, files, opts),)
         others = (files.libraries, *others)
     for group in others:
         for f in group:
@@ -148,12 +173,17 @@ def common_edits(
 
 
 def _hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
-    """The createContainer entry: SONAME links, ld cache folders, and the machine facts."""
+    """The createContainer entry: SONAME links, ld cache folders, and the machine facts; each
+    disabled action named (`--disable-hook NAME`: the hook and gpuctk-runtime leave it out),
+    with the --link or --folder args of a disabled create-symlinks or update-ldcache left out."""
     args = ["gpuctk-hook", "createContainer"]
-    for target, link in files.symlinks:
+    off = opts.disabled_hooks
+    for target, link in files.symlinks if "create-symlinks" not in off else ():
         args += ["--link", f"{target}::{link}"]
-    for folder in files.ld_folders:
+    for folder in files.ld_folders if "update-ldcache" not in off else ():
         args += ["--folder", folder]
+    for name in (n for n in HOOK_ACTIONS if n in off):
+        args += ["--disable-hook", name]
     facts_env = facts.encode(
         facts.Facts(
             driver_version=machine.driver_version,
@@ -198,6 +228,16 @@ def check_options(opts: Options) -> None:
             "or both (triplet: /usr/lib/<triplet> for Debian/Ubuntu images; lib64: /usr/lib64 "
             "for Fedora/RHEL/UBI/SUSE images)"
         )
+    unknown = [n for n in opts.disabled_hooks if n not in (*HOOK_ACTIONS, "all")]
+    if unknown:
+        raise UsageError(
+            f"--disable-hook: unknown name {unknown[0]!r} (known: {', '.join(HOOK_ACTIONS)}, all)"
+        )
+    if opts.library_mode != "hook" and set(opts.disabled_hooks) - {"all"}:
+        raise UsageError(
+            "--disable-hook NAME goes with --library-mode hook (the other modes write no hook; "
+            "gpuctk-runtime's config key disable-device-node-modification turns its guard off)"
+        )
     if opts.library_mode == "hook" and set(opts.loader_folders) != set(FAMILIES):
         raise UsageError(
             "--loader-folders applies to --library-mode mounts and folder only (hook mode adds "
@@ -221,19 +261,29 @@ def build_spec(machine: Machine, files: DriverFiles, opts: Options, nodes: NodeL
         )
     devices: list[Device] = []
     all_nodes: dict[str, NodeInfo] = {}
+
+    def gids(found: Iterable[NodeInfo]) -> tuple[int, ...]:
+        return group_gids(found) if opts.additional_gids else ()
+
     for names, unit_nodes in units:
-        edits = ContainerEdits(device_nodes=tuple(_device_node(n) for n in unit_nodes))
+        edits = ContainerEdits(
+            device_nodes=tuple(_device_node(n, opts.additional_gids) for n in unit_nodes),
+            additional_gids=gids(unit_nodes),
+        )
         devices.extend(Device(name, edits) for name in names)
         for n in unit_nodes:
             all_nodes.setdefault(n.path, n)
     if opts.all_device:
+        every = [all_nodes[p] for p in sorted(all_nodes, key=_node_key)]
         all_edits = ContainerEdits(
-            device_nodes=tuple(_device_node(all_nodes[p]) for p in sorted(all_nodes, key=_node_key))
+            device_nodes=tuple(_device_node(n, opts.additional_gids) for n in every),
+            additional_gids=gids(every),
         )
         devices.append(Device("all", all_edits))
-    spec = Spec(
-        kind=opts.kind, devices=tuple(devices), edits=common_edits(machine, files, opts, nodes)
-    )
+    common = common_edits(machine, files, opts, nodes)
+    if opts.additional_gids:
+        common = replace(common, additional_gids=gids(nodes.control()))
+    spec = Spec(kind=opts.kind, devices=tuple(devices), edits=common)
     return replace(spec, version=minimum_version(spec.to_dict()))
 
 

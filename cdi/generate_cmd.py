@@ -27,7 +27,7 @@ class GenerateArgs:
     strategies: tuple[str, ...]
     no_all_device: bool
     device_ids: tuple[str, ...]
-    hook_path: str
+    hook_path: str | None  # None: default_hook_path()
     library_mode: str
     staging_dir: str
     prune_stages: bool
@@ -39,16 +39,45 @@ class GenerateArgs:
     simulate: str | None
     nic: dict[str, Any]  # the NIC spec's flags (gpuctk.cdi.nicspec.nic_options)
     mode: str = "nvml"  # one of MODES
+    additional_gids: bool = False  # gpuctk.cdi.generate.group_gids
+    disable_hooks: tuple[str, ...] = ()  # gpuctk.cdi.generate.HOOK_ACTIONS, "all"
 
 
 MODES = ("nvml", "management", "imex")  # --mode (gpuctk.cdi.management, gpuctk.cdi.imex)
+
+
+PACKAGED_HOOK = "/usr/bin/gpuctk-hook"
+
+
+def default_hook_path(note: bool = True) -> str:
+    """The gpuctk-hook of the running install: the one beside this `gpuctk` launcher (a venv's
+    bin/, the package's /usr/bin), else the packaged path, with a note when that is absent."""
+    beside = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "gpuctk-hook")
+    if os.path.basename(sys.argv[0]) == "gpuctk" and os.path.isfile(beside):
+        return beside
+    if note and not os.path.exists(PACKAGED_HOOK):
+        say(
+            f"gpuctk: note: the spec names {PACKAGED_HOOK}, where the package installs it "
+            "(not here); set --hook-path to name another"
+        )
+    return PACKAGED_HOOK
 
 
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def render(spec: Spec, fmt: str) -> bytes:
+def simulation_comment(profile: str, install: str) -> str:
+    """The first line of a simulated YAML spec: what it is, so that nobody installs it."""
+    shown = "".join(c if c.isprintable() else "?" for c in profile)
+    return (
+        f"# simulated (gpuctk cdi generate --simulate {shown}): host paths are those of "
+        f"{install}, not a spec for this node"
+    )
+
+
+def render(spec: Spec, fmt: str, comment: str | None = None) -> bytes:
+    """`spec` as `fmt`; a YAML spec starts with `comment` (one line) when one is given."""
     doc = spec.to_dict()
     if fmt == "json":
         import json
@@ -56,7 +85,8 @@ def render(spec: Spec, fmt: str) -> bytes:
         return (json.dumps(doc, indent=2) + "\n").encode()
     from gpuctk.cdi.specs import yamlout
 
-    return yamlout.dump(doc).encode()
+    head = f"{comment}\n" if comment else ""
+    return (head + yamlout.dump(doc)).encode()
 
 
 def same_file(path: str, data: bytes, mode: int) -> bool:
@@ -90,11 +120,12 @@ def output_format(fmt: str | None, output: str | None) -> str:
     return "yaml"
 
 
-def emit(spec: Spec, fmt: str, output: str | None, summary: str) -> None:
+def emit(spec: Spec, fmt: str, output: str | None, summary: str,
+         comment: str | None = None) -> None:  # fmt: skip
     """Write `spec` to `output` (only when its bytes changed), or to standard output."""
     from gpuctk.writes import atomic_write
 
-    data = render(spec, fmt)
+    data = render(spec, fmt, comment)
     if output:
         if same_file(output, data, 0o644):
             say(f"gpuctk: {output} unchanged: {summary}")
@@ -150,7 +181,9 @@ def run(a: GenerateArgs) -> None:
         problem = check(value)
         if problem:
             raise UsageError(f"{flag}: {problem} (example: --vendor nvidia.com --class gpu)")
-    if hook_path and not os.path.isabs(hook_path):
+    if hook_path is None:
+        hook_path = default_hook_path(note=library_mode == "hook")
+    elif not os.path.isabs(hook_path):
         raise UsageError(f"--hook-path must be an absolute path, got {hook_path!r}")
     from gpuctk.cdi.node.capabilities import DRM_USERS, UTILITY, parse_strict
 
@@ -195,7 +228,22 @@ def run(a: GenerateArgs) -> None:
         nodes = discover.real_nodes(roots)
     from gpuctk.cdi.node.driverfiles import select_capabilities
 
-    files = select_capabilities(discover.driver_files(roots, machine), selected)
+    discovered, simulated = discover.driver_files(roots, machine), None
+    # No such driver on this host: a real install's files. Only for the host's own root: a
+    # --driver-root named on purpose gets what it holds, and the warning below.
+    if simulate and not discovered.libraries and os.path.realpath(driver_root) == "/":
+        from gpuctk.cdi.node import manifest
+
+        simulated = manifest.load(machine.driver_version, driver_root)
+        if simulated is not None and library_mode == "folder":
+            raise UsageError(
+                f"--library-mode folder copies the driver's files, and {driver_root} has none "
+                f"of driver {machine.driver_version}: set --driver-root, or pick another mode "
+                "to see the simulated spec"
+            )
+        if simulated is not None:
+            discovered = simulated.files
+    files = select_capabilities(discovered, selected)
     if not selected & DRM_USERS:
         nodes = without_drm(nodes)
     opts = Options(
@@ -208,6 +256,8 @@ def run(a: GenerateArgs) -> None:
         loader_folders=tuple(
             dict.fromkeys(w.strip() for w in loader_folders.split(",") if w.strip())
         ),
+        additional_gids=a.additional_gids,
+        disabled_hooks=tuple(dict.fromkeys(a.disable_hooks)),
     )
     check_options(opts)
     if prune_stages and library_mode != "folder":
@@ -242,17 +292,26 @@ def run(a: GenerateArgs) -> None:
         from gpuctk.cdi import nicspec
 
         nic_spec = nicspec.build(machine, opts, roots, output, fmt, nic)
+    simulated_note, comment = "", None
+    if simulated is not None:
+        simulated_note = f" (simulated: {simulated.install})"
+        comment = simulation_comment(simulate or "", simulated.install)
     summary = (
         f"{len(spec.devices)} devices for {len(machine.gpus)} GPU(s), "
         f"{len(machine.mig_devices)} MIG device(s); driver {machine.driver_version}; "
-        f"{len(spec.edits.mounts)} mounts; cdiVersion {spec.version}"
+        f"{len(spec.edits.mounts)} mounts{simulated_note}; cdiVersion {spec.version}"
     )
-    if not files.libraries:
+    if not files.libraries and simulated is None:
         say(
             f"gpuctk: warning: no driver libraries for {machine.driver_version} under "
             f"{driver_root} (set --driver-root); the spec mounts none"
         )
-    emit(spec, fmt, output, summary)
+    emit(spec, fmt, output, summary, comment)
+    if a.additional_gids and spec.to_dict().get("cdiVersion") != "0.5.0":
+        say(
+            f"gpuctk: note: --additional-gids needs cdiVersion {spec.version}, which older "
+            "engines refuse (Debian 12's podman 4.3.1 reads up to 0.5.0): run gpuctk doctor"
+        )
     if prune_stages:
         from gpuctk.cdi.specs.registry import DEFAULT_SPEC_DIRS
         from gpuctk.cdi.stage import prune_stages as prune

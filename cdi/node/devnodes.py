@@ -44,6 +44,8 @@ class NodeInfo:
     major: int
     minor: int
     file_mode: int  # permission bits of the host node, e.g. 0o666
+    gid: int = 0  # the host node's group (--additional-gids: gpuctk.cdi.generate.group_gids)
+    uid: int = 0  # the host node's owner
 
 
 def _join(root: StrPath, path: str) -> str:
@@ -66,6 +68,8 @@ def _node(dev_root: StrPath, path: str) -> NodeInfo | None:
         major=os.major(st.st_rdev),
         minor=os.minor(st.st_rdev),
         file_mode=stat.S_IMODE(st.st_mode),
+        gid=st.st_gid,
+        uid=st.st_uid,
     )
 
 

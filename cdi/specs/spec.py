@@ -108,6 +108,7 @@ class ContainerEdits:
     mounts: tuple[Mount, ...] = ()
     hooks: tuple[Hook, ...] = ()
     net_devices: tuple[NetDevice, ...] = ()  # CDI 1.1
+    additional_gids: tuple[int, ...] = ()  # CDI 0.7.0
 
     def to_dict(self) -> EditsDoc:
         d: EditsDoc = {}
@@ -121,10 +122,19 @@ class ContainerEdits:
             d["mounts"] = [m.to_dict() for m in self.mounts]
         if self.hooks:
             d["hooks"] = [h.to_dict() for h in self.hooks]
+        if self.additional_gids:
+            d["additionalGids"] = list(self.additional_gids)
         return d
 
     def is_empty(self) -> bool:
-        return not (self.env or self.device_nodes or self.mounts or self.hooks or self.net_devices)
+        return not (
+            self.env
+            or self.device_nodes
+            or self.mounts
+            or self.hooks
+            or self.net_devices
+            or self.additional_gids
+        )
 
 
 @record

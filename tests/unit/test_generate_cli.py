@@ -34,6 +34,9 @@ def existing(tmp_path: Path) -> Path:
 def assert_failed_cleanly(p: subprocess.CompletedProcess[str], code: int, words: str) -> None:
     assert p.returncode == code, p.stderr
     lines = p.stderr.strip().splitlines()
+    if code == 2:  # a usage error: the --help hint follows the one line
+        assert lines[1:] == ["Try 'gpuctk cdi generate --help'."], p.stderr
+        lines = lines[:1]
     assert len(lines) == 1, p.stderr
     assert lines[0].startswith("gpuctk: error: ")
     assert words in lines[0]
@@ -43,7 +46,9 @@ def assert_failed_cleanly(p: subprocess.CompletedProcess[str], code: int, words:
 def test_simulate_to_stdout_and_json_by_extension(tmp_path: Path) -> None:
     p = run(["--simulate", "l4"])
     assert p.returncode == 0, p.stderr
-    assert p.stdout.startswith('---\ncdiVersion: "0.5.0"\nkind: nvidia.com/gpu\n')
+    first, _, rest = p.stdout.partition("\n")
+    assert first.startswith("# simulated (gpuctk cdi generate --simulate l4)"), first
+    assert rest.startswith('---\ncdiVersion: "0.5.0"\nkind: nvidia.com/gpu\n')
     out = tmp_path / "spec.json"
     p = run(["--simulate", "h100-8", "--output", str(out)])
     assert p.returncode == 0, p.stderr
