@@ -1,6 +1,7 @@
 """Benchmark: what a gpuctk spec adds to a container start in an engine that applies CDI itself.
 
     .venv/bin/python bench/podman.py [--runs 30] [--json out.json] [--against REV]
+        [--nvidia-ctk-src GITDIR [--nvidia-ctk-ref v1.18.2] | --nvidia-ctk-bin DIR]
 
 `podman run --rm --network none --device nvidia.com/gpu=0 IMAGE /bin/true` (podman 4.3.1 with
 runc, its own store, overlay, cgroupfs; the debian test image) alternated round by round with:
@@ -23,14 +24,19 @@ runc, its own store, overlay, cgroupfs; the debian test image) alternated round 
                      /dev/dri nodes, as in every compute-only spec;
 - mounts, no libs    the hook spec with its hook removed: what the mounts and device nodes
                      alone cost (its libraries are not loadable: a reference, not a choice).
+- nvidia             with --nvidia-ctk-src (or -bin): the NVIDIA Container Toolkit's own
+                     spec, written by its `nvidia-ctk cdi generate` built from source
+                     (bench/reference.py) over the same simulated node, its hooks running
+                     the built nvidia-cdi-hook;
+- nvidia, no hooks   that spec with its hooks removed (its mounts and device nodes alone).
 
 podman reads specs only from /etc/cdi and /var/run/cdi: each run is wrapped in a private mount
 namespace with the case's spec folder on /run/cdi (the no-device case too, so all pay the
 wrapper). Prints medians and, per round, each spec's paired difference from no device (the
 median of the differences: what the spec adds). One simulated L4 over the Debian 535 driver
-root. The NVIDIA Container Toolkit cannot be installed here (not in Debian's archive or on
-PyPI), so its spec is not measured side by side; +48 ms is quoted for it in podman on its
-authors' machines. Needs root and podman.
+root. With the nvidia cases it also prints, per gpuctk spec, its add over NVIDIA's (the ratio of
+the two medians, and the median of the per-round ratios) and the paired difference of the two
+starts. Needs root and podman.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from common import CACHE, installed_bin, installed_bin_at
 from fixtures.devroot import make_node_roots
 from fixtures.driver_root import build_driver_root
 from fixtures.podman import private_podman
+from reference import DEFAULT_REF, add_by_path_links, build_reference, nvidia_spec
 
 from gpuctk.cdi.node.profile import load_profile
 
@@ -58,10 +65,15 @@ PRIVATE = (
 )
 
 
+NVIDIA = "nvidia"  # the case of NVIDIA's spec
+BASE = "hook spec"  # gpuctk's default spec
+
+
 def make_specs(
-    work: Path, bindir: Path, against: tuple[str, Path] | None = None
-) -> dict[str, Path]:
-    driver_root = build_driver_root(CACHE)
+    work: Path, bindir: Path, against: tuple[str, Path] | None = None,
+    nvidia: Path | None = None,
+) -> dict[str, Path]:  # fmt: skip
+    driver_root = build_driver_root(CACHE).resolve()
     roots = make_node_roots(work / "node", load_profile("l4"))
     specs: dict[str, Path] = {"no device": work / "empty"}
     specs["no device"].mkdir()
@@ -99,16 +111,32 @@ def make_specs(
         (work / "hook-rev").mkdir()
         (work / "hook-rev" / "nvidia.json").write_text(json.dumps(doc))
         specs[f"hook spec @{rev}"] = work / "hook-rev"
+    if nvidia is not None:  # nvidia-ctk's spec of the same node (its own node roots: by-path links)
+        nv_roots = make_node_roots(work / "nvidia-node", load_profile("l4"))
+        add_by_path_links(nv_roots.dev_root, nv_roots.sys_root)
+        (work / "nvidia-ctk").mkdir()
+        spec = nvidia_spec(nvidia, driver_root, nv_roots.dev_root, nv_roots.sys_root, "l4",
+                           work / "nvidia-ctk" / "nvidia.json")  # fmt: skip
+        specs[NVIDIA] = spec.parent
+        doc = json.loads(spec.read_text())
+        doc["containerEdits"].pop("hooks", None)
+        for device in doc["devices"]:
+            device["containerEdits"].pop("hooks", None)
+        (work / "nvidia-bare").mkdir()
+        (work / "nvidia-bare" / "nvidia.json").write_text(json.dumps(doc))
+        specs[f"{NVIDIA}, no hooks"] = work / "nvidia-bare"
     return specs
 
 
 def measure(
-    work: Path, bindir: Path, runs: int, against: tuple[str, Path] | None = None
-) -> dict[str, list[float]]:
+    work: Path, bindir: Path, runs: int, against: tuple[str, Path] | None = None,
+    nvidia: Path | None = None,
+) -> dict[str, list[float]]:  # fmt: skip
     """Seconds of each `podman run --rm` per case (make_specs' cases, over a private podman):
     a warm-up run of each, then `runs` rounds, the order reversed every other round.
-    `against` (REV, its launchers' folder) adds the hook spec with REV's gpuctk-hook."""
-    specs = make_specs(work, bindir, against)
+    `against` (REV, its launchers' folder) adds the hook spec with REV's gpuctk-hook;
+    `nvidia` (the folder of nvidia-ctk and nvidia-cdi-hook) adds NVIDIA's spec."""
+    specs = make_specs(work, bindir, against, nvidia)
     Path("/run/cdi").mkdir(parents=True, exist_ok=True)  # the private namespace's mount point
     with private_podman(work, IMAGE, "overlay") as base:
 
@@ -156,7 +184,48 @@ def summarize(times: dict[str, list[float]]) -> dict[str, float]:
             diffs = [1e3 * (a - b) for a, b in zip(times["hook spec"], times[case], strict=True)]
             print(f"  this checkout's hook against {case[len('hook spec ') :]}:"
                   f" {statistics.median(diffs):+.1f} ms per start (paired median)")  # fmt: skip
+    if NVIDIA in times:
+        against_nvidia(times)
     return added
+
+
+def paired(times: dict[str, list[float]], case: str, base: str) -> list[float]:
+    """Per round, case's start less base's (ms)."""
+    return [1e3 * (a - b) for a, b in zip(times[case], times[base], strict=True)]
+
+
+def against_nvidia(times: dict[str, list[float]], show: bool = True) -> dict[str, dict[str, float]]:
+    """Print and return, per gpuctk spec, its add as a fraction of NVIDIA's spec's add (the
+    ratio of the paired medians, and the median of the per-round ratios, over the rounds where
+    NVIDIA's adds anything) and the paired difference of the two starts (ms)."""
+    nv_add = paired(times, NVIDIA, "no device")
+    nv_median = statistics.median(nv_add)
+    if show:
+        print(f"  against NVIDIA's spec (adds {nv_median:+.1f} ms):")
+    found: dict[str, dict[str, float]] = {}
+    for case in times:
+        if case == "no device" or case.startswith(NVIDIA):
+            continue
+        add = paired(times, case, "no device")
+        ratios = [a / n for a, n in zip(add, nv_add, strict=True) if n > 0]
+        nan = float("nan")
+        found[case] = f = {
+            "ratio_of_medians": statistics.median(add) / nv_median if nv_median > 0 else nan,
+            "median_ratio": statistics.median(ratios) if ratios else nan,
+            "minus_nvidia_ms": statistics.median(paired(times, case, NVIDIA)),
+        }
+        if show:
+            print(
+                f"    {case:16s} adds {f['ratio_of_medians']:5.2f}x NVIDIA's (per-round median"
+                f" {f['median_ratio']:5.2f}x); start {f['minus_nvidia_ms']:+6.1f} ms against"
+                " NVIDIA's (paired median)"
+            )
+    if show and BASE in found:
+        f = found[BASE]
+        verdict = "within" if f["median_ratio"] <= 0.25 else "over"
+        print(f"  gpuctk's default spec adds {f['median_ratio']:.2f} of what NVIDIA's adds"
+              f" (per-round median): {verdict} a quarter")  # fmt: skip
+    return found
 
 
 def main() -> None:
@@ -169,14 +238,37 @@ def main() -> None:
         help="also time the hook spec with gpuctk-hook as of git revision REV (built once into "
         "its own venv) and print this checkout's hook over REV's, paired",
     )
+    nv = parser.add_mutually_exclusive_group()
+    nv.add_argument(
+        "--nvidia-ctk-src",
+        metavar="GITDIR",
+        type=Path,
+        help="also time the NVIDIA Container Toolkit's spec: build nvidia-ctk and nvidia-cdi-hook "
+        "from this git repository (once per commit, bench/reference.py) and generate it",
+    )
+    nv.add_argument(
+        "--nvidia-ctk-bin",
+        metavar="DIR",
+        type=Path,
+        help="the same with nvidia-ctk and nvidia-cdi-hook already built in DIR",
+    )
+    parser.add_argument(
+        "--nvidia-ctk-ref",
+        default=DEFAULT_REF,
+        metavar="REF",
+        help=f"the toolkit's tag or commit to build (default {DEFAULT_REF})",
+    )
     args = parser.parse_args()
     if shutil.which("podman") is None:
         raise SystemExit("podman not installed")
+    nvidia = args.nvidia_ctk_bin
+    if args.nvidia_ctk_src is not None:
+        nvidia = build_reference(args.nvidia_ctk_src, args.nvidia_ctk_ref)
     bindir = installed_bin()
     against = (args.against, installed_bin_at(args.against)) if args.against else None
     work = Path(tempfile.mkdtemp(prefix="gpuctk-bench-podman-"))
     try:
-        times = measure(work, bindir, args.runs, against)
+        times = measure(work, bindir, args.runs, against, nvidia)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"podman run --rm /bin/true, {args.runs} alternating rounds (1 simulated L4)")
@@ -184,6 +276,8 @@ def main() -> None:
     if args.json:
         doc = {"runs": args.runs, "median_ms": {c: statistics.median(t) * 1e3 for c, t in
                times.items()}, "added_ms": added}  # fmt: skip
+        if NVIDIA in times:
+            doc["against_nvidia"] = against_nvidia(times, show=False)
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
 
 
