@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 from gpuctk.doctor.context import Context, Findings
 from gpuctk.doctor.report import Result, failed, ok, skipped
@@ -55,14 +56,21 @@ def _run(argv: list[str]) -> tuple[int, str]:
     return done.returncode, text[0] if text else ""
 
 
+def install_fix(name: str) -> str:
+    """How to get `name` on PATH: the folder of the running gpuctk where it holds `name` (a
+    venv's bin/), else the ways gpuctk is installed."""
+    folder = os.path.dirname(os.path.abspath(sys.argv[0]))
+    if os.path.basename(sys.argv[0]) == "gpuctk" and os.access(os.path.join(folder, name), os.X_OK):
+        return f"export PATH={folder}:$PATH   # the {name} installed beside this gpuctk"
+    return INSTALL_FIX.format(name=name)
+
+
 def check_binary(ctx: Context, name: str, what: str) -> Result:
     id_ = "runtime.shim" if name == "gpuctk-runtime" else "runtime.hook"
     title = f"{name} on PATH and runnable"
     path = shutil.which(name, path=ctx.path)
     if path is None:
-        return failed(
-            id_, title, [f"{name} not found in PATH={ctx.path}"], INSTALL_FIX.format(name=name)
-        )
+        return failed(id_, title, [f"{name} not found in PATH={ctx.path}"], install_fix(name))
     code, line = _run([path, "--version"])
     if code != 0:
         return failed(

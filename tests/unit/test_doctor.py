@@ -7,6 +7,7 @@ sockets) and then broken on purpose. The doctor runs as a user runs it (the real
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -421,7 +422,16 @@ def test_shim_not_on_path(make_node: NodeFactory, tmp_path: Path) -> None:
     assert code == 2
     assert node.check(report, "runtime.shim")["status"] == "failed"
     assert node.check(report, "runtime.hook")["status"] == "failed"
-    fix = node.check(report, "runtime.shim")["fix"]
+    fix = node.check(report, "runtime.shim")["fix"]  # the venv's gpuctk: its bin/ has the shim
+    assert fix == f"export PATH={BIN}:$PATH   # the gpuctk-runtime installed beside this gpuctk"
+    lone = tmp_path / "lone"  # a gpuctk launcher with no shim beside it
+    lone.mkdir()
+    shutil.copy(BIN / "gpuctk", lone / "gpuctk")
+    done = subprocess.run(
+        [str(lone / "gpuctk"), "doctor", *node.args(), "--format", "json"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    fix = node.check(json.loads(done.stdout), "runtime.shim")["fix"]
     assert fix.startswith("apt install ./gpuctk_*.deb") and "pip install" not in fix
     assert "kubectl apply -k packaging/kubernetes" in fix and "gpuctk install" in fix
 
