@@ -7,8 +7,11 @@ shim can do it for less: instead of exec'ing the runtime it forks it, waits for 
 end (the container's init is then blocked until `start`, having run nothing of the image),
 and then, in this process:
 
-1. reads the init's pid from the pid file, pins it with a pidfd and checks it: its root is the
-   very directory config.json's root.path names (dev, inode), its mount namespace is not ours;
+1. reads the init's pid from the pid file (a regular file of root's, not followed through a
+   link), pins it with a pidfd and checks it: its root is the very directory config.json's
+   root.path names (dev, inode), its mount namespace is not ours, and its user namespace is
+   ours exactly when config.json asks for none (a process a user made with `unshare -Urm` and
+   a chroot into a root it can reach fails that);
 2. reads the container's /proc/driver/nvidia/params inside that root (the descriptor of
    /proc/<pid>/root, resolved with RESOLVE_IN_ROOT) and, where it says `ModifyDeviceFiles: 1`,
    writes the copy that says 0 into a file of the state folder (root's alone), clones that
@@ -18,8 +21,9 @@ and then, in this process:
    returns to its own namespace and removes the file (the mount keeps it).
 
 The runtime child gets SIGKILL should the shim die (PR_SET_PDEATHSIG), as an exec'd runtime
-would die with it; its exit status is the shim's. When the guard fails the container's init
-is killed (it never starts) and the create fails: exit 1 with the reason in the engine's log.
+would die with it; its exit status is the shim's. When the guard fails the container is
+deleted (`RUNTIME [its global flags] delete --force ID`: the runtime finds it by its own state,
+not by a pid) and the create fails: exit 1 with the reason in the engine's log.
 Everything else (`run`, no pid file, a kernel without the new mount API, a host whose params
 file is missing) gets the hook entry (gpuctk.hook.nodeguard).
 """
@@ -28,11 +32,13 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import sys
 
 from gpuctk import libc, rootfs
 from gpuctk.errors import GpuctkError
 from gpuctk.hook import nodeprotect
+from gpuctk.hook.nodeprotect import readonly_clone
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,25 +48,28 @@ if TYPE_CHECKING:
     from gpuctk.hook.config import Settings
     from gpuctk.log import RuncLog
 
-# set by the shim's create (gpuctk.hook.runtime_main) when this module guards after create:
-# (pid file, container root path); main() then forks the runtime instead of exec'ing it
-pending: tuple[str, str] | None = None
 
-_OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR, _PIDFD_SEND_SIGNAL = 428, 429, 442, 424
-OPEN_TREE_CLONE, AT_EMPTY_PATH = 1, 0x1000
-MOVE_MOUNT_F_EMPTY_PATH, MOVE_MOUNT_T_EMPTY_PATH = 0x4, 0x40
-ATTR_RO_NOSUID_NODEV_NOEXEC = 0x1 | 0x2 | 0x4 | 0x8
+class Pending:
+    """Set by the shim's create (gpuctk.hook.runtime_main) when this module guards after create;
+    main() then forks the runtime instead of exec'ing it."""
+
+    __slots__ = ("container", "global_args", "pid_file", "root_path", "user_ns")
+
+    def __init__(
+        self, pid_file: str, root_path: str, user_ns: bool, container: str, global_args: list[str]
+    ) -> None:
+        self.pid_file = pid_file
+        self.root_path = root_path
+        self.user_ns = user_ns  # config.json asks for a user namespace
+        self.container = container
+        self.global_args = global_args
+
+
+pending: Pending | None = None
+
+_PIDFD_SEND_SIGNAL, _MOUNT_SETATTR = 424, 442
 CLONE_NEWNS, PR_SET_PDEATHSIG, SIGKILL = 0x00020000, 1, 9
-
-
-def _syscall(number: int, *args: object) -> int:
-    """syscall(2), each int passed as a C long (bytes and buffers as pointers, None as NULL)."""
-    wide = [libc.long_arg(a) if isinstance(a, int) else a for a in args]
-    rc = libc.function("syscall", "l")(libc.long_arg(number), *wide)
-    if rc < 0:
-        err = libc.get_errno()
-        raise OSError(err, os.strerror(err))
-    return int(rc)
+_syscall = nodeprotect.syscall
 
 
 def new_mount_api() -> bool:
@@ -91,7 +100,7 @@ def create_then_guard(runtime: str, args: list[str], log: RuncLog) -> NoReturn:
     """Run the runtime's `create` as a child, then guard its container (the module docstring);
     exits with the runtime's status, or 1 when the guard fails."""
     assert pending is not None
-    pid_file, root_path = pending
+    job = pending
     parent = os.getpid()
     try:
         child = os.fork()
@@ -110,10 +119,14 @@ def create_then_guard(runtime: str, args: list[str], log: RuncLog) -> NoReturn:
     if code != 0:
         _exit(code if code > 0 else 128 - code)
     try:
-        done = guard(pid_file, root_path)
+        done = guard(job.pid_file, job.root_path, job.user_ns)
     except (GpuctkError, OSError) as exc:
         message = exc.message if isinstance(exc, GpuctkError) else str(exc)
-        log.error(f"gpuctk-runtime: device node guard: {message}; the container is stopped")
+        gone = _delete(runtime, job)
+        log.error(
+            f"gpuctk-runtime: device node guard: {message}; "
+            + ("the container is deleted" if gone else f"delete {job.container} by hand")
+        )
         _exit(1)
     log.debug(f"gpuctk-runtime: {done}")
     _exit(0)
@@ -130,14 +143,42 @@ def _exit(code: int) -> NoReturn:
     os._exit(code)
 
 
-def guard(pid_file: str, root_path: str) -> str:
+def _delete(runtime: str, job: Pending) -> bool:
+    """`RUNTIME [global flags] delete --force ID`; whether it succeeded."""
+    import subprocess
+
+    argv = [runtime, *job.global_args, "delete", "--force", job.container]
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+def read_pid(pid_file: str) -> int:
+    """The pid in the runtime's pid file: a regular file of root's, opened without following a
+    link; GpuctkError otherwise."""
+    try:
+        fd = os.open(pid_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise GpuctkError(f"{pid_file}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0:
+            raise GpuctkError(f"{pid_file} is not a regular file of root's")
+        data = os.read(fd, 32)
+    finally:
+        os.close(fd)
+    try:
+        return int(data.strip() or b"0")
+    except ValueError:
+        return 0
+
+
+def guard(pid_file: str, root_path: str, user_ns: bool = False) -> str:
     """Steps 1-3 of the module docstring; what was done, in words. OSError/GpuctkError, the
     init killed when it had been checked to be the container's (never another process)."""
-    try:
-        with open(pid_file, "rb") as f:
-            pid = int(f.read(32).strip() or b"0")
-    except ValueError:
-        pid = 0
+    pid = read_pid(pid_file)
     if pid <= 1:
         raise GpuctkError(f"{pid_file} names no container process")
     pidfd = os.pidfd_open(pid)
@@ -145,12 +186,15 @@ def guard(pid_file: str, root_path: str) -> str:
     try:
         ns_fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
         root_fd = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        user = os.stat(f"/proc/{pid}/ns/user").st_ino
         _syscall(_PIDFD_SEND_SIGNAL, pidfd, 0, None, 0)  # still the process the file named
         a, b = os.fstat(root_fd), os.stat(root_path)
         if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
             raise GpuctkError(f"process {pid} has not {root_path} as its root")
         if os.fstat(ns_fd).st_ino == os.stat("/proc/self/ns/mnt").st_ino:
             raise GpuctkError(f"process {pid} shares the runtime's mount namespace")
+        if (user != os.stat("/proc/self/ns/user").st_ino) != user_ns:
+            raise GpuctkError(f"process {pid} is not in the user namespace config.json asks for")
         try:
             return _guard(pid, root_fd, ns_fd)
         except BaseException:
@@ -210,8 +254,7 @@ def _attach(clone: int, target: int, ns_fd: int) -> None:
     try:
         _setns(ns_fd)
         try:
-            flags = MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH
-            _syscall(_MOVE_MOUNT, clone, b"", target, b"", flags)
+            nodeprotect.move_mount(clone, target)
         finally:
             _setns(own)
             os.fchdir(here)
@@ -236,13 +279,7 @@ def _clone_of(copy: bytes) -> tuple[int, int, str]:
             os.write(fd, copy)
         finally:
             os.close(fd)
-        clone = _syscall(_OPEN_TREE, dir_fd, name.encode(), OPEN_TREE_CLONE | os.O_CLOEXEC)
-        try:
-            attr = libc.buffer(ATTR_RO_NOSUID_NODEV_NOEXEC.to_bytes(8, "little") + bytes(24))
-            _syscall(_MOUNT_SETATTR, clone, b"", AT_EMPTY_PATH, attr, 32)
-        except BaseException:
-            os.close(clone)
-            raise
+        clone = readonly_clone(dir_fd, name)
     except BaseException:
         _remove(dir_fd, name)
         os.close(dir_fd)
@@ -280,13 +317,21 @@ def choose(verb: str, pid_file: str, settings: Settings) -> str:
     return "hook"
 
 
-def arm(mode: str, spec_edits: EditsDoc, doc: dict[str, Any], bundle: str, pid_file: str) -> None:
+def arm(mode: str, spec_edits: EditsDoc, doc: dict[str, Any], bundle: str, inv: Any) -> None:
     """Set `pending` for main() when `mode` is "after" and no gpuctk hook of the spec says
-    `--disable-hook disable-device-node-modification`."""
+    `--disable-hook disable-device-node-modification` (`inv`: the shim's Invocation)."""
     global pending
     from gpuctk.hook import nodeguard, oci_state
 
     hooks = spec_edits.get("hooks") or []
     if mode != "after" or any(nodeguard.NAME in nodeguard.disabled(h) for h in hooks):
         return
-    pending = (os.path.abspath(pid_file), oci_state.rootfs_path(doc, bundle))
+    linux = doc.get("linux")
+    spaces = linux.get("namespaces") if isinstance(linux, dict) else None
+    user_ns = isinstance(spaces, list) and any(
+        isinstance(n, dict) and n.get("type") == "user" for n in spaces
+    )
+    pending = Pending(
+        os.path.abspath(inv.pid_file), oci_state.rootfs_path(doc, bundle), user_ns,
+        inv.container, list(inv.global_args),
+    )  # fmt: skip

@@ -15,9 +15,13 @@ mounted the container's /proc and before the container runs anything.
 - The copy lies on a tmpfs of its own, mounted on an empty folder made for it in /run of the
   hook's root and detached again (the folder removed) once the copy is bound: the container
   sees the one file, read-only, nosuid, nodev, noexec, and no folder of it.
-- The bind goes through descriptors: from the copy, onto the target opened inside the root
-  (/proc/self/fd of each), then the new mount, checked to be the copy, is made read-only.
-  Only gpuctk.hook.mounts (mount(2) through gpuctk.libc): no ctypes on the hook's path.
+- The bind goes through descriptors. With the new mount API (5.12 and later) the copy is
+  cloned into a detached mount made read-only, nosuid, nodev, noexec before it is attached
+  onto the target opened inside the root (open_tree, mount_setattr, move_mount): where the
+  request made the root's propagation shared, the copies the kernel propagates to the host are
+  read-only too. Older kernels get a bind through /proc/self/fd of both descriptors and then a
+  read-only remount of the new mount, checked to be the copy. System calls go through
+  gpuctk.libc: no ctypes on the hook's path.
 
 gpuctk-runtime adds the action's hook entry to a GPU container unless the host's params file
 exists and says `ModifyDeviceFiles: 0` (`host_needs`; gpuctk.hook.nodeguard), or guards the
@@ -31,13 +35,48 @@ from __future__ import annotations
 import errno
 import os
 
-from gpuctk import rootfs
+from gpuctk import libc, rootfs
 
 NAME = "disable-device-node-modification"
 PARAMS = "/proc/driver/nvidia/params"
 MAX_BYTES = 64 * 1024
 KEY = b"ModifyDeviceFiles: "
 SCRATCH = "/run"
+
+_OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR = 428, 429, 442  # every architecture
+OPEN_TREE_CLONE, AT_EMPTY_PATH = 1, 0x1000
+MOVE_MOUNT_F_EMPTY_PATH, MOVE_MOUNT_T_EMPTY_PATH = 0x4, 0x40
+ATTR_RO_NOSUID_NODEV_NOEXEC = 0x1 | 0x2 | 0x4 | 0x8
+
+
+def syscall(number: int, *args: object) -> int:
+    """syscall(2), each int passed as a C long (bytes and buffers as pointers, None as NULL)."""
+    wide = [libc.long_arg(a) if isinstance(a, int) else a for a in args]
+    rc = libc.function("syscall", "l")(libc.long_arg(number), *wide)
+    if rc < 0:
+        err = libc.get_errno()
+        raise OSError(err, os.strerror(err))
+    return int(rc)
+
+
+def readonly_clone(dir_fd: int, name: str = "") -> int:
+    """A detached mount of `name` in `dir_fd` (of `dir_fd` itself when ""), made read-only,
+    nosuid, nodev, noexec before anything can see it; OSError ENOSYS before kernel 5.12."""
+    flags = OPEN_TREE_CLONE | os.O_CLOEXEC | (0 if name else AT_EMPTY_PATH)
+    clone = syscall(_OPEN_TREE, dir_fd, name.encode(), flags)
+    try:
+        attr = libc.buffer(ATTR_RO_NOSUID_NODEV_NOEXEC.to_bytes(8, "little") + bytes(24))
+        syscall(_MOUNT_SETATTR, clone, b"", AT_EMPTY_PATH, attr, 32)
+    except BaseException:
+        os.close(clone)
+        raise
+    return clone
+
+
+def move_mount(clone: int, target: int) -> None:
+    """Attach the detached mount `clone` onto the file or folder `target` (descriptors)."""
+    flags = MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH
+    syscall(_MOVE_MOUNT, clone, b"", target, b"", flags)
 
 
 def modified(text: bytes) -> bytes | None:
@@ -125,11 +164,22 @@ def _bind(root_fd: int, src: int) -> None:
     that new mount read-only, nosuid, nodev, noexec, once it is checked to be the copy."""
     from gpuctk.hook import mounts
 
+    clone = -1
+    try:
+        clone = readonly_clone(src)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSYS, errno.EPERM):  # EPERM: a seccomp filter's answer
+            raise
     target = rootfs.open_in_root(root_fd, PARAMS, os.O_PATH)
     try:
-        mounts.mount(f"/proc/self/fd/{src}", f"/proc/self/fd/{target}", None, mounts.MS_BIND)
+        if clone >= 0:
+            move_mount(clone, target)
+        else:
+            mounts.mount(f"/proc/self/fd/{src}", f"/proc/self/fd/{target}", None, mounts.MS_BIND)
     finally:
         os.close(target)
+        if clone >= 0:
+            os.close(clone)
     new = rootfs.open_in_root(root_fd, PARAMS, os.O_PATH)
     try:
         a, b = os.fstat(new), os.fstat(src)

@@ -77,6 +77,7 @@ class Invocation:
         "config_name",
         "container",
         "debug",
+        "global_args",
         "globals",
         "log",
         "log_format",
@@ -94,6 +95,7 @@ class Invocation:
         self.config_name = "config.json"
         self.container = ""
         self.globals: list[str] = []  # the flag names before the verb
+        self.global_args: list[str] = []  # the arguments before the verb, as given
         self.no_value = ""  # the verb's --bundle/--config flag given without a value
         self.pid_file = ""  # the verb's --pid-file (gpuctk.hook.nodeafter)
 
@@ -114,7 +116,7 @@ def parse_argv(args: Sequence[str]) -> Invocation:
         if token == "--":
             break
         if not token.startswith("-") or token == "-":
-            inv.verb = token
+            inv.verb, inv.global_args = token, list(args[: i - 1])
             break
         name, value = _flag(token)
         inv.globals.append(name)
@@ -289,7 +291,7 @@ def _inject(
     )  # fmt: skip
     apply.apply(doc, edits)
     write_config(dir_fd, write_name, path, doc, st)
-    nodeafter.arm(guard, spec_edits, doc, bundle, inv.pid_file)  # main() then guards
+    nodeafter.arm(guard, spec_edits, doc, bundle, inv)  # main() then guards
     log.info(f"{inv.container}: injected {cdiedits.describe(req)}")
 
 

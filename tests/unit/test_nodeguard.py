@@ -253,15 +253,45 @@ def test_the_shim_guards_after_create_only_where_it_can(tmp_path: Path) -> None:
 
 
 def test_arm_waits_for_a_spec_that_allows_it(tmp_path: Path) -> None:
-    from gpuctk.hook import nodeafter
+    from gpuctk.hook import nodeafter, runtime_main
 
-    doc = {"root": {"path": "rootfs"}}
+    doc: dict[str, Any] = {"root": {"path": "rootfs"}}
+    inv = runtime_main.parse_argv(["--root", "/r", "create", "--pid-file", "pid", "c1"])
     nodeafter.pending = None
     no = {"hooks": [{**HOOK, "args": [*HOOK["args"], "--disable-hook", NAME]}]}
-    nodeafter.arm("after", no, doc, str(tmp_path), "pid")  # type: ignore[arg-type]
+    nodeafter.arm("after", no, doc, str(tmp_path), inv)  # type: ignore[arg-type]
     assert nodeafter.pending is None
-    nodeafter.arm("hook", {}, doc, str(tmp_path), "pid")
+    nodeafter.arm("hook", {}, doc, str(tmp_path), inv)
     assert nodeafter.pending is None
-    nodeafter.arm("after", {"hooks": [HOOK]}, doc, str(tmp_path), "pid")  # type: ignore[list-item]
-    assert nodeafter.pending == (os.path.abspath("pid"), f"{tmp_path}/rootfs")
+    nodeafter.arm("after", {"hooks": [HOOK]}, doc, str(tmp_path), inv)  # type: ignore[list-item]
+    job = nodeafter.pending
+    assert job is not None
+    assert (job.pid_file, job.root_path) == (os.path.abspath("pid"), f"{tmp_path}/rootfs")
+    assert (job.container, job.global_args, job.user_ns) == ("c1", ["--root", "/r"], False)
+    doc["linux"] = {"namespaces": [{"type": "mount"}, {"type": "user"}]}
+    nodeafter.arm("after", {"hooks": [HOOK]}, doc, str(tmp_path), inv)  # type: ignore[list-item]
+    assert nodeafter.pending is not None and nodeafter.pending.user_ns
     nodeafter.pending = None
+
+
+def test_pid_file_must_be_roots_regular_file(tmp_path: Path) -> None:
+    """A pid file a user could have written (not root's, a link, a FIFO) names no process to
+    trust: the guard refuses it before it looks at any pid."""
+    from gpuctk.errors import GpuctkError
+    from gpuctk.hook import nodeafter
+
+    good = tmp_path / "pid"
+    good.write_text(f"{os.getpid()}\n")
+    assert nodeafter.read_pid(str(good)) == os.getpid()
+    link = tmp_path / "link"
+    link.symlink_to(good)
+    with pytest.raises(GpuctkError, match="link"):
+        nodeafter.read_pid(str(link))
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(GpuctkError, match="not a regular file of root's"):
+        nodeafter.read_pid(str(fifo))
+    if os.geteuid() == 0:
+        os.chown(good, 65534, 65534)
+        with pytest.raises(GpuctkError, match="not a regular file of root's"):
+            nodeafter.read_pid(str(good))
