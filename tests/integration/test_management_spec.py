@@ -1,5 +1,5 @@
 """The management spec (`gpuctk cdi generate --mode management`, cdi/management.py) in podman
-4.3.1 and through the shim with real runc.
+4.3.1 and through the shim with real runc; the IMEX channel spec (`--mode imex`) in podman.
 
 The spec is generated over the Debian driver root and the fixture dev root of h100-8 (8 GPUs,
 control and capability nodes, IMEX channels 0 and 1). A container given
@@ -48,9 +48,10 @@ true
 
 
 class Mgmt:
-    def __init__(self, roots: NodeRoots, spec_dir: Path) -> None:
+    def __init__(self, roots: NodeRoots, spec_dir: Path, imex_dir: Path) -> None:
         self.roots = roots
         self.spec_dir = spec_dir
+        self.imex_dir = imex_dir
 
 
 def host_nodes(roots: NodeRoots) -> set[str]:
@@ -81,7 +82,16 @@ def mgmt(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> Mgmt:
     assert done.returncode == 0, done.stderr
     spec = json.loads((spec_dir / "management.json").read_text())
     assert spec["kind"] == KIND and [d["name"] for d in spec["devices"]] == ["all"]
-    return Mgmt(roots, spec_dir)
+    imex_dir = work / "imex"
+    imex_dir.mkdir()
+    done = subprocess.run(
+        [str(BIN / "gpuctk"), "cdi", "generate", "--mode", "imex",
+         "--dev-root", str(roots.dev_root), "--proc-root", str(roots.proc_root),
+         "--output", str(imex_dir / "imex.json")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return Mgmt(roots, spec_dir, imex_dir)
 
 
 def check_management_view(mgmt: Mgmt, done: subprocess.CompletedProcess[str]) -> None:
@@ -107,7 +117,24 @@ def podman(mgmt: Mgmt, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cdi
         pytest.skip("needs podman and unshare")
     Path("/run/cdi").mkdir(parents=True, exist_ok=True)
     with private_podman(tmp_path_factory.mktemp("management-podman"), IMAGE) as base:
-        yield CdiPodman(base, {"management": mgmt.spec_dir}, IMAGE)
+        yield CdiPodman(base, {"management": mgmt.spec_dir, "imex": mgmt.imex_dir}, IMAGE)
+
+
+@pytest.mark.parametrize(
+    ("device", "channels"), [("0", {"channel0"}), ("all", {"channel0", "channel1"})]
+)
+def test_podman_runs_the_imex_channel_spec(
+    podman: CdiPodman, device: str, channels: set[str]
+) -> None:
+    done = subprocess.run(
+        [*podman.argv("imex"), "run", "--rm", "--network", "none",
+         "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
+         "--device", f"nvidia.com/imex-channel={device}", IMAGE, "/bin/sh", "-c", SCRIPT],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    nodes = {ln.split(" ", 1)[1] for ln in done.stdout.splitlines() if ln.startswith("NODE ")}
+    assert nodes == {f"/dev/nvidia-caps-imex-channels/{c}" for c in channels}, done.stdout
 
 
 def test_podman_runs_the_management_device(mgmt: Mgmt, podman: CdiPodman) -> None:
