@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 import pytest
-from fixtures.appvenv import app_venv, have_system_python
+from fixtures.appvenv import have_system_python, installed_launchers
 
 from gpuctk import __version__, errors
 from gpuctk.cli import cli
@@ -49,20 +49,7 @@ LEAVES = [" ".join(path) for path in leaf_commands()]
 def bindir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not have_system_python():
         pytest.skip("/usr/bin/python3 is needed for the packaged venv")
-    out = tmp_path_factory.mktemp("bin")
-    for _ in range(2):  # a test process of newer sources may remove an older build meanwhile
-        venv = app_venv()
-        done = subprocess.run(
-            [str(venv / "bin" / "python3"), "-m", "gpuctk.hook.launchers", str(out)],
-            capture_output=True,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-            cwd=out,  # not the checkout: its gpuctk/ folder would shadow the installed package
-            check=False,
-        )
-        if done.returncode == 0:
-            return out
-        app_venv.cache_clear()
-    raise AssertionError(done.stderr)
+    return installed_launchers(tmp_path_factory.mktemp("bin"))
 
 
 def run(bindir: Path, name: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
