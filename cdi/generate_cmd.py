@@ -161,7 +161,7 @@ def mode_defaults(a: GenerateArgs) -> tuple[str, str]:
 
 def run(a: GenerateArgs) -> None:
     """Generate the spec `a` asks for; UsageError, OutputError and the discovery errors."""
-    output, fmt = a.output, a.fmt
+    output, fmt = (None if a.output == "-" else a.output), a.fmt  # "-": standard output
     vendor, device_class = mode_defaults(a)
     strategies, no_all_device, device_ids = a.strategies, a.no_all_device, a.device_ids
     hook_path, library_mode, staging_dir = a.hook_path, a.library_mode, a.staging_dir

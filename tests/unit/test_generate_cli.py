@@ -204,3 +204,13 @@ def test_an_unchanged_spec_is_left_alone_until_the_mig_layout_changes(
     assert out.stat().st_ino != before.st_ino
     gone = {m.uuid for m in gpu2.mig_devices[1:]}
     assert gone and all(u in data.decode() and u not in out.read_text() for u in gone)
+
+
+def test_output_dash_is_standard_output(tmp_path: Path) -> None:
+    p = subprocess.run(
+        [GPUCTK, "cdi", "generate", "--simulate", "l4", "--output", "-", "--format", "json"],
+        capture_output=True, text=True, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["kind"] == "nvidia.com/gpu"
+    assert not (tmp_path / "-").exists()
