@@ -132,15 +132,15 @@ def cdi() -> None:
 @click.option(
     "--additional-gids",
     is_flag=True,
-    help="Keep group-only nodes' host owner and group, and add that group to the process "
-    "(non-root containers; needs cdiVersion 0.7.0).",
+    help="Group-only nodes for non-root containers (cdiVersion 0.7.0).",
 )
 @click.option(
     "--disable-hook",
     "disable_hooks",
     multiple=True,
     type=click.Choice((*HOOK_ACTIONS, "all")),
-    help="Leave this hook action out (repeatable; all: no hook entry).",
+    metavar="NAME",
+    help="Leave this hook action out; repeatable (all: no hook).",
 )
 @nic_options
 def generate(
