@@ -1,4 +1,4 @@
-"""CUDA forward compatibility through the real shim and runc (hook/cudacompat.py).
+"""CUDA forward compatibility through the real shim, its hook and runc (hook/cudacompat.py).
 
 The debian test image gets a cuda-compat folder at /usr/local/cuda/compat (through a
 /usr/local/cuda link, as in CUDA images): ELF files with the real SONAMEs and their links,
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -49,7 +50,9 @@ def add_compat(rootfs: Path, version: str) -> None:
         (real / soname).symlink_to(f"{stem}.so.{version}")
 
 
-def create(node: Node, rootfs: Path, tmp_path: Path) -> dict[str, Any]:
+def create(node: Node, rootfs: Path, tmp_path: Path, inroot: bool = True) -> dict[str, Any]:
+    """`gpuctk-runtime create`'s config.json: the shim's in-root work done, or with `inroot`
+    False (GPUCTK_SHIM_INROOT=0) the spec's gpuctk-hook entry left for runc to run."""
     toml = tmp_path / "gpuctk.toml"
     toml.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{node.spec_dir}"]\n')
     bundle = make_bundle(
@@ -57,16 +60,17 @@ def create(node: Node, rootfs: Path, tmp_path: Path) -> dict[str, Any]:
     )
     done = subprocess.run(
         [SHIM, "create", "--bundle", str(bundle), "gpuctk-compat-test"],
-        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "GPUCTK_CONFIG": str(toml)},
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "GPUCTK_CONFIG": str(toml),
+             "GPUCTK_SHIM_INROOT": "1" if inroot else "0"},
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     config: dict[str, Any] = json.loads((bundle / "config.json").read_text())
-    assert not any(
+    assert inroot is not any(
         h["path"].endswith("gpuctk-hook") and h["args"][1] == "createContainer"
         for hs in (config.get("hooks") or {}).values()
         for h in hs
-    )  # the shim did the in-root work (the device node guard aside: hook/nodeguard.py)
+    )  # the shim did the in-root work, or left it to the hook (the node guard aside)
     return config
 
 
@@ -101,3 +105,66 @@ def test_ldconfig_in_the_container_resolves_libcuda_by_version(
     assert len(lines) == 2, done.stdout
     for line in lines:
         assert line.rstrip().endswith(f"=> {wins}/libcuda.so.1"), done.stdout
+
+
+PROBE = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <link.h>
+#include <stdio.h>
+int main(void) {
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    struct link_map *map = NULL;
+    if (h == NULL || dlinfo(h, RTLD_DI_LINKMAP, &map) != 0) {
+        printf("DLERROR %s\n", dlerror());
+        return 1;
+    }
+    printf("DLOPEN %s\n", map->l_name);
+    return 0;
+}
+"""
+
+
+def gcc(tmp_path: Path, *args: str) -> None:
+    done = subprocess.run(["gcc", *args], capture_output=True, text=True, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("inroot", [True, False], ids=["shim", "hook"])
+@pytest.mark.parametrize(
+    ("version", "wins"), [("575.57.08", COMPAT), ("470.256.02", LIBDIR)], ids=["newer", "older"]
+)
+def test_dlopen_in_the_container_agrees(
+    node: Node,
+    fresh_rootfs: Callable[[str], Path],
+    tmp_path: Path,
+    version: str,
+    wins: str,
+    inroot: bool,
+) -> None:
+    """A program of the image dlopens libcuda.so.1 as CUDA does: it gets the compat file when
+    that is newer than the driver, the driver's otherwise (a real shared object in the compat
+    folder, built here, so that the loader maps it), whether the shim wrote the ld cache or the
+    spec's gpuctk-hook did at createContainer."""
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc is needed to build the probe")
+    rootfs = fresh_rootfs("debian")
+    add_compat(rootfs, version)
+    (tmp_path / "stub.c").write_text("int cuInit(unsigned int flags) { return (int)flags; }\n")
+    stub = rootfs / f"usr/local/cuda-12.9/compat/libcuda.so.{version}"
+    stub.unlink()
+    gcc(tmp_path, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(stub), "stub.c")
+    (tmp_path / "probe.c").write_text(PROBE)
+    gcc(tmp_path, "-o", str(rootfs / "cuda-probe"), "probe.c")
+    config = create(node, rootfs, tmp_path, inroot)
+    config["process"]["args"] = ["/cuda-probe"]
+    config["process"]["env"] = ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
+    bundle = tmp_path / "run"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps(config))
+    done = subprocess.run(
+        ["runc", "run", "--bundle", str(bundle), f"gpuctk-dlopen-{os.getpid()}"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == f"DLOPEN {wins}/libcuda.so.1", done.stdout
