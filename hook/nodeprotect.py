@@ -124,6 +124,8 @@ def protect(root_fd: int) -> str:
             raise
     if text is None:
         return f"no {PARAMS} in the container: device nodes left as they are"
+    if not _proc_mounted(root_fd):
+        return f"no procfs at /proc in the root (not a container's): {PARAMS} left as it is"
     copy = modified(text)
     if copy is None:
         return f"{PARAMS} does not let the container make device nodes"
@@ -157,6 +159,16 @@ def protect(root_fd: int) -> str:
     finally:
         os.rmdir(folder)
     return f"{PARAMS} shows ModifyDeviceFiles: 0 (read-only copy)"
+
+
+def _proc_mounted(root_fd: int) -> bool:
+    """Whether the root's /proc is a mount of its own (the runtime's procfs), not a folder of
+    the image: run on the host by hand, the hook must not mount over an image's files."""
+    proc = rootfs.open_in_root(root_fd, "/proc", os.O_PATH | os.O_DIRECTORY)
+    try:
+        return os.fstat(proc).st_dev != os.fstat(root_fd).st_dev
+    finally:
+        os.close(proc)
 
 
 def _bind(root_fd: int, src: int) -> None:

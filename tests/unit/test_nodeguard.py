@@ -190,15 +190,22 @@ def test_the_hook_takes_the_verb_and_the_option() -> None:
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="mounts need root")
 def test_protect_binds_a_read_only_copy_in_a_mount_namespace(tmp_path: Path) -> None:
     """protect() for real, in a private mount namespace: the root's params file (a plain file
-    here) shows 0, cannot be written, and no scratch folder is left in /run."""
+    on a tmpfs at the root's /proc here) shows 0, cannot be written, and no scratch folder is
+    left in /run. Without a mount at /proc (the image's own folder) it does nothing."""
     root = tmp_path / "root"
     (root / "proc/driver/nvidia").mkdir(parents=True)
     (root / "proc/driver/nvidia/params").write_bytes(PARAMS)
+    proc = str(root / "proc")
     code = textwrap.dedent(f"""
-        import os
+        import os, subprocess
         from gpuctk import rootfs
         from gpuctk.hook import nodeprotect
         fd = rootfs.open_root({str(root)!r})
+        print(nodeprotect.protect(fd).split(":")[0])
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", {proc!r}], check=True)
+        os.makedirs({proc!r} + "/driver/nvidia")
+        with open({proc!r} + "/driver/nvidia/params", "wb") as f:
+            f.write({PARAMS!r})
         print(nodeprotect.protect(fd))
         print(open({str(root)!r} + "/proc/driver/nvidia/params").read(), end="")
         try:
@@ -213,6 +220,8 @@ def test_protect_binds_a_read_only_copy_in_a_mount_namespace(tmp_path: Path) -> 
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
+    assert lines[0] == "no procfs at /proc in the root (not a container's)", lines
+    lines = lines[1:]
     assert "ModifyDeviceFiles: 0" in lines[0]
     assert lines[1:4] == ["Foo: 1", "ModifyDeviceFiles: 0", "DeviceFileUID: 0"]
     assert lines[4].startswith("refused")  # EACCES or EROFS
