@@ -61,13 +61,14 @@ def from_env(value: str | None) -> list[str]:
         raise RequestError(f"{ENV}: longer than {MAX_VALUE_LEN} characters")
     names = [n.strip() for n in value.split(",")]
     names = [n for n in names if n]
+    if len(names) > MAX_CHANNELS:
+        raise RequestError(f"{ENV}: {len(names)} channels requested; at most {MAX_CHANNELS}")
+    words = _NONE.union(("all",))
+    channels = dict.fromkeys(_channel(n, ENV) for n in names if n not in words)  # all checked
     if not names or _NONE.intersection(names):
         return []
     if "all" in names:
         return [f"{KIND}=all"]
-    if len(names) > MAX_CHANNELS:
-        raise RequestError(f"{ENV}: {len(names)} channels requested; at most {MAX_CHANNELS}")
-    channels = dict.fromkeys(_channel(n, ENV) for n in names)
     return [f"{KIND}={c}" for c in channels]
 
 

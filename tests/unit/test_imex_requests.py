@@ -58,6 +58,8 @@ def test_env_values(value: str | None, names: list[str]) -> None:
         (str(MAX_CHANNEL + 1), "out of range 0..1048575"),
         ("1" * 40, "is no IMEX channel"),
         (",".join(str(i) for i in range(1025)), "at most 1024"),
+        ("all,garbage", "'garbage' is no IMEX channel"),  # a word never hides a typo
+        ("none,x", "'x' is no IMEX channel"),
     ],
 )
 def test_bad_values_are_one_line_request_errors(value: str, message: str) -> None:
