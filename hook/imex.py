@@ -24,14 +24,10 @@ value, and nothing is changed. A channel the specs lack is the registry's unknow
 from __future__ import annotations
 
 from gpuctk.errors import RequestError
+from gpuctk.hook.requests import IMEX_ENV as ENV
+from gpuctk.hook.requests import IMEX_MOUNTS as MOUNT_FOLDER
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
-ENV = "NVIDIA_IMEX_CHANNELS"
 KIND = "nvidia.com/imex-channel"
-MOUNT_FOLDER = "imex/"  # under /var/run/nvidia-container-devices/
 MAX_CHANNEL = (1 << 20) - 1
 MAX_CHANNELS = 1024
 MAX_VALUE_LEN = 64 * 1024
@@ -98,25 +94,3 @@ def requested(
         )
         return [], [note]
     return names, []
-
-
-def mount_names(mounts: Any, root: str) -> list[str]:
-    """The `imex/<N>` names of the `/dev/null` mounts under `root` (with its trailing /)."""
-    if not isinstance(mounts, list):
-        return []
-    import posixpath
-
-    found: list[str] = []
-    for mount in mounts:
-        if not isinstance(mount, dict):
-            continue
-        source, dest = mount.get("source"), mount.get("destination")
-        if not isinstance(source, str) or not isinstance(dest, str):
-            continue
-        if posixpath.normpath(source) != "/dev/null":
-            continue
-        norm = posixpath.normpath(dest)
-        rel = norm[len(root) :] if norm.startswith(root) else ""
-        if rel.startswith(MOUNT_FOLDER):
-            found.append(rel)
-    return found

@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 MOUNTS_ROOT = "/var/run/nvidia-container-devices"
-IMEX_MOUNTS = "imex/"  # as gpuctk.hook.imex.MOUNT_FOLDER
-IMEX_ENV = "NVIDIA_IMEX_CHANNELS"  # as gpuctk.hook.imex.ENV
+IMEX_MOUNTS = "imex/"  # IMEX channel mounts (gpuctk.hook.imex)
+IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
 MAX_DEVICES = 1024
 MAX_NAME_LEN = 256  # a qualified name: vendor/class=name
 MAX_VALUE_LEN = 256 * 1024  # one env value or annotation value
@@ -159,9 +159,9 @@ def from_annotations(annotations: Any, prefixes: Iterable[str]) -> list[str]:
     return names
 
 
-def from_mounts(mounts: Any, kind: str, kinds: Container[str] = ()) -> list[str]:
-    """Names from `/dev/null` mounts under /var/run/nvidia-container-devices, of `kind` (bare
-    names) or one of `kinds`."""
+def request_mounts(mounts: Any) -> list[str]:
+    """The paths, relative to /var/run/nvidia-container-devices/, of the `/dev/null` mounts
+    under it (the device plugin's volume-mounts strategy); a `..` there is a RequestError."""
     if not isinstance(mounts, list):
         return []
     import posixpath
@@ -179,11 +179,18 @@ def from_mounts(mounts: Any, kind: str, kinds: Container[str] = ()) -> list[str]
         norm = posixpath.normpath(dest)
         if ".." in dest.split("/") and (dest.startswith(root) or norm.startswith(root)):
             raise RequestError(f"mount {dest[:120]!r}: '..' in a device request mount")
-        dest = norm
-        if not dest.startswith(root):
-            continue
-        rel = dest[len(root) :]
-        where = f"mount {dest!r}"
+        if norm.startswith(root):
+            found.append(norm[len(root) :])
+    return found
+
+
+def from_mounts(mounts: Any, kind: str, kinds: Container[str] = ()) -> list[str]:
+    """Names from `/dev/null` mounts under /var/run/nvidia-container-devices, of `kind` (bare
+    names) or one of `kinds`."""
+    root = MOUNTS_ROOT + "/"
+    found: list[str] = []
+    for rel in request_mounts(mounts):
+        where = f"mount {root + rel!r}"
         if rel.startswith(IMEX_MOUNTS):  # IMEX channels: gpuctk.hook.imex
             continue
         if rel.startswith("cdi/"):
@@ -302,7 +309,8 @@ def _with_imex(
         return req
     from gpuctk.hook import imex
 
-    rels = imex.mount_names(config.get("mounts"), MOUNTS_ROOT + "/") if mounts else []
+    found = request_mounts(config.get("mounts")) if mounts else []
+    rels = [rel for rel in found if rel.startswith(IMEX_MOUNTS)]
     channels, notes = imex.requested(value, rels, env_ok=env_ok)
     if not channels and not notes:
         return req
