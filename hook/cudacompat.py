@@ -40,9 +40,12 @@ from gpuctk.hook import ldmerge
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
+    from typing import TypeVar
 
     from gpuctk.cdi.node.ldcache import LdCacheEntry
+
+    _T = TypeVar("_T")
 
 COMPAT_DIR = "/usr/local/cuda/compat"
 COMPAT_CONF = "/etc/ld.so.conf.d/00-compat-gpuctk.conf"  # sorts before 00-gpuctk.conf
@@ -132,11 +135,9 @@ def parse_note(data: bytes, align: int, order: str) -> tuple[int, ...] | None:
     return tuple(drivers)
 
 
-def note_drivers(dir_fd: int, name: str) -> tuple[int, ...] | None:
-    """The driver branches of the forward compatibility note of the regular file `name` in the
-    folder; None when it has none (or is no readable ELF file)."""
-    from gpuctk.cdi.node.elf import read_note_section
-
+def _read_regular(dir_fd: int, name: str, read: Callable[[int], _T]) -> _T | None:
+    """`read` of the regular file `name` in the folder (opened without following a link, never
+    blocking); None when it is no such file or `read` raises OSError or ValueError."""
     try:
         fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
     except OSError:
@@ -144,11 +145,19 @@ def note_drivers(dir_fd: int, name: str) -> tuple[int, ...] | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        found = read_note_section(fd, NOTE_SECTION, MAX_NOTE)
+        return read(fd)
     except (OSError, ValueError):
         return None
     finally:
         os.close(fd)
+
+
+def note_drivers(dir_fd: int, name: str) -> tuple[int, ...] | None:
+    """The driver branches of the forward compatibility note of the regular file `name` in the
+    folder; None when it has none (or is no readable ELF file)."""
+    from gpuctk.cdi.node.elf import read_note_section
+
+    found = _read_regular(dir_fd, name, lambda fd: read_note_section(fd, NOTE_SECTION, MAX_NOTE))
     return parse_note(*found) if found is not None else None
 
 
@@ -178,18 +187,9 @@ def _facts(dir_fd: int, name: str) -> tuple[int | None, str | None] | None:
     """(cache flags, SONAME) of the regular file `name` in the folder; None if it is not one."""
     from gpuctk.cdi.node.elf import read_elf_fd
 
-    try:
-        fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
-    except OSError:
+    info = _read_regular(dir_fd, name, read_elf_fd)
+    if info is None:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        info = read_elf_fd(fd)
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
     return ldmerge.CACHE_FLAGS.get((info.elf_class, info.machine)), info.soname
 
 
