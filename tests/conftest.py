@@ -5,13 +5,22 @@ Fixture modules (one owner each):
     fixtures.driver_root -- driver root from Debian's NVIDIA 535 packages
     fixtures.devroot     -- dev/proc/sys roots with mknod'ed device nodes and mig-minors
     fixtures.images      -- small container images (glibc, musl, ...) and fresh overlays
+
+Here: `installed_bin` (session): a folder any user may enter holding gpuctk, gpuctk-runtime and
+gpuctk-hook launchers of the packaged, non-editable venv (fixtures.appvenv), for the tests
+that must run what an operator runs, not the editable tree.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -24,8 +33,6 @@ if str(TESTS) not in sys.path:
 # gpuctk-runtime keeps its runtime memo and spec cache in $GPUCTK_STATE_DIR (default
 # /run/gpuctk): the tests' shims keep theirs in a private folder, never the host's.
 if "GPUCTK_STATE_DIR" not in os.environ:
-    import tempfile
-
     os.environ["GPUCTK_STATE_DIR"] = os.path.join(
         tempfile.mkdtemp(prefix="gpuctk-test-state-"), "state"
     )
@@ -36,3 +43,17 @@ pytest_plugins = [
     "fixtures.devroot",
     "fixtures.images",
 ]
+
+
+@pytest.fixture(scope="session")
+def installed_bin() -> Iterator[Path]:
+    from fixtures.appvenv import have_system_python, installed_launchers
+
+    if not have_system_python():
+        pytest.skip("/usr/bin/python3 is needed for the packaged venv")
+    bindir = Path(tempfile.mkdtemp(prefix="gpuctk-bin-"))
+    bindir.chmod(0o755)  # the tests that run a launcher as another user
+    try:
+        yield installed_launchers(bindir)
+    finally:
+        shutil.rmtree(bindir)

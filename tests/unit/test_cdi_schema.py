@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.appvenv import app_venv, have_system_python
 from fixtures.devroot import make_node_roots
 from fixtures.fakesys import make_two_socket
 
@@ -371,21 +370,10 @@ def test_check_files_uses_the_shipped_schema_by_default(
 # --- the installed product ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def installed() -> Iterator[Path]:
-    """The `gpuctk` launcher of a non-editable venv of the checkout (built once, cached), in a
-    folder any user may enter."""
-    if not have_system_python():
-        pytest.skip("no /usr/bin/python3 to build the application venv with")
-    python = app_venv() / "bin" / "python3"
-    bindir = Path(tempfile.mkdtemp(prefix="gpuctk-bin-"))
-    bindir.chmod(0o755)
-    subprocess.run(
-        [str(python), "-I", "-m", "gpuctk.hook.launchers", "--python", str(python), str(bindir)],
-        check=True, capture_output=True, cwd=bindir,
-    )  # fmt: skip
-    yield bindir / "gpuctk"
-    shutil.rmtree(bindir)
+@pytest.fixture
+def installed(installed_bin: Path) -> Path:
+    """The `gpuctk` launcher of the packaged, non-editable venv (tests/conftest.py)."""
+    return installed_bin / "gpuctk"
 
 
 def validate(launcher: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 import pytest
-from fixtures.appvenv import have_system_python, installed_launchers
+from fixtures.appvenv import run_installed
 
 from gpuctk import __version__, errors
 from gpuctk.cli import cli
@@ -45,24 +45,8 @@ def leaf_commands() -> Iterator[list[str]]:
 LEAVES = [" ".join(path) for path in leaf_commands()]
 
 
-@pytest.fixture(scope="module")
-def bindir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not have_system_python():
-        pytest.skip("/usr/bin/python3 is needed for the packaged venv")
-    return installed_launchers(tmp_path_factory.mktemp("bin"))
-
-
-def run(bindir: Path, name: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {"PATH": "/usr/bin:/bin", "COLUMNS": "80", "HOME": str(bindir)}
-    return subprocess.run(
-        [str(bindir / name), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**base, **env},
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+def run(installed_bin: Path, name: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return run_installed(installed_bin, name, *args, **{"PATH": "/usr/bin:/bin", **env})
 
 
 def assert_usage_error(done: subprocess.CompletedProcess[str], prog: str, path: str) -> str:
@@ -80,8 +64,8 @@ def test_the_tree_is_walked() -> None:
 
 
 @pytest.mark.parametrize("path", LEAVES)
-def test_help_is_short_and_starts_with_usage(bindir: Path, path: str) -> None:
-    done = run(bindir, "gpuctk", *path.split(), "--help")
+def test_help_is_short_and_starts_with_usage(installed_bin: Path, path: str) -> None:
+    done = run(installed_bin, "gpuctk", *path.split(), "--help")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith(f"Usage: gpuctk {path} "), lines[0]
@@ -89,9 +73,9 @@ def test_help_is_short_and_starts_with_usage(bindir: Path, path: str) -> None:
 
 
 @pytest.mark.parametrize("path", LEAVES)
-def test_an_unknown_option_is_a_two_line_usage_error(bindir: Path, path: str) -> None:
+def test_an_unknown_option_is_a_two_line_usage_error(installed_bin: Path, path: str) -> None:
     message = assert_usage_error(
-        run(bindir, "gpuctk", *path.split(), BOGUS), "gpuctk", f"gpuctk {path}"
+        run(installed_bin, "gpuctk", *path.split(), BOGUS), "gpuctk", f"gpuctk {path}"
     )
     assert BOGUS in message
 
@@ -114,8 +98,10 @@ def test_an_unknown_option_is_a_two_line_usage_error(bindir: Path, path: str) ->
         ),
     ],
 )
-def test_every_kind_of_usage_error(bindir: Path, args: list[str], path: str, needle: str) -> None:
-    assert needle in assert_usage_error(run(bindir, "gpuctk", *args), "gpuctk", path)
+def test_every_kind_of_usage_error(
+    installed_bin: Path, args: list[str], path: str, needle: str
+) -> None:
+    assert needle in assert_usage_error(run(installed_bin, "gpuctk", *args), "gpuctk", path)
 
 
 @pytest.mark.parametrize(
@@ -129,13 +115,13 @@ def test_every_kind_of_usage_error(bindir: Path, args: list[str], path: str, nee
         ("gpuctk-hook", ["createContainer", "--link"]),
     ],
 )
-def test_runtime_and_hook_usage_errors(bindir: Path, name: str, args: list[str]) -> None:
-    assert_usage_error(run(bindir, name, *args), name, name)
+def test_runtime_and_hook_usage_errors(installed_bin: Path, name: str, args: list[str]) -> None:
+    assert_usage_error(run(installed_bin, name, *args), name, name)
 
 
 @pytest.mark.parametrize("name", ["gpuctk-runtime", "gpuctk-hook"])
-def test_runtime_and_hook_help(bindir: Path, name: str) -> None:
-    done = run(bindir, name, "--help")
+def test_runtime_and_hook_help(installed_bin: Path, name: str) -> None:
+    done = run(installed_bin, name, "--help")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith(f"Usage: {name} [OPTIONS] ") or lines[0].startswith(
@@ -146,16 +132,16 @@ def test_runtime_and_hook_help(bindir: Path, name: str) -> None:
     assert all(len(line) <= 80 for line in lines if "docs/" not in line), done.stdout
 
 
-def test_versions(bindir: Path, tmp_path: Path) -> None:
+def test_versions(installed_bin: Path, tmp_path: Path) -> None:
     want = f"version {__version__}"
-    assert run(bindir, "gpuctk", "--version").stdout.strip() == f"gpuctk {want}"
-    assert run(bindir, "gpuctk-hook", "--version").stdout.strip() == f"gpuctk-hook {want}"
+    assert run(installed_bin, "gpuctk", "--version").stdout.strip() == f"gpuctk {want}"
+    assert run(installed_bin, "gpuctk-hook", "--version").stdout.strip() == f"gpuctk-hook {want}"
     # the shim's line first, then the low-level runtime's (here `true`, which prints nothing)
     true = next(p for p in ("/usr/bin/true", "/bin/true") if os.access(p, os.X_OK))
     config = tmp_path / "config.toml"
     config.write_text(f'runtimes = ["{true}"]\n')
     done = run(
-        bindir,
+        installed_bin,
         "gpuctk-runtime",
         "--version",
         GPUCTK_CONFIG=str(config),
@@ -199,8 +185,8 @@ def test_one_exit_code_table() -> None:
         (["cdi", "validate", "/nonexistent.yaml"], errors.EXIT_INPUT),
     ],
 )
-def test_exit_codes_of_the_table(bindir: Path, args: list[str], code: int) -> None:
-    done = run(bindir, "gpuctk", *args)
+def test_exit_codes_of_the_table(installed_bin: Path, args: list[str], code: int) -> None:
+    done = run(installed_bin, "gpuctk", *args)
     assert done.returncode == code, done.stderr
     assert done.stderr.startswith("gpuctk: error: "), done.stderr
 

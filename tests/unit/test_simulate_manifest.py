@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from fixtures.appvenv import app_venv, have_system_python
 from fixtures.driver_manifest import COMMAND, manifest_text, shipped_path
 
 from gpuctk.cdi.node import manifest
@@ -112,21 +108,10 @@ def test_malformed_manifests_are_refused(doc: Any, words: str) -> None:
 # --- the README's first command, installed --------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def installed() -> Iterator[Path]:
-    """The `gpuctk` launcher of a non-editable venv of the checkout (built once per source
-    state, cached), beside its gpuctk-hook."""
-    if not have_system_python():
-        pytest.skip("no /usr/bin/python3 to build the application venv with")
-    python = app_venv() / "bin" / "python3"
-    bindir = Path(tempfile.mkdtemp(prefix="gpuctk-bin-"))
-    bindir.chmod(0o755)
-    subprocess.run(
-        [str(python), "-I", "-m", "gpuctk.hook.launchers", "--python", str(python), str(bindir)],
-        check=True, capture_output=True, cwd=bindir,
-    )  # fmt: skip
-    yield bindir / "gpuctk"
-    shutil.rmtree(bindir)
+@pytest.fixture
+def installed(installed_bin: Path) -> Path:
+    """The `gpuctk` launcher of the packaged, non-editable venv (tests/conftest.py)."""
+    return installed_bin / "gpuctk"
 
 
 def stripped(value: Any, prefix: str) -> Any:
