@@ -9,25 +9,22 @@ when it is newer, and to the driver's when it is older.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fixtures.driver_root import make_elf
-from fixtures.gpucheck import Node, generate
+from fixtures.gpucheck import Node, generate, runc_run, shim_edit
 from fixtures.images import make_bundle
 
 from gpuctk.cdi.node.ldcache import read_ld_cache
 
 pytestmark = pytest.mark.integration
 
-SHIM = str(Path(sys.executable).with_name("gpuctk-runtime"))
 LIBDIR = "/usr/lib/x86_64-linux-gnu/nvidia/current"
 COMPAT = "/usr/local/cuda/compat"
 
@@ -53,19 +50,11 @@ def add_compat(rootfs: Path, version: str) -> None:
 def create(node: Node, rootfs: Path, tmp_path: Path, inroot: bool = True) -> dict[str, Any]:
     """`gpuctk-runtime create`'s config.json: the shim's in-root work done, or with `inroot`
     False (GPUCTK_SHIM_INROOT=0) the spec's gpuctk-hook entry left for runc to run."""
-    toml = tmp_path / "gpuctk.toml"
-    toml.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{node.spec_dir}"]\n')
     bundle = make_bundle(
         tmp_path / "bundle", rootfs, ["/bin/true"], env=["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=0"]
     )
-    done = subprocess.run(
-        [SHIM, "create", "--bundle", str(bundle), "gpuctk-compat-test"],
-        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "GPUCTK_CONFIG": str(toml),
-             "GPUCTK_SHIM_INROOT": "1" if inroot else "0"},
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    config: dict[str, Any] = json.loads((bundle / "config.json").read_text())
+    state, inroot_env = tmp_path / "state", "1" if inroot else "0"
+    config = shim_edit(bundle, node.spec_dir, state, GPUCTK_SHIM_INROOT=inroot_env)
     assert inroot is not any(
         h["path"].endswith("gpuctk-hook") and h["args"][1] == "createContainer"
         for hs in (config.get("hooks") or {}).values()
@@ -88,23 +77,26 @@ def test_ldconfig_in_the_container_resolves_libcuda_by_version(
     assert libcuda[0] == f"{wins}/libcuda.so.1", libcuda
     conf = rootfs / "etc/ld.so.conf.d/00-compat-gpuctk.conf"
     assert (wins == COMPAT) is (conf.exists() and COMPAT in conf.read_text().splitlines())
-    config["process"]["args"] = [
-        "/bin/sh", "-c", "ldconfig -p | grep 'libcuda.so.1 ' | head -n1; "
-        "ldconfig && ldconfig -p | grep 'libcuda.so.1 ' | head -n1",
-    ]  # fmt: skip  # the second: an image's own ldconfig run keeps the order
-    config["process"]["env"] = ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
-    bundle = tmp_path / "run"
-    bundle.mkdir()
-    (bundle / "config.json").write_text(json.dumps(config))
-    done = subprocess.run(
-        ["runc", "run", "--bundle", str(bundle), f"gpuctk-compat-{os.getpid()}"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    script = (
+        "ldconfig -p | grep 'libcuda.so.1 ' | head -n1; "
+        "ldconfig && ldconfig -p | grep 'libcuda.so.1 ' | head -n1"
+    )  # the second: an image's own ldconfig run keeps the order
+    done = run(config, tmp_path, script, "gpuctk-compat")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == 2, done.stdout
     for line in lines:
         assert line.rstrip().endswith(f"=> {wins}/libcuda.so.1"), done.stdout
+
+
+def run(
+    config: dict[str, Any], tmp_path: Path, script: str, name: str
+) -> subprocess.CompletedProcess[str]:
+    """`script` in a runc container of the shim's `config` (a bundle of its own)."""
+    config["process"]["env"] = ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
+    bundle = tmp_path / "run"
+    bundle.mkdir()
+    return runc_run(bundle, config, script, f"{name}-{os.getpid()}")
 
 
 PROBE = r"""
@@ -157,14 +149,6 @@ def test_dlopen_in_the_container_agrees(
     (tmp_path / "probe.c").write_text(PROBE)
     gcc(tmp_path, "-o", str(rootfs / "cuda-probe"), "probe.c")
     config = create(node, rootfs, tmp_path, inroot)
-    config["process"]["args"] = ["/cuda-probe"]
-    config["process"]["env"] = ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"]
-    bundle = tmp_path / "run"
-    bundle.mkdir()
-    (bundle / "config.json").write_text(json.dumps(config))
-    done = subprocess.run(
-        ["runc", "run", "--bundle", str(bundle), f"gpuctk-dlopen-{os.getpid()}"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    done = run(config, tmp_path, "exec /cuda-probe", "gpuctk-dlopen")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == f"DLOPEN {wins}/libcuda.so.1", done.stdout

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.gpucheck import Node, generate
+from fixtures.gpucheck import Node, generate, shim_edit
 from fixtures.images import make_bundle, runtime_argv
 
 pytestmark = pytest.mark.integration
@@ -65,21 +65,12 @@ def shim_create(
     node: Node, rootfs: Path, tmp_path: Path, script: str, conf: str = "", **env: str
 ) -> dict[str, Any]:
     """config.json after the shim's `create` (low-level runtime /bin/true)."""
-    toml = tmp_path / "gpuctk.toml"
-    toml.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{node.spec_dir}"]\n{conf}')
     bundle = make_bundle(
         tmp_path / "bundle", rootfs, ["/bin/sh", "-c", script],
         env=["PATH=/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=0"],
         hooks={"createContainer": [fake_driver_hook(rootfs)]},
     )  # fmt: skip
-    done = subprocess.run(
-        [SHIM, "create", "--bundle", str(bundle), "gpuctk-nodeguard-test"],
-        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "GPUCTK_CONFIG": str(toml), **env},
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    config: dict[str, Any] = json.loads((bundle / "config.json").read_text())
-    return config
+    return shim_edit(bundle, node.spec_dir, tmp_path / "state", conf, **env)
 
 
 def runc_run(config: dict[str, Any], tmp_path: Path, runtime: str = "runc") -> str:
