@@ -126,24 +126,14 @@ def podman(mgmt: Mgmt, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cdi
 def test_podman_runs_the_imex_channel_spec(
     podman: CdiPodman, device: str, channels: set[str]
 ) -> None:
-    done = subprocess.run(
-        [*podman.argv("imex"), "run", "--rm", "--network", "none",
-         "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
-         "--device", f"nvidia.com/imex-channel={device}", IMAGE, "/bin/sh", "-c", SCRIPT],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    done = podman.run(SCRIPT, spec="imex", kind="nvidia.com/imex-channel", device=device)
     assert done.returncode == 0, done.stdout + done.stderr
     nodes = {ln.split(" ", 1)[1] for ln in done.stdout.splitlines() if ln.startswith("NODE ")}
     assert nodes == {f"/dev/nvidia-caps-imex-channels/{c}" for c in channels}, done.stdout
 
 
 def test_podman_runs_the_management_device(mgmt: Mgmt, podman: CdiPodman) -> None:
-    done = subprocess.run(
-        [*podman.argv("management"), "run", "--rm", "--network", "none",
-         "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
-         "--device", f"{KIND}=all", IMAGE, "/bin/sh", "-c", SCRIPT],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    done = podman.run(SCRIPT, spec="management", kind=KIND, device="all")
     check_management_view(mgmt, done)
 
 

@@ -83,13 +83,7 @@ def podman(specs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def run(podman: CdiPodman, spec: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*podman.argv(spec), "run", "--rm", "--network", "none",
-         "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
-         "--device", "nvidia.com/gpu=0", IMAGE, "/bin/sh", "-c",
-         f"ls {TRIPLET}/libcuda.so.1 {TRIPLET}/libnvidia-ml.so.1"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    return podman.run(f"ls {TRIPLET}/libcuda.so.1 {TRIPLET}/libnvidia-ml.so.1", spec=spec)
 
 
 def test_the_moved_spec_runs_from_the_new_root(podman: CdiPodman) -> None:
