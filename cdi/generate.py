@@ -32,11 +32,8 @@ READ_ONLY = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 # write access to the mount), so a container cannot replace the host daemon's socket.
 SOCKET = ("ro", "nosuid", "nodev", "noexec", "rbind", "rprivate")
 STAGE_PATH = "/usr/local/nvidia"  # folder mode's mount (gpuctk.cdi.stage)
-HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# --disable-hook: the hook's in-root actions by the reference's names (gpuctk.hook.nodeguard)
-HOOK_ACTIONS = (
-    "create-symlinks", "update-ldcache", "enable-cuda-compat", "disable-device-node-modification"
-)  # fmt: skip
+HOOK_ENV_PATH = facts.HOOK_ENV_PATH
+HOOK_ACTIONS = facts.HOOK_ACTIONS  # --disable-hook names
 
 
 @record
@@ -45,7 +42,7 @@ class Options:
     name_strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     all_device: bool = True
     device_ids: tuple[str, ...] = ()  # limit generation to these (any strategy's name)
-    hook_path: str = "/usr/bin/gpuctk-hook"
+    hook_path: str = facts.PACKAGED_HOOK
     library_mode: str = "hook"  # "hook" | "mounts" (gpuctk.cdi.libmounts) | "folder"
     stage_path: str = ""  # folder mode: the host folder gpuctk.cdi.stage built
     loader_folders: tuple[str, ...] = FAMILIES  # mounts and folder modes (gpuctk.cdi.libmounts)

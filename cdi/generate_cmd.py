@@ -11,6 +11,7 @@ from typing import Any
 
 from gpuctk.cdi.discover import Roots
 from gpuctk.cdi.generate import DEFAULT_STRATEGIES, Options
+from gpuctk.cdi.node.facts import PACKAGED_HOOK
 from gpuctk.cdi.specs.spec import Spec
 from gpuctk.errors import OutputError, UsageError
 from gpuctk.records import record
@@ -44,9 +45,6 @@ class GenerateArgs:
 
 
 MODES = ("nvml", "management", "imex")  # --mode (gpuctk.cdi.management, gpuctk.cdi.imex)
-
-
-PACKAGED_HOOK = "/usr/bin/gpuctk-hook"
 
 
 def default_hook_path(note: bool = True) -> str:

@@ -22,7 +22,8 @@ Network interfaces reach the container in one of two ways (`--nic-mode`):
 
 The GPU spec is not changed, so its cdiVersion (0.5.0 for podman 4.3.1) is not raised either.
 The spec is built from gpuctk.cdi.specs.spec records, as the GPU spec is. This module's top level
-imports only click (for the options) and those records: `gpuctk cdi generate` without `--nics`
+imports only click (for the options), those records and gpuctk.cdi.node.facts (the hook
+entry's constants, which the generator imports anyway): `gpuctk cdi generate` without `--nics`
 pays nothing more.
 """
 
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from gpuctk.cdi.node import facts
 from gpuctk.cdi.specs.spec import ContainerEdits, Device, DeviceNode, Hook, NetDevice, Spec
 
 if TYPE_CHECKING:
@@ -46,7 +48,7 @@ if TYPE_CHECKING:
 NIC_MODES = ("hook", "netdevices")
 AFFINITIES = ("PIX", "PXB", "PHB", "NODE", "SYS", "off")
 DEFAULT_KIND = "nvidia.com/nic"
-HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+HOOK_ENV_PATH = facts.HOOK_ENV_PATH
 
 F = Callable[..., Any]
 
@@ -103,7 +105,7 @@ def nic_edits(
     rdma_cm: CharNode | None,
     *,
     mode: str = "hook",
-    hook_path: str = "/usr/bin/gpuctk-hook",
+    hook_path: str = facts.PACKAGED_HOOK,
     dev_root: str = "/",
 ) -> ContainerEdits:
     """The container edits that give a container `nics`."""
@@ -151,7 +153,7 @@ def build_doc(
     affinity: str = "NODE",
     sys_root: str = "/sys",
     dev_root: str = "/",
-    hook_path: str = "/usr/bin/gpuctk-hook",
+    hook_path: str = facts.PACKAGED_HOOK,
     uuid_names: bool = True,
     device_ids: tuple[str, ...] = (),
 ) -> SpecDoc:

@@ -19,6 +19,7 @@ import os
 import posixpath
 
 from gpuctk import rootfs
+from gpuctk.cdi.node.facts import HOOK_ACTIONS
 from gpuctk.errors import UsageError
 from gpuctk.hook import cudacompat, inroot, ldmerge, mounts, nodeprotect, oci_state
 from gpuctk.log import hook as hooklog
@@ -28,10 +29,7 @@ if TYPE_CHECKING:
     from typing import Any, BinaryIO
 
 
-# --disable-hook names (gpuctk.cdi.generate.HOOK_ACTIONS); the verbs that protect the nodes
-KNOWN_ACTIONS = frozenset(
-    ("create-symlinks", "update-ldcache", "enable-cuda-compat", nodeprotect.NAME)
-)
+KNOWN_ACTIONS = frozenset(HOOK_ACTIONS)  # --disable-hook names; the verbs that protect:
 PROTECTING_VERBS = frozenset(("createContainer", nodeprotect.NAME))
 
 

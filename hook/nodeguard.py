@@ -28,6 +28,8 @@ import os
 import posixpath
 import sys
 
+from gpuctk.cdi.node import facts
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -35,11 +37,10 @@ if TYPE_CHECKING:
 
     from gpuctk.cdi.specs.shape import EditsDoc, HookDoc
 
-NAME = "disable-device-node-modification"  # gpuctk.hook.nodeprotect.NAME
-# the --disable-hook names of a spec's hook args (gpuctk.cdi.generate.HOOK_ACTIONS)
-ACTIONS = ("create-symlinks", "update-ldcache", "enable-cuda-compat", NAME)
-PACKAGED_HOOK = "/usr/bin/gpuctk-hook"
-HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+NAME = facts.GUARD_ACTION
+ACTIONS = facts.HOOK_ACTIONS  # the --disable-hook names of a spec's hook args
+PACKAGED_HOOK = facts.PACKAGED_HOOK
+HOOK_ENV = (facts.HOOK_ENV_PATH,)
 
 
 def disabled(hook: Any) -> list[str]:

@@ -36,8 +36,9 @@ import errno
 import os
 
 from gpuctk import libc, rootfs
+from gpuctk.cdi.node.facts import GUARD_ACTION
 
-NAME = "disable-device-node-modification"
+NAME = GUARD_ACTION
 PARAMS = "/proc/driver/nvidia/params"
 MAX_BYTES = 64 * 1024
 KEY = b"ModifyDeviceFiles: "

@@ -13,9 +13,19 @@ process, never by the container, and it costs no cdiVersion.
 One GPU per `;`: index, UUID, compute capability, architecture, then its MIG device UUIDs joined
 by `+` (empty when MIG is off). This module is imported by the shim: stdlib only, no regex,
 no dataclasses (whose import pulls in `inspect`) and no typing: plain slotted records.
+
+The rest of what the generator and the hook (and the shim, which does the hook's work) agree
+on about a spec's gpuctk-hook entries is here too: the packaged hook's path, the entry's PATH,
+and the names of the in-root actions that `--disable-hook NAME` leaves out (the reference
+toolkit's names).
 """
 
 from __future__ import annotations
+
+PACKAGED_HOOK = "/usr/bin/gpuctk-hook"  # where the deb installs gpuctk-hook
+HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+GUARD_ACTION = "disable-device-node-modification"  # gpuctk.hook.nodeprotect
+HOOK_ACTIONS = ("create-symlinks", "update-ldcache", "enable-cuda-compat", GUARD_ACTION)
 
 DRIVER_KEY = "GPUCTK_DRIVER_VERSION"
 CUDA_KEY = "GPUCTK_CUDA_VERSION"
