@@ -161,11 +161,13 @@ def common_edits(
     for group in others:
         for f in group:
             mounts.setdefault(f.container_path, _mount(f))
+    control = nodes.control()
     return ContainerEdits(
         env=("NVIDIA_VISIBLE_DEVICES=void",),
-        device_nodes=tuple(_device_node(n) for n in nodes.control()),
+        device_nodes=tuple(_device_node(n, opts.additional_gids) for n in control),
         mounts=tuple(sorted(mounts.values(), key=lambda m: m.container_path)),
         hooks=hooks,
+        additional_gids=group_gids(control) if opts.additional_gids else (),
     )
 
 
@@ -278,8 +280,6 @@ def build_spec(machine: Machine, files: DriverFiles, opts: Options, nodes: NodeL
         )
         devices.append(Device("all", all_edits))
     common = common_edits(machine, files, opts, nodes)
-    if opts.additional_gids:
-        common = replace(common, additional_gids=gids(nodes.control()))
     spec = Spec(kind=opts.kind, devices=tuple(devices), edits=common)
     return replace(spec, version=minimum_version(spec.to_dict()))
 
