@@ -305,7 +305,7 @@ def run(a: GenerateArgs) -> None:
             f"{driver_root} (set --driver-root); the spec mounts none"
         )
     emit(spec, fmt, output, summary, comment)
-    if a.additional_gids and spec.to_dict().get("cdiVersion") != "0.5.0":
+    if a.additional_gids and spec.version != "0.5.0":
         say(
             f"gpuctk: note: --additional-gids needs cdiVersion {spec.version}, which older "
             "engines refuse (Debian 12's podman 4.3.1 reads up to 0.5.0): run gpuctk doctor"
