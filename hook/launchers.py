@@ -70,6 +70,8 @@ from gpuctk.statedir import DEFAULT_STATE_DIR, STATE_DIR_ENV
 
 LAUNCHER_MARK = "# gpuctk launcher"  # every launcher's second line starts so
 
+FRONT = "gpuctk-cdi-hook"  # hook/cdihook.c, built by setup.py into this package's folder
+
 # launcher name -> (module, function)
 ENTRY_POINTS: dict[str, tuple[str, str]] = {
     "gpuctk": ("gpuctk.cli", "main"),
@@ -242,7 +244,8 @@ exec {python} -IS -c "$pycode" "$0" "$@"
 
 
 def write_launchers(bindir: str, python: str | None = None) -> list[str]:
-    """Write every launcher into `bindir` (mode 0755, atomically); returns their paths."""
+    """Write every launcher into `bindir` (mode 0755, atomically), and the package's
+    gpuctk-cdi-hook where it was built; returns their paths."""
     from gpuctk.writes import atomic_write
 
     interpreter = python or sys.executable
@@ -255,6 +258,11 @@ def write_launchers(bindir: str, python: str | None = None) -> list[str]:
             text = launcher_text(interpreter, module, function)
         atomic_write(path, text.encode(), mode=0o755)
         paths.append(path)
+    front = os.path.join(os.path.dirname(os.path.abspath(__file__)), FRONT)
+    if os.path.isfile(front):  # the spec hook's compiled front goes beside gpuctk-hook
+        with open(front, "rb") as f:
+            atomic_write(os.path.join(bindir, FRONT), f.read(), mode=0o755)
+        paths.append(os.path.join(bindir, FRONT))
     return paths
 
 

@@ -182,7 +182,7 @@ def do_uninstall(host: str, restart: bool, restart_command: str | None) -> bool:
     if record.cdi_spec:
         spec = resolve(host, record.cdi_spec)
         data = host_mod.read_bytes(spec)
-        if data is not None and record.hook_path().encode() in data:
+        if data is not None and any(p.encode() in data for p in record.hook_paths()):
             os.unlink(spec)
             click.echo(f"removed {record.cdi_spec}")
         elif data is not None:

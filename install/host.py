@@ -28,7 +28,7 @@ from gpuctk.writes import atomic_write
 
 MARKER = ".gpuctk-install.json"  # in the copied prefix: it is gpuctk's, and its digest
 LAUNCHER_MARK = launchers.LAUNCHER_MARK.encode()  # a line every launcher carries
-LAUNCHERS = tuple(launchers.ENTRY_POINTS)
+LAUNCHERS = (*launchers.ENTRY_POINTS, launchers.FRONT)  # the front carries the mark too
 STATE = "/var/lib/gpuctk/install.json"
 HOST_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -101,6 +101,10 @@ class Record:
 
     def hook_path(self) -> str:
         return os.path.join(self.bin_dir, "gpuctk-hook")
+
+    def hook_paths(self) -> tuple[str, ...]:
+        """What a spec written by this install names: gpuctk-hook or its compiled front."""
+        return (self.hook_path(), os.path.join(self.bin_dir, launchers.FRONT))
 
 
 def read_record(host: str) -> Record | None:
@@ -226,7 +230,7 @@ def foreign_launchers(host: str, bin_dir: str) -> list[str]:
             continue
         try:
             with open(real, "rb") as f:
-                head = f.read(4096)
+                head = f.read(1 << 20)  # the compiled front carries it in its data
         except OSError:
             head = b""
         if LAUNCHER_MARK not in head:

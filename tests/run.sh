@@ -48,6 +48,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 log "installing gpuctk and test tools into .venv"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+# an editable install leaves out setup.py's data files: the compiled hook front goes beside
+# gpuctk-hook as a regular install puts it
+if [ -x hook/gpuctk-cdi-hook ]; then install -m 0755 hook/gpuctk-cdi-hook .venv/bin/; fi
 
 log "ruff"
 .venv/bin/ruff check .

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuctk.hook.launchers import ENTRY_POINTS, launcher_text, main, write_launchers
+from gpuctk.hook import launchers
+from gpuctk.hook.launchers import ENTRY_POINTS, FRONT, launcher_text, main, write_launchers
 
 PYVER = f"python{sys.version_info[0]}.{sys.version_info[1]}"
 PROBE = """
@@ -78,9 +79,14 @@ def test_outside_a_venv_the_launcher_falls_back_to_site(tmp_path: Path) -> None:
 
 def test_launchers_are_executable_and_name_the_interpreter(tmp_path: Path) -> None:
     paths = write_launchers(str(tmp_path), "/opt/gpuctk/bin/python3")
-    assert sorted(Path(p).name for p in paths) == sorted(ENTRY_POINTS)
+    built = (Path(launchers.__file__).parent / FRONT).is_file()  # setup.py's gpuctk-cdi-hook
+    assert sorted(Path(p).name for p in paths) == sorted([*ENTRY_POINTS, *[FRONT] * built])
     for path in paths:
         assert os.stat(path).st_mode & 0o777 == 0o755
+        if path.endswith(FRONT):  # the compiled front, copied as built, with the mark
+            front = Path(path).read_bytes()
+            assert front.startswith(b"\x7fELF") and b"# gpuctk launcher" in front
+            continue
         text = Path(path).read_text()
         if path.endswith("gpuctk-runtime"):  # the sh front (tests/unit/test_runtime_front.py)
             assert text.startswith("#!/bin/sh\n")

@@ -1,0 +1,842 @@
+/* gpuctk-cdi-hook: the compiled front of gpuctk-hook, named in the hook entry of gpuctk's CDI
+ * specs (the default `--library-mode folder`).
+ *
+ *     gpuctk-cdi-hook createContainer [--folder DIR]... [--disable-hook NAME]...
+ *     gpuctk-cdi-hook disable-device-node-modification [--disable-hook NAME]...
+ *
+ * It does what gpuctk-hook would do for the common image, in about a millisecond, and hands
+ * everything else, unchanged (the same arguments, the same environment, the OCI state on
+ * stdin), to `gpuctk-hook` in its own folder. The common image needs nothing in its root:
+ * the folder spec's mounts already put the driver where its loader looks (the stage at
+ * /usr/local/nvidia for LD_LIBRARY_PATH, and in glibc-hwcaps/x86-64-v2 of both loader
+ * families). gpuctk-hook runs instead when any of these holds:
+ *
+ *   - another verb, any other argument, --help, --version, GPUCTK_HOOK_FRONT=off;
+ *   - anything this program does not fully understand: the OCI state or config.json not the
+ *     plain JSON it expects (not strict JSON, a key with an escape or a byte above 127, a key
+ *     that is "root" or "path" in another case, a duplicate, more than MAX_DEPTH levels, a
+ *     state over MAX_STATE bytes: gpuctk-hook still gets all of it), no openat2;
+ *   - createContainer, with update-ldcache not disabled: the image has no x86-64 glibc loader
+ *     that searches glibc-hwcaps (glibc before 2.33, musl, another architecture), or a 32-bit
+ *     glibc loader; its ld cache names a file of a --folder (the image's ld cache would win
+ *     over the loader's folders); or, with enable-cuda-compat not disabled,
+ *     /usr/local/cuda/compat holds a libcuda.so.<version> newer than GPUCTK_DRIVER_VERSION
+ *     (gpuctk-hook then applies the exact forward-compat rule);
+ *   - the device node guard (unless disabled) could not be done here: see guard() below.
+ *
+ * The image is hostile: every path in it is opened with openat2(RESOLVE_IN_ROOT |
+ * RESOLVE_NO_MAGICLINKS) from the root's descriptor, O_NOFOLLOW where a link would mean
+ * nothing, O_NONBLOCK (a FIFO never blocks), only regular files are read and each read is
+ * bounded; a folder is listed at most MAX_ENTRIES names. This program never writes into the
+ * root; its only outcomes are "nothing to do" (exit 0), the guard's read-only mount over the
+ * container's /proc/driver/nvidia/params, or gpuctk-hook. Built by setup.py with the host's C
+ * compiler; without one, specs name gpuctk-hook itself. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <dirent.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define MAX_STATE (1 << 20)
+#define MAX_CONFIG (16 << 20)
+#define MAX_CACHE (64 << 20)
+#define MAX_LOADER (16 << 20)
+#define MAX_PARAMS (64 << 10)
+#define MAX_ENTRIES 4096
+#define MAX_NAMES 512
+#define MAX_DEPTH 64
+#define PARAMS "proc/driver/nvidia/params"
+#define KEY "ModifyDeviceFiles: "
+
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
+#endif
+#ifndef SYS_move_mount
+#define SYS_move_mount 429
+#endif
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+#define RESOLVE_NO_MAGICLINKS 0x02
+#define RESOLVE_IN_ROOT 0x10
+#define OPEN_TREE_CLONE 1
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x4
+#define MOVE_MOUNT_T_EMPTY_PATH 0x40
+#endif
+#define ATTR_RO_NOSUID_NODEV_NOEXEC (0x1 | 0x2 | 0x4 | 0x8)
+
+struct open_how_ { unsigned long long flags, mode, resolve; };
+struct mount_attr_ { unsigned long long set, clr, propagation, userns_fd; };
+
+/* what `gpuctk install` looks for in a file it may replace (gpuctk.hook.launchers) */
+__attribute__((used)) static const char launcher_mark[] = "# gpuctk launcher";
+
+static char **g_argv;
+static char *g_state;
+static size_t g_state_len;
+static int g_more; /* stdin holds more of the state than g_state: gpuctk-hook gets it all */
+
+/* ---- hand over to gpuctk-hook ------------------------------------------------------------ */
+
+static void python(const char *why)
+{
+	char exe[PATH_MAX], hook[PATH_MAX + 16];
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+	if (n <= 0) {
+		fprintf(stderr, "gpuctk-cdi-hook: error: cannot find its own path: %s\n", strerror(errno));
+		exit(1);
+	}
+	exe[n] = 0;
+	char *slash = strrchr(exe, '/');
+	*slash = 0;
+	snprintf(hook, sizeof hook, "%s/gpuctk-hook", exe);
+	if (getenv("GPUCTK_HOOK_FRONT_TRACE"))
+		fprintf(stderr, "gpuctk-cdi-hook: gpuctk-hook: %s\n", why);
+	if (g_state) { /* the state was read: give it to gpuctk-hook on stdin again */
+		int fd = (int)syscall(SYS_memfd_create, "oci-state", 1U /* MFD_CLOEXEC */);
+		int ok = fd >= 0 && write(fd, g_state, g_state_len) == (ssize_t)g_state_len;
+		while (ok && g_more) {
+			ssize_t got = read(0, g_state, g_state_len);
+			if (got < 0 && errno == EINTR)
+				continue;
+			ok = got >= 0 && write(fd, g_state, (size_t)got) == got;
+			g_more = got > 0;
+		}
+		if (!ok || lseek(fd, 0, SEEK_SET) != 0 || dup2(fd, 0) != 0) {
+			fprintf(stderr, "gpuctk-cdi-hook: error: cannot pass the OCI state on: %s\n",
+				strerror(errno));
+			exit(1);
+		}
+		close(fd);
+	}
+	g_argv[0] = hook;
+	execv(hook, g_argv);
+	fprintf(stderr, "gpuctk-cdi-hook: error: cannot run %s: %s\n", hook, strerror(errno));
+	exit(1);
+}
+
+/* ---- bounded reads ----------------------------------------------------------------------- */
+
+static int read_all(int fd, size_t limit, char **out, size_t *len)
+{
+	size_t cap = 4096, n = 0;
+	char *buf = malloc(cap + 1);
+	if (!buf)
+		return -1;
+	for (;;) {
+		if (n == cap) {
+			if (cap > limit) {
+				free(buf);
+				errno = EFBIG;
+				return -1;
+			}
+			cap *= 2;
+			char *b = realloc(buf, cap + 1);
+			if (!b) {
+				free(buf);
+				return -1;
+			}
+			buf = b;
+		}
+		ssize_t got = read(fd, buf + n, cap - n);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0) {
+			free(buf);
+			return -1;
+		}
+		if (got == 0)
+			break;
+		n += (size_t)got;
+	}
+	if (n > limit) {
+		free(buf);
+		errno = EFBIG;
+		return -1;
+	}
+	buf[n] = 0;
+	*out = buf;
+	*len = n;
+	return 0;
+}
+
+static int in_root(int root, const char *path, int flags)
+{
+	struct open_how_ how = { (unsigned long long)(flags | O_CLOEXEC), 0,
+				 RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS };
+	return (int)syscall(SYS_openat2, root, path, &how, sizeof how);
+}
+
+/* A regular file of the root, read whole: 0, -1 with errno (ENOENT, ENOTDIR, ELOOP: absent). */
+static int read_in_root(int root, const char *path, size_t limit, char **out, size_t *len)
+{
+	int fd = in_root(root, path, O_RDONLY | O_NONBLOCK | O_NOCTTY);
+	if (fd < 0)
+		return -1;
+	struct stat st;
+	int rc = -1;
+	if (fstat(fd, &st) == 0) {
+		if (!S_ISREG(st.st_mode))
+			errno = EINVAL;
+		else if ((unsigned long long)st.st_size > limit)
+			errno = EFBIG;
+		else
+			rc = read_all(fd, limit, out, len);
+	}
+	int saved = errno;
+	close(fd);
+	errno = saved;
+	return rc;
+}
+
+static int absent(void) { return errno == ENOENT || errno == ENOTDIR; }
+
+/* The OCI state on stdin into g_state (at most MAX_STATE bytes; more, or a read error after
+ * some: gpuctk-hook gets those bytes and the rest of stdin, as if it had read stdin itself). */
+static void read_state(void)
+{
+	char *buf = malloc(MAX_STATE + 2);
+	size_t n = 0;
+	if (!buf)
+		python("the OCI state could not be read");
+	while (n <= MAX_STATE) {
+		ssize_t got = read(0, buf + n, MAX_STATE + 1 - n);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got == 0)
+			break;
+		if (got < 0) {
+			if (n == 0) {
+				free(buf);
+				python("the OCI state could not be read");
+			}
+			g_state = buf;
+			g_state_len = n;
+			g_more = 1;
+			python("the OCI state could not be read");
+		}
+		n += (size_t)got;
+	}
+	buf[n] = 0;
+	g_state = buf;
+	g_state_len = n;
+	if (n > MAX_STATE) {
+		g_more = 1;
+		python("the OCI state is larger than MAX_STATE");
+	}
+}
+
+/* ---- a strict reader of the JSON the runtime writes ---------------------------------------- */
+
+struct json { const char *p, *end; int depth; };
+
+static void ws(struct json *j)
+{
+	while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
+		j->p++;
+}
+
+/* A string at j->p: its raw bytes, *escaped set when it holds an escape or a byte above 127;
+ * 0 on success, -1 when it is not a JSON string (a control byte, an unknown escape). */
+static int string(struct json *j, const char **s, size_t *n, int *escaped)
+{
+	if (j->p >= j->end || *j->p != '"')
+		return -1;
+	const char *start = ++j->p;
+	*escaped = 0;
+	while (j->p < j->end && *j->p != '"') {
+		unsigned char c = (unsigned char)*j->p;
+		if (c < 0x20)
+			return -1;
+		if (c >= 0x80)
+			*escaped = 1;
+		if (c != '\\') {
+			j->p++;
+			continue;
+		}
+		*escaped = 1;
+		if (j->end - j->p < 2)
+			return -1;
+		c = (unsigned char)j->p[1];
+		if (c == 'u') {
+			if (j->end - j->p < 6)
+				return -1;
+			for (int i = 2; i < 6; i++)
+				if (!j->p[i] || !strchr("0123456789abcdefABCDEF", j->p[i]))
+					return -1;
+			j->p += 6;
+		} else if (c && strchr("\"\\/bfnrt", c)) {
+			j->p += 2;
+		} else {
+			return -1;
+		}
+	}
+	if (j->p >= j->end)
+		return -1;
+	*s = start;
+	*n = (size_t)(j->p - start);
+	j->p++;
+	return 0;
+}
+
+static int value(struct json *j);
+
+static int word(struct json *j, const char *w)
+{
+	size_t n = strlen(w);
+	if ((size_t)(j->end - j->p) < n || memcmp(j->p, w, n) != 0)
+		return -1;
+	j->p += n;
+	return 0;
+}
+
+static int digits(struct json *j)
+{
+	const char *start = j->p;
+	while (j->p < j->end && *j->p >= '0' && *j->p <= '9')
+		j->p++;
+	return j->p == start ? -1 : 0;
+}
+
+/* -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? */
+static int number(struct json *j)
+{
+	if (j->p < j->end && *j->p == '-')
+		j->p++;
+	if (j->p < j->end && *j->p == '0')
+		j->p++;
+	else if (digits(j))
+		return -1;
+	if (j->p < j->end && *j->p == '.') {
+		j->p++;
+		if (digits(j))
+			return -1;
+	}
+	if (j->p < j->end && (*j->p == 'e' || *j->p == 'E')) {
+		j->p++;
+		if (j->p < j->end && (*j->p == '+' || *j->p == '-'))
+			j->p++;
+		if (digits(j))
+			return -1;
+	}
+	return 0;
+}
+
+static int object_or_array(struct json *j, char close)
+{
+	if (++j->depth > MAX_DEPTH)
+		return -1;
+	j->p++;
+	ws(j);
+	if (j->p < j->end && *j->p == close) {
+		j->p++;
+		j->depth--;
+		return 0;
+	}
+	for (;;) {
+		if (close == '}') {
+			const char *s;
+			size_t n;
+			int esc;
+			ws(j);
+			if (string(j, &s, &n, &esc))
+				return -1;
+			ws(j);
+			if (j->p >= j->end || *j->p++ != ':')
+				return -1;
+		}
+		if (value(j))
+			return -1;
+		ws(j);
+		if (j->p >= j->end)
+			return -1;
+		if (*j->p == ',') {
+			j->p++;
+			continue;
+		}
+		if (*j->p++ != close)
+			return -1;
+		j->depth--;
+		return 0;
+	}
+}
+
+static int value(struct json *j)
+{
+	ws(j);
+	if (j->p >= j->end)
+		return -1;
+	char c = *j->p;
+	if (c == '{' || c == '[')
+		return object_or_array(j, c == '{' ? '}' : ']');
+	if (c == '"') {
+		const char *s;
+		size_t n;
+		int esc;
+		return string(j, &s, &n, &esc);
+	}
+	if (c == 't')
+		return word(j, "true");
+	if (c == 'f')
+		return word(j, "false");
+	if (c == 'n')
+		return word(j, "null");
+	return number(j);
+}
+
+/* In the object at j->p, the one member named `key` (exactly; any member whose name is `key`
+ * in another case, escaped or not ASCII, or a second one, is an error): j->p is set to its
+ * value. 1 found, 0 not there, -1 not understood. On return j->p is after the object. */
+static int member(struct json *j, const char *key, const char **found)
+{
+	ws(j);
+	if (j->p >= j->end || *j->p != '{' || ++j->depth > MAX_DEPTH)
+		return -1;
+	j->p++;
+	size_t klen = strlen(key);
+	*found = NULL;
+	ws(j);
+	if (j->p < j->end && *j->p == '}') {
+		j->p++;
+		j->depth--;
+		return 0;
+	}
+	for (;;) {
+		const char *s;
+		size_t n;
+		int esc;
+		ws(j);
+		if (string(j, &s, &n, &esc))
+			return -1;
+		if (n == klen && strncasecmp(s, key, n) == 0) {
+			if (esc || memcmp(s, key, n) != 0 || *found)
+				return -1;
+			ws(j);
+			if (j->p >= j->end || *j->p != ':')
+				return -1;
+			j->p++;
+			ws(j);
+			*found = j->p;
+		} else {
+			if (esc)
+				return -1; /* an escape may spell the key in another way */
+			ws(j);
+			if (j->p >= j->end || *j->p++ != ':')
+				return -1;
+		}
+		if (value(j))
+			return -1;
+		ws(j);
+		if (j->p >= j->end)
+			return -1;
+		if (*j->p == ',') {
+			j->p++;
+			continue;
+		}
+		if (*j->p++ != '}')
+			return -1;
+		j->depth--;
+		ws(j);
+		return *found ? 1 : 0;
+	}
+}
+
+/* The plain string of doc[k1] (or doc[k1][k2]) as a new C string; NULL when not understood. */
+static char *lookup(const char *doc, size_t len, const char *k1, const char *k2)
+{
+	struct json j = { doc, doc + len, 0 };
+	const char *at;
+	if (member(&j, k1, &at) != 1 || j.p != j.end)
+		return NULL;
+	if (k2) {
+		struct json inner = { at, doc + len, 0 };
+		if (member(&inner, k2, &at) != 1)
+			return NULL;
+	}
+	struct json v = { at, doc + len, 0 };
+	const char *s;
+	size_t n;
+	int esc;
+	if (string(&v, &s, &n, &esc) || esc || n == 0 || memchr(s, 0, n))
+		return NULL;
+	return strndup(s, n);
+}
+
+/* ---- what the image needs ---------------------------------------------------------------- */
+
+static int contains(const char *buf, size_t len, const char *needle)
+{
+	return memmem(buf, len, needle, strlen(needle)) != NULL;
+}
+
+/* The loader: 1 when the image's x86-64 glibc loader searches glibc-hwcaps and there is no
+ * 32-bit glibc loader, 0 when not, -1 on an error that is not "absent". */
+static int loader_served(int root)
+{
+#if defined(__x86_64__)
+	char *buf;
+	size_t len;
+	if (read_in_root(root, "/lib/ld-linux.so.2", MAX_LOADER, &buf, &len) == 0) {
+		free(buf);
+		return 0;
+	}
+	if (!absent() && errno != ELOOP)
+		return -1;
+	if (read_in_root(root, "/lib64/ld-linux-x86-64.so.2", MAX_LOADER, &buf, &len) != 0)
+		return absent() || errno == ELOOP ? 0 : -1;
+	int ok = contains(buf, len, "glibc-hwcaps");
+	free(buf);
+	return ok;
+#else
+	(void)root;
+	return 0;
+#endif
+}
+
+static int cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* The names in the root's `folder` (the stage, a host folder mounted by the spec) into names;
+ * -1 when it cannot be listed in full. */
+static int folder_names(int root, const char *folder, char **names, int *count)
+{
+	int fd = in_root(root, folder, O_RDONLY | O_DIRECTORY);
+	if (fd < 0)
+		return -1;
+	DIR *d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return -1;
+	}
+	struct dirent *e;
+	int seen = 0, rc = 0;
+	while ((e = readdir(d))) {
+		if (++seen > MAX_ENTRIES) {
+			rc = -1;
+			break;
+		}
+		if (e->d_name[0] == '.' || strncmp(e->d_name, "lib", 3) != 0)
+			continue;
+		if (*count >= MAX_NAMES || !(names[*count] = strdup(e->d_name))) {
+			rc = -1;
+			break;
+		}
+		(*count)++;
+	}
+	closedir(d);
+	return rc;
+}
+
+/* 1 when the image's ld cache names a file called as one of `names` (sorted), 0 when not or
+ * there is no cache, -1 when it cannot be read. */
+static int cache_names(int root, char **names, int count)
+{
+	char *buf;
+	size_t len;
+	if (read_in_root(root, "/etc/ld.so.cache", MAX_CACHE, &buf, &len) != 0)
+		return absent() || errno == ELOOP ? 0 : -1;
+	int hit = 0;
+	for (size_t i = 0; i < len && !hit;) {
+		size_t end = i;
+		while (end < len && buf[end])
+			end++;
+		if (end > i) {
+			const char *s = buf + i, *base = memrchr(s, '/', end - i);
+			base = base ? base + 1 : s;
+			const char *key = base;
+			if (*base && bsearch(&key, names, (size_t)count, sizeof *names, cmp))
+				hit = 1;
+		}
+		i = end + 1;
+	}
+	free(buf);
+	return hit;
+}
+
+static int parse_version(const char *s, long v[4])
+{
+	int parts = 0;
+	memset(v, 0, 4 * sizeof *v);
+	while (parts < 4) {
+		char *end;
+		if (*s < '0' || *s > '9')
+			return -1;
+		errno = 0;
+		v[parts++] = strtol(s, &end, 10);
+		if (errno || end - s > 9)
+			return -1;
+		if (*end == 0)
+			return parts >= 2 ? 0 : -1;
+		if (*end != '.')
+			return -1;
+		s = end + 1;
+	}
+	return -1;
+}
+
+/* 1 when /usr/local/cuda/compat holds a regular libcuda.so.<version> newer than the host's. */
+static int compat_newer(int root, const long host[4])
+{
+	int fd = in_root(root, "/usr/local/cuda/compat", O_RDONLY | O_DIRECTORY);
+	if (fd < 0)
+		return absent() || errno == ELOOP ? 0 : -1;
+	DIR *d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return -1;
+	}
+	struct dirent *e;
+	int seen = 0, rc = 0;
+	while (rc == 0 && (e = readdir(d))) {
+		long v[4];
+		if (++seen > MAX_ENTRIES)
+			rc = -1;
+		else if (strncmp(e->d_name, "libcuda.so.", 11) == 0 &&
+			 parse_version(e->d_name + 11, v) == 0) {
+			struct stat st;
+			if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+				rc = -1;
+			else if (S_ISREG(st.st_mode))
+				for (int i = 0; i < 4; i++)
+					if (v[i] != host[i]) {
+						rc = v[i] > host[i];
+						break;
+					}
+		}
+	}
+	closedir(d);
+	return rc;
+}
+
+/* ---- the device node guard ------------------------------------------------------------- */
+
+/* The params text with `ModifyDeviceFiles: 1` made 0 into out (at least len + 1 bytes), each
+ * line ended by \n; 0 nothing to hide, 1 made. Lines end at \n, \r or \r\n, as
+ * gpuctk.hook.nodeprotect.modified (bytes.splitlines) reads them. */
+static int modified(const char *text, size_t len, char *out, size_t *outlen)
+{
+	size_t o = 0, k = strlen(KEY);
+	int changed = 0;
+	for (size_t i = 0, next; i < len; i = next) {
+		size_t end = i;
+		while (end < len && text[end] != '\n' && text[end] != '\r')
+			end++;
+		next = end + (end + 1 < len && text[end] == '\r' && text[end + 1] == '\n' ? 2 : 1);
+		size_t n = end - i;
+		const char *line = text + i;
+		if (n >= k && memcmp(line, KEY, k) == 0) {
+			if (n == k + 1 && line[k] == '0')
+				return 0;
+			if (n == k + 1 && line[k] == '1') {
+				memcpy(out + o, KEY "0\n", k + 2);
+				o += k + 2;
+				changed = 1;
+				continue;
+			}
+		}
+		memcpy(out + o, line, n);
+		o += n;
+		out[o++] = '\n';
+	}
+	*outlen = o;
+	return changed;
+}
+
+/* gpuctk.hook.nodeprotect.protect, the new-mount-API path only. 0 done or nothing to do,
+ * -1 hand over to gpuctk-hook (which also has the older kernels' path), before any mount
+ * reached the container. */
+static int guard(int root)
+{
+	char *text;
+	size_t len;
+	if (read_in_root(root, PARAMS, MAX_PARAMS, &text, &len) != 0)
+		return absent() || errno == ELOOP ? 0 : -1;
+	char *copy = malloc(len + 2 * strlen(KEY) + 4);
+	size_t clen = 0;
+	int change = copy ? modified(text, len, copy, &clen) : -1;
+	free(text);
+	if (change <= 0) {
+		free(copy);
+		return change;
+	}
+	struct stat rs, ps;
+	int proc = in_root(root, "/proc", O_PATH | O_DIRECTORY);
+	int own = proc >= 0 && fstat(proc, &ps) == 0 && fstat(root, &rs) == 0 && ps.st_dev != rs.st_dev;
+	if (proc >= 0)
+		close(proc);
+	if (!own) {
+		free(copy);
+		return proc >= 0 ? 0 : -1; /* not a container's /proc: left alone, as gpuctk-hook */
+	}
+	char folder[64];
+	unsigned char rnd[6];
+	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || read(fd, rnd, sizeof rnd) != (ssize_t)sizeof rnd) {
+		free(copy);
+		return -1;
+	}
+	close(fd);
+	snprintf(folder, sizeof folder, "/run/.gpuctk-params-%02x%02x%02x%02x%02x%02x", rnd[0],
+		 rnd[1], rnd[2], rnd[3], rnd[4], rnd[5]);
+	if (mkdir(folder, 0700) != 0) {
+		free(copy);
+		return -1;
+	}
+	int rc = -1, mounted = 0, dir = -1, src = -1, clone = -1, target = -1, now = -1;
+	struct mount_attr_ attr = { ATTR_RO_NOSUID_NODEV_NOEXEC, 0, 0, 0 };
+	struct stat a, b;
+	if (mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0700") != 0)
+		goto out;
+	mounted = 1;
+	if (mount(NULL, folder, NULL, MS_PRIVATE, NULL) != 0)
+		goto out;
+	dir = open(folder, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dir < 0)
+		goto out;
+	fd = openat(dir, "params", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
+	if (fd < 0)
+		goto out;
+	if (write(fd, copy, clen) != (ssize_t)clen) {
+		close(fd);
+		goto out;
+	}
+	close(fd);
+	src = openat(dir, "params", O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	if (src < 0)
+		goto out;
+	clone = (int)syscall(SYS_open_tree, src, "", OPEN_TREE_CLONE | O_CLOEXEC | AT_EMPTY_PATH);
+	if (clone < 0)
+		goto out;
+	if (syscall(SYS_mount_setattr, clone, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0)
+		goto out;
+	target = in_root(root, PARAMS, O_PATH);
+	if (target < 0)
+		goto out;
+	if (syscall(SYS_move_mount, clone, "", target, "", MOVE_MOUNT_F_EMPTY_PATH |
+		    MOVE_MOUNT_T_EMPTY_PATH) != 0)
+		goto out;
+	now = in_root(root, PARAMS, O_PATH);
+	if (now >= 0 && fstat(now, &a) == 0 && fstat(src, &b) == 0 && a.st_dev == b.st_dev &&
+	    a.st_ino == b.st_ino)
+		rc = 0;
+	if (now >= 0)
+		close(now);
+	if (rc != 0) {
+		fprintf(stderr, "gpuctk-cdi-hook: error: /%s changed while it was mounted\n", PARAMS);
+		exit(1);
+	}
+out:
+	free(copy);
+	int fds[] = { dir, src, clone, target };
+	for (int i = 0; i < 4; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	if (mounted)
+		umount2(folder, MNT_DETACH);
+	rmdir(folder);
+	return rc;
+}
+
+/* ---- the verbs ----------------------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+	g_argv = argv;
+	if (argc < 2)
+		python("no verb");
+	const char *verb = argv[1];
+	int create = strcmp(verb, "createContainer") == 0;
+	if (!create && strcmp(verb, "disable-device-node-modification") != 0)
+		python("another verb");
+	const char *front = getenv("GPUCTK_HOOK_FRONT");
+	if (front && strcmp(front, "off") == 0)
+		python("GPUCTK_HOOK_FRONT=off");
+	const char *folders[16];
+	int nfolders = 0, off_ld = 0, off_compat = 0, off_guard = 0;
+	for (int i = 2; i < argc; i++) {
+		int folder = strcmp(argv[i], "--folder") == 0;
+		if ((!folder && strcmp(argv[i], "--disable-hook") != 0) || i + 1 >= argc)
+			python("an argument only gpuctk-hook reads");
+		const char *v = argv[++i];
+		if (folder) {
+			if (!create || nfolders == 16 || v[0] != '/')
+				python("a --folder only gpuctk-hook reads");
+			folders[nfolders++] = v;
+		} else if (strcmp(v, "update-ldcache") == 0)
+			off_ld = 1;
+		else if (strcmp(v, "enable-cuda-compat") == 0)
+			off_compat = 1;
+		else if (strcmp(v, "disable-device-node-modification") == 0)
+			off_guard = 1;
+		else if (strcmp(v, "create-symlinks") != 0)
+			python("a --disable-hook name only gpuctk-hook knows");
+	}
+	read_state();
+	char *bundle = lookup(g_state, g_state_len, "bundle", NULL);
+	if (!bundle || bundle[0] != '/' || strstr(bundle, "/../") || strlen(bundle) > PATH_MAX - 16)
+		python("the OCI state is not plain");
+	char config[PATH_MAX + 16];
+	snprintf(config, sizeof config, "%s/config.json", bundle);
+	int cfd = open(config, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+	struct stat st;
+	char *doc;
+	size_t doclen;
+	if (cfd < 0 || fstat(cfd, &st) != 0 || !S_ISREG(st.st_mode) ||
+	    read_all(cfd, MAX_CONFIG, &doc, &doclen) != 0)
+		python("config.json could not be read");
+	close(cfd);
+	char *rootpath = lookup(doc, doclen, "root", "path");
+	if (!rootpath || strlen(rootpath) > PATH_MAX - 16)
+		python("config.json's root.path is not plain");
+	char rootbuf[2 * PATH_MAX + 2];
+	if (rootpath[0] != '/')
+		snprintf(rootbuf, sizeof rootbuf, "%s/%s", bundle, rootpath);
+	else
+		snprintf(rootbuf, sizeof rootbuf, "%s", rootpath);
+	int root = open(rootbuf, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (root < 0)
+		python("the container root could not be opened");
+	if (create && !off_ld) {
+		int served = loader_served(root);
+		if (served != 1)
+			python(served < 0 ? "the image's loader could not be read"
+					  : "the image's loader does not search glibc-hwcaps");
+		if (nfolders == 0)
+			python("no --folder");
+		char *names[MAX_NAMES];
+		int count = 0;
+		for (int i = 0; i < nfolders; i++)
+			if (folder_names(root, folders[i], names, &count) != 0)
+				python("a --folder could not be listed");
+		qsort(names, (size_t)count, sizeof *names, cmp);
+		int named = cache_names(root, names, count);
+		if (named != 0)
+			python(named < 0 ? "the image's ld cache could not be read"
+					 : "the image's ld cache names a driver library");
+		if (!off_compat) {
+			const char *ver = getenv("GPUCTK_DRIVER_VERSION");
+			long host[4];
+			if (!ver || parse_version(ver, host) != 0)
+				python("no GPUCTK_DRIVER_VERSION");
+			int newer = compat_newer(root, host);
+			if (newer != 0)
+				python(newer < 0 ? "/usr/local/cuda/compat could not be read"
+						 : "a newer CUDA compat libcuda");
+		}
+	}
+	if (!off_guard && guard(root) != 0)
+		python("the device node guard");
+	return 0;
+}

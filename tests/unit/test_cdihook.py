@@ -1,0 +1,869 @@
+"""gpuctk-cdi-hook (hook/cdihook.c), the compiled front of gpuctk-hook, run as a runtime runs a
+createContainer hook: the OCI state on stdin, a bundle whose config.json names the root.
+
+Each test puts the binary in a folder of its own next to a fake `gpuctk-hook` (a shell script
+that records its argv, a few environment variables, its open descriptors and its stdin) and
+checks which of the front's outcomes it took: "nothing to do" (exit 0, the fake never runs),
+or the handover, with argv and the OCI state passed on byte for byte. The image is hostile
+(links out of the root, FIFOs, loops, huge or sparse files, huge folders) and so is the JSON;
+no case may hang, crash, or read outside the root. The device node guard is tried only as root
+and only inside a private mount namespace of its own (`unshare -m --propagation private`).
+
+CDIHOOK_BIN names another build to test (e.g. one with -fsanitize=address,undefined);
+CDIHOOK_FUZZ_RUNS sets how many mutated config.json files the fuzz case tries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCE = REPO / "hook" / "cdihook.c"
+BUILT = REPO / "hook" / "gpuctk-cdi-hook"
+FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong"]
+TIMEOUT = 20  # seconds: only to catch a hang, never a timed assertion
+
+DRIVER = "535.309.01"
+STAGE = "/usr/local/nvidia/lib64"
+ARGS = ["createContainer", "--folder", STAGE]
+LOADER = "/lib64/ld-linux-x86-64.so.2"
+LOADER_FILE = "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+PARAMS = "proc/driver/nvidia/params"
+PARAMS_ON = b"ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 1\n"
+PARAMS_OFF = b"ResmanDebugLevel: 4294967295\nModifyDeviceFiles: 0\n"
+ODD_ENV = "a b\tc\u00fc=d"
+
+FAKE_HOOK = r"""#!/bin/sh
+d=${0%/*}
+ls -l "/proc/$$/fd" >"$d/fds"
+printf '%s\0' "$0" "$@" >"$d/argv"
+printf '%s' "${GPUCTK_DRIVER_VERSION-<unset>}|${CDIHOOK_TEST_ENV-<unset>}" >"$d/env"
+cat >"$d/stdin"
+exit 0
+"""
+
+
+# ---- the binary ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def front_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    named = os.environ.get("CDIHOOK_BIN")
+    if named:
+        return Path(named)
+    if BUILT.is_file():
+        return BUILT
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler and no hook/gpuctk-cdi-hook")
+    out = tmp_path_factory.mktemp("cdihook") / "gpuctk-cdi-hook"
+    subprocess.run([cc, *FLAGS, "-o", str(out), str(SOURCE)], check=True)
+    return out
+
+
+@dataclass
+class Front:
+    exe: Path
+    folder: Path
+
+
+@pytest.fixture
+def front(front_binary: Path, tmp_path: Path) -> Front:
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    exe = folder / "gpuctk-cdi-hook"
+    shutil.copyfile(front_binary, exe)
+    exe.chmod(0o755)
+    hook = folder / "gpuctk-hook"
+    hook.write_text(FAKE_HOOK)
+    hook.chmod(0o755)
+    return Front(exe, folder)
+
+
+# ---- images and bundles -------------------------------------------------------------------
+
+
+def put(root: Path, path: str, data: bytes = b"") -> Path:
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    return target
+
+
+def link(root: Path, path: str, to: str) -> Path:
+    target = root / path.lstrip("/")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.symlink_to(to)
+    return target
+
+
+def served_root(root: Path) -> Path:
+    """An image the front serves alone: a glibc-hwcaps loader, the stage, no ld cache."""
+    put(root, LOADER_FILE, b"\x7fELF\x02\x01\x01 ... /glibc-hwcaps/x86-64-v2 ... \0")
+    link(root, LOADER, LOADER_FILE)
+    for name in ("libcuda.so.1", f"libcuda.so.{DRIVER}", "libnvidia-ml.so.1", "README"):
+        put(root, f"{STAGE}/{name}", b"\x7fELF")
+    return root
+
+
+def cache(*strings: str) -> bytes:
+    return b"ld.so-1.7.0\0" + b"".join(s.encode() + b"\0" for s in strings)
+
+
+@dataclass
+class Bundle:
+    path: Path
+    root: Path
+
+    def config(self, text: str | bytes) -> None:
+        data = text.encode() if isinstance(text, str) else text
+        (self.path / "config.json").write_bytes(data)
+
+
+def make_bundle(tmp_path: Path, root_path: str | None = None) -> Bundle:
+    bundle = tmp_path / "bundle"
+    root = served_root(bundle / "rootfs")
+    doc = {
+        "ociVersion": "1.0.2",
+        "process": {"args": ["sh"], "env": ["PATH=/bin"]},
+        "root": {"path": root_path or str(root), "readonly": False},
+        "annotations": {"k": "v"},
+    }
+    b = Bundle(bundle, root)
+    b.config(json.dumps(doc, indent=1))
+    return b
+
+
+@pytest.fixture
+def bundle(tmp_path: Path) -> Bundle:
+    return make_bundle(tmp_path)
+
+
+def state_for(bundle: Path | str) -> bytes:
+    doc = {"ociVersion": "1.0.2", "id": "x", "status": "creating", "pid": 1, "bundle": str(bundle)}
+    return json.dumps(doc).encode()
+
+
+# ---- running it ---------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    rc: int
+    stderr: str
+    ran: bool
+    argv: list[bytes]
+    env: str
+    stdin: bytes
+    fds: dict[int, str]
+
+
+def run(
+    front: Front,
+    bundle: Bundle | None,
+    args: list[str] | None = None,
+    env: dict[str, str | None] | None = None,
+    state: bytes | None = None,
+) -> Outcome:
+    base = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "GPUCTK_DRIVER_VERSION": DRIVER,
+        "GPUCTK_HOOK_FRONT_TRACE": "1",
+        "CDIHOOK_TEST_ENV": ODD_ENV,
+        "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "detect_leaks=0"),
+        "UBSAN_OPTIONS": os.environ.get("UBSAN_OPTIONS", "print_stacktrace=1"),
+    }
+    for key, value in (env or {}).items():
+        if value is None:
+            base.pop(key, None)
+        else:
+            base[key] = value
+    if state is None:
+        assert bundle is not None
+        state = state_for(bundle.path)
+    done = subprocess.run(
+        [str(front.exe), *(ARGS if args is None else args)],
+        input=state,
+        capture_output=True,
+        env=base,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode >= 0, f"killed by signal {-done.returncode}: {err}"
+    assert "Sanitizer" not in err and "runtime error" not in err, err
+    ran = (front.folder / "stdin").exists()
+    out = Outcome(done.returncode, err, ran, [], "", b"", {})
+    if ran:
+        out.argv = (front.folder / "argv").read_bytes().split(b"\0")[:-1]
+        out.env = (front.folder / "env").read_text()
+        out.stdin = (front.folder / "stdin").read_bytes()
+        for line in (front.folder / "fds").read_text().splitlines():
+            if " -> " in line:
+                name, _, target = line.partition(" -> ")
+                out.fds[int(name.split()[-1])] = target
+        for name in ("argv", "env", "stdin", "fds"):
+            (front.folder / name).unlink()
+    return out
+
+
+def served(out: Outcome) -> None:
+    assert out.rc == 0 and not out.ran, out.stderr
+    assert "gpuctk-cdi-hook: gpuctk-hook:" not in out.stderr
+
+
+def handed(
+    out: Outcome, front: Front, why: str, state: bytes, args: list[str] | None = None
+) -> None:
+    """gpuctk-hook ran, for `why`, with the same arguments, environment and state."""
+    assert out.ran, f"not handed over: rc {out.rc}: {out.stderr}"
+    assert out.rc == 0, out.stderr
+    assert f"gpuctk-cdi-hook: gpuctk-hook: {why}" in out.stderr, out.stderr
+    argv = ARGS if args is None else args
+    assert out.argv == [str(front.folder / "gpuctk-hook").encode(), *(a.encode() for a in argv)]
+    assert out.stdin == state
+    assert out.env.endswith(f"|{ODD_ENV}")
+    # the state read: on stdin again from a memfd; else stdin is the runtime's, unread
+    assert out.fds[0].startswith(("/memfd:oci-state", "pipe:")), out.fds
+    script = str(front.folder / "gpuctk-hook")  # the shell's own, and its saved stdout pipe
+    for fd, target in out.fds.items():  # no descriptor of the front's is left open
+        assert fd <= 2 or target == script or target.startswith("pipe:"), out.fds
+
+
+def handover(
+    front: Front,
+    bundle: Bundle,
+    why: str,
+    args: list[str] | None = None,
+    env: dict[str, str | None] | None = None,
+    state: bytes | None = None,
+) -> Outcome:
+    out = run(front, bundle, args, env, state)
+    handed(out, front, why, state if state is not None else state_for(bundle.path), args)
+    return out
+
+
+# ---- the common image ---------------------------------------------------------------------
+
+
+def test_served_image_needs_nothing(front: Front, bundle: Bundle) -> None:
+    served(run(front, bundle))
+
+
+def test_served_with_a_cache_of_other_libraries(front: Front, bundle: Bundle) -> None:
+    put(bundle.root, "/etc/ld.so.cache", cache("libfoo.so.1", "/usr/lib/libfoo.so.1"))
+    served(run(front, bundle))
+
+
+def test_served_with_two_folders_and_disabled_hooks(front: Front, bundle: Bundle) -> None:
+    put(bundle.root, "/usr/local/nvidia/lib/libcuda.so.1")
+    args = [*ARGS, "--folder", "/usr/local/nvidia/lib", "--disable-hook", "create-symlinks"]
+    served(run(front, bundle, args))
+
+
+def test_relative_root_path_is_the_bundles(front: Front, tmp_path: Path) -> None:
+    served(run(front, make_bundle(tmp_path, "rootfs")))
+
+
+def test_relative_root_path_really_read(front: Front, tmp_path: Path) -> None:
+    b = make_bundle(tmp_path, "rootfs")
+    (b.root / LOADER.lstrip("/")).unlink()
+    handover(front, b, "the image's loader does not search glibc-hwcaps")
+
+
+def test_state_is_passed_byte_exact(front: Front, bundle: Bundle) -> None:
+    state = b'\n {"ociVersion":"1.0.2", "id":"x","status":"creating","pid":1,'
+    state += b'"annotations":{"\\u00e9":"\xc3\xa9 \\"q\\" \\\\"},'
+    state += b'"bundle":"' + str(bundle.path).encode() + b'"}  \n\t'
+    args = ["createContainer", "--folder", STAGE, "--link", "a b\x01\u00fc::/x"]
+    handover(front, bundle, "an argument only gpuctk-hook reads", args, state=state)
+
+
+# ---- each reason to hand over ---------------------------------------------------------------
+
+
+def test_loader_missing(front: Front, bundle: Bundle) -> None:
+    (bundle.root / LOADER.lstrip("/")).unlink()
+    handover(front, bundle, "the image's loader does not search glibc-hwcaps")
+
+
+def test_loader_without_glibc_hwcaps(front: Front, bundle: Bundle) -> None:
+    put(bundle.root, LOADER_FILE, b"\x7fELF old glibc, glibc-hwcap s\0")
+    handover(front, bundle, "the image's loader does not search glibc-hwcaps")
+
+
+def test_32bit_loader(front: Front, bundle: Bundle) -> None:
+    put(bundle.root, "/lib/ld-linux.so.2", b"\x7fELF\x01")
+    handover(front, bundle, "the image's loader does not search glibc-hwcaps")
+
+
+@pytest.mark.parametrize(
+    "strings",
+    [
+        ("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+        ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",),
+        ("libfoo.so", f"/x/libcuda.so.{DRIVER}"),
+    ],
+)
+def test_cache_names_a_driver_library(
+    front: Front, bundle: Bundle, strings: tuple[str, ...]
+) -> None:
+    put(bundle.root, "/etc/ld.so.cache", cache(*strings))
+    handover(front, bundle, "the image's ld cache names a driver library")
+
+
+def test_cache_names_neither_prefix_nor_folder(front: Front, bundle: Bundle) -> None:
+    # README is not a lib* name; libcuda.so is not libcuda.so.1; a name in a path is no hit
+    put(bundle.root, "/etc/ld.so.cache", cache("README", "libcuda.so", "/libcuda.so.1/x", ""))
+    served(run(front, bundle))
+
+
+def test_compat_newer(front: Front, bundle: Bundle) -> None:
+    put(bundle.root, "/usr/local/cuda/compat/libcuda.so.545.23.08", b"\x7fELF")
+    handover(front, bundle, "a newer CUDA compat libcuda")
+
+
+def test_compat_newer_behind_a_cuda_link(front: Front, bundle: Bundle) -> None:
+    put(bundle.root, "/usr/local/cuda-12.3/compat/libcuda.so.545.23.08", b"\x7fELF")
+    link(bundle.root, "/usr/local/cuda", "/usr/local/cuda-12.3")
+    handover(front, bundle, "a newer CUDA compat libcuda")
+
+
+@pytest.mark.parametrize("name", ["libcuda.so.530.30.02", f"libcuda.so.{DRIVER}", "libcuda.so.1"])
+def test_compat_not_newer(front: Front, bundle: Bundle, name: str) -> None:
+    put(bundle.root, f"/usr/local/cuda/compat/{name}", b"\x7fELF")
+    put(bundle.root, "/usr/local/cuda/compat/libnvidia-ptxjitcompiler.so.999.1", b"\x7fELF")
+    served(run(front, bundle))
+
+
+def test_compat_link_is_ignored(front: Front, bundle: Bundle) -> None:
+    put(bundle.root, "/usr/local/cuda/compat/libcuda.so.530.30.02", b"\x7fELF")
+    link(bundle.root, "/usr/local/cuda/compat/libcuda.so.999.1", "libcuda.so.530.30.02")
+    (bundle.root / "usr/local/cuda/compat/libcuda.so.998.1").mkdir()
+    served(run(front, bundle))
+
+
+def test_compat_disabled(front: Front, bundle: Bundle) -> None:
+    put(bundle.root, "/usr/local/cuda/compat/libcuda.so.545.23.08", b"\x7fELF")
+    served(run(front, bundle, [*ARGS, "--disable-hook", "enable-cuda-compat"]))
+
+
+@pytest.mark.parametrize("version", [None, "", "535", "535.x", "535.309.01.1.2", "-1.2"])
+def test_no_driver_version(front: Front, bundle: Bundle, version: str | None) -> None:
+    handover(front, bundle, "no GPUCTK_DRIVER_VERSION", env={"GPUCTK_DRIVER_VERSION": version})
+
+
+def test_driver_version_unused_with_compat_disabled(front: Front, bundle: Bundle) -> None:
+    args = [*ARGS, "--disable-hook", "enable-cuda-compat"]
+    served(run(front, bundle, args, env={"GPUCTK_DRIVER_VERSION": None}))
+
+
+def test_ldcache_disabled_skips_the_image(front: Front, bundle: Bundle) -> None:
+    (bundle.root / LOADER.lstrip("/")).unlink()
+    served(run(front, bundle, ["createContainer", "--disable-hook", "update-ldcache"]))
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        ([*ARGS, "--link", "a::b"], "an argument only gpuctk-hook reads"),
+        ([*ARGS, "--folder"], "an argument only gpuctk-hook reads"),
+        ([*ARGS, "--help"], "an argument only gpuctk-hook reads"),
+        ([*ARGS, "--folder=/x"], "an argument only gpuctk-hook reads"),
+        (["createContainer", "--folder", "usr/lib"], "a --folder only gpuctk-hook reads"),
+        (["createContainer", *["--folder", STAGE] * 17], "a --folder only gpuctk-hook reads"),
+        (["disable-device-node-modification", "--folder", STAGE], "a --folder only"),
+        ([*ARGS, "--disable-hook", "bogus"], "a --disable-hook name only gpuctk-hook knows"),
+        (["createContainer"], "no --folder"),
+        (["prestart"], "another verb"),
+        (["update-ldcache", "--folder", STAGE], "another verb"),
+        (["--version"], "another verb"),
+        ([], "no verb"),
+    ],
+)
+def test_arguments(front: Front, bundle: Bundle, args: list[str], why: str) -> None:
+    handover(front, bundle, why, args)
+
+
+def test_front_off(front: Front, bundle: Bundle) -> None:
+    handover(front, bundle, "GPUCTK_HOOK_FRONT=off", env={"GPUCTK_HOOK_FRONT": "off"})
+    served(run(front, bundle, env={"GPUCTK_HOOK_FRONT": "on"}))
+
+
+def test_folder_missing_in_the_root(front: Front, bundle: Bundle) -> None:
+    shutil.rmtree(bundle.root / "usr/local/nvidia")
+    handover(front, bundle, "a --folder could not be listed")
+
+
+def test_folder_too_many_names(front: Front, bundle: Bundle) -> None:
+    for i in range(520):
+        put(bundle.root, f"{STAGE}/libx{i}.so")
+    handover(front, bundle, "a --folder could not be listed")
+
+
+# ---- a hostile image ----------------------------------------------------------------------
+
+
+def test_cache_fifo(front: Front, bundle: Bundle) -> None:
+    (bundle.root / "etc").mkdir()
+    os.mkfifo(bundle.root / "etc/ld.so.cache")
+    handover(front, bundle, "the image's ld cache could not be read")
+
+
+def test_loader_fifo(front: Front, bundle: Bundle) -> None:
+    os.mkfifo(bundle.root / "lib/ld-linux.so.2")
+    handover(front, bundle, "the image's loader could not be read")
+
+
+def test_cache_directory(front: Front, bundle: Bundle) -> None:
+    (bundle.root / "etc/ld.so.cache").mkdir(parents=True)
+    handover(front, bundle, "the image's ld cache could not be read")
+
+
+def test_cache_link_to_a_host_path_stays_in_the_root(
+    front: Front, bundle: Bundle, tmp_path: Path
+) -> None:
+    host = put(tmp_path, "/host/etc/shadow", cache("/usr/lib/libcuda.so.1"))
+    link(bundle.root, "/etc/ld.so.cache", str(host))
+    served(run(front, bundle))  # the root has no such file: no cache
+    put(bundle.root, str(host), cache("/usr/lib/libcuda.so.1"))
+    handover(front, bundle, "the image's ld cache names a driver library")
+
+
+def test_cache_link_out_with_dotdot(front: Front, bundle: Bundle, tmp_path: Path) -> None:
+    host = put(tmp_path, "/host/cache", cache("/usr/lib/libcuda.so.1"))
+    link(bundle.root, "/etc/ld.so.cache", "../" * 40 + str(host).lstrip("/"))
+    served(run(front, bundle))
+
+
+def test_cache_link_loop(front: Front, bundle: Bundle) -> None:
+    link(bundle.root, "/etc/ld.so.cache", "/etc/a")
+    link(bundle.root, "/etc/a", "/etc/ld.so.cache")
+    served(run(front, bundle))  # a loop is no cache, to the loader as well
+
+
+def test_cache_magic_link(front: Front, bundle: Bundle) -> None:
+    link(bundle.root, "/etc/ld.so.cache", "/proc/self/fd/0")
+    os.symlink("/proc", bundle.root / "proc")  # in the root, /proc is the host's
+    out = run(front, bundle)
+    assert out.ran or out.rc == 0  # never the state as a cache; never a hang
+
+
+def test_loader_link_out_with_dotdot(front: Front, bundle: Bundle, tmp_path: Path) -> None:
+    host = put(tmp_path, "/host/ld.so", b"glibc-hwcaps")
+    loader = bundle.root / LOADER.lstrip("/")
+    loader.unlink()
+    loader.symlink_to("../" * 40 + str(host).lstrip("/"))
+    handover(front, bundle, "the image's loader does not search glibc-hwcaps")
+
+
+def test_loader_absolute_host_link(front: Front, bundle: Bundle, tmp_path: Path) -> None:
+    host = put(tmp_path, "/host/ld.so", b"glibc-hwcaps")
+    loader = bundle.root / LOADER.lstrip("/")
+    loader.unlink()
+    loader.symlink_to(host)
+    handover(front, bundle, "the image's loader does not search glibc-hwcaps")
+
+
+def test_huge_sparse_cache_is_not_read(front: Front, bundle: Bundle) -> None:
+    path = put(bundle.root, "/etc/ld.so.cache", cache("libfoo.so.1"))
+    os.truncate(path, (64 << 20) + 1)
+    handover(front, bundle, "the image's ld cache could not be read")
+
+
+def test_cache_at_the_limit_is_read(front: Front, bundle: Bundle) -> None:
+    path = put(bundle.root, "/etc/ld.so.cache", cache("libfoo.so.1"))
+    os.truncate(path, 64 << 20)
+    served(run(front, bundle))
+
+
+def test_huge_sparse_loader_is_not_read(front: Front, bundle: Bundle) -> None:
+    path = bundle.root / LOADER_FILE.lstrip("/")
+    os.truncate(path, (16 << 20) + 1)
+    handover(front, bundle, "the image's loader could not be read")
+
+
+def test_compat_folder_too_big(front: Front, bundle: Bundle) -> None:
+    compat = bundle.root / "usr/local/cuda/compat"
+    compat.mkdir(parents=True)
+    for i in range(5000):
+        (compat / f"f{i}").touch()
+    handover(front, bundle, "/usr/local/cuda/compat could not be read")
+
+
+def test_compat_not_a_folder(front: Front, bundle: Bundle) -> None:
+    # no compat folder, as gpuctk.hook.cudacompat.find reads it (O_DIRECTORY fails)
+    put(bundle.root, "/usr/local/cuda/compat", b"not a folder")
+    served(run(front, bundle))
+    (bundle.root / "usr/local/cuda/compat").unlink()
+    os.mkfifo(bundle.root / "usr/local/cuda/compat")
+    served(run(front, bundle))
+    (bundle.root / "usr/local/cuda/compat").unlink()
+    link(bundle.root, "/usr/local/cuda/compat", "compat")
+    served(run(front, bundle))  # a loop
+
+
+def test_compat_newer_fifo_is_not_a_library(front: Front, bundle: Bundle) -> None:
+    (bundle.root / "usr/local/cuda/compat").mkdir(parents=True)
+    os.mkfifo(bundle.root / "usr/local/cuda/compat/libcuda.so.545.23.08")
+    served(run(front, bundle))
+
+
+def test_root_is_not_a_folder(front: Front, bundle: Bundle, tmp_path: Path) -> None:
+    put(tmp_path, "/file")
+    bundle.config(json.dumps({"root": {"path": str(tmp_path / "file")}}))
+    handover(front, bundle, "the container root could not be opened")
+
+
+# ---- hostile or odd JSON ------------------------------------------------------------------
+
+
+def config_text(root: Path, before: str = "", after: str = "", path: str | None = None) -> str:
+    p = json.dumps(str(root)) if path is None else path
+    return '{"ociVersion":"1.0.2",' + before + '"root":{"path":' + p + "}" + after + "}"
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda r: config_text(r, before='"Root":{"path":"/elsewhere"},'),
+        lambda r: config_text(r, after=',"ROOT":1'),
+        lambda r: config_text(r).replace('"root"', '"\\u0072oot"'),
+        lambda r: config_text(r, before='"r\u00f6\u00f6t":1,'),
+        lambda r: config_text(r, before='"\\u00e9":1,'),
+        lambda r: config_text(r, after=',"root":{"path":"/elsewhere"}'),
+        lambda r: config_text(r).replace('{"path"', '{"Path":"/x","path"'),
+        lambda r: config_text(r).replace('{"path"', '{"pat\\u0068":"/x","path"'),
+        lambda r: config_text(r).replace("}}", ',"path":"/x"}}'),
+        lambda r: config_text(r, path=json.dumps(str(r)).replace("/", "\\/")),
+        lambda r: config_text(r, path=json.dumps(str(r) + "\u00e9", ensure_ascii=False)),
+        lambda r: config_text(r, path='""'),
+        lambda r: config_text(r, path="1"),
+        lambda r: config_text(r, path="null"),
+        lambda r: config_text(r, before='"a":' + "[" * 100 + "]" * 100 + ","),
+        lambda r: config_text(r, before='"a":' + '{"b":' * 100 + "1" + "}" * 100 + ","),
+        lambda r: config_text(r)[:-1],
+        lambda r: config_text(r)[:-3],
+        lambda r: config_text(r) + "}",
+        lambda r: config_text(r) + " x",
+        lambda r: config_text(r) + "\0",
+        lambda r: "\ufeff" + config_text(r),
+        lambda r: "[" + config_text(r) + "]",
+        lambda r: '{"root":' + json.dumps(str(r)) + "}",
+        lambda r: '{"root":{}}',
+        lambda r: "{}",
+        lambda r: "",
+        lambda r: '{"ociVersion":"1.0.2"',
+        lambda r: config_text(
+            r,
+            before='"a":"\\',
+        ),
+        lambda r: config_text(r, before='"a":"x\ny",'),
+        lambda r: config_text(r, before='"a":"\\q",'),
+        lambda r: config_text(r, before='"a":"\\u12",'),
+        lambda r: config_text(r, before='"a":tru,'),
+        lambda r: config_text(r, before='"a":nul,'),
+        lambda r: config_text(r, before='"a":--1,'),
+        lambda r: config_text(r, before='"a":1e,'),
+        lambda r: config_text(r, before='"a":01,'),
+        lambda r: config_text(r, before='"a":NaN,'),
+        lambda r: config_text(r, before='"a":1\0,'),
+        lambda r: config_text(r, before='"a":{"b":1,},'),
+        lambda r: config_text(r, before='"a":[1,],'),
+        lambda r: config_text(r, before='"a" 1,'),
+        lambda r: config_text(r, before="a:1,"),
+    ],
+)
+def test_config_not_plain(front: Front, bundle: Bundle, make: Any) -> None:
+    bundle.config(make(bundle.root))
+    out = run(front, bundle)
+    handed(out, front, "config.json", state_for(bundle.path))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda r: config_text(r, before='"a":' + "[" * 60 + "]" * 60 + ","),
+        lambda r: config_text(
+            r, before='"rootfs":1,"roo":2,"paths":3,"x":"\\u00e9\\uD83D\\ude00",'
+        ),
+        lambda r: config_text(r, before='"a":[true,false,null,-0.5e+3,1E9,0,"\\"\\/\\b"],'),
+        lambda r: config_text(r, before='"a":{"Root":1,"r\u00f6ot":{"\\u0072oot":1}},'),
+        lambda r: " \n\t\r" + config_text(r).replace(":", " : ").replace(",", " ,\n") + " \n",
+        lambda r: config_text(r, before='"a":"\u00e9\U0001f600",'),
+    ],
+)
+def test_config_plain(front: Front, bundle: Bundle, make: Any) -> None:
+    bundle.config(make(bundle.root))
+    served(run(front, bundle))
+
+
+def test_config_is_a_fifo(front: Front, bundle: Bundle) -> None:
+    (bundle.path / "config.json").unlink()
+    os.mkfifo(bundle.path / "config.json")
+    handover(front, bundle, "config.json could not be read")
+
+
+def test_config_is_a_link(front: Front, bundle: Bundle) -> None:
+    (bundle.path / "config.json").rename(bundle.path / "real.json")
+    (bundle.path / "config.json").symlink_to("real.json")
+    handover(front, bundle, "config.json could not be read")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda b: state_for("bundle"),
+        lambda b: state_for(f"{b}/../bundle"),
+        lambda b: state_for(b).replace(b'"bundle"', b'"\\u0062undle"'),
+        lambda b: state_for(b).replace(b'"bundle"', b'"Bundle":"/x","bundle"'),
+        lambda b: state_for(b).replace(b'"bundle"', b'"bundle":"/x","bundle"'),
+        lambda b: state_for(b)[:-1],
+        lambda b: state_for(b) + b"\0",
+        lambda b: b"",
+        lambda b: b"\xff" * 100,
+        lambda b: state_for("/" + "a" * 5000),
+        lambda b: state_for(b).replace(b"}", b',"a":"' + b"x" * (1 << 20) + b'"}'),
+        lambda b: state_for(b).replace(b"}", b',"a":"' + b"x" * (3 << 20) + b'"}'),
+    ],
+)
+def test_state_not_plain(front: Front, bundle: Bundle, make: Any) -> None:
+    state = make(bundle.path)
+    out = run(front, bundle, state=state)
+    assert out.ran, out.stderr
+    assert "gpuctk-cdi-hook: gpuctk-hook: " in out.stderr
+    assert out.stdin == state  # the whole state, however long, as the runtime wrote it
+
+
+def test_state_of_a_missing_bundle(front: Front, tmp_path: Path) -> None:
+    state = state_for(tmp_path / "nothing")
+    out = run(front, None, state=state)
+    assert out.ran and out.stdin == state
+    assert "config.json could not be read" in out.stderr
+
+
+def test_fuzz_config(front: Front, bundle: Bundle) -> None:
+    """Mutated config.json files: never a crash or hang; where the front serves alone, the file
+    is strict JSON (no duplicate keys) whose root.path is the root, with no other spelling of
+    "root" or "path" beside it."""
+    runs = int(os.environ.get("CDIHOOK_FUZZ_RUNS", "150"))
+    rnd = random.Random(0x6C6962)
+    seed = config_text(
+        bundle.root,
+        before='"a":[1,-2.5e3,true,false,null,{"x":"\\u00e9\\n"}],"b":{"c":[]},',
+        after=',"z":"\u00e9"',
+    ).encode()
+    alphabet = b'{}[]":,\\ \t\nu0eE+-.1trfalsn\x00\x7f\xc3\xa9Rr'
+    for i in range(runs):
+        data = bytearray(seed)
+        for _ in range(rnd.randint(1, 4)):
+            at = rnd.randrange(len(data))
+            op = rnd.randrange(4)
+            if op == 0:
+                data[at] = rnd.choice(alphabet)
+            elif op == 1:
+                del data[at : at + rnd.randint(1, 3)]
+            elif op == 2:
+                data[at:at] = bytes([rnd.choice(alphabet)])
+            else:
+                data[at:at] = data[rnd.randrange(len(data)) :][: rnd.randint(1, 12)]
+        bundle.config(bytes(data))
+        out = run(front, bundle)
+        if out.ran:
+            assert out.stdin == state_for(bundle.path)
+            continue
+        assert out.rc == 0, (i, bytes(data), out.stderr)
+        doc = strict_json(bytes(data))
+        assert doc is not None, (i, bytes(data))
+        assert [k for k in doc if k.lower() == "root"] == ["root"], (i, bytes(data))
+        root = doc["root"]
+        assert [k for k in root if k.lower() == "path"] == ["path"], (i, bytes(data))
+        assert root["path"] == str(bundle.root), (i, bytes(data))
+
+
+def strict_json(data: bytes) -> Any:
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in items]
+        if len(set(keys)) != len(keys):
+            raise ValueError("duplicate")
+        return dict(items)
+
+    def constant(name: str) -> Any:
+        raise ValueError(name)
+
+    try:
+        text = data.decode("utf-8", errors="surrogateescape")
+        return json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+    except ValueError:
+        return None
+
+
+# ---- the device node guard ----------------------------------------------------------------
+
+GUARD_SCRIPT = r"""
+set -u
+root=$1 out=$2 mode=$3 py=$4
+shift 4
+if [ "$mode" != plain ]; then
+	mount -t tmpfs -o mode=0755 cdihook-test-proc "$root/proc" || exit 90
+fi
+mkdir -p "$root/proc/driver/nvidia"
+cat "$out/params.in" >"$root/proc/driver/nvidia/params"
+ls -a /run | grep '^\.gpuctk-params-' | sort >"$out/run.before"
+"$@" <"$out/state" >"$out/stdout" 2>"$out/stderr"
+echo $? >"$out/rc"
+ls -a /run | grep '^\.gpuctk-params-' | sort >"$out/run.after"
+cat "$root/proc/driver/nvidia/params" >"$out/params.out"
+grep -F " $root/proc/driver/nvidia/params " /proc/self/mountinfo >"$out/mounts"
+"$py" -c '
+import errno, os, sys
+try:
+    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND)
+    os.close(fd)
+    print("writable")
+except OSError as e:
+    print(errno.errorcode[e.errno])
+' "$root/proc/driver/nvidia/params" >"$out/write"
+exit 0
+"""
+
+
+def can_unshare() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    probe = ["unshare", "-m", "--propagation", "private", "true"]
+    return subprocess.run(probe, capture_output=True, check=False, timeout=TIMEOUT).returncode == 0
+
+
+guarded = pytest.mark.skipif(not can_unshare(), reason="needs root and unshare -m")
+
+
+@dataclass
+class Guarded:
+    rc: int
+    stderr: str
+    params: bytes
+    mounts: str
+    write: str
+    leftover: bool
+    ran: bool
+
+
+def guard_run(
+    front: Front, bundle: Bundle, tmp_path: Path, args: list[str], params: bytes, mode: str
+) -> Guarded:
+    out = tmp_path / "guard"
+    out.mkdir()
+    (out / "params.in").write_bytes(params)
+    (out / "state").write_bytes(state_for(bundle.path))
+    (bundle.root / "proc").mkdir(exist_ok=True)
+    script = out / "guard.sh"
+    script.write_text(GUARD_SCRIPT)
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "GPUCTK_DRIVER_VERSION": DRIVER,
+        "GPUCTK_HOOK_FRONT_TRACE": "1",
+        "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "detect_leaks=0"),
+    }
+    cmd = ["unshare", "-m", "--propagation", "private", "sh", str(script)]
+    cmd += [str(bundle.root), str(out), mode, shutil.which("python3") or "python3"]
+    done = subprocess.run(
+        [*cmd, str(front.exe), *args], env=env, capture_output=True, timeout=TIMEOUT, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    err = (out / "stderr").read_text()
+    assert "Sanitizer" not in err and "runtime error" not in err, err
+    rc = int((out / "rc").read_text())
+    assert rc >= 0 and rc < 128, err
+    return Guarded(
+        rc=rc,
+        stderr=err,
+        params=(out / "params.out").read_bytes(),
+        mounts=(out / "mounts").read_text(),
+        write=(out / "write").read_text().strip(),
+        leftover=(out / "run.before").read_text() != (out / "run.after").read_text(),
+        ran=(front.folder / "stdin").exists(),
+    )
+
+
+GUARD_ARGS = [["disable-device-node-modification"], ARGS]
+
+
+@guarded
+@pytest.mark.parametrize("args", GUARD_ARGS)
+def test_guard_hides_modify_device_files(
+    front: Front, bundle: Bundle, tmp_path: Path, args: list[str]
+) -> None:
+    g = guard_run(front, bundle, tmp_path, args, PARAMS_ON, "proc")
+    assert g.rc == 0 and not g.ran, g.stderr
+    assert g.params == PARAMS_OFF
+    assert g.write == "EROFS"
+    assert g.mounts.count("\n") == 1 and " ro," in g.mounts, g.mounts
+    assert not g.leftover
+
+
+@guarded
+@pytest.mark.parametrize(
+    ("text", "copy"),
+    [
+        (b"ModifyDeviceFiles: 1", b"ModifyDeviceFiles: 0\n"),
+        (b"A: 1\r\nModifyDeviceFiles: 1\r\n", b"A: 1\nModifyDeviceFiles: 0\n"),
+        (b"A: 1\n\nModifyDeviceFiles: 1\rB", b"A: 1\n\nModifyDeviceFiles: 0\nB\n"),
+    ],
+)
+def test_guard_copy_text(
+    front: Front, bundle: Bundle, tmp_path: Path, text: bytes, copy: bytes
+) -> None:
+    """The copy is the text gpuctk.hook.nodeprotect.modified makes (lines as bytes.splitlines
+    reads them)."""
+    g = guard_run(front, bundle, tmp_path, GUARD_ARGS[0], text, "proc")
+    assert g.rc == 0 and not g.ran, g.stderr
+    assert g.params == copy
+    assert g.write == "EROFS"
+
+
+@guarded
+@pytest.mark.parametrize(
+    "text", [PARAMS_OFF, b"ModifyDeviceFiles: 1\nModifyDeviceFiles: 0\n", b"", b"A: 1\n"]
+)
+def test_guard_nothing_to_hide(front: Front, bundle: Bundle, tmp_path: Path, text: bytes) -> None:
+    g = guard_run(front, bundle, tmp_path, GUARD_ARGS[0], text, "proc")
+    assert g.rc == 0 and not g.ran, g.stderr
+    assert g.params == text and g.mounts == "" and g.write == "writable"
+    assert not g.leftover
+
+
+@guarded
+@pytest.mark.parametrize("args", GUARD_ARGS)
+def test_guard_leaves_an_image_folder_alone(
+    front: Front, bundle: Bundle, tmp_path: Path, args: list[str]
+) -> None:
+    g = guard_run(front, bundle, tmp_path, args, PARAMS_ON, "plain")
+    assert g.rc == 0 and not g.ran, g.stderr
+    assert g.params == PARAMS_ON and g.mounts == "" and g.write == "writable"
+    assert not g.leftover
+
+
+@guarded
+def test_guard_disabled(front: Front, bundle: Bundle, tmp_path: Path) -> None:
+    args = [*ARGS, "--disable-hook", "disable-device-node-modification"]
+    g = guard_run(front, bundle, tmp_path, args, PARAMS_ON, "proc")
+    assert g.rc == 0 and not g.ran, g.stderr
+    assert g.params == PARAMS_ON and g.mounts == ""
+
+
+@guarded
+def test_guard_params_too_big(front: Front, bundle: Bundle, tmp_path: Path) -> None:
+    text = PARAMS_ON + b"X" * (64 << 10)
+    g = guard_run(front, bundle, tmp_path, GUARD_ARGS[0], text, "proc")
+    assert g.ran and "the device node guard" in g.stderr
+    assert g.mounts == "" and not g.leftover
