@@ -88,11 +88,11 @@ def cdi() -> None:
 )
 @click.option(
     "--library-mode",
-    type=click.Choice(LIBRARY_MODES),
-    default="hook",
+    type=click.Choice(("auto", *LIBRARY_MODES)),
+    default="auto",
     show_default=True,
     metavar="MODE",
-    help=f"{', '.join(LIBRARY_MODES)}.",
+    help=f"auto (folder, else hook), {', '.join(LIBRARY_MODES)}.",
 )
 @click.option(
     "--staging-dir",

@@ -11,6 +11,7 @@ and its lib64/ in the loader folders' glibc-hwcaps/x86-64-v2 (gpuctk.cdi.libmoun
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable, Iterable
 
 from gpuctk.cdi.libmounts import FAMILIES, hwcaps_dirs, library_mounts
@@ -43,6 +44,7 @@ class Options:
     all_device: bool = True
     device_ids: tuple[str, ...] = ()  # limit generation to these (any strategy's name)
     hook_path: str = facts.PACKAGED_HOOK
+    front_path: str = ""  # folder mode's entry: gpuctk-cdi-hook beside hook_path, if installed
     library_mode: str = "hook"  # "hook" | "mounts" (gpuctk.cdi.libmounts) | "folder"
     stage_path: str = ""  # folder mode: the host folder gpuctk.cdi.stage built
     loader_folders: tuple[str, ...] = FAMILIES  # mounts and folder modes (gpuctk.cdi.libmounts)
@@ -155,6 +157,7 @@ def common_edits(
         for folder in hwcaps_dirs(arch, opts.loader_folders) if arch else ():
             mounts[folder] = Mount(f"{opts.stage_path}/lib64", folder, READ_ONLY)
         others = others[1:]
+        hooks = () if "all" in opts.disabled_hooks else (_stage_hook(machine, files, opts),)
     else:
         hooks = () if "all" in opts.disabled_hooks else (_hook(machine, files, opts),)
         others = (files.libraries, *others)
@@ -202,6 +205,24 @@ def _hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
     return Hook("createContainer", opts.hook_path, tuple(args), (HOOK_ENV_PATH, *facts_env))
 
 
+def _stage_hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
+    """Folder mode's createContainer entry: the stage's library folders, for the images whose
+    loader the stage's mounts do not serve (gpuctk-cdi-hook decides in C and hands those to
+    gpuctk-hook: hook/cdihook.c), and the device node guard. Named gpuctk-hook itself where
+    no front was built."""
+    folders = ["lib64", *(["lib"] if any(f.capability == caps.COMPAT32 for f in
+               files.libraries) else [])]  # fmt: skip
+    args = ["gpuctk-hook", "createContainer"]
+    for sub in folders if "update-ldcache" not in opts.disabled_hooks else ():
+        args += ["--folder", f"{STAGE_PATH}/{sub}"]
+    for name in (n for n in HOOK_ACTIONS if n in opts.disabled_hooks):
+        args += ["--disable-hook", name]
+    hook = _hook(machine, files, opts)
+    if opts.front_path:
+        args[0] = posixpath.basename(opts.front_path)
+    return Hook("createContainer", opts.front_path or opts.hook_path, tuple(args), hook.env)
+
+
 def without_drm(nodes: NodeLookup) -> NodeLookup:
     """`nodes` less the GPUs' /dev/dri card and render nodes (a spec without the graphics and
     display capabilities: nothing else opens them)."""
@@ -232,10 +253,11 @@ def check_options(opts: Options) -> None:
         raise UsageError(
             f"--disable-hook: unknown name {unknown[0]!r} (known: {', '.join(HOOK_ACTIONS)}, all)"
         )
-    if opts.library_mode != "hook" and set(opts.disabled_hooks) - {"all"}:
+    if opts.library_mode == "mounts" and set(opts.disabled_hooks) - {"all"}:
         raise UsageError(
-            "--disable-hook NAME goes with --library-mode hook (the other modes write no hook; "
-            "gpuctk-runtime's config key disable-device-node-modification turns its guard off)"
+            "--disable-hook NAME goes with --library-mode hook or folder (mounts mode writes no "
+            "hook; gpuctk-runtime's config key disable-device-node-modification turns its "
+            "guard off)"
         )
     if opts.library_mode == "hook" and set(opts.loader_folders) != set(FAMILIES):
         raise UsageError(

@@ -61,6 +61,13 @@ def default_hook_path(note: bool = True) -> str:
     return PACKAGED_HOOK
 
 
+def front_beside(hook_path: str) -> str:
+    """gpuctk-cdi-hook (hook/cdihook.c) beside `hook_path` when it is installed there, else ""
+    (the spec then names gpuctk-hook itself)."""
+    front = os.path.join(os.path.dirname(hook_path), "gpuctk-cdi-hook")
+    return front if os.path.isfile(front) and os.access(front, os.X_OK) else ""
+
+
 def say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -180,7 +187,7 @@ def run(a: GenerateArgs) -> None:
         if problem:
             raise UsageError(f"{flag}: {problem} (example: --vendor nvidia.com --class gpu)")
     if hook_path is None:
-        hook_path = default_hook_path(note=library_mode == "hook")
+        hook_path = default_hook_path(note=library_mode in ("hook", "auto"))
     elif not os.path.isabs(hook_path):
         raise UsageError(f"--hook-path must be an absolute path, got {hook_path!r}")
     from gpuctk.cdi.node.capabilities import DRM_USERS, UTILITY, parse_strict
@@ -242,6 +249,9 @@ def run(a: GenerateArgs) -> None:
         if simulated is not None:
             discovered = simulated.files
     files = select_capabilities(discovered, selected)
+    if library_mode == "auto":  # folder where its stage can be built from real files
+        real = simulated is None and files.libraries and a.mode == "nvml"
+        library_mode = "folder" if real else "hook"
     if not selected & DRM_USERS:
         nodes = without_drm(nodes)
     opts = Options(
@@ -272,8 +282,16 @@ def run(a: GenerateArgs) -> None:
 
         if not os.path.isabs(staging_dir):
             raise UsageError(f"--staging-dir must be an absolute path, got {staging_dir!r}")
-        stage_path = stage_driver(files, machine.driver_version, staging_dir, report)
-        opts = replace(opts, stage_path=stage_path)
+        try:
+            stage_path = stage_driver(files, machine.driver_version, staging_dir, report)
+        except OutputError as exc:
+            if a.library_mode != "auto":
+                raise
+            say(f"gpuctk: note: {exc.message}: writing a hook-mode spec (--library-mode hook)")
+            opts = replace(opts, library_mode="hook")
+            library_mode = "hook"
+        else:
+            opts = replace(opts, stage_path=stage_path, front_path=front_beside(hook_path))
     if a.mode == "management":
         from gpuctk.cdi import management
         from gpuctk.cdi.simulate import simulated_nodes

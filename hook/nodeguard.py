@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from gpuctk.cdi.specs.shape import EditsDoc, HookDoc
 
 NAME = facts.GUARD_ACTION
+FRONT = "gpuctk-cdi-hook"  # hook/cdihook.c: does the guard in C (gpuctk.hook.launchers.FRONT)
 ACTIONS = facts.HOOK_ACTIONS  # the --disable-hook names of a spec's hook args
 PACKAGED_HOOK = facts.PACKAGED_HOOK
 HOOK_ENV = (facts.HOOK_ENV_PATH,)
@@ -90,14 +91,15 @@ def guard(
         debug("the host's driver says ModifyDeviceFiles: 0: no device node guard needed")
         return edits
     if ours:
-        path, env = ours[0]["path"], list(ours[0].get("env") or HOOK_ENV)
+        path, env = front(ours[0]["path"]), list(ours[0].get("env") or HOOK_ENV)
     else:
         path, env = hook_path(), list(HOOK_ENV)
         if not path:
             debug(f"no gpuctk-hook beside gpuctk-runtime or at {PACKAGED_HOOK}: nodes unguarded")
             return edits
     entry: HookDoc = {
-        "hookName": "createContainer", "path": path, "args": ["gpuctk-hook", NAME], "env": env
+        "hookName": "createContainer", "path": path, "args": [posixpath.basename(path), NAME],
+        "env": env,
     }  # fmt: skip
     done = edits.copy()
     done["hooks"] = [*(edits.get("hooks") or []), entry]
@@ -105,11 +107,18 @@ def guard(
 
 
 def hook_path() -> str:
-    """gpuctk-hook beside this gpuctk-runtime's launcher, else PACKAGED_HOOK; "" when neither
-    is an executable file."""
+    """gpuctk-hook beside this gpuctk-runtime's launcher, else PACKAGED_HOOK (each through
+    front()); "" when neither is an executable file."""
     me = sys.argv[0] if sys.argv else ""
     candidates = [posixpath.join(posixpath.dirname(me), "gpuctk-hook")] if me[:1] == "/" else []
     for path in [*candidates, PACKAGED_HOOK]:
         if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
+            return front(path)
     return ""
+
+
+def front(path: str) -> str:
+    """gpuctk-cdi-hook beside the gpuctk-hook at `path` where it is installed (the guard then
+    runs in C, and hands over to gpuctk-hook only where it cannot), else `path`."""
+    beside = posixpath.join(posixpath.dirname(path), FRONT)
+    return beside if os.path.isfile(beside) and os.access(beside, os.X_OK) else path

@@ -59,6 +59,28 @@ def _our_hook(hook: Any) -> bool:
         and posixpath.basename(hook["path"]) == "gpuctk-hook"
         and args[1] == "createContainer"
         and all(isinstance(a, str) for a in args)
+        and not _stage_hook(hook)
+    )
+
+
+def _stage_hook(hook: Any) -> bool:
+    """A folder spec's entry (gpuctk.cdi.generate._stage_hook): gpuctk-cdi-hook or gpuctk-hook
+    `createContainer` with only the stage's --folder args and --disable-hook names."""
+    args = hook.get("args") if isinstance(hook, dict) else None
+    if not (
+        isinstance(args, list)
+        and len(args) >= 2
+        and len(args) % 2 == 0
+        and hook.get("hookName") == "createContainer"
+        and isinstance(hook.get("path"), str)
+        and posixpath.basename(hook["path"]) in ("gpuctk-hook", nodeguard.FRONT)
+        and args[1] == "createContainer"
+    ):
+        return False
+    pairs = list(zip(args[2::2], args[3::2], strict=True))
+    return all(
+        (k == "--folder" and v in STAGE_LIBS) or (k == "--disable-hook" and v in nodeguard.ACTIONS)
+        for k, v in pairs
     )
 
 
@@ -86,10 +108,18 @@ def take_over(
     (gpuctk.hook.nodeguard.guard)."""
     hooks = edits.get("hooks") or []
     ours = [h for h in hooks if _our_hook(h)]
+    staged = [h for h in hooks if _stage_hook(h)]
     if os.environ.get("GPUCTK_SHIM_INROOT", "1") == "0":
-        return nodeguard.guard(edits, ours, protect, debug, params=params)
+        return nodeguard.guard(edits, ours or staged, protect, debug, params=params)
     if not ours and prep.get("stage"):
-        _cache_stage(config, bundle, prep["stage"], debug, bundle_fd)
+        off = nodeguard.disabled(staged[0]) if staged else []
+        cached = "update-ldcache" in off or _cache_stage(
+            config, bundle, prep["stage"], debug, bundle_fd, "enable-cuda-compat" not in off
+        )
+        if staged and cached:  # the entry's work is done: it need not run
+            edits = edits.copy()
+            edits["hooks"] = [h for h in hooks if h not in staged]
+        return nodeguard.guard(edits, staged, protect, debug, taken=cached, params=params)
     if len(ours) != 1:
         return nodeguard.guard(edits, ours, protect, debug, params=params)
     try:
@@ -157,6 +187,7 @@ def prepare(edits: EditsDoc) -> dict[str, Any]:
 
 STAGE_PATH = "/usr/local/nvidia"  # gpuctk.cdi.generate.STAGE_PATH
 STAGE_FOLDERS = ("lib64", "lib")
+STAGE_LIBS = tuple(f"{STAGE_PATH}/{sub}" for sub in STAGE_FOLDERS)
 
 
 def _stage_files(host: str) -> dict[str, Any] | None:
@@ -189,18 +220,22 @@ def _cache_stage(
     stage: dict[str, Any],
     debug: Callable[[str], None],
     bundle_fd: int | None = None,
-) -> None:
+    with_compat: bool = True,
+) -> bool:
     """Add a staged driver folder's libraries to the image's ld cache (the module docstring);
-    an image without a cache, or a musl image, is left as it is (LD_LIBRARY_PATH only)."""
+    an image without a cache, or a musl image, is left as it is (LD_LIBRARY_PATH only, or the
+    spec's entry, which then runs): False."""
     try:
         root_fd = _open_glibc_root(config, bundle, bundle_fd)
         try:
             files = [tuple(f) for f in stage["files"]]
-            _merge_cache(root_fd, files, list(stage["folders"]), stage["elf"])
+            _merge_cache(root_fd, files, list(stage["folders"]), stage["elf"], with_compat)
         finally:
             os.close(root_fd)
     except (_Fallback, rootfs.InRootError, OSError, ValueError) as exc:
         debug(f"{STAGE_PATH} not added to the ld cache: {exc}")
+        return False
+    return True
 
 
 def _open_glibc_root(config: dict[str, Any], bundle: str, bundle_fd: int | None = None) -> int:

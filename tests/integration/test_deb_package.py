@@ -134,6 +134,7 @@ def test_contents(deb: Path) -> None:
         "./usr/bin/gpuctk",
         "./usr/bin/gpuctk-runtime",
         "./usr/bin/gpuctk-hook",
+        "./usr/bin/gpuctk-cdi-hook",  # the spec hook's compiled front (hook/cdihook.c)
         "./etc/gpuctk/config.toml",
         "./usr/lib/systemd/system/gpuctk-cdi-refresh.service",
         "./usr/lib/systemd/system/gpuctk-cdi-refresh.path",
@@ -217,8 +218,12 @@ def test_install_use_remove_purge(
     spec: dict[str, Any] = yaml.safe_load(SPEC.read_text())
     names = {d["name"] for d in spec["devices"]}
     assert {str(i) for i in range(8)} | {"all"} <= names
-    assert [h["path"] for h in spec["containerEdits"]["hooks"]] == ["/usr/bin/gpuctk-hook"]
-    assert any("libcuda.so" in m["containerPath"] for m in spec["containerEdits"]["mounts"])
+    # the default: the folder spec, its stage in the default staging dir, the compiled front
+    assert [h["path"] for h in spec["containerEdits"]["hooks"]] == ["/usr/bin/gpuctk-cdi-hook"]
+    (staged,) = [m for m in spec["containerEdits"]["mounts"]
+                 if m["containerPath"] == "/usr/local/nvidia"]  # fmt: skip
+    assert staged["hostPath"].startswith(f"{STAGES}/535.309.01-")
+    assert (Path(staged["hostPath"]) / "lib64/libcuda.so.1").is_symlink()
 
     # the installed units are valid systemd units (their ExecStart exists now)
     if shutil.which("systemd-analyze"):
@@ -268,8 +273,8 @@ def test_install_use_remove_purge(
         capture_output=True, text=True, env=base_env, check=False,
     )  # fmt: skip
     assert folder.returncode == 0, folder.stderr
-    stages = list(Path(STAGES).iterdir())
-    assert len(stages) == 1 and (stages[0] / "lib64/libcuda.so.1").is_symlink()
+    stages = list(Path(STAGES).iterdir())  # the default spec's and the compute-only one
+    assert len(stages) == 2 and all((s / "lib64/libcuda.so.1").is_symlink() for s in stages)
 
     # 4. remove: only the conffile and the driver stage stay, with the admin's edit
     config = Path("/etc/gpuctk/config.toml")

@@ -90,6 +90,7 @@ def podman(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> Itera
             "--driver-root", str(driver_root), "--dev-root", str(roots.dev_root),
             "--proc-root", str(roots.proc_root), "--sys-root", str(roots.sys_root),
             "--hook-path", hook_path(), "--output", str(spec_dir / "nvidia.json"),
+            "--library-mode", "hook",
         ],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip

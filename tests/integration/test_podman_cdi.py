@@ -50,7 +50,7 @@ def podman(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> Itera
             GPUCTK, "cdi", "generate", "--nvml-library", str(build_fake_nvml()),
             "--driver-root", str(driver_root), "--dev-root", str(roots.dev_root),
             "--proc-root", str(roots.proc_root), "--sys-root", str(roots.sys_root),
-            "--hook-path", hook_path(), "--output", str(SPEC),
+            "--hook-path", hook_path(), "--output", str(SPEC), "--library-mode", "hook",
         ],
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip

@@ -68,6 +68,7 @@ class Node:
             "--driver-root", str(driver_root), "--dev-root", str(self.roots.dev_root),
             "--proc-root", str(self.roots.proc_root), "--sys-root", str(self.roots.sys_root),
             "--hook-path", hook_path(), "--output", str(self.spec_dir / "nvidia.json"),
+            "--library-mode", "hook",
         ]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 0, done.stderr

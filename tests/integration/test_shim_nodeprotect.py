@@ -91,7 +91,7 @@ def guards(config: dict[str, Any]) -> list[list[str]]:
     return [
         h["args"]
         for h in config.get("hooks", {}).get("createContainer", [])
-        if h["path"].endswith("gpuctk-hook")
+        if h["path"].endswith(("/gpuctk-hook", "/gpuctk-cdi-hook"))
     ]
 
 
@@ -100,7 +100,10 @@ def test_the_shim_adds_the_guard_and_the_container_sees_0(
 ) -> None:
     rootfs = fresh_rootfs("debian")
     config = shim_create(node, rootfs, tmp_path, SHOW)
-    assert guards(config) == [["gpuctk-hook", "disable-device-node-modification"]]
+    # the compiled front where it is installed beside gpuctk-hook: it guards in C
+    front = Path(sys.executable).with_name("gpuctk-cdi-hook").exists()
+    name = "gpuctk-cdi-hook" if front else "gpuctk-hook"
+    assert guards(config) == [[name, "disable-device-node-modification"]]
     hooks = config["hooks"]["createContainer"]
     assert hooks[0]["path"] == "/bin/sh"  # the test's fake driver first, gpuctk's after it
     out = runc_run(config, tmp_path)

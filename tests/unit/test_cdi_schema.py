@@ -100,7 +100,8 @@ def test_folder_mode_and_management_specs_pass_both(
         "--simulate", "h100-8-mig7", *root, "--library-mode", "folder",
         "--staging-dir", str(tmp_path / "staging"),
     )  # fmt: skip
-    assert "hooks" not in folder["containerEdits"]
+    (hook,) = folder["containerEdits"]["hooks"]  # the stage's entry (gpuctk-cdi-hook)
+    assert hook["args"][1:] == ["createContainer", "--folder", "/usr/local/nvidia/lib64"]
     management = generate("--simulate", "a100-mig", *root, "--mode", "management")
     assert management["kind"] == "management.nvidia.com/gpu"
     for doc in (folder, management):
@@ -119,7 +120,7 @@ def test_discovered_spec_passes_both(
     doc = generate(
         "--nvml-library", env["FAKE_NVML_LIBRARY"], "--driver-root", str(driver_root),
         "--dev-root", str(roots.dev_root), "--proc-root", str(roots.proc_root),
-        "--sys-root", str(roots.sys_root), env=env,
+        "--sys-root", str(roots.sys_root), "--staging-dir", str(tmp_path / "staging"), env=env,
     )  # fmt: skip
     assert doc["devices"][0]["containerEdits"]["deviceNodes"][0]["hostPath"]
     accepted(doc, ours, upstream)

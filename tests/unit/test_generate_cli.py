@@ -138,13 +138,29 @@ def test_real_discovery_spec_is_valid_and_complete(
         [
             "--nvml-library", env["FAKE_NVML_LIBRARY"], "--driver-root", str(driver_root),
             "--dev-root", str(roots.dev_root), "--proc-root", str(roots.proc_root),
-            "--sys-root", str(roots.sys_root), "-o", str(out),
+            "--sys-root", str(roots.sys_root), "-o", str(out), "--library-mode", "hook",
         ],
         env=env,
     )  # fmt: skip
     assert p.returncode == 0, p.stderr
     schema = Path(__file__).resolve().parents[3] / "shared" / "vendor-data" / "cdi-schema"
     assert validate_files([out], schema) == {str(out): []}
+    # The default (--library-mode auto) over the same real files: the folder spec.
+    default = tmp_path / "default.json"
+    p = run(
+        [
+            "--nvml-library", env["FAKE_NVML_LIBRARY"], "--driver-root", str(driver_root),
+            "--dev-root", str(roots.dev_root), "--proc-root", str(roots.proc_root),
+            "--sys-root", str(roots.sys_root), "-o", str(default),
+            "--staging-dir", str(tmp_path / "staging"),
+        ],
+        env=env,
+    )  # fmt: skip
+    assert p.returncode == 0 and "driver staged in" in p.stderr, p.stderr
+    assert validate_files([default], schema) == {str(default): []}
+    edits = json.loads(default.read_text())["containerEdits"]
+    assert "/usr/local/nvidia" in {m["containerPath"] for m in edits["mounts"]}
+    assert [h["args"][1] for h in edits["hooks"]] == ["createContainer"]  # the stage's entry
     doc = json.loads(out.read_text())
     assert doc["cdiVersion"] == "0.5.0"  # hostPath on device nodes and numeric names
     by_name = {d["name"]: d["containerEdits"] for d in doc["devices"]}
@@ -178,7 +194,7 @@ def test_an_unchanged_spec_is_left_alone_until_the_mig_layout_changes(
     argv = [
         "--nvml-library", env["FAKE_NVML_LIBRARY"], "--driver-root", str(driver_root),
         "--dev-root", str(roots.dev_root), "--proc-root", str(roots.proc_root),
-        "--sys-root", str(roots.sys_root), "-o", str(out),
+        "--sys-root", str(roots.sys_root), "-o", str(out), "--library-mode", "hook",
     ]  # fmt: skip
     first = run(argv, env=env)
     assert first.returncode == 0, first.stderr

@@ -103,14 +103,27 @@ def test_a_spec_without_hook_gets_the_installed_one(
     hook = Path(sys.executable).with_name("gpuctk-hook")
     monkeypatch.setattr(sys, "argv", [str(hook.with_name("gpuctk-runtime"))])
     got = nodeguard.guard({"mounts": []}, [], "hook", lambda _: None)
+    path = nodeguard.front(str(hook))  # gpuctk-cdi-hook where it is installed beside
     assert got["hooks"] == [
         {
             "hookName": "createContainer",
-            "path": str(hook),
-            "args": ["gpuctk-hook", NAME],
+            "path": path,
+            "args": [Path(path).name, NAME],
             "env": list(nodeguard.HOOK_ENV),
         }
     ]
+
+
+def test_the_guard_entry_names_the_compiled_front_beside_gpuctk_hook(tmp_path: Path) -> None:
+    hook = tmp_path / "gpuctk-hook"
+    hook.write_text("#!/bin/sh\n")
+    assert nodeguard.front(str(hook)) == str(hook)  # no front: gpuctk-hook itself
+    front = tmp_path / nodeguard.FRONT
+    front.write_bytes(b"\x7fELF")
+    front.chmod(0o644)
+    assert nodeguard.front(str(hook)) == str(hook)  # not executable: not used
+    front.chmod(0o755)
+    assert nodeguard.front(str(hook)) == str(front)
 
 
 def test_config_json_gets_the_guard_where_no_driver_is_loaded(
@@ -127,7 +140,8 @@ def test_config_json_gets_the_guard_where_no_driver_is_loaded(
     got = shimroot.take_over(doc, str(tmp_path), edits, lambda _: None, shimroot.prepare(edits))
     apply.apply(doc, got)
     (entry,) = doc["hooks"]["createContainer"]
-    assert entry["path"] == hook and entry["args"] == ["gpuctk-hook", NAME] and entry["env"]
+    path = nodeguard.front(hook)
+    assert entry["path"] == path and entry["args"] == [Path(path).name, NAME] and entry["env"]
 
 
 def test_the_config_key() -> None:

@@ -129,8 +129,9 @@ def stripped(value: Any, prefix: str) -> Any:
 def test_readme_spec_mounts_what_a_real_install_gives(installed: Path, driver_root: Path) -> None:
     simulated, text, err = generate(installed, "cdi", "generate", "--simulate", "h100-8")
     real, _, real_err = generate(
-        installed, "cdi", "generate", "--simulate", "h100-8", "--driver-root", str(driver_root)
-    )
+        installed, "cdi", "generate", "--simulate", "h100-8", "--driver-root", str(driver_root),
+        "--library-mode", "hook",  # what the default is for simulated files (no stage)
+    )  # fmt: skip
     assert SIMULATED in err and "warning" not in err and "simulated" not in real_err
     assert text.startswith("# simulated")
     mounts = simulated["containerEdits"]["mounts"]
@@ -184,8 +185,9 @@ def test_comment_in_yaml_only() -> None:
 
 def test_driver_root_with_the_driver_uses_discovery(driver_root: Path) -> None:
     doc, text, err = generate(
-        EDITABLE, "cdi", "generate", "--simulate", "h100-8", "--driver-root", str(driver_root)
-    )
+        EDITABLE, "cdi", "generate", "--simulate", "h100-8", "--driver-root", str(driver_root),
+        "--library-mode", "hook",
+    )  # fmt: skip
     assert "simulated" not in err and text.startswith("---\n")
     mounts = doc["containerEdits"]["mounts"]
     assert mounts and all(m["hostPath"].startswith(f"{driver_root}/") for m in mounts)
