@@ -7,7 +7,10 @@
 runc, its own store, overlay, cgroupfs; the debian test image) alternated round by round with:
 
 - no device          the same command without --device: the baseline;
-- hook spec          `gpuctk cdi generate --library-mode hook` (the default): the driver
+- default spec       `gpuctk cdi generate` with no mode flag (auto: the folder spec of every
+                     capability, its one hook entry the compiled gpuctk-cdi-hook, which
+                     leaves the debian test image alone);
+- hook spec          `gpuctk cdi generate --library-mode hook`: the driver
                      files at their host paths and one gpuctk-hook process for the SONAME
                      links and the ld cache;
 - mounts spec        `--library-mode mounts`: each library at its SONAME in the loader's
@@ -66,7 +69,7 @@ PRIVATE = (
 
 
 NVIDIA = "nvidia"  # the case of NVIDIA's spec
-BASE = "hook spec"  # gpuctk's default spec
+BASE = "default spec"  # gpuctk's default spec (--library-mode auto: folder)
 
 
 def make_specs(
@@ -78,6 +81,7 @@ def make_specs(
     specs: dict[str, Path] = {"no device": work / "empty"}
     specs["no device"].mkdir()
     for case, mode, caps, folders in (
+        ("default spec", "", "all", ""),
         ("hook spec", "hook", "all", "triplet,lib64"),
         ("mounts spec", "mounts", "all", "triplet,lib64"),
         ("mounts, compute", "mounts", "utility,compute", "triplet,lib64"),
@@ -86,13 +90,13 @@ def make_specs(
     ):
         folder = work / case.replace(" ", "-").replace(",", "")
         folder.mkdir()
-        where = ["--staging-dir", str(work / "staging")] if mode == "folder" else []
+        where = ["--staging-dir", str(work / "staging")] if mode in ("folder", "") else []
         subprocess.run(
             [str(bindir / "gpuctk"), "cdi", "generate", "--simulate", "l4",
              "--driver-root", str(driver_root), "--dev-root", str(roots.dev_root),
              "--proc-root", str(roots.proc_root), "--sys-root", str(roots.sys_root),
-             "--hook-path", str(bindir / "gpuctk-hook"), "--library-mode", mode,
-             "--driver-capabilities", caps, *where,
+             "--hook-path", str(bindir / "gpuctk-hook"),
+             *(["--library-mode", mode] if mode else []), "--driver-capabilities", caps, *where,
              *(["--loader-folders", folders] if folders else []),
              "--output", str(folder / "nvidia.json")],
             check=True, capture_output=True,

@@ -19,7 +19,8 @@ adds that entry only where it can matter:
 
 The added entry names the spec's gpuctk-hook (its path and env); for a spec without one, the
 gpuctk-hook installed beside this gpuctk-runtime (the launcher's folder), else
-/usr/bin/gpuctk-hook.
+/usr/bin/gpuctk-hook. Where gpuctk-cdi-hook (hook/cdihook.c) is installed beside that
+gpuctk-hook, the entry names it instead: it guards in C, with no Python start.
 """
 
 from __future__ import annotations

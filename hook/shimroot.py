@@ -15,9 +15,11 @@ mounted (the engine mounts it before `create`), so the shim can do the same befo
   without any ldconfig running; an image's CUDA compat folder whose libcuda is newer than the
   driver comes first in both (gpuctk.hook.cudacompat).
 
-A spec of `gpuctk cdi generate --library-mode folder` has no hook: one mount of the driver
-staged on the host at /usr/local/nvidia (gpuctk.cdi.stage), which CUDA images find through
-their LD_LIBRARY_PATH. Here the shim adds the folder's libraries to the image's ld cache the
+A spec of `gpuctk cdi generate --library-mode folder` (the default) mounts the driver staged
+on the host at /usr/local/nvidia (gpuctk.cdi.stage), which CUDA images find through their
+LD_LIBRARY_PATH, and names one entry of the stage's folders (`gpuctk-cdi-hook createContainer
+--folder /usr/local/nvidia/lib64`, or gpuctk-hook; none with --disable-hook all). Here the
+shim does that entry's work, drops it, and adds the folder's libraries to the image's ld cache the
 same way (entries under /usr/local/nvidia/lib64, and lib for 32-bit, with the folders in the
 ld.so.conf.d file), so that every glibc image with a cache loads the driver, not only the ones
 that set LD_LIBRARY_PATH. The stage's SONAME links are read on the host, never in the image.
