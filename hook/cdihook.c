@@ -293,6 +293,7 @@ static int string(struct json *j, const char **s, size_t *n, int *escaped)
 }
 
 static int value(struct json *j);
+static int compound(struct json *j, const char *key, const char **found);
 
 static int word(struct json *j, const char *w)
 {
@@ -335,45 +336,6 @@ static int number(struct json *j)
 	return 0;
 }
 
-static int object_or_array(struct json *j, char close)
-{
-	if (++j->depth > MAX_DEPTH)
-		return -1;
-	j->p++;
-	ws(j);
-	if (j->p < j->end && *j->p == close) {
-		j->p++;
-		j->depth--;
-		return 0;
-	}
-	for (;;) {
-		if (close == '}') {
-			const char *s;
-			size_t n;
-			int esc;
-			ws(j);
-			if (string(j, &s, &n, &esc))
-				return -1;
-			ws(j);
-			if (j->p >= j->end || *j->p++ != ':')
-				return -1;
-		}
-		if (value(j))
-			return -1;
-		ws(j);
-		if (j->p >= j->end)
-			return -1;
-		if (*j->p == ',') {
-			j->p++;
-			continue;
-		}
-		if (*j->p++ != close)
-			return -1;
-		j->depth--;
-		return 0;
-	}
-}
-
 static int value(struct json *j)
 {
 	ws(j);
@@ -381,7 +343,7 @@ static int value(struct json *j)
 		return -1;
 	char c = *j->p;
 	if (c == '{' || c == '[')
-		return object_or_array(j, c == '{' ? '}' : ']');
+		return compound(j, NULL, NULL) < 0 ? -1 : 0;
 	if (c == '"') {
 		const char *s;
 		size_t n;
@@ -397,61 +359,61 @@ static int value(struct json *j)
 	return number(j);
 }
 
-/* In the object at j->p, the one member named `key` (exactly; any member whose name is `key`
- * in another case, escaped or not ASCII, or a second one, is an error): j->p is set to its
- * value. 1 found, 0 not there, -1 not understood. On return j->p is after the object. */
-static int member(struct json *j, const char *key, const char **found)
+/* The object or array at j->p, checked to its end; j->p is then after it. With `key` (an object
+ * only): *found is set to the value of the one member named `key` (exactly: any member whose
+ * name is `key` in another case, escaped or not ASCII, a second one, or any escaped name, is an
+ * error), else NULL. 1 found, 0 not there (or no key), -1 not understood. */
+static int compound(struct json *j, const char *key, const char **found)
 {
 	ws(j);
-	if (j->p >= j->end || *j->p != '{' || ++j->depth > MAX_DEPTH)
+	if (j->p >= j->end || (*j->p != '{' && (key || *j->p != '[')) || ++j->depth > MAX_DEPTH)
 		return -1;
-	j->p++;
-	size_t klen = strlen(key);
-	*found = NULL;
+	char close = *j->p++ == '{' ? '}' : ']';
+	size_t klen = key ? strlen(key) : 0;
+	const char *at = NULL;
 	ws(j);
-	if (j->p < j->end && *j->p == '}') {
+	if (j->p < j->end && *j->p == close)
 		j->p++;
-		j->depth--;
-		return 0;
-	}
-	for (;;) {
-		const char *s;
-		size_t n;
-		int esc;
-		ws(j);
-		if (string(j, &s, &n, &esc))
-			return -1;
-		if (n == klen && strncasecmp(s, key, n) == 0) {
-			if (esc || memcmp(s, key, n) != 0 || *found)
+	else
+		for (;;) {
+			if (close == '}') {
+				const char *s;
+				size_t n;
+				int esc;
+				ws(j);
+				if (string(j, &s, &n, &esc))
+					return -1;
+				int named = key && n == klen && strncasecmp(s, key, n) == 0;
+				if (named && (esc || memcmp(s, key, n) != 0 || at))
+					return -1;
+				if (key && esc)
+					return -1; /* an escape may spell the key in another way */
+				ws(j);
+				if (j->p >= j->end || *j->p++ != ':')
+					return -1;
+				if (named) {
+					ws(j);
+					at = j->p;
+				}
+			}
+			if (value(j))
 				return -1;
 			ws(j);
-			if (j->p >= j->end || *j->p != ':')
+			if (j->p >= j->end)
 				return -1;
-			j->p++;
-			ws(j);
-			*found = j->p;
-		} else {
-			if (esc)
-				return -1; /* an escape may spell the key in another way */
-			ws(j);
-			if (j->p >= j->end || *j->p++ != ':')
+			if (*j->p == ',') {
+				j->p++;
+				continue;
+			}
+			if (*j->p++ != close)
 				return -1;
+			break;
 		}
-		if (value(j))
-			return -1;
-		ws(j);
-		if (j->p >= j->end)
-			return -1;
-		if (*j->p == ',') {
-			j->p++;
-			continue;
-		}
-		if (*j->p++ != '}')
-			return -1;
-		j->depth--;
-		ws(j);
-		return *found ? 1 : 0;
-	}
+	j->depth--;
+	ws(j);
+	if (found)
+		*found = at;
+	return at ? 1 : 0;
 }
 
 /* The plain string of doc[k1] (or doc[k1][k2]) as a new C string; NULL when not understood. */
@@ -459,11 +421,11 @@ static char *lookup(const char *doc, size_t len, const char *k1, const char *k2)
 {
 	struct json j = { doc, doc + len, 0 };
 	const char *at;
-	if (member(&j, k1, &at) != 1 || j.p != j.end)
+	if (compound(&j, k1, &at) != 1 || j.p != j.end)
 		return NULL;
 	if (k2) {
 		struct json inner = { at, doc + len, 0 };
-		if (member(&inner, k2, &at) != 1)
+		if (compound(&inner, k2, &at) != 1)
 			return NULL;
 	}
 	struct json v = { at, doc + len, 0 };
