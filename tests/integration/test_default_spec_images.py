@@ -29,6 +29,7 @@ its stub, so the front and hook are what the tests above see.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -235,6 +236,32 @@ def test_the_default_spec_is_a_folder_spec_with_the_front(world: World) -> None:
     paths = {m["containerPath"] for m in doc["containerEdits"]["mounts"]}
     hwcaps = {os.path.dirname(p) for p in (TRIPLET_HWCAPS, LIB64_HWCAPS)}
     assert {STAGE, *hwcaps} <= paths, paths
+
+
+DATA_FOLDERS = {  # mounted whole from the stage's data/: each file at its place
+    "/lib/firmware/nvidia/535.309.01": ("gsp_ga10x.bin", "gsp_tu10x.bin"),
+    "/usr/share/nvidia": (
+        "nvidia-application-profiles-535.309.01-key-documentation",
+        "nvidia-application-profiles-535.309.01-rc",
+    ),
+    "/usr/share/egl/egl_external_platform.d": ("10_nvidia_wayland.json", "15_nvidia_gbm.json"),
+}
+
+
+def test_driver_only_folders_arrive_whole(world: World, driver_root: Path) -> None:
+    mounts = {m["containerPath"] for m in world.spec()["containerEdits"]["mounts"]}
+    assert set(DATA_FOLDERS) <= mounts and not any(
+        os.path.dirname(p) in DATA_FOLDERS for p in mounts
+    ), mounts  # a mount for the folder, none for its files
+    p = world.podman.run(f"md5sum {' '.join(f'{d}/*' for d in DATA_FOLDERS)}", spec="default")
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = dict(reversed(line.split()) for line in p.stdout.splitlines())
+    want = {
+        f"{d}/{n}": hashlib.md5((driver_root / d.lstrip("/") / n).read_bytes()).hexdigest()
+        for d, names in DATA_FOLDERS.items()
+        for n in names
+    }
+    assert got == want
 
 
 def test_the_lib64_image_has_the_other_loader_family(world: World) -> None:

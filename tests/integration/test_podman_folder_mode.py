@@ -23,6 +23,7 @@ run on that spec).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -46,7 +47,9 @@ CUDA = "localhost/gpuctk-test-cudalike:latest"
 SCHEMA = Path(__file__).resolve().parents[3] / "shared" / "vendor-data" / "cdi-schema"
 STAGE = "/usr/local/nvidia"
 HWCAPS = "/usr/lib/x86_64-linux-gnu/glibc-hwcaps/x86-64-v2"
-STAGE_DIR = "/staging/535.309.01-"  # the stage's host folder, under the staging dir
+STAGE_DIR = "/staging/535.309.01-"
+FIRMWARE = "/lib/firmware/nvidia/535.309.01"
+GSP = ("gsp_ga10x.bin", "gsp_tu10x.bin")  # the stage's host folder, under the staging dir
 CUDA_ENV = (
     "ENV LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64",
     "ENV PATH=/usr/local/nvidia/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -104,10 +107,11 @@ def test_three_mounts_no_hook_no_drm_node(podman: CdiPodman) -> None:
         STAGE: stage["hostPath"],
         HWCAPS: stage["hostPath"] + "/lib64",
         "/usr/lib64/glibc-hwcaps/x86-64-v2": stage["hostPath"] + "/lib64",
+        FIRMWARE: stage["hostPath"] + "/data" + FIRMWARE,  # the firmware folder, whole
     }
-    # Everything else is firmware and the OpenCL ICD file: no library, no binary of its own.
+    # Everything else is the OpenCL ICD file: no library, no binary, no firmware of its own.
     others = {m["containerPath"] for m in mounts} - set(staged)
-    assert others and all(p.startswith(("/lib/firmware/", "/etc/")) for p in others), others
+    assert others == {"/etc/OpenCL/vendors/nvidia.icd"}, others
     nodes = {n["path"] for b in blocks for n in b.get("deviceNodes", ())}
     assert "/dev/nvidia0" in nodes and not [n for n in nodes if n.startswith("/dev/dri/")]
     host = Path(stage["hostPath"])
@@ -128,9 +132,10 @@ def test_the_default_folder_spec_names_the_compiled_front(podman: CdiPodman) -> 
     assert p.returncode == 0 and all(f"OK {lib}" in p.stdout for lib in LIBS), p.stdout
 
 
-def test_a_cuda_style_image_loads_the_driver(podman: CdiPodman) -> None:
+def test_a_cuda_style_image_loads_the_driver(podman: CdiPodman, driver_root: Path) -> None:
     script = (
         "ls -1 /dev | grep '^nvidia'; command -v nvidia-smi | sed 's/^/SMI /'; "
+        f"md5sum {FIRMWARE}/* | sed 's/^/FW /'; "
         "(touch /usr/local/nvidia/lib64/x 2>&1 || true) | sed 's/^/TOUCH /'; "
         "LD_DEBUG=libs dlopen-test " + " ".join(LIBS) + " 2>&1"
     )
@@ -143,6 +148,10 @@ def test_a_cuda_style_image_loads_the_driver(podman: CdiPodman) -> None:
     assert "SMI /usr/local/nvidia/bin/nvidia-smi" in lines
     assert any(ln.startswith("TOUCH ") and "Read-only" in ln for ln in lines), p.stdout
     assert {"nvidia0", "nvidiactl", "nvidia-uvm"} <= set(lines)
+    firmware = dict(reversed(ln.split()[1:]) for ln in lines if ln.startswith("FW "))
+    assert sorted(firmware) == [f"{FIRMWARE}/{n}" for n in GSP], p.stdout
+    for path, digest in firmware.items():  # the driver's own files, whole
+        assert digest == hashlib.md5((driver_root / path.lstrip("/")).read_bytes()).hexdigest()
 
 
 def test_an_unprivileged_user_loads_the_driver(podman: CdiPodman) -> None:

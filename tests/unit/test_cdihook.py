@@ -345,6 +345,20 @@ def test_compat_not_newer(front: Front, bundle: Bundle, name: str) -> None:
     served(run(front, bundle))
 
 
+def test_root_left_by_a_compat_run_goes_to_python(front: Front, bundle: Bundle) -> None:
+    # a reused root after a driver upgrade: gpuctk-hook put the compat folder in the ld cache
+    # (and its 00-compat-gpuctk.conf) when compat was newer; compat is older now, and only
+    # gpuctk-hook empties that conf and rebuilds the cache
+    put(bundle.root, "/usr/local/cuda/compat/libcuda.so.530.30.02", b"\x7fELF")
+    put(bundle.root, "/etc/ld.so.conf.d/00-compat-gpuctk.conf", b"/usr/local/cuda/compat\n")
+    put(
+        bundle.root,
+        "/etc/ld.so.cache",
+        cache("libcuda.so.1", "/usr/local/cuda/compat/libcuda.so.1"),
+    )
+    handover(front, bundle, "the image's ld cache names a driver library")
+
+
 def test_compat_link_is_ignored(front: Front, bundle: Bundle) -> None:
     put(bundle.root, "/usr/local/cuda/compat/libcuda.so.530.30.02", b"\x7fELF")
     link(bundle.root, "/usr/local/cuda/compat/libcuda.so.999.1", "libcuda.so.530.30.02")
