@@ -79,16 +79,20 @@ def project() -> dict[str, object]:
 
 
 def sources() -> list[str]:
-    """What a wheel is built from: pyproject.toml, the readme it names, and every package's
-    folder from its [tool.setuptools] package-dir (the one map of package to folder)."""
+    """What a wheel is built from: pyproject.toml, setup.py (it compiles gpuctk-cdi-hook), the
+    readme pyproject names, and every package's folder from its [tool.setuptools] package-dir
+    (the one map of package to folder)."""
     data = _pyproject()
     folders: dict[str, str] = data["tool"]["setuptools"]["package-dir"]
-    return ["pyproject.toml", str(data["project"]["readme"]), *dict.fromkeys(folders.values())]
+    readme = str(data["project"]["readme"])
+    return ["pyproject.toml", "setup.py", readme, *dict.fromkeys(folders.values())]
 
 
 def source_copy(dest: Path) -> Path:
-    """The files a wheel needs, copied (no build/ or egg-info lands in the shared checkout)."""
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    """The files a wheel needs, copied (no build/ or egg-info lands in the shared checkout).
+    A gpuctk-cdi-hook built in the checkout is left out: the wheel's build compiles its own
+    from hook/cdihook.c, so the package never ships a binary of other sources."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "gpuctk-cdi-hook")
     dest.mkdir(parents=True)
     for name in sources():
         src = REPO / name
