@@ -23,7 +23,7 @@ runc, its own store, overlay, cgroupfs; the debian test image) alternated round 
 - compute, folder    `--library-mode folder` of the same capabilities: the libraries and
                      binaries staged in one host folder, mounted at /usr/local/nvidia (the
                      CUDA images' LD_LIBRARY_PATH) and its lib64/ in both families'
-                     glibc-hwcaps/x86-64-v2 folders (gpuctk.cdi.stage), 5 mounts; no
+                     glibc-hwcaps/x86-64-v2 folders (gpuctk.cdi.stage), 6 mounts; no
                      /dev/dri nodes, as in every compute-only spec;
 - mounts, no libs    the hook spec with its hook removed: what the mounts and device nodes
                      alone cost (its libraries are not loadable: a reference, not a choice).

@@ -21,7 +21,6 @@ from gpuctk.cdi.node.devnodes import NodeInfo
 from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles
 from gpuctk.cdi.node.machine import Gpu, Machine, MigDevice
 from gpuctk.cdi.specs.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
-from gpuctk.cdi.stage import DATA, data_folder
 from gpuctk.errors import NoDevicesError, UsageError
 from gpuctk.records import record, replace
 
@@ -164,12 +163,7 @@ def common_edits(
         others = (files.libraries, *others)
     for group in others:
         for f in group:
-            folder = data_folder(f.container_path) if opts.library_mode == "folder" else None
-            if folder:  # one mount of the stage's copy of the whole folder
-                whole = Mount(f"{opts.stage_path}/{DATA}{folder}", folder, READ_ONLY)
-                mounts.setdefault(folder, whole)
-            else:
-                mounts.setdefault(f.container_path, _mount(f))
+            mounts.setdefault(f.container_path, _mount(f))
     control = nodes.control()
     return ContainerEdits(
         env=("NVIDIA_VISIBLE_DEVICES=void",),

@@ -10,8 +10,6 @@ the spec mounts that folder at /usr/local/nvidia, read-only (and its lib64/ twic
     /usr/local/nvidia/lib64/   64-bit libraries (versioned files, SONAME links, libcuda.so)
     /usr/local/nvidia/lib/     32-bit libraries (compat32)
     /usr/local/nvidia/bin/     nvidia-smi, nvidia-debugdump, the MPS binaries, ...
-    /usr/local/nvidia/data/    the firmware and the config files of folders only the driver
-                               fills (DATA_FOLDERS), each folder mounted whole at its place
 
 That is the layout GKE mounts and that nvidia-docker 1.0's volume had, and the one every
 nvidia/cuda and NGC image still searches: their image config sets
@@ -65,38 +63,14 @@ from gpuctk.cdi.node.driverfiles import DriverFiles
 from gpuctk.errors import InputError, OutputError
 from gpuctk.fs import private_folder, stat_identity
 
-LAYOUT = "gpuctk-stage-2"  # bump when the layout below changes
-DATA = "data"  # the stage's folder of whole-folder data (data_folder)
-# Folders that hold the NVIDIA driver's own files only: the folder spec mounts each one whole,
-# from the stage's data/<folder>, instead of a mount per file (each mount costs the engine
-# about as much as a whole folder). An image's own files there are hidden: at most its copy
-# of the same files. /usr/share/vulkan, glvnd, OpenCL and the X folders hold other vendors'
-# files, so those keep a mount per file.
-DATA_FOLDERS = frozenset(
-    (
-        "/usr/share/nvidia",
-        "/usr/share/egl/egl_external_platform.d",
-        "/etc/egl/egl_external_platform.d",
-    )
-)
-FIRMWARE_PARENTS = ("/lib/firmware/nvidia", "/usr/lib/firmware/nvidia")  # <parent>/<version>/
-
-
-def data_folder(container_path: str) -> str | None:
-    """The container folder that the folder spec mounts whole for the firmware or config file
-    at `container_path` (from the stage's data/), None for a file it mounts alone."""
-    folder = posixpath.dirname(container_path)
-    if folder in DATA_FOLDERS or posixpath.dirname(folder) in FIRMWARE_PARENTS:
-        return folder
-    return None
+LAYOUT = "gpuctk-stage-1"  # bump when the layout below changes
 
 
 def plan(files: DriverFiles) -> tuple[dict[str, str], dict[str, str]]:
     """(copies, links) of a stage: {stage-relative path: host file} and {stage-relative link:
     its relative target}. Libraries go to lib64/ (lib/ for compat32) under their own file
     names, with each of their names (gpuctk.cdi.libmounts.names_of: SONAME, libcuda.so, the
-    gbm/vdpau backends) as a link; binaries to bin/ under their container names; firmware and
-    config files in a DATA_FOLDERS folder to data/<container path>. The first
+    gbm/vdpau backends) as a link; binaries to bin/ under their container names. The first
     library to claim a name keeps it, as in the other modes."""
     copies: dict[str, str] = {}
     links: dict[str, str] = {}
@@ -113,9 +87,6 @@ def plan(files: DriverFiles) -> tuple[dict[str, str], dict[str, str]]:
                 links[link] = posixpath.relpath(path, posixpath.dirname(link))
     for binary in files.binaries:
         copies.setdefault(f"bin/{posixpath.basename(binary.container_path)}", binary.host_path)
-    for f in (*files.firmware, *files.configs):
-        if data_folder(f.container_path):
-            copies.setdefault(f"{DATA}{f.container_path}", f.host_path)
     return copies, links
 
 

@@ -38,7 +38,6 @@ _CONFIG_CAPS = (  # container path prefix -> capability, for non-library files
     ("/etc/egl/", caps.GRAPHICS),
     ("/usr/share/nvidia/nvoptix", caps.GRAPHICS),
     ("/usr/share/nvidia/nvidia-application-profiles", caps.GRAPHICS),
-    ("/usr/share/nvidia\0", caps.GRAPHICS),  # the folder mount of the app profiles (folder mode)
     ("/etc/OpenCL/", caps.COMPUTE),
     ("/usr/share/X11/", caps.DISPLAY),
     ("/etc/X11/", caps.DISPLAY),
@@ -82,7 +81,7 @@ def file_capabilities(mount: Mapping[str, Any], lib64: bool) -> tuple[str, ...]:
     if folder in _BIN_DIRS:
         return (caps.capability_of(name),)
     for prefix, capability in _CONFIG_CAPS:
-        if (path + "\0").startswith(prefix):
+        if path.startswith(prefix):
             return (capability,)
     return ()
 

@@ -107,11 +107,10 @@ def test_three_mounts_no_hook_no_drm_node(podman: CdiPodman) -> None:
         STAGE: stage["hostPath"],
         HWCAPS: stage["hostPath"] + "/lib64",
         "/usr/lib64/glibc-hwcaps/x86-64-v2": stage["hostPath"] + "/lib64",
-        FIRMWARE: stage["hostPath"] + "/data" + FIRMWARE,  # the firmware folder, whole
     }
-    # Everything else is the OpenCL ICD file: no library, no binary, no firmware of its own.
+    # Everything else is firmware and the OpenCL ICD file: no library, no binary of its own.
     others = {m["containerPath"] for m in mounts} - set(staged)
-    assert others == {"/etc/OpenCL/vendors/nvidia.icd"}, others
+    assert others == {"/etc/OpenCL/vendors/nvidia.icd", *(f"{FIRMWARE}/{n}" for n in GSP)}
     nodes = {n["path"] for b in blocks for n in b.get("deviceNodes", ())}
     assert "/dev/nvidia0" in nodes and not [n for n in nodes if n.startswith("/dev/dri/")]
     host = Path(stage["hostPath"])

@@ -42,11 +42,7 @@ def test_parse() -> None:
         ("/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf", (), ("display",)),
         ("/usr/lib/xorg/modules/drivers/nvidia_drv.so", (), ("display",)),
         ("/run/nvidia-persistenced/socket", ("noexec",), ()),
-        ("/usr/share/nvidia", (), ("graphics",)),  # folder mode's mount of the folder
-        ("/usr/share/egl/egl_external_platform.d", (), ("graphics",)),
-        ("/usr/share/nvidia-other/x", (), ()),
         ("/lib/firmware/nvidia/535.309.01/gsp_ga10x.bin", (), ()),
-        ("/lib/firmware/nvidia/535.309.01", (), ()),
         ("/etc/something/unknown", (), ()),
     ],
 )

@@ -222,53 +222,6 @@ def test_the_spec_mounts_the_stage_only(driver: DriverFiles) -> None:
         build_spec(machine, driver, Options(library_mode="folder"), simulated_nodes(machine))
 
 
-def test_driver_only_folders_are_staged_and_mounted_whole(
-    driver: DriverFiles, tmp_path: Path
-) -> None:
-    fw = f"/lib/firmware/nvidia/{V}"
-    data = {  # container path -> kind; the files of folders only the driver fills, and others
-        f"{fw}/gsp_ga10x.bin": "firmware",
-        f"{fw}/gsp_tu10x.bin": "firmware",
-        f"/usr/share/nvidia/nvidia-application-profiles-{V}-rc": "config",
-        "/usr/share/egl/egl_external_platform.d/10_nvidia_wayland.json": "config",
-        "/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json": "config",
-        "/usr/share/vulkan/icd.d/nvidia_icd.json": "config",  # beside other vendors' files
-        "/usr/share/glvnd/egl_vendor.d/10_nvidia.json": "config",
-        "/etc/OpenCL/vendors/nvidia.icd": "config",
-    }
-    made: dict[str, list[DriverFile]] = {"firmware": [], "config": []}
-    for path, kind in data.items():
-        host = tmp_path / "drv" / path.lstrip("/")
-        host.parent.mkdir(parents=True, exist_ok=True)
-        host.write_text(path)
-        made[kind].append(DriverFile(str(host), path, kind, "graphics"))
-    files = replace(driver, firmware=tuple(made["firmware"]), configs=tuple(made["config"]))
-    folder = Path(stage.stage_driver(files, V, str(tmp_path / "staging")))
-    staged = {k: v for k, v in tree(folder).items() if k.startswith("data/") and v != "dir"}
-    whole = [p for p in data if not p.startswith(("/usr/share/vulkan", "/usr/share/glvnd", "/etc"))]
-    assert staged == {f"data{p}": p for p in whole}
-    machine = load_profile("l4")
-    opts = Options(library_mode="folder", stage_path=str(folder))
-    mounts = build_spec(machine, files, opts, simulated_nodes(machine)).to_dict()["containerEdits"][
-        "mounts"
-    ]
-    outside = {
-        m["containerPath"]: m["hostPath"] for m in mounts if str(folder) not in m["hostPath"]
-    }
-    assert outside == {
-        p: str(tmp_path / "drv" / p.lstrip("/"))
-        for p in ("/usr/share/vulkan/icd.d/nvidia_icd.json",
-                  "/usr/share/glvnd/egl_vendor.d/10_nvidia.json", "/etc/OpenCL/vendors/nvidia.icd")
-    }  # fmt: skip
-    staged_mounts = {m["containerPath"]: m["hostPath"] for m in mounts}.items() - outside.items()
-    for where in (fw, "/usr/share/nvidia", "/usr/share/egl/egl_external_platform.d"):
-        assert (where, f"{folder}/data{where}") in staged_mounts
-    # the same files in mounts mode: a mount each, from the driver
-    each = build_spec(machine, files, Options(library_mode="mounts"), simulated_nodes(machine))
-    paths = {m["containerPath"] for m in each.to_dict()["containerEdits"]["mounts"]}
-    assert set(data) <= paths and fw not in paths
-
-
 def generate(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([GPUCTK, "cdi", "generate", "--simulate", "l4", *args],
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
