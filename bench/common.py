@@ -123,5 +123,21 @@ def installed_bin_at(rev: str) -> Path:
              str(base / "venv"), "--python", SYSTEM_PYTHON],
             env=build_env(), check=True, capture_output=True,
         )  # fmt: skip
-    bindir = base / "launchers"
-    return _launchers(python, bindir)
+    bindir = _launchers(python, base / "launchers")
+    _rev_front(base / "src", bindir)
+    return bindir
+
+
+def _rev_front(src: Path, bindir: Path) -> None:
+    """The compiled spec-hook front of a revision whose deb venv lacks it (its build.py left
+    setup.py out of the wheel's sources): built by that revision's own setup.py, put beside
+    its launchers, so that its specs name it as an install's would."""
+    front = bindir / "gpuctk-cdi-hook"
+    if front.exists() or not (src / "setup.py").is_file() or not (src / "hook/cdihook.c").is_file():
+        return
+    subprocess.run(  # setup.py compiles at import; `--version` only prints the version
+        [sys.executable, "setup.py", "--version"], cwd=src, capture_output=True, check=False
+    )
+    built = src / "hook" / "gpuctk-cdi-hook"
+    if built.is_file():
+        shutil.copy2(built, front)
