@@ -1,5 +1,6 @@
-"""Builds the one compiled part, hook/cdihook.c (`gpuctk-cdi-hook`, the spec hook's front),
-with the host's C compiler; everything else is in pyproject.toml.
+"""Builds the one compiled part, hook/cdihook.c (`gpuctk-cdi-hook`, the spec hook's front; it
+includes hook/shimfront.c, the shim's compiled create), with the host's C compiler; everything
+else is in pyproject.toml.
 
 The binary goes into the venv's bin/ beside gpuctk-hook (as data: setuptools' build_scripts
 would read it as text; an editable install skips data, so tests/run.sh copies it there) and into
@@ -25,7 +26,8 @@ FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2", "-fstack-p
 def build_front() -> list[str]:
     if os.environ.get("GPUCTK_NO_FRONT") == "1" or not SOURCE.is_file():
         return []
-    if BINARY.is_file() and BINARY.stat().st_mtime >= SOURCE.stat().st_mtime:
+    newest = max(p.stat().st_mtime for p in SOURCE.parent.glob("*.c"))  # shimfront.c too
+    if BINARY.is_file() and BINARY.stat().st_mtime >= newest:
         return [str(BINARY.relative_to(HERE))]
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:

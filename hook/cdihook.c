@@ -711,10 +711,16 @@ out:
 	return rc;
 }
 
+/* ---- gpuctk-runtime's create ------------------------------------------------------------------ */
+
+#include "shimfront.c"
+
 /* ---- the verbs ----------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
 {
+	if (argc > 1 && strcmp(argv[1], "shim-create") == 0)
+		return shim_create(argc, argv);
 	g_argv = argv;
 	if (argc < 2)
 		python("no verb");

@@ -129,9 +129,19 @@ raise SystemExit(main())
 """
 
 
-def runtime_front_text(python: str) -> str:
-    """The text of the gpuctk-runtime launcher: a POSIX sh front (see the module docstring)."""
+def runtime_front_text(python: str, front: str = "") -> str:
+    """The text of the gpuctk-runtime launcher: a POSIX sh front (see the module docstring);
+    `front`: the compiled gpuctk-cdi-hook beside it, which a create whose memo holds goes to
+    (hook/shimfront.c; it starts the same Python where it cannot do the create itself)."""
     _check_interpreter(python)
+    create_front = ""
+    if front:
+        _check_interpreter(front)
+        create_front = (
+            f'\t\tif [ "$verb" = create ] && [ -x {front} ]; then\n'
+            f'\t\t\texec {front} shim-create {python} "$pycode" "$0" "$@"\n'
+            "\t\tfi\n"
+        )
     global_flags = "|".join(sorted(GLOBAL_VALUE_FLAGS))
     # bundle/b and config/f have their own patterns before this one in the front
     verb_flags = "|".join(sorted(VERB_VALUE_FLAGS - {"bundle", "b", "config", "f"}))
@@ -233,7 +243,7 @@ create|run)
 		esac
 		{FRONT_RUNTIME_ENV}=$m_runtime # the memo holds: Python need not resolve it again
 		export {FRONT_RUNTIME_ENV}
-	fi ;;
+{create_front}	fi ;;
 *)
 	if memo_holds; then
 		exec "$m_runtime" "$@"
@@ -249,20 +259,23 @@ def write_launchers(bindir: str, python: str | None = None) -> list[str]:
     from gpuctk.writes import atomic_write
 
     interpreter = python or sys.executable
+    _check_interpreter(interpreter)  # before anything is written
     paths = []
+    front = os.path.join(os.path.dirname(os.path.abspath(__file__)), FRONT)
+    beside = os.path.join(os.path.abspath(bindir), FRONT) if os.path.isfile(front) else ""
+    if beside:  # the compiled front goes beside gpuctk-hook (the spec hook, the shim's create)
+        with open(front, "rb") as f:
+            atomic_write(beside, f.read(), mode=0o755)
     for name, (module, function) in ENTRY_POINTS.items():
         path = os.path.join(bindir, name)
         if name == "gpuctk-runtime":
-            text = runtime_front_text(interpreter)
+            text = runtime_front_text(interpreter, beside)
         else:
             text = launcher_text(interpreter, module, function)
         atomic_write(path, text.encode(), mode=0o755)
         paths.append(path)
-    front = os.path.join(os.path.dirname(os.path.abspath(__file__)), FRONT)
-    if os.path.isfile(front):  # the spec hook's compiled front goes beside gpuctk-hook
-        with open(front, "rb") as f:
-            atomic_write(os.path.join(bindir, FRONT), f.read(), mode=0o755)
-        paths.append(os.path.join(bindir, FRONT))
+    if beside:
+        paths.append(beside)
     return paths
 
 

@@ -178,33 +178,35 @@ class Plans:
         name = file_name(key)
         if not save_private_marshal(self.path, os.path.join(self.path, name), doc, MAX_BYTES):
             return False
-        self._evict(name)
+        evict(self.path, name, ".plan", MAX_PLANS)
         return True
 
-    def _evict(self, keep: str) -> None:
-        """Remove the oldest plan files past MAX_PLANS (never `keep`). Errors are ignored:
-        creates at once may evict the same file, and a lost plan is only resolved again."""
-        from gpuctk.errors import GpuctkError
-        from gpuctk.fs import open_private_dir
 
+def evict(folder: str, keep: str, suffix: str, most: int) -> None:
+    """Remove the oldest `suffix` files of the private `folder` past `most` (never `keep`).
+    Errors are ignored: creates at once may evict the same file, and a lost plan is only
+    resolved again."""
+    from gpuctk.errors import GpuctkError
+    from gpuctk.fs import open_private_dir
+
+    try:
+        dir_fd = open_private_dir(folder)
+    except (GpuctkError, OSError):
+        return
+    try:
+        lfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
         try:
-            dir_fd = open_private_dir(self.path)
-        except (GpuctkError, OSError):
-            return
-        try:
-            lfd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
-            try:
-                names = [n for n in os.listdir(lfd) if n.endswith(".plan") and n != keep]
-            finally:
-                os.close(lfd)
-            aged = []
-            if len(names) >= MAX_PLANS:
-                for n in names:
-                    st = os.stat(n, dir_fd=dir_fd, follow_symlinks=False)
-                    aged.append((st.st_mtime_ns, n))
-            for _, n in sorted(aged)[: len(aged) - MAX_PLANS + 1]:
-                os.unlink(n, dir_fd=dir_fd)
-        except OSError:
-            pass
+            names = [n for n in os.listdir(lfd) if n.endswith(suffix) and n != keep]
         finally:
-            os.close(dir_fd)
+            os.close(lfd)
+        aged = []
+        if len(names) >= most:
+            for n in names:
+                st = os.stat(n, dir_fd=dir_fd, follow_symlinks=False)
+                aged.append((st.st_mtime_ns, n))
+        for _, n in sorted(aged)[: len(aged) - most + 1]:
+            os.unlink(n, dir_fd=dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)

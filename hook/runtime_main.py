@@ -243,7 +243,7 @@ def _inject(
     name: str,
 ) -> None:
     from gpuctk.cdi.specs import apply
-    from gpuctk.hook import cdiedits, shimroot
+    from gpuctk.hook import cdiedits, frontplan, shimroot
     from gpuctk.hook.bundle import read_config, write_config
     from gpuctk.hook.plans import Plans, key_of
 
@@ -264,12 +264,15 @@ def _inject(
     key = key_of(req, env_map(process.get("env") if isinstance(process, dict) else None))
     plans = Plans.for_this_process(settings.spec_dirs)
     plan = plans.get(key) if plans is not None else None
+    front_key = frontplan.key_of(doc) if plans is not None else None
     if plan is not None and plans is not None:
         log.debug(f"{inv.container}: the request's plan remembered in {plans.path}")
         for note in plan["notes"]:
             log.warning(note)
         edits: EditsDoc = plan["edits"]
         prep = plan["prep"]
+        if not plan["notes"] and not frontplan.have(plans.state, front_key):
+            frontplan.offer(plans.state, front_key, req, edits, settings, plans.snapshot())
     else:
         before = plans.snapshot() if plans is not None else None
         notes: list[str] = []
@@ -280,8 +283,13 @@ def _inject(
 
         edits, errors = cdiedits.edits_for(req, doc, settings, warn)
         prep = shimroot.prepare(edits)
-        if plans is not None and not errors:
-            plans.offer(key, before, {"edits": edits, "notes": notes, "prep": prep})
+        if (
+            plans is not None
+            and not errors
+            and plans.offer(key, before, {"edits": edits, "notes": notes, "prep": prep})
+            and not notes
+        ):
+            frontplan.offer(plans.state, front_key, req, edits, settings, before)
     from gpuctk.hook import nodeafter
 
     guard, spec_edits = nodeafter.choose(inv.verb, inv.pid_file, settings), edits

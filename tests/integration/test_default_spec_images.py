@@ -23,7 +23,9 @@ prints the loader's path for it (DLOPEN, from its link map) and the file mapped 
 
 Through the shim (`gpuctk-runtime create`, then runc) the shim merges the stage into the
 image's ld cache itself and drops the entry: the stage's libcuda (the compat file for
-`newer`). Controls in podman: the spec less its hook entry gives `newer` the driver and `stub`
+`newer`). A second create of the same request is the shim's compiled front's
+(hook/shimfront.c): it keeps the entry, so runc runs the front and each image gets what podman
+gives it. Controls in podman: the spec less its hook entry gives `newer` the driver and `stub`
 its stub, so the front and hook are what the tests above see.
 """
 
@@ -34,7 +36,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +47,8 @@ import pytest
 from fixtures.gpucheck import runc_run, shim_edit, work_hooks
 from fixtures.images import ImageError, build_image, make_bundle, overlay, unmount
 from fixtures.podman import CdiPodman, generate_spec, private_podman
+
+from gpuctk.cdi.specs.speccache import SETTLE_NS
 
 pytestmark = pytest.mark.integration
 
@@ -328,3 +334,30 @@ def test_the_shim_serves_each_image_on_the_default_spec(
     report = probe(runc_run(bundle, config, SCRIPT, f"gpuctk-default-{os.getpid()}-{name}"))
     expect_file(report, CASES[name][3], COMPAT["newer"] if name == "newer" else "")
     assert "PYTHON" in report, report  # 00-gpuctk.conf: written by the shim, not by a hook
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_shims_front_serves_each_image_on_the_default_spec(
+    world: World, shim_root: Callable[[str], Path], tmp_path: Path, name: str
+) -> None:
+    world.need(name)
+    env = [*(CUDA_ENV if name == "cuda" else (PATH,)), "NVIDIA_VISIBLE_DEVICES=0"]
+    spec_dir, state, toml = world.podman.specs["default"], tmp_path / "state", tmp_path / "c.toml"
+    bindir = tmp_path / "bin"  # the launchers as installed: the sh front, the compiled create
+    bindir.mkdir()
+    subprocess.run([sys.executable, "-m", "gpuctk.hook.launchers", str(bindir)], check=True,
+                   capture_output=True)  # fmt: skip
+    shim_edit(make_bundle(tmp_path / "a" / "b", shim_root(name), ["/bin/true"], env=env),
+              spec_dir, state, toml=toml, bindir=bindir)  # fmt: skip
+    time.sleep(SETTLE_NS / 1e9 + 0.1)  # the config file just written: the next create's plan
+    shim_edit(make_bundle(tmp_path / "b" / "b", shim_root(name), ["/bin/true"], env=env),
+              spec_dir, state, toml=toml, bindir=bindir)  # fmt: skip
+    assert list((state / "front").iterdir())
+    bundle = make_bundle(tmp_path / "bundle", shim_root(name), ["/bin/true"], env=env)
+    config = shim_edit(bundle, spec_dir, state, toml=toml, bindir=bindir)
+    hooks = work_hooks(config)  # the front kept the spec's entry
+    assert [h["args"][:2] for h in hooks] == [["gpuctk-cdi-hook", "createContainer"]], hooks
+    report = probe(runc_run(bundle, config, SCRIPT, f"gpuctk-front-{os.getpid()}-{name}"))
+    _kind, path, python_ran, _ = CASES[name]
+    expect_file(report, path, COMPAT["newer"] if name == "newer" else "")
+    assert ("PYTHON" in report) == python_ran, report

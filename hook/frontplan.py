@@ -1,0 +1,239 @@
+"""Front plans: what lets gpuctk-runtime's create run without Python (hook/shimfront.c).
+
+When the shim has resolved a request in full (gpuctk.hook.plans), it also writes, where it can,
+the request's edits in the shape the compiled front applies them:
+`$GPUCTK_STATE_DIR/front/<key checksum>.json` (default /run/gpuctk, a tmpfs). The next create
+with the same key then goes from the sh front to `gpuctk-cdi-hook shim-create`, which reads
+config.json, finds the plan, applies it, writes config.json back and execs the runtime, in
+about a millisecond; anything it does not fully understand goes to Python as before.
+
+The key is what the request and its edits depend on besides the specs and the config
+(gpuctk.hook.requests, gpuctk.hook.require, gpuctk.hook.drivercaps, the device nodes' owner in
+gpuctk.cdi.specs.apply): every env entry that starts with `NVIDIA_` or `CUDA_VERSION`, in
+order; `privileged=0|1` (CAP_SYS_ADMIN in the bounding set); `uid=N`, `gid=N` (process.user).
+The front sends anything else that could carry a request to Python: a CDI annotation prefix
+among the annotation keys, a device-list mount, an escape in any env entry.
+
+A plan is written only for a request from NVIDIA_VISIBLE_DEVICES that resolved with no note
+and no error, in a world (gpuctk.hook.plans.Plans.snapshot, plus the config file) left alone
+for SETTLE_NS, whose edits are env, device nodes, bind mounts and hooks only, each device path
+and mount destination once, and whose hooks are all `gpuctk-cdi-hook createContainer` entries
+(the compiled front of the spec hook) with the device node guard on or disabled in the entry
+itself. The front keeps that entry where the Python shim does its work in the shim
+(gpuctk.hook.shimroot): inside runc it does nothing for the common image and hands the rest to
+gpuctk-hook, and it guards /proc/driver/nvidia/params, so every image is served as an engine
+that applies the spec itself (podman, containerd's CDI) serves it.
+
+The lists are what gpuctk.cdi.specs.apply makes of the edits on an empty config (env by key,
+device entries and their cgroup rules, mounts sorted, hooks by stage); the front merges them
+into the container's lists with apply's rules. `files` (hook paths) and `sources` (mount
+sources, device host paths) are checked again at every create; `world` is the identity of
+gpuctk's code, the config file, the spec dirs and files, checked at every create.
+
+Trust: written only into a folder this uid alone can write, up to / (open_private_dir), mode
+0600; the front reads it only from such a folder. Writes are atomic, never fsync'd, at most
+MAX_PLANS files. `GPUCTK_SPEC_CACHE=0` turns this off with the other caches.
+"""
+
+from __future__ import annotations
+
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from gpuctk.cdi.specs.shape import EditsDoc
+    from gpuctk.hook.config import Settings
+    from gpuctk.hook.requests import Request
+
+FOLDER_NAME = "front"
+FORMAT = "gpuctk-front-plan-1"  # hook/shimfront.c: SF_PLAN_FORMAT
+FRONT = "gpuctk-cdi-hook"
+GUARD = "disable-device-node-modification"
+MAX_PLANS = 64
+_EDIT_KEYS = frozenset(("env", "deviceNodes", "mounts", "hooks"))
+
+
+def key_of(doc: Mapping[str, Any]) -> list[str] | None:
+    """The front's key of the OCI config `doc`; None where the front would never find one."""
+    from gpuctk.hook.requests import is_privileged
+
+    process = doc.get("process")
+    env = process.get("env") if isinstance(process, dict) else None
+    user = process.get("user", {}) if isinstance(process, dict) else None
+    if not isinstance(env, list) or not isinstance(user, dict):
+        return None
+    if not all(isinstance(e, str) and e.isascii() for e in env):
+        return None
+    ids = []
+    for name in ("uid", "gid"):
+        value = user.get(name, 0)
+        if type(value) is not int or value < 0:
+            return None
+        ids.append(f"{name}={value}")
+    keys = [e for e in env if e.startswith(("NVIDIA_", "CUDA_VERSION"))]
+    return [*keys, f"privileged={int(is_privileged(doc))}", *ids]
+
+
+def file_name(key: list[str]) -> str:
+    """FNV-1a (64 bits) of each key string and a NUL after it (hook/shimfront.c: fnv)."""
+    h = 0xCBF29CE484222325
+    for byte in b"".join(part.encode() + b"\0" for part in key):
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return f"{h:016x}.json"
+
+
+def _eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:
+    from gpuctk.cdi.specs.apply import BIND_TYPES
+    from gpuctk.hook.requests import VISIBLE_DEVICES
+
+    if req.source != VISIBLE_DEVICES or req.notes:
+        return False
+    if any(v for k, v in edits.items() if k not in _EDIT_KEYS):
+        return False
+    mounts = edits.get("mounts") or []
+    nodes = edits.get("deviceNodes") or []
+    if len({m["containerPath"] for m in mounts}) != len(mounts):
+        return False
+    if len({n["path"] for n in nodes}) != len(nodes):
+        return False
+    if any((m.get("type") or "") not in BIND_TYPES for m in mounts):
+        return False
+    for hook in edits.get("hooks") or []:
+        args = list(hook.get("args") or [])
+        if (
+            hook.get("hookName") != "createContainer"
+            or os.path.basename(hook["path"]) != FRONT
+            or args[1:2] != ["createContainer"]
+        ):
+            return False
+        if not settings.disable_device_node_modification and GUARD not in args:
+            return False  # the entry would guard where this config says not to
+    return True
+
+
+def _identities(world: tuple[Any, ...], conf: str) -> list[list[Any]] | None:
+    """The plans' world (Plans.snapshot) and the config file, as the front's [path, dev, ino,
+    size, mtime_ns, ctime_ns] (or [path]: missing); None when the config is not settled."""
+    import time
+
+    from gpuctk.cdi.specs.speccache import SETTLE_NS
+    from gpuctk.fs import stat_identity
+    from gpuctk.hook import plans
+
+    try:
+        conf_id: tuple[int, ...] | None = stat_identity(os.stat(conf))
+    except (FileNotFoundError, NotADirectoryError):
+        conf_id = None
+    except OSError:
+        return None
+    if conf_id is not None and time.time_ns() - max(conf_id[3], conf_id[4]) < SETTLE_NS:
+        return None
+    code, _, dirs, files = world
+    pairs = [(plans.__file__, code), (__file__, _own_identity()), (conf, conf_id), *dirs, *files]
+    if any(ident is None for path, ident in pairs[:2]):
+        return None
+    return [[path, *ident] if ident is not None else [path] for path, ident in pairs]
+
+
+def _own_identity() -> tuple[int, ...] | None:
+    from gpuctk.fs import stat_identity
+
+    try:
+        return stat_identity(os.stat(__file__))
+    except OSError:
+        return None
+
+
+def render(edits: EditsDoc, uid: int, gid: int) -> dict[str, Any]:
+    """The edits applied to an empty config (gpuctk.cdi.specs.apply, host paths checked)."""
+    from gpuctk.cdi.specs import apply
+
+    empty: dict[str, Any] = {
+        "process": {"env": [], "user": {"uid": uid, "gid": gid}},
+        "mounts": [],
+        "linux": {"devices": [], "resources": {"devices": []}},
+        "hooks": {},
+    }
+    apply.apply(empty, edits)
+    return {
+        "env": empty["process"]["env"],
+        "devices": empty["linux"]["devices"],
+        "rules": empty["linux"]["resources"]["devices"],
+        "mounts": empty["mounts"],
+        "hooks": empty["hooks"],
+    }
+
+
+def offer(
+    state: str,
+    key: list[str] | None,
+    req: Request,
+    edits: EditsDoc,
+    settings: Settings,
+    world: tuple[Any, ...] | None,
+) -> bool:
+    """Write the front plan of `key` (key_of the config before any edit) for `edits`, resolved
+    in `world` (Plans.snapshot before the resolution, None: not settled); True if written."""
+    from gpuctk.errors import GpuctkError
+    from gpuctk.hook.config import config_path
+
+    if key is None or world is None or not _eligible(req, edits, settings):
+        return False
+    conf, _ = config_path(os.environ)
+    identities = _identities(world, conf)
+    if identities is None:
+        return False
+    uid, gid = (int(k.partition("=")[2]) for k in key[-2:])
+    try:
+        lists = render(edits, uid, gid)
+    except GpuctkError:
+        return False
+    doc = {
+        "format": FORMAT,
+        "key": key,
+        "config": conf,
+        "world": identities,
+        "prefixes": list(settings.annotation_prefixes),
+        "files": sorted({h["path"] for h in edits.get("hooks") or []}),
+        "sources": sorted(
+            {m["hostPath"] for m in edits.get("mounts") or []}
+            | {n.get("hostPath") or n["path"] for n in edits.get("deviceNodes") or []}
+        ),
+        **lists,
+    }
+    return _write(state, file_name(key), doc)
+
+
+def have(state: str, key: list[str] | None) -> bool:
+    """Whether a front plan file for `key` exists (not whether it still holds)."""
+    if key is None:
+        return True  # none could be written: as good as there
+    return os.path.exists(os.path.join(state, FOLDER_NAME, file_name(key)))
+
+
+def _write(state: str, name: str, doc: dict[str, Any]) -> bool:
+    from gpuctk.errors import GpuctkError
+    from gpuctk.fs import open_private_dir, private_folder
+    from gpuctk.hook.plans import evict
+    from gpuctk.jsonfast import dumps
+    from gpuctk.writes import atomic_write
+
+    data = dumps(doc)
+    if not data.isascii() or not private_folder(state, create=True):
+        return False
+    folder = os.path.join(state, FOLDER_NAME)
+    try:
+        dir_fd = open_private_dir(folder, create=True)
+    except (GpuctkError, OSError):
+        return False
+    try:
+        atomic_write(f"{folder}/{name}", data, mode=0o600, durable=False, dir_fd=dir_fd, sweep=True)
+    except GpuctkError:
+        return False
+    finally:
+        os.close(dir_fd)
+    evict(folder, name, ".json", MAX_PLANS)
+    return True

@@ -1,0 +1,1144 @@
+/* gpuctk-runtime's create, compiled, for a request the shim resolved before. Part of the
+ * gpuctk-cdi-hook binary (included by cdihook.c: one program, one build, one file to install).
+ *
+ *     gpuctk-cdi-hook shim-create PYTHON PYCODE SHIM [the runtime's arguments...]
+ *
+ * gpuctk-runtime's sh front (gpuctk.hook.launchers) runs this for a `create` once its memo holds
+ * (GPUCTK_FRONT_RUNTIME then names the low-level runtime). It does what the Python shim would
+ * do with the same result, without a Python start, when every one of these holds; otherwise
+ * it execs `PYTHON -IS -c PYCODE SHIM ARGS...`, the shim itself, with the environment as given
+ * (nothing written, nothing changed):
+ *
+ *   - the arguments are runc's usual create (--root, --log, --log-format, --systemd-cgroup,
+ *     --rootless, --cgroup-manager, --criu, --log-level before it; --bundle, --pid-file,
+ *     --console-socket, --pidfd-socket, --preserve-fds, --no-pivot, --no-new-keyring and one
+ *     container id after it; each once), not --debug, GPUCTK_SHIM_FRONT not `off`,
+ *     GPUCTK_SPEC_CACHE not `0`;
+ *   - BUNDLE/config.json is a regular file (not a link) of plain JSON: ASCII only, strict, the
+ *     keys of each object this program reads unescaped and unique in any case (runc folds case),
+ *     every env entry unescaped, no mount destination with an escape or naming
+ *     nvidia-container-devices, no annotation key starting with a configured CDI prefix;
+ *   - a front plan (gpuctk.hook.frontplan) for the request's key: the container's env entries
+ *     that start with NVIDIA_ or CUDA_VERSION, in order, whether CAP_SYS_ADMIN is in its
+ *     bounding set, its uid and gid. Python writes one when it resolved that key with no note
+ *     and no error and the spec's only hooks are gpuctk-cdi-hook createContainer entries. It is
+ *     read only from a folder of this euid's that nobody else can write (nor any folder above
+ *     it), a file of this euid's, and only while the config file, the spec dirs and files and
+ *     gpuctk's own code still have the identity (device, inode, size, mtime, ctime) it names;
+ *   - every hook file, mount source, device host path and the runtime is one root (or this
+ *     euid) alone can have made: the walk of gpuctk.fs, stricter (any symlink or `..` on the
+ *     way, or a missing name, goes to Python, which follows the full rules).
+ *
+ * The edits are the CDI apply (gpuctk.cdi.specs.apply): env replaced by key else appended, a
+ * device node's first entry by path removed and the next replaced or the node appended, its
+ * cgroup rule appended, a mount's first entry by destination removed and the mount appended,
+ * then every mount sorted by the depth of its cleaned destination (stable), the hooks appended
+ * to their stage. The spec's gpuctk-cdi-hook entry stays (the Python shim does its work in the
+ * shim instead): it runs inside runc, does nothing for the common image, and hands the rest
+ * to gpuctk-hook; it also guards /proc/driver/nvidia/params. config.json is written to a new
+ * file in the bundle folder (its descriptor), mode and owner kept, and renamed over. */
+
+#define SF_MAX_CONFIG (32 << 20) /* gpuctk.hook.bundle.MAX_CONFIG */
+#define SF_MAX_PLAN (1 << 20)
+#define SF_MAX_ITEMS 65536 /* in a list this program reads */
+#define SF_MAX_MEMBERS 4096 /* in an object: each key is compared with the others */
+#define SF_PLAN_FORMAT "gpuctk-front-plan-1"
+#define SF_DEFAULT_CONFIG "/etc/gpuctk/config.toml"
+#define SF_DEFAULT_STATE "/run/gpuctk"
+
+static char **sf_argv;
+static int sf_argc;
+
+/* ---- hand over to the Python shim ---------------------------------------------------------- */
+
+static void shim_python(const char *why)
+{
+	if (getenv("GPUCTK_SHIM_FRONT_TRACE"))
+		fprintf(stderr, "gpuctk-runtime: front: python: %s\n", why);
+	char **argv = calloc((size_t)sf_argc + 2, sizeof *argv);
+	if (!argv) {
+		fprintf(stderr, "gpuctk-runtime: error: out of memory\n");
+		exit(1);
+	}
+	int n = 0;
+	argv[n++] = sf_argv[2];
+	argv[n++] = "-IS";
+	argv[n++] = "-c";
+	argv[n++] = sf_argv[3];
+	for (int i = 4; i < sf_argc; i++)
+		argv[n++] = sf_argv[i];
+	argv[n] = NULL;
+	execv(sf_argv[2], argv);
+	fprintf(stderr, "gpuctk-runtime: error: cannot run %s: %s\n", sf_argv[2], strerror(errno));
+	exit(1);
+}
+
+/* ---- the JSON, one level at a time ----------------------------------------------------------- */
+
+struct span { const char *p, *end; };
+struct member { struct span key, val; };
+
+static int sf_count(struct span s, int object, size_t *count);
+
+/* The members (object) or elements (array, keys unset) of the compound at s, each value
+ * checked to its end; for an object, every key plain ASCII without an escape and no two equal
+ * in any case. 0, or -1 not understood (then *out is not to be freed). */
+static int sf_items(struct span s, int object, struct member **out, size_t *count)
+{
+	size_t n;
+	if (sf_count(s, object, &n) != 0 || n > (object ? SF_MAX_MEMBERS : SF_MAX_ITEMS))
+		return -1;
+	struct member *m = calloc(n + 1, sizeof *m);
+	if (!m)
+		return -1;
+	struct json j = { s.p, s.end, 0 };
+	ws(&j);
+	j.p++; /* the bracket sf_count checked */
+	for (size_t i = 0; i < n; i++) {
+		ws(&j);
+		if (object) {
+			const char *k;
+			size_t kn;
+			int esc;
+			if (string(&j, &k, &kn, &esc) || esc)
+				goto bad;
+			m[i].key.p = k;
+			m[i].key.end = k + kn;
+			for (size_t o = 0; o < i; o++)
+				if ((size_t)(m[o].key.end - m[o].key.p) == kn &&
+				    strncasecmp(m[o].key.p, k, kn) == 0)
+					goto bad;
+			ws(&j);
+			j.p++; /* the colon sf_count checked */
+			ws(&j);
+		}
+		m[i].val.p = j.p;
+		if (value(&j))
+			goto bad;
+		m[i].val.end = j.p;
+		ws(&j);
+		j.p++; /* a comma, or the closing bracket */
+	}
+	*out = m;
+	*count = n;
+	return 0;
+bad:
+	free(m);
+	return -1;
+}
+
+/* How many items the compound at s holds, the whole compound checked strictly. */
+static int sf_count(struct span s, int object, size_t *count)
+{
+	struct json j = { s.p, s.end, 0 };
+	ws(&j);
+	if (j.p >= j.end || *j.p != (object ? '{' : '['))
+		return -1;
+	const char *start = j.p;
+	if (compound(&j, NULL, NULL) < 0)
+		return -1;
+	/* compound() checked it: count the top-level commas again, cheaply */
+	struct json k = { start + 1, s.end, 0 };
+	size_t n = 0;
+	ws(&k);
+	if (*k.p == (object ? '}' : ']')) {
+		*count = 0;
+		return 0;
+	}
+	for (;;) {
+		if (object) {
+			const char *x;
+			size_t xn;
+			int esc;
+			ws(&k);
+			if (string(&k, &x, &xn, &esc))
+				return -1;
+			ws(&k);
+			k.p++;
+		}
+		if (value(&k))
+			return -1;
+		n++;
+		ws(&k);
+		if (*k.p++ != ',')
+			break;
+	}
+	*count = n;
+	return 0;
+}
+
+static int sf_is(struct span key, const char *name)
+{
+	size_t n = strlen(name);
+	return (size_t)(key.end - key.p) == n && memcmp(key.p, name, n) == 0;
+}
+
+/* The member `name` of an object, NULL when absent; a key that is `name` in another case
+ * (runc's decoder folds case: it would read that one) goes to Python. */
+static struct member *sf_get(struct member *m, size_t n, const char *name)
+{
+	size_t len = strlen(name);
+	for (size_t i = 0; i < n; i++) {
+		if (sf_is(m[i].key, name))
+			return &m[i];
+		if ((size_t)(m[i].key.end - m[i].key.p) == len && strncasecmp(m[i].key.p, name, len) == 0)
+			shim_python("a key in another case");
+	}
+	return NULL;
+}
+
+static const char *sf_start(struct span v)
+{
+	struct json j = { v.p, v.end, 0 };
+	ws(&j);
+	return j.p;
+}
+
+static int sf_kind(struct span v) { return *sf_start(v); }
+
+/* The number of elements of the list v (-1: not a list). */
+static long list_len(struct span v)
+{
+	size_t n;
+	return sf_kind(v) == '[' && sf_count(v, 0, &n) == 0 ? (long)n : -1;
+}
+
+/* The bytes of a string without an escape: 0, -1 when v is not one. */
+static int sf_plain(struct span v, const char **s, size_t *n)
+{
+	struct json j = { sf_start(v), v.end, 0 };
+	int esc;
+	if (string(&j, s, n, &esc) || esc)
+		return -1;
+	return 0;
+}
+
+/* A non-negative integer literal: 0, -1 when v is not one (or too large). */
+static int sf_uint(struct span v, unsigned long long *out)
+{
+	const char *p = sf_start(v);
+	unsigned long long x = 0;
+	if (p >= v.end || *p < '0' || *p > '9')
+		return -1;
+	for (; p < v.end && *p >= '0' && *p <= '9'; p++) {
+		if (x > (~0ULL - 9) / 10)
+			return -1;
+		x = x * 10 + (unsigned long long)(*p - '0');
+	}
+	while (p < v.end && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r'))
+		p++;
+	if (p != v.end)
+		return -1;
+	*out = x;
+	return 0;
+}
+
+/* ---- text being built -------------------------------------------------------------------------- */
+
+struct buf { char *p; size_t n, cap; int bad; };
+
+static void put(struct buf *b, const char *s, size_t n)
+{
+	if (b->bad)
+		return;
+	if (b->n + n + 1 > b->cap) {
+		size_t cap = b->cap ? b->cap : 256;
+		while (cap < b->n + n + 1)
+			cap *= 2;
+		char *p = realloc(b->p, cap);
+		if (!p) {
+			b->bad = 1;
+			return;
+		}
+		b->p = p;
+		b->cap = cap;
+	}
+	memcpy(b->p + b->n, s, n);
+	b->n += n;
+	b->p[b->n] = 0;
+}
+
+static void puts_(struct buf *b, const char *s) { put(b, s, strlen(s)); }
+
+static void put_span(struct buf *b, struct span v)
+{
+	const char *p = sf_start(v), *e = v.end;
+	while (e > p && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
+		e--;
+	put(b, p, (size_t)(e - p));
+}
+
+/* ---- trusted paths (gpuctk.fs, stricter) -------------------------------------------------------- */
+
+enum { T_FILE, T_EXEC, T_SOURCE, T_PRIVATE };
+
+static int foreign(const struct stat *st) { return st->st_uid != 0 && st->st_uid != geteuid(); }
+
+static int bad_folder(const struct stat *st)
+{
+	return foreign(st) || ((st->st_mode & 022) && !(st->st_mode & S_ISVTX));
+}
+
+/* 0 when `path` is, by `kind`, a regular file (T_FILE; T_EXEC: one with an x bit) or for
+ * T_SOURCE also a folder or a device node, that root or this euid alone can have made, or
+ * (T_PRIVATE) a folder of this euid's that nobody else can write, with *dir_fd its O_PATH
+ * descriptor: every folder from / on the way root's or this euid's and not group/world-writable,
+ * a sticky one crossed only to an entry of root's or this euid's, a symlink followed from a
+ * folder that passed (its target walked the same way, at most 40). -1 for anything else: a
+ * missing name, or `..` anywhere, is not followed here. */
+static int trusted(const char *path, int kind, int *dir_fd)
+{
+	char rest[2 * PATH_MAX + 2], link[PATH_MAX];
+	if (path[0] != '/' || strlen(path) >= PATH_MAX)
+		return -1;
+	strcpy(rest, path);
+	struct stat cur_st, st;
+	int cur = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC), links = 0;
+	if (cur < 0 || fstat(cur, &cur_st) != 0 || bad_folder(&cur_st))
+		goto bad;
+	size_t at = 0;
+	for (;;) {
+		while (rest[at] == '/')
+			at++;
+		if (!rest[at])
+			break;
+		char *name = rest + at, *slash = strchr(name, '/');
+		size_t n = slash ? (size_t)(slash - name) : strlen(name);
+		at += n;
+		int last = !rest[at] || !rest[at + strspn(rest + at, "/")];
+		if (slash)
+			*slash = 0;
+		if (strcmp(name, ".") == 0) {
+			if (slash)
+				*slash = '/';
+			continue;
+		}
+		if (strcmp(name, "..") == 0)
+			goto bad;
+		int fd = openat(cur, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+		if (slash)
+			*slash = '/';
+		if (fd < 0)
+			goto bad;
+		if (fstat(fd, &st) != 0) {
+			close(fd);
+			goto bad;
+		}
+		int shared = (cur_st.st_mode & 022) != 0;
+		if (S_ISLNK(st.st_mode)) {
+			ssize_t got = readlinkat(fd, "", link, sizeof link - 1);
+			close(fd);
+			if ((shared && foreign(&st)) || got <= 0 || ++links > 40 ||
+			    strlen(rest + at) + (size_t)got + 2 > sizeof rest)
+				goto bad;
+			link[got] = 0;
+			size_t tn = strlen(rest + at);
+			memmove(rest + got + 1, rest + at, tn + 1); /* the check above: it fits */
+			memcpy(rest, link, (size_t)got);
+			rest[got] = '/';
+			at = 0;
+			if (link[0] == '/') {
+				close(cur);
+				cur = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+				if (cur < 0 || fstat(cur, &cur_st) != 0)
+					goto bad;
+			}
+			continue;
+		}
+		close(cur);
+		cur = fd;
+		cur_st = st;
+		if (S_ISDIR(st.st_mode)) {
+			if (bad_folder(&st))
+				goto bad;
+			continue;
+		}
+		if (!last || (shared && foreign(&st)))
+			goto bad;
+		if (S_ISREG(st.st_mode) && kind != T_PRIVATE && !foreign(&st) && !(st.st_mode & 022) &&
+		    (kind != T_EXEC || (st.st_mode & 0111))) {
+			close(cur);
+			return 0;
+		}
+		if ((S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) && kind == T_SOURCE) {
+			close(cur);
+			return 0;
+		}
+		goto bad;
+	}
+	/* the walk ended on a folder */
+	if ((kind == T_SOURCE && !(cur_st.st_mode & 022)) ||
+	    (kind == T_PRIVATE && cur_st.st_uid == geteuid() && !(cur_st.st_mode & 022))) {
+		if (dir_fd)
+			*dir_fd = cur;
+		else
+			close(cur);
+		return 0;
+	}
+bad:
+	if (cur >= 0)
+		close(cur);
+	return -1;
+}
+
+/* ---- the plan ---------------------------------------------------------------------------------- */
+
+/* FNV-1a (64 bits) over each key string and a NUL after it: the plan's file name
+ * (gpuctk.hook.frontplan.file_name). */
+static unsigned long long fnv(const struct span *keys, size_t n)
+{
+	unsigned long long h = 0xcbf29ce484222325ULL;
+	for (size_t i = 0; i < n; i++) {
+		for (const char *p = keys[i].p; p < keys[i].end; p++) {
+			h ^= (unsigned char)*p;
+			h *= 0x100000001b3ULL;
+		}
+		h *= 0x100000001b3ULL; /* the NUL: h ^= 0 */
+	}
+	return h;
+}
+
+/* Whether each [path, dev, ino, size, mtime_ns, ctime_ns] (or [path]: missing) of the plan's
+ * world still holds (stat, links followed, as gpuctk.hook.plans). */
+static int world_holds(struct span world)
+{
+	struct member *w;
+	size_t n;
+	if (sf_items(world, 0, &w, &n) != 0)
+		return 0;
+	int ok = 1;
+	for (size_t i = 0; ok && i < n; i++) {
+		struct member *f;
+		size_t fn;
+		const char *s;
+		size_t sn;
+		if (sf_items(w[i].val, 0, &f, &fn) != 0) {
+			ok = 0;
+			break;
+		}
+		char path[PATH_MAX];
+		struct stat st;
+		unsigned long long v[5];
+		ok = (fn == 1 || fn == 6) && sf_plain(f[0].val, &s, &sn) == 0 && sn > 0 &&
+		     sn < sizeof path && !memchr(s, 0, sn);
+		for (size_t k = 1; ok && k < fn; k++)
+			ok = sf_uint(f[k].val, &v[k - 1]) == 0;
+		if (ok) {
+			memcpy(path, s, sn);
+			path[sn] = 0;
+			int got = stat(path, &st);
+			if (fn == 1)
+				ok = got != 0 && (errno == ENOENT || errno == ENOTDIR);
+			else
+				ok = got == 0 && (unsigned long long)st.st_dev == v[0] &&
+				     (unsigned long long)st.st_ino == v[1] &&
+				     (unsigned long long)st.st_size == v[2] &&
+				     (unsigned long long)st.st_mtim.tv_sec * 1000000000ULL +
+						     (unsigned long long)st.st_mtim.tv_nsec == v[3] &&
+				     (unsigned long long)st.st_ctim.tv_sec * 1000000000ULL +
+						     (unsigned long long)st.st_ctim.tv_nsec == v[4];
+		}
+		free(f);
+	}
+	free(w);
+	return ok;
+}
+
+/* Each string of the plan's list `v` is a path that passes trusted(kind). */
+static int all_trusted(struct span v, int kind)
+{
+	struct member *m;
+	size_t n;
+	if (sf_items(v, 0, &m, &n) != 0)
+		return 0;
+	int ok = 1;
+	for (size_t i = 0; ok && i < n; i++) {
+		const char *s;
+		size_t sn;
+		char path[PATH_MAX];
+		ok = sf_plain(m[i].val, &s, &sn) == 0 && sn < sizeof path && !memchr(s, 0, sn);
+		if (ok) {
+			memcpy(path, s, sn);
+			path[sn] = 0;
+			ok = trusted(path, kind, NULL) == 0;
+		}
+	}
+	free(m);
+	return ok;
+}
+
+/* The front plan named by the key, read through the state folder's descriptor; NULL if none
+ * that may be used. */
+static char *read_plan(const struct span *keys, size_t nkeys, size_t *len)
+{
+	const char *state = getenv("GPUCTK_STATE_DIR");
+	if (!state || !*state)
+		state = SF_DEFAULT_STATE;
+	char folder[PATH_MAX], name[32];
+	if (snprintf(folder, sizeof folder, "%s/front", state) >= (int)sizeof folder)
+		return NULL;
+	int dir;
+	if (trusted(folder, T_PRIVATE, &dir) != 0)
+		return NULL;
+	snprintf(name, sizeof name, "%016llx.json", fnv(keys, nkeys));
+	int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	close(dir);
+	if (fd < 0)
+		return NULL;
+	struct stat st;
+	char *text = NULL;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+	    (st.st_mode & 022) || read_all(fd, SF_MAX_PLAN, &text, len) != 0)
+		text = NULL;
+	close(fd);
+	return text;
+}
+
+/* ---- the edits ---------------------------------------------------------------------------------- */
+
+/* The key of an env entry: up to its `=` (the whole entry without one). */
+static size_t env_key(struct span s)
+{
+	const char *eq = memchr(s.p, '=', (size_t)(s.end - s.p));
+	return (size_t)((eq ? eq : s.end) - s.p);
+}
+
+/* The number of `/` in Go's filepath.Clean(destination) (gpuctk.cdi.specs.apply.clean_depth). */
+static int clean_depth(const char *s, size_t n)
+{
+	int rooted = n > 0 && s[0] == '/', parts = 0, dotdot = 0;
+	for (size_t i = 0; i < n;) {
+		while (i < n && s[i] == '/')
+			i++;
+		size_t start = i;
+		while (i < n && s[i] != '/')
+			i++;
+		size_t len = i - start;
+		if (len == 0 || (len == 1 && s[start] == '.'))
+			continue;
+		if (len == 2 && s[start] == '.' && s[start + 1] == '.') {
+			if (parts > 0)
+				parts--;
+			else if (!rooted)
+				dotdot++;
+			continue;
+		}
+		parts++;
+	}
+	int total = parts + dotdot;
+	if (rooted)
+		return total == 0 ? 1 : total;
+	return total == 0 ? 0 : total - 1;
+}
+
+struct item { struct span text; int depth; size_t order; };
+
+static int by_depth(const void *a, const void *b)
+{
+	const struct item *x = a, *y = b;
+	if (x->depth != y->depth)
+		return x->depth < y->depth ? -1 : 1;
+	return x->order < y->order ? -1 : (x->order > y->order);
+}
+
+/* The string of member `name` in the object v: 0, -1 when absent or not a plain string. */
+static int member_string(struct span v, const char *name, const char **s, size_t *n)
+{
+	struct member *m;
+	size_t count;
+	if (sf_kind(v) != '{' || sf_items(v, 1, &m, &count) != 0)
+		return -1;
+	struct member *f = sf_get(m, count, name);
+	int rc = f ? sf_plain(f->val, s, n) : -1;
+	free(m);
+	return rc;
+}
+
+struct patch { const char *at, *end; struct buf text; };
+
+static int by_at(const void *a, const void *b)
+{
+	const struct patch *x = a, *y = b;
+	return x->at < y->at ? -1 : (x->at > y->at);
+}
+
+static void put_list(struct buf *b, struct span *items, size_t n)
+{
+	puts_(b, "[");
+	for (size_t i = 0; i < n; i++) {
+		if (i)
+			puts_(b, ",");
+		put_span(b, items[i]);
+	}
+	puts_(b, "]");
+}
+
+/* Patch: the object `obj` gets `"key":text,...` (the members in b) inserted first. */
+static void insert_members(struct patch *p, struct span obj, struct buf *members)
+{
+	const char *open = sf_start(obj);
+	struct json j = { open + 1, obj.end, 0 };
+	ws(&j);
+	p->at = p->end = open + 1;
+	put(&p->text, members->p, members->n);
+	if (*j.p != '}')
+		puts_(&p->text, ",");
+}
+
+/* The env array `env` with the plan's entries: replaced by key (the last entry with it), else
+ * appended (gpuctk.cdi.specs.apply._apply_env; the plan holds each key once). */
+static int edit_env(struct member *env, size_t n, struct span plan, struct buf *out)
+{
+	struct member *add;
+	size_t na;
+	if (sf_items(plan, 0, &add, &na) != 0)
+		return -1;
+	struct span *list = calloc(n + na + 1, sizeof *list);
+	if (!list) {
+		free(add);
+		return -1;
+	}
+	size_t count = 0;
+	for (size_t i = 0; i < n; i++)
+		list[count++] = env[i].val;
+	int rc = 0;
+	for (size_t a = 0; a < na && rc == 0; a++) {
+		struct span s;
+		size_t sn;
+		if (sf_plain(add[a].val, &s.p, &sn) != 0) {
+			rc = -1;
+			break;
+		}
+		s.end = s.p + sn;
+		size_t k = env_key(s), at = count;
+		for (size_t i = 0; i < count; i++) {
+			struct span e;
+			size_t en;
+			sf_plain(list[i], &e.p, &en);
+			e.end = e.p + en;
+			if (env_key(e) == k && memcmp(e.p, s.p, k) == 0)
+				at = i;
+		}
+		if (at == count)
+			count++;
+		list[at] = add[a].val;
+	}
+	if (rc == 0)
+		put_list(out, list, count);
+	free(list);
+	free(add);
+	return rc;
+}
+
+/* The list `cur` (objects keyed by the string `key`) with the plan's objects: for each, the
+ * first entry with its key removed, then for devices (replace) the next one replaced in place,
+ * else it is appended; mounts (sort) are then sorted stably by their destination's depth. */
+static int edit_keyed(struct member *cur, size_t n, struct span plan, const char *key, int sort,
+		      struct buf *out)
+{
+	struct member *add;
+	size_t na;
+	if (sf_items(plan, 0, &add, &na) != 0)
+		return -1;
+	struct item *list = calloc(n + na + 1, sizeof *list);
+	char *gone = calloc(n + na + 1, 1);
+	struct span *keys = calloc(n + na + 1, sizeof *keys);
+	int rc = list && gone && keys ? 0 : -1;
+	size_t count = 0;
+	for (size_t i = 0; rc == 0 && i < n; i++) {
+		size_t kn;
+		if (member_string(cur[i].val, key, &keys[i].p, &kn) != 0)
+			rc = -1;
+		keys[i].end = keys[i].p + kn;
+		list[count].text = cur[i].val;
+		list[count].order = count;
+		count++;
+	}
+	for (size_t a = 0; rc == 0 && a < na; a++) {
+		struct span k;
+		size_t kn;
+		if (member_string(add[a].val, key, &k.p, &kn) != 0) {
+			rc = -1;
+			break;
+		}
+		k.end = k.p + kn;
+		size_t first = count, second = count;
+		for (size_t i = 0; i < count; i++)
+			if (!gone[i] && (size_t)(keys[i].end - keys[i].p) == kn &&
+			    memcmp(keys[i].p, k.p, kn) == 0) {
+				if (first == count)
+					first = i;
+				else if (second == count) {
+					second = i;
+					break;
+				}
+			}
+		if (first < count)
+			gone[first] = 1;
+		size_t at = !sort && second < count ? second : count;
+		if (at == count) {
+			list[count].order = count;
+			count++;
+		}
+		list[at].text = add[a].val;
+		keys[at] = k;
+	}
+	if (rc == 0) {
+		size_t kept = 0;
+		for (size_t i = 0; i < count; i++)
+			if (!gone[i]) {
+				list[kept] = list[i];
+				list[kept].depth = sort ? clean_depth(keys[i].p,
+						(size_t)(keys[i].end - keys[i].p)) : 0;
+				list[kept].order = kept;
+				kept++;
+			}
+		if (sort)
+			qsort(list, kept, sizeof *list, by_depth);
+		puts_(out, "[");
+		for (size_t i = 0; i < kept; i++) {
+			if (i)
+				puts_(out, ",");
+			put_span(out, list[i].text);
+		}
+		puts_(out, "]");
+	}
+	free(list);
+	free(gone);
+	free(keys);
+	free(add);
+	return rc;
+}
+
+/* The array `cur` with the plan's list appended. */
+static int edit_append(struct span cur, struct span plan, struct buf *out)
+{
+	struct member *a, *b;
+	size_t na, nb;
+	if (sf_items(cur, 0, &a, &na) != 0)
+		return -1;
+	if (sf_items(plan, 0, &b, &nb) != 0) {
+		free(a);
+		return -1;
+	}
+	struct span *list = calloc(na + nb + 1, sizeof *list);
+	if (list) {
+		for (size_t i = 0; i < na; i++)
+			list[i] = a[i].val;
+		for (size_t i = 0; i < nb; i++)
+			list[na + i] = b[i].val;
+		put_list(out, list, na + nb);
+	}
+	free(list);
+	free(a);
+	free(b);
+	return list ? 0 : -1;
+}
+
+/* ---- runc's arguments ------------------------------------------------------------------------ */
+
+static int listed(const char *name, size_t n, const char *const *names)
+{
+	for (; *names; names++)
+		if (strlen(*names) == n && memcmp(*names, name, n) == 0)
+			return 1;
+	return 0;
+}
+
+/* The bundle of a create in runc's usual arguments (NULL: the current folder); -1 for any other
+ * shape (the Python shim reads every shape runc does). */
+static int parse_create(int argc, char **argv, const char **bundle)
+{
+	static const char *const gvalue[] = { "root", "log", "log-format", "criu", "rootless",
+					      "cgroup-manager", "log-level", NULL };
+	static const char *const gbool[] = { "systemd-cgroup", NULL };
+	static const char *const vvalue[] = { "bundle", "b", "pid-file", "console-socket",
+					      "pidfd-socket", "preserve-fds", NULL };
+	static const char *const vbool[] = { "no-pivot", "no-new-keyring", NULL };
+	unsigned seen = 0;
+	int i = 0, ids = 0, verb = 0;
+	*bundle = NULL;
+	for (; i < argc; i++) {
+		const char *a = argv[i];
+		if (a[0] != '-') {
+			if (verb) {
+				ids++;
+				continue;
+			}
+			if (strcmp(a, "create") != 0)
+				return -1;
+			verb = 1;
+			continue;
+		}
+		if (ids)
+			return -1; /* a flag after the container id */
+		const char *name = a + (a[1] == '-' ? 2 : 1);
+		if (!*name || *name == '-' || *name == '=')
+			return -1;
+		const char *eq = strchr(name, '=');
+		size_t n = eq ? (size_t)(eq - name) : strlen(name);
+		const char *const *values = verb ? vvalue : gvalue;
+		const char *const *bools = verb ? vbool : gbool;
+		int k = -1;
+		for (int x = 0; values[x]; x++)
+			if (strlen(values[x]) == n && memcmp(values[x], name, n) == 0)
+				k = x;
+		if (k >= 0) {
+			unsigned bit = 1U << (k + (verb ? 16 : 0));
+			if (strcmp(values[k], "b") == 0)
+				bit = 1U << 16; /* -b is --bundle */
+			if (seen & bit)
+				return -1;
+			seen |= bit;
+			const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+			if (!v)
+				return -1;
+			if (verb && bit == 1U << 16)
+				*bundle = v;
+			continue;
+		}
+		if (!eq && listed(name, n, bools))
+			continue;
+		return -1;
+	}
+	return verb && ids == 1 ? 0 : -1;
+}
+
+/* ---- create ------------------------------------------------------------------------------------- */
+
+static void need(int ok, const char *why)
+{
+	if (!ok)
+		shim_python(why);
+}
+
+static struct member *object_of(struct member *m, const char *why, size_t *n)
+{
+	struct member *items;
+	need(m && sf_kind(m->val) == '{' && sf_items(m->val, 1, &items, n) == 0, why);
+	return items;
+}
+
+static struct member *array_of(struct member *m, const char *why, size_t *n)
+{
+	struct member *items;
+	need(m && sf_kind(m->val) == '[' && sf_items(m->val, 0, &items, n) == 0, why);
+	return items;
+}
+
+static int starts(struct span s, const char *prefix)
+{
+	size_t n = strlen(prefix);
+	return (size_t)(s.end - s.p) >= n && memcmp(s.p, prefix, n) == 0;
+}
+
+static int shim_create(int argc, char **argv)
+{
+	sf_argc = argc;
+	sf_argv = argv;
+	if (argc < 5) {
+		fprintf(stderr, "usage: gpuctk-cdi-hook shim-create PYTHON PYCODE SHIM ARGS...\n"
+				"(run by gpuctk-runtime's front: see gpuctk.hook.launchers)\n");
+		exit(2);
+	}
+	const char *off = getenv("GPUCTK_SHIM_FRONT");
+	need(!off || strcmp(off, "off") != 0, "GPUCTK_SHIM_FRONT=off");
+	const char *cache = getenv("GPUCTK_SPEC_CACHE");
+	need(!cache || strcmp(cache, "0") != 0, "GPUCTK_SPEC_CACHE=0");
+	const char *runtime = getenv("GPUCTK_FRONT_RUNTIME");
+	need(runtime && runtime[0] == '/', "no runtime from the memo");
+	const char *bundle;
+	need(parse_create(argc - 5, argv + 5, &bundle) == 0, "arguments only the shim reads");
+	const char *conf = getenv("GPUCTK_CONFIG");
+	if (!conf || !*conf)
+		conf = SF_DEFAULT_CONFIG;
+
+	/* config.json, read through the bundle's descriptor */
+	int bfd = open(bundle ? bundle : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	need(bfd >= 0, "the bundle could not be opened");
+	int cfd = openat(bfd, "config.json", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	struct stat cst;
+	char *doc;
+	size_t len;
+	need(cfd >= 0 && fstat(cfd, &cst) == 0 && S_ISREG(cst.st_mode) && cst.st_size <= SF_MAX_CONFIG &&
+		     read_all(cfd, SF_MAX_CONFIG, &doc, &len) == 0,
+	     "config.json is not a regular file that could be read");
+	close(cfd);
+	for (size_t i = 0; i < len; i++)
+		need((unsigned char)doc[i] < 0x80, "config.json is not ASCII");
+	struct json whole = { doc, doc + len, 0 };
+	need(compound(&whole, NULL, NULL) >= 0 && whole.p == whole.end, "config.json is not plain JSON");
+	struct span all = { doc, doc + len };
+	struct member *top;
+	size_t ntop, nproc, nenv, nm;
+	need(sf_kind(all) == '{' && sf_items(all, 1, &top, &ntop) == 0, "config.json is not plain JSON");
+	struct member *proc = object_of(sf_get(top, ntop, "process"), "no process object", &nproc);
+	struct member *envm = sf_get(proc, nproc, "env");
+	struct member *env = array_of(envm, "no process.env list", &nenv);
+
+	/* the key */
+	struct span *keys = calloc(nenv + 4, sizeof *keys);
+	need(keys != NULL, "out of memory");
+	size_t nkeys = 0;
+	for (size_t i = 0; i < nenv; i++) {
+		struct span s;
+		size_t sn;
+		need(sf_plain(env[i].val, &s.p, &sn) == 0, "an env entry that is not a plain string");
+		s.end = s.p + sn;
+		if (starts(s, "NVIDIA_") || starts(s, "CUDA_VERSION"))
+			keys[nkeys++] = s;
+	}
+	int privileged = 0;
+	struct member *caps = sf_get(proc, nproc, "capabilities");
+	if (caps && sf_kind(caps->val) == '{') {
+		size_t nc, nb;
+		struct member *c = object_of(caps, "process.capabilities is not plain", &nc);
+		struct member *bounding = sf_get(c, nc, "bounding");
+		if (bounding && sf_kind(bounding->val) == '[') {
+			struct member *b = array_of(bounding, "the bounding set is not plain", &nb);
+			for (size_t i = 0; i < nb; i++) {
+				const char *s;
+				size_t sn;
+				if (sf_kind(b[i].val) != '"')
+					continue;
+				need(sf_plain(b[i].val, &s, &sn) == 0, "an escaped capability");
+				privileged |= sn == 13 && memcmp(s, "CAP_SYS_ADMIN", 13) == 0;
+			}
+		}
+	}
+	unsigned long long uid = 0, gid = 0;
+	struct member *user = sf_get(proc, nproc, "user");
+	if (user) {
+		size_t nu;
+		struct member *u = object_of(user, "process.user is not an object", &nu);
+		struct member *f = sf_get(u, nu, "uid");
+		need(!f || sf_uint(f->val, &uid) == 0, "process.user.uid is not a plain number");
+		f = sf_get(u, nu, "gid");
+		need(!f || sf_uint(f->val, &gid) == 0, "process.user.gid is not a plain number");
+	}
+	char kp[16], ku[32], kg[32];
+	snprintf(kp, sizeof kp, "privileged=%d", privileged);
+	snprintf(ku, sizeof ku, "uid=%llu", uid);
+	snprintf(kg, sizeof kg, "gid=%llu", gid);
+	const char *extra[] = { kp, ku, kg };
+	for (int i = 0; i < 3; i++) {
+		keys[nkeys].p = extra[i];
+		keys[nkeys++].end = extra[i] + strlen(extra[i]);
+	}
+
+	/* the plan for it */
+	size_t plen, nplan;
+	char *text = read_plan(keys, nkeys, &plen);
+	need(text != NULL, "no front plan for this request");
+	struct span ps = { text, text + plen };
+	struct member *plan;
+	need(sf_kind(ps) == '{' && sf_items(ps, 1, &plan, &nplan) == 0, "the front plan is not plain");
+	const char *s;
+	size_t sn, nk;
+	struct member *f = sf_get(plan, nplan, "format");
+	need(f && sf_plain(f->val, &s, &sn) == 0 && sn == strlen(SF_PLAN_FORMAT) &&
+		     memcmp(s, SF_PLAN_FORMAT, sn) == 0,
+	     "the front plan is of another format");
+	struct member *pk = array_of(sf_get(plan, nplan, "key"), "the front plan has no key", &nk);
+	need(nk == nkeys, "the front plan is another request's");
+	for (size_t i = 0; i < nk; i++)
+		need(sf_plain(pk[i].val, &s, &sn) == 0 && sn == (size_t)(keys[i].end - keys[i].p) &&
+			     memcmp(s, keys[i].p, sn) == 0,
+		     "the front plan is another request's");
+	f = sf_get(plan, nplan, "config");
+	need(f && sf_plain(f->val, &s, &sn) == 0 && sn == strlen(conf) && memcmp(s, conf, sn) == 0,
+	     "the front plan is another config file's");
+	f = sf_get(plan, nplan, "world");
+	need(f && world_holds(f->val), "the config, the specs or gpuctk changed since the front plan");
+
+	/* what only the Python shim reads */
+	size_t npre;
+	struct member *pre = array_of(sf_get(plan, nplan, "prefixes"), "the front plan has no prefixes",
+				      &npre);
+	struct member *ann = sf_get(top, ntop, "annotations");
+	if (ann) {
+		size_t na;
+		struct member *a = object_of(ann, "annotations that are not plain", &na);
+		for (size_t i = 0; i < na; i++)
+			for (size_t p = 0; p < npre; p++) {
+				need(sf_plain(pre[p].val, &s, &sn) == 0, "the front plan is not plain");
+				need((size_t)(a[i].key.end - a[i].key.p) < sn ||
+					     memcmp(a[i].key.p, s, sn) != 0,
+				     "a CDI annotation");
+			}
+	}
+	struct member *mounts = array_of(sf_get(top, ntop, "mounts"), "no mounts list", &nm);
+	for (size_t i = 0; i < nm; i++) {
+		struct span d;
+		size_t dn;
+		need(member_string(mounts[i].val, "destination", &d.p, &dn) == 0 &&
+			     !memmem(d.p, dn, "nvidia-container-devices", 24),
+		     "a mount that is not plain, or a device-list mount");
+	}
+	struct member *files = sf_get(plan, nplan, "files"), *sources = sf_get(plan, nplan, "sources");
+	need(files && all_trusted(files->val, T_FILE), "a hook file not trusted here");
+	need(sources && all_trusted(sources->val, T_SOURCE),
+	     "a mount source or device node not trusted here");
+	need(trusted(runtime, T_EXEC, NULL) == 0, "the runtime is not trusted here");
+
+	/* the edits, as patches of the text (a list the plan leaves empty: untouched, as apply) */
+	struct patch patches[16];
+	memset(patches, 0, sizeof patches);
+	size_t np = 0;
+	struct member *penv = sf_get(plan, nplan, "env"), *pmounts = sf_get(plan, nplan, "mounts");
+	struct member *devs = sf_get(plan, nplan, "devices"), *rules = sf_get(plan, nplan, "rules");
+	struct member *phooks = sf_get(plan, nplan, "hooks");
+	need(penv && pmounts && devs && rules && phooks && list_len(penv->val) >= 0 &&
+		     list_len(pmounts->val) >= 0 && list_len(devs->val) >= 0 &&
+		     list_len(rules->val) >= 0,
+	     "the front plan is not plain");
+	if (list_len(penv->val) > 0) {
+		patches[np].at = envm->val.p;
+		patches[np].end = envm->val.end;
+		need(edit_env(env, nenv, penv->val, &patches[np++].text) == 0, "the env edit");
+	}
+	if (list_len(pmounts->val) > 0) {
+		struct member *mm = sf_get(top, ntop, "mounts");
+		patches[np].at = mm->val.p;
+		patches[np].end = mm->val.end;
+		need(edit_keyed(mounts, nm, pmounts->val, "destination", 1, &patches[np++].text) == 0,
+		     "the mounts edit");
+	}
+	size_t nl, nr;
+	struct member *lin = sf_get(top, ntop, "linux");
+	struct member *linux_ = object_of(lin, "no linux object", &nl);
+	struct buf into_linux = { 0 };
+	struct member *ld = sf_get(linux_, nl, "devices");
+	if (list_len(devs->val) > 0 && ld) {
+		size_t nd;
+		struct member *d = array_of(ld, "linux.devices is not a list", &nd);
+		patches[np].at = ld->val.p;
+		patches[np].end = ld->val.end;
+		need(edit_keyed(d, nd, devs->val, "path", 0, &patches[np++].text) == 0,
+		     "the device edit");
+	} else if (list_len(devs->val) > 0) {
+		puts_(&into_linux, "\"devices\":");
+		put_span(&into_linux, devs->val);
+	}
+	struct member *res = sf_get(linux_, nl, "resources");
+	if (list_len(rules->val) > 0 && res) {
+		struct member *r = object_of(res, "linux.resources is not an object", &nr);
+		struct member *rd = sf_get(r, nr, "devices");
+		if (rd) {
+			need(sf_kind(rd->val) == '[', "linux.resources.devices is not a list");
+			patches[np].at = rd->val.p;
+			patches[np].end = rd->val.end;
+			need(edit_append(rd->val, rules->val, &patches[np++].text) == 0, "the rules");
+		} else {
+			struct buf m = { 0 };
+			puts_(&m, "\"devices\":");
+			put_span(&m, rules->val);
+			need(!m.bad, "out of memory");
+			insert_members(&patches[np++], res->val, &m);
+		}
+	} else if (list_len(rules->val) > 0) {
+		if (into_linux.n)
+			puts_(&into_linux, ",");
+		puts_(&into_linux, "\"resources\":{\"devices\":");
+		put_span(&into_linux, rules->val);
+		puts_(&into_linux, "}");
+	}
+	if (into_linux.n) {
+		need(!into_linux.bad, "out of memory");
+		insert_members(&patches[np++], lin->val, &into_linux);
+	}
+	size_t nh, nstage;
+	struct member *stages = object_of(phooks, "the front plan is not plain", &nstage);
+	need(nstage <= 8, "the front plan is not plain");
+	struct member *hooks = sf_get(top, ntop, "hooks");
+	if (nstage > 0 && !hooks) {
+		struct buf m = { 0 };
+		puts_(&m, "\"hooks\":");
+		put_span(&m, phooks->val);
+		need(!m.bad, "out of memory");
+		insert_members(&patches[np++], all, &m);
+	} else if (nstage > 0) {
+		struct member *h = object_of(hooks, "hooks is not an object", &nh);
+		struct buf m = { 0 };
+		for (size_t i = 0; i < nstage; i++) {
+			struct member *have = NULL;
+			for (size_t k = 0; k < nh; k++)
+				if (h[k].key.end - h[k].key.p == stages[i].key.end - stages[i].key.p &&
+				    memcmp(h[k].key.p, stages[i].key.p,
+					   (size_t)(h[k].key.end - h[k].key.p)) == 0)
+					have = &h[k];
+			if (have) {
+				need(sf_kind(have->val) == '[', "a hook stage is not a list");
+				patches[np].at = have->val.p;
+				patches[np].end = have->val.end;
+				need(edit_append(have->val, stages[i].val, &patches[np++].text) == 0,
+				     "the hooks");
+				continue;
+			}
+			if (m.n)
+				puts_(&m, ",");
+			puts_(&m, "\"");
+			put(&m, stages[i].key.p, (size_t)(stages[i].key.end - stages[i].key.p));
+			puts_(&m, "\":");
+			put_span(&m, stages[i].val);
+		}
+		if (m.n) {
+			need(!m.bad, "out of memory");
+			insert_members(&patches[np++], hooks->val, &m);
+		}
+	}
+	for (size_t i = 0; i < np; i++)
+		need(!patches[i].text.bad, "out of memory");
+	qsort(patches, np, sizeof *patches, by_at);
+	struct buf out = { 0 };
+	const char *at = doc;
+	for (size_t i = 0; i < np; i++) {
+		need(patches[i].at >= at, "overlapping edits");
+		put(&out, at, (size_t)(patches[i].at - at));
+		put(&out, patches[i].text.p, patches[i].text.n);
+		at = patches[i].end > patches[i].at ? patches[i].end : patches[i].at;
+		if (patches[i].end > patches[i].at) { /* a replaced value: keep its trailing space */
+			const char *e = patches[i].end;
+			while (e > patches[i].at && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' ||
+						     e[-1] == '\r'))
+				e--;
+			at = e;
+		}
+	}
+	put(&out, at, (size_t)(doc + len - at));
+	need(!out.bad, "out of memory");
+
+	/* config.json replaced: a new file in the bundle's folder, its mode and owner, renamed */
+	char tmp[64];
+	snprintf(tmp, sizeof tmp, ".config.json.gpuctk-front-%ld", (long)getpid());
+	int fd = openat(bfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	need(fd >= 0, "config.json could not be written");
+	int ok = (cst.st_uid == geteuid() && cst.st_gid == getegid()) ||
+		 fchown(fd, cst.st_uid == geteuid() ? (uid_t)-1 : cst.st_uid,
+			cst.st_gid == getegid() ? (gid_t)-1 : cst.st_gid) == 0;
+	ok = ok && fchmod(fd, cst.st_mode & 07777) == 0;
+	for (size_t o = 0; ok && o < out.n;) {
+		ssize_t w = write(fd, out.p + o, out.n - o);
+		if (w < 0 && errno == EINTR)
+			continue;
+		ok = w > 0;
+		o += ok ? (size_t)w : 0;
+	}
+	ok = close(fd) == 0 && ok;
+	ok = ok && renameat(bfd, tmp, bfd, "config.json") == 0;
+	if (!ok) {
+		unlinkat(bfd, tmp, 0);
+		shim_python("config.json could not be written");
+	}
+	if (getenv("GPUCTK_SHIM_FRONT_TRACE"))
+		fprintf(stderr, "gpuctk-runtime: front: plan %016llx\n", fnv(keys, nkeys));
+	unsetenv("GPUCTK_FRONT_RUNTIME");
+	char **rargv = calloc((size_t)argc, sizeof *rargv);
+	need(rargv != NULL, "out of memory");
+	rargv[0] = (char *)runtime;
+	for (int i = 5; i < argc; i++)
+		rargv[i - 4] = argv[i];
+	execv(runtime, rargv);
+	fprintf(stderr, "gpuctk-runtime: error: cannot run %s: %s\n", runtime, strerror(errno));
+	exit(1);
+}

@@ -1,0 +1,631 @@
+"""gpuctk-runtime's compiled create (hook/shimfront.c, `gpuctk-cdi-hook shim-create`) and the
+front plans it reads (gpuctk.hook.frontplan), through the launchers gpuctk.hook.launchers
+writes, with /bin/true as the low-level runtime.
+
+A first create of a request goes to Python, which resolves it and writes the front plan; the
+next create with the same key is the front's. Its config.json must be exactly what
+gpuctk.cdi.specs.apply makes of the same edits on the same document, whatever the document
+already holds (same env keys, the same device paths once or twice, the same mount
+destinations, uncleaned destinations, missing lists). Anything it does not fully understand,
+or may not trust, goes to Python with the reason (GPUCTK_SHIM_FRONT_TRACE), the front having
+changed nothing. The specs and the config are left to settle (SETTLE_NS) once per module.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuctk.cdi.specs import apply, speccache
+from gpuctk.hook import frontplan
+
+REPO = Path(__file__).resolve().parents[2]
+BUILT = REPO / "hook" / "gpuctk-cdi-hook"
+TIMEOUT = 30  # seconds: only to catch a hang
+VISIBLE = "NVIDIA_VISIBLE_DEVICES=0"
+BASE_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", VISIBLE]
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the create path runs as root")
+
+
+def base_doc(root: str) -> dict[str, Any]:
+    """A config.json as containerd's runc shim hands it over (trimmed)."""
+    return {
+        "ociVersion": "1.1.0",
+        "process": {
+            "user": {"uid": 0, "gid": 0},
+            "args": ["/bin/true"],
+            "env": list(BASE_ENV),
+            "cwd": "/",
+            "capabilities": {"bounding": ["CAP_CHOWN", "CAP_KILL"]},
+            "noNewPrivileges": True,
+        },
+        "root": {"path": root},
+        "hostname": "front",
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid"]},
+            {"destination": "/dev/pts", "type": "devpts", "source": "devpts"},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["ro"]},
+        ],
+        "annotations": {"io.kubernetes.cri.container-type": "container"},
+        "linux": {
+            "resources": {"devices": [{"allow": False, "access": "rwm"}]},
+            "namespaces": [{"type": "pid"}, {"type": "mount"}],
+            "maskedPaths": ["/proc/kcore"],
+        },
+    }
+
+
+@dataclass
+class Node:
+    bin: Path
+    spec_dir: Path
+    conf: Path
+    state: Path
+    work: Path
+    hook: Path
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "GPUCTK_CONFIG": str(self.conf),
+            "GPUCTK_STATE_DIR": str(self.state),
+            "GPUCTK_SHIM_FRONT_TRACE": "1",
+            **extra,
+        }
+
+    def create(
+        self, doc: dict[str, Any] | str, *args: str, **extra: str
+    ) -> tuple[subprocess.CompletedProcess[str], Path]:
+        """`gpuctk-runtime create` of `doc` (a dict, or config.json's text) in a new bundle."""
+        bundle = Path(os.path.join(self.work, f"bundle-{time.monotonic_ns()}"))
+        bundle.mkdir()
+        text = doc if isinstance(doc, str) else json.dumps(doc)
+        (bundle / "config.json").write_text(text)
+        argv = [str(self.bin / "gpuctk-runtime"), *(args or ("create", "--bundle", str(bundle)))]
+        if not args:
+            argv.append("c1")
+        done = subprocess.run(
+            argv, env=self.env(**extra), capture_output=True, text=True, timeout=TIMEOUT,
+            check=False, cwd=bundle,
+        )  # fmt: skip
+        return done, bundle / "config.json"
+
+
+def spec(node_hook: Path, files: Path) -> dict[str, Any]:
+    return {
+        "cdiVersion": "0.6.0",
+        "kind": "nvidia.com/gpu",
+        "containerEdits": {
+            "env": ["NVIDIA_VISIBLE_DEVICES=void", "GPUCTK_FRONT_TEST=1"],
+            "deviceNodes": [
+                {
+                    "path": "/dev/nvidiactl",
+                    "hostPath": "/dev/null",
+                    "type": "c",
+                    "major": 1,
+                    "minor": 3,
+                },
+            ],
+            "mounts": [
+                {
+                    "hostPath": str(files / "lib"),
+                    "containerPath": "/usr/local/nvidia",
+                    "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"],
+                },
+                {
+                    "hostPath": str(files / "icd.json"),
+                    "containerPath": "/etc/OpenCL/vendors/x.icd",
+                    "options": ["ro", "nosuid", "nodev", "bind"],
+                },
+                {
+                    "hostPath": str(files / "fw.bin"),
+                    "containerPath": "/lib/firmware/nvidia/fw.bin",
+                    "options": ["ro", "nosuid", "nodev", "bind"],
+                },
+            ],
+            "hooks": [
+                {
+                    "hookName": "createContainer",
+                    "path": str(node_hook),
+                    "args": [
+                        "gpuctk-cdi-hook",
+                        "createContainer",
+                        "--folder",
+                        "/usr/local/nvidia/lib64",
+                    ],
+                    "env": ["PATH=/usr/bin:/bin", "GPUCTK_DRIVER_VERSION=535.309.01"],
+                },
+            ],
+        },
+        "devices": [
+            {
+                "name": "0",
+                "containerEdits": {
+                    "deviceNodes": [
+                        {
+                            "path": "/dev/nvidia0",
+                            "hostPath": "/dev/zero",
+                            "type": "c",
+                            "major": 1,
+                            "minor": 5,
+                        }
+                    ]
+                },
+            },
+            {
+                "name": "1",
+                "containerEdits": {
+                    "deviceNodes": [
+                        {
+                            "path": "/dev/nvidia1",
+                            "hostPath": "/dev/full",
+                            "type": "c",
+                            "major": 1,
+                            "minor": 7,
+                        }
+                    ]
+                },
+            },
+        ],
+    }
+
+
+def make_node(work: Path) -> Node:
+    """Launchers, a spec and a config in `work`, left to settle."""
+    if not BUILT.is_file():
+        pytest.skip("hook/gpuctk-cdi-hook not built (no C compiler)")
+    work.chmod(0o755)
+    bindir = work / "bin"
+    bindir.mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "gpuctk.hook.launchers", str(bindir), "--python", sys.executable],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    files = work / "files"
+    (files / "lib").mkdir(parents=True)
+    (files / "icd.json").write_text("{}")
+    (files / "fw.bin").write_bytes(b"fw")
+    spec_dir = work / "cdi"
+    spec_dir.mkdir()
+    (spec_dir / "nvidia.json").write_text(json.dumps(spec(bindir / "gpuctk-cdi-hook", files)))
+    conf = work / "gpuctk.toml"
+    conf.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{spec_dir}"]\n')
+    time.sleep(speccache.SETTLE_NS / 1e9 + 0.1)
+    return Node(bindir, spec_dir, conf, work / "state", work, bindir / "gpuctk-cdi-hook")
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Node:
+    return make_node(tmp_path_factory.mktemp("shimfront"))
+
+
+def expected(node: Node, doc: dict[str, Any]) -> dict[str, Any]:
+    """What gpuctk.cdi.specs.apply makes of the request's edits on `doc`."""
+    from gpuctk.hook import cdiedits, config
+
+    settings = config.load({"GPUCTK_CONFIG": str(node.conf)})
+    done = cdiedits.resolve(doc, settings, lambda note: None)
+    assert done is not None
+    out = copy.deepcopy(doc)
+    apply.apply(out, done[1])
+    return out
+
+
+def fronted(node: Node, doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` created twice: the first by Python (it writes the plan), the second by the front,
+    whose result is returned."""
+    first, _ = node.create(doc)
+    assert first.returncode == 0, first.stderr
+    done, config = node.create(doc)
+    assert done.returncode == 0, done.stderr
+    assert "front: plan " in done.stderr, done.stderr
+    result: dict[str, Any] = json.loads(config.read_text())
+    return result
+
+
+def test_the_second_create_is_the_fronts_and_equals_apply(node: Node) -> None:
+    doc = base_doc("/nonexistent-root")
+    first, config = node.create(doc)
+    assert first.returncode == 0, first.stderr
+    assert "front:" not in first.stderr  # no memo yet: the sh front starts Python at once
+    key = frontplan.key_of(doc)
+    assert key == [VISIBLE, "privileged=0", "uid=0", "gid=0"]
+    plan = node.state / "front" / frontplan.file_name(key)
+    assert plan.is_file()
+    assert plan.stat().st_mode & 0o777 == 0o600
+    done, config = node.create(doc)
+    assert done.returncode == 0, done.stderr
+    assert f"front: plan {plan.name.removesuffix('.json')}" in done.stderr
+    got = json.loads(config.read_text())
+    assert got == expected(node, doc)
+    # the spec's gpuctk-cdi-hook entry stays: it serves the image inside runc
+    assert [h["path"] for h in got["hooks"]["createContainer"]] == [str(node.hook)]
+    assert "NVIDIA_VISIBLE_DEVICES=void" in got["process"]["env"]
+
+
+def variants(root: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    d = base_doc(root)
+    d["process"]["env"] = ["GPUCTK_FRONT_TEST=0", *BASE_ENV, "GPUCTK_FRONT_TEST=2", "A"]
+    out["env keys already there (the last one replaced)"] = d
+    d = base_doc(root)
+    d["linux"]["devices"] = [
+        {"path": "/dev/nvidia0", "type": "c", "major": 9, "minor": 9},
+        {"path": "/dev/other", "type": "c", "major": 1, "minor": 1},
+        {"path": "/dev/nvidia0", "type": "c", "major": 8, "minor": 8},
+        {"path": "/dev/nvidiactl", "type": "c", "major": 7, "minor": 7},
+    ]
+    out["device paths there once and twice"] = d
+    d = base_doc(root)
+    d["mounts"] += [
+        {"destination": "/usr/local/nvidia", "type": "tmpfs", "source": "tmpfs"},
+        {"destination": "/a/./b/../c//d/", "type": "tmpfs", "source": "tmpfs"},
+        {"destination": "//x", "type": "tmpfs", "source": "tmpfs"},
+        {"destination": "rel/p", "type": "tmpfs", "source": "tmpfs"},
+        {"destination": "/../../up", "type": "tmpfs", "source": "tmpfs"},
+        {"destination": "/", "type": "tmpfs", "source": "tmpfs"},
+        {"destination": "", "type": "tmpfs", "source": "tmpfs"},
+        {"destination": "../a/../../b", "type": "tmpfs", "source": "tmpfs"},
+    ]
+    out["mount destinations there, uncleaned"] = d
+    d = base_doc(root)
+    del d["linux"]["resources"]
+    out["no linux.resources"] = d
+    d = base_doc(root)
+    d["linux"] = {"resources": {}}
+    out["empty resources, no devices"] = d
+    d = base_doc(root)
+    d["linux"] = {}
+    out["an empty linux object"] = d
+    d = base_doc(root)
+    d["hooks"] = {"createContainer": [{"path": "/bin/true"}], "prestart": []}
+    out["hooks there"] = d
+    d = base_doc(root)
+    d["hooks"] = {"poststop": [{"path": "/bin/true"}]}
+    out["hooks there, not the stage"] = d
+    d = base_doc(root)
+    d["hooks"] = {}
+    out["an empty hooks object"] = d
+    d = base_doc(root)
+    d["process"]["user"] = {"uid": 1000, "gid": 1000, "additionalGids": [5]}
+    out["another user: the nodes are its"] = d
+    d = base_doc(root)
+    d["process"]["capabilities"]["bounding"].append("CAP_SYS_ADMIN")
+    out["privileged"] = d
+    d = base_doc(root)
+    del d["process"]["user"]
+    out["no process.user"] = d
+    return out
+
+
+@pytest.mark.parametrize("name", list(variants("/r")))
+def test_the_fronts_edits_are_applys(node: Node, name: str) -> None:
+    doc = variants("/nonexistent-root")[name]
+    assert fronted(node, doc) == expected(node, doc)
+
+
+def test_the_text_around_the_edits_is_kept(node: Node) -> None:
+    doc = base_doc("/nonexistent-root")
+    text = json.dumps(doc, indent="\t") + "\n"
+    first, _ = node.create(text)
+    assert first.returncode == 0, first.stderr
+    done, config = node.create(text)
+    assert "front: plan " in done.stderr, done.stderr
+    out = config.read_text()
+    assert json.loads(out) == expected(node, doc)
+    assert out.startswith('{"hooks":{"createContainer":[{"path":')  # inserted first
+    assert '\n\t"ociVersion": "1.1.0",\n\t"process": {\n\t\t"user"' in out  # the rest as it was
+    assert out.endswith('\t\t"maskedPaths": [\n\t\t\t"/proc/kcore"\n\t\t]\n\t}\n}\n')
+
+
+def test_each_request_has_its_own_plan(node: Node) -> None:
+    doc = base_doc("/nonexistent-root")
+    doc["process"]["env"] = [*BASE_ENV[:1], "NVIDIA_VISIBLE_DEVICES=1"]
+    got = fronted(node, doc)
+    assert got == expected(node, doc)
+    assert {"path": "/dev/nvidia1", "type": "c", "major": 1, "minor": 7} in got["linux"]["devices"]
+    assert not any(d["path"] == "/dev/nvidia0" for d in got["linux"]["devices"])
+
+
+# ---- what goes to Python, unchanged -------------------------------------------------------
+
+HANDOVER = "import sys; sys.exit(42)"  # the "Python" the front hands over to, in these tests
+
+
+def direct(
+    node: Node, doc: dict[str, Any] | str, *args: str, link: bool = False, **extra: str
+) -> tuple[subprocess.CompletedProcess[str], bytes, bytes]:
+    """The front run as the sh front runs it (the memo's runtime /bin/true), its handover a
+    Python that exits 42: (the run, config.json before, after)."""
+    bundle = Path(os.path.join(node.work, f"direct-{time.monotonic_ns()}"))
+    bundle.mkdir()
+    text = doc if isinstance(doc, str) else json.dumps(doc)
+    target = bundle / ("real.json" if link else "config.json")
+    target.write_text(text)
+    if link:
+        (bundle / "config.json").symlink_to("real.json")
+    before = target.read_bytes()
+    argv = [str(node.hook), "shim-create", sys.executable, HANDOVER, str(node.bin / "x")]
+    argv += args or ("create", "--bundle", str(bundle), "c1")
+    env = node.env(**{"GPUCTK_FRONT_RUNTIME": "/bin/true", **extra})
+    env = {k: v for k, v in env.items() if v != "<unset>"}
+    done = subprocess.run(
+        argv, env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False, cwd=bundle
+    )
+    return done, before, target.read_bytes()
+
+
+@pytest.fixture
+def planned(node: Node) -> dict[str, Any]:
+    """The base request, its front plan written."""
+    doc = base_doc("/nonexistent-root")
+    fronted(node, doc)
+    return doc
+
+
+def handed_over(
+    done: subprocess.CompletedProcess[str], before: bytes, after: bytes, why: str
+) -> None:
+    assert done.returncode == 42, done.stderr
+    assert f"front: python: {why}" in done.stderr, done.stderr
+    assert after == before
+
+
+def test_the_direct_run_takes_the_plan(node: Node, planned: dict[str, Any]) -> None:
+    done, _before, after = direct(node, planned)
+    assert done.returncode == 0, done.stderr
+    assert "front: plan " in done.stderr
+    assert json.loads(after) == expected(node, planned)
+
+
+def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str:
+    d = copy.deepcopy(doc)
+    if change == "escaped env":
+        return json.dumps(d).replace("NVIDIA_VISIBLE", "NVIDIA\\u005fVISIBLE")
+    if change == "non-ASCII":
+        d["process"]["env"].append("X=\u00fc")
+        return json.dumps(d, ensure_ascii=False)
+    if change == "annotation":
+        d["annotations"]["cdi.k8s.io/gpu"] = "nvidia.com/gpu=1"
+    elif change == "device-list mount":
+        d["mounts"].append({"destination": "/var/run/nvidia-container-devices/1",
+                            "source": "/dev/null", "options": ["bind"]})  # fmt: skip
+    elif change == "escaped mount":
+        return json.dumps(d).replace('"/proc"', '"\\/proc"')
+    elif change == "Process too":
+        d["Process"] = d["process"]
+    elif change == "Process only":
+        d["Process"] = d.pop("process")
+    elif change == "Bounding":
+        caps = d["process"]["capabilities"]
+        caps["Bounding"] = [*caps.pop("bounding"), "CAP_SYS_ADMIN"]
+    elif change == "ENV":
+        d["process"]["ENV"] = d["process"].pop("env")
+    elif change == "duplicate env":
+        return json.dumps(d).replace('"env": [', '"env": [], "env": [', 1)
+    elif change == "trailing text":
+        return json.dumps(d) + " {}"
+    elif change == "uid -1":
+        d["process"]["user"]["uid"] = -1
+    elif change == "uid text":
+        d["process"]["user"]["uid"] = "0"
+    elif change == "no mounts":
+        del d["mounts"]
+    elif change == "no linux":
+        del d["linux"]
+    elif change == "other request":
+        d["process"]["env"].append("NVIDIA_DRIVER_CAPABILITIES=compute")
+    return d
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ("escaped env", "an env entry that is not a plain string"),
+        ("non-ASCII", "config.json is not ASCII"),
+        ("annotation", "a CDI annotation"),
+        ("device-list mount", "a mount that is not plain, or a device-list mount"),
+        ("escaped mount", "a mount that is not plain, or a device-list mount"),
+        ("Process too", "config.json is not plain JSON"),
+        ("Process only", "a key in another case"),
+        ("Bounding", "a key in another case"),
+        ("ENV", "a key in another case"),
+        ("duplicate env", "no process object"),
+        ("trailing text", "config.json is not plain JSON"),
+        ("uid -1", "process.user.uid is not a plain number"),
+        ("uid text", "process.user.uid is not a plain number"),
+        ("no mounts", "no mounts list"),
+        ("no linux", "no linux object"),
+        ("other request", "no front plan for this request"),
+    ],
+)
+def test_a_config_the_front_does_not_read_goes_to_python(
+    node: Node, planned: dict[str, Any], change: str, why: str
+) -> None:
+    handed_over(*direct(node, mutated(planned, change)), why)
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (("--debug", "create", "--bundle", "B", "c1"), "arguments only the shim reads"),
+        (("create", "-bB", "c1"), "arguments only the shim reads"),
+        (("create", "--bundle", "B", "--bundle", "B", "c1"), "arguments only the shim reads"),
+        (("create", "-b", "B", "--bundle=B", "c1"), "arguments only the shim reads"),
+        (("create", "c1", "--bundle", "B"), "arguments only the shim reads"),
+        (("create", "--config", "x.json", "--bundle", "B", "c1"), "arguments only the shim reads"),
+        (("create", "--bundle", "B", "c1", "c2"), "arguments only the shim reads"),
+        (("create", "--no-pivot=true", "--bundle", "B", "c1"), "arguments only the shim reads"),
+        (("---root", "x", "create", "--bundle", "B", "c1"), "arguments only the shim reads"),
+        (("run", "--bundle", "B", "c1"), "arguments only the shim reads"),
+        (("create", "--bundle", "/nonexistent/b", "c1"), "the bundle could not be opened"),
+    ],
+)
+def test_arguments_the_front_does_not_read_go_to_python(
+    node: Node, planned: dict[str, Any], args: tuple[str, ...], why: str
+) -> None:
+    handed_over(*_with_args(node, planned, args), why)
+
+
+def _with_args(
+    node: Node, doc: dict[str, Any], args: tuple[str, ...]
+) -> tuple[subprocess.CompletedProcess[str], bytes, bytes]:
+    bundle = Path(os.path.join(node.work, f"args-{time.monotonic_ns()}"))
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps(doc))
+    before = (bundle / "config.json").read_bytes()
+    argv = [str(node.hook), "shim-create", sys.executable, HANDOVER, str(node.bin / "x")]
+    argv += [str(bundle) if a == "B" else ("-b" + str(bundle) if a == "-bB" else a) for a in args]
+    argv = [a.replace("--bundle=B", f"--bundle={bundle}") for a in argv]
+    done = subprocess.run(
+        argv, env=node.env(GPUCTK_FRONT_RUNTIME="/bin/true"), capture_output=True, text=True,
+        timeout=TIMEOUT, check=False,
+    )  # fmt: skip
+    return done, before, (bundle / "config.json").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ({"GPUCTK_SHIM_FRONT": "off"}, "GPUCTK_SHIM_FRONT=off"),
+        ({"GPUCTK_SPEC_CACHE": "0"}, "GPUCTK_SPEC_CACHE=0"),
+        ({"GPUCTK_FRONT_RUNTIME": "<unset>"}, "no runtime from the memo"),
+        ({"GPUCTK_FRONT_RUNTIME": "true"}, "no runtime from the memo"),
+        ({"GPUCTK_CONFIG": "/etc/gpuctk/other.toml"}, "the front plan is another config file's"),
+    ],
+)
+def test_the_environment_can_send_it_to_python(
+    node: Node, planned: dict[str, Any], extra: dict[str, str], why: str
+) -> None:
+    handed_over(*direct(node, planned, **extra), why)
+
+
+def test_a_config_json_link_goes_to_python(node: Node, planned: dict[str, Any]) -> None:
+    handed_over(*direct(node, planned, link=True), "config.json is not a regular file")
+
+
+# ---- trust ----------------------------------------------------------------------------------
+
+
+def plan_of(node: Node, doc: dict[str, Any]) -> Path:
+    key = frontplan.key_of(doc)
+    assert key is not None
+    return node.state / "front" / frontplan.file_name(key)
+
+
+@pytest.mark.parametrize(
+    "how", ["plan 0660", "plan of uid 1000", "plan a link", "front 0777", "state 0770"]
+)
+def test_a_plan_others_could_write_is_not_read(
+    node: Node, planned: dict[str, Any], how: str
+) -> None:
+    plan = plan_of(node, planned)
+    target = {"plan": plan, "front": plan.parent, "state": node.state}[how.split()[0]]
+    mode = target.stat().st_mode & 0o7777
+    kept = plan.with_name("kept")
+    try:
+        if how == "plan of uid 1000":
+            os.chown(plan, 1000, -1)
+        elif how == "plan a link":
+            plan.rename(kept)
+            plan.symlink_to(kept.name)
+        else:
+            target.chmod(int(how.split()[1], 8))
+        handed_over(*direct(node, planned), "no front plan for this request")
+    finally:
+        if how == "plan a link":
+            plan.unlink()
+            kept.rename(plan)
+        os.chown(plan, 0, -1)
+        target.chmod(mode)
+    done, _, _ = direct(node, planned)
+    assert "front: plan " in done.stderr, done.stderr
+
+
+def test_another_requests_plan_under_this_name_is_not_used(
+    node: Node, planned: dict[str, Any]
+) -> None:
+    other = copy.deepcopy(planned)
+    other["process"]["env"][-1] = "NVIDIA_VISIBLE_DEVICES=1"
+    fronted(node, other)
+    plan, saved = plan_of(node, planned), plan_of(node, planned).read_bytes()
+    try:
+        shutil.copyfile(plan_of(node, other), plan)
+        handed_over(*direct(node, planned), "the front plan is another request's")
+    finally:
+        plan.write_bytes(saved)
+
+
+@pytest.mark.parametrize(
+    ("path", "mode", "why"),
+    [
+        ("bin/gpuctk-cdi-hook", 0o775, "a hook file not trusted here"),
+        ("files/icd.json", 0o666, "a mount source or device node not trusted here"),
+        ("files/lib", 0o777, "a mount source or device node not trusted here"),
+        ("files", 0o775, "a mount source or device node not trusted here"),
+    ],
+)
+def test_a_host_path_others_could_write_goes_to_python(
+    node: Node, planned: dict[str, Any], path: str, mode: int, why: str
+) -> None:
+    target = node.work / path
+    kept = target.stat().st_mode & 0o7777
+    try:
+        target.chmod(mode)
+        handed_over(*direct(node, planned), why)
+    finally:
+        target.chmod(kept)
+
+
+def test_a_runtime_others_could_swap_goes_to_python(node: Node, planned: dict[str, Any]) -> None:
+    folder = node.work / "open-runtime"
+    folder.mkdir(exist_ok=True)
+    shutil.copyfile("/bin/true", folder / "true")
+    (folder / "true").chmod(0o755)
+    folder.chmod(0o777)
+    runtime = str(folder / "true")
+    handed_over(*direct(node, planned, GPUCTK_FRONT_RUNTIME=runtime), "the runtime is not trusted")
+
+
+@pytest.mark.parametrize("what", ["spec", "config", "new spec"])
+def test_a_changed_world_goes_to_python(tmp_path: Path, what: str) -> None:
+    own = make_node(tmp_path)
+    doc = base_doc("/nonexistent-root")
+    fronted(own, doc)
+    if what == "spec":
+        os.utime(own.spec_dir / "nvidia.json")
+    elif what == "config":
+        own.conf.write_text(own.conf.read_text() + "\n")
+    else:
+        (own.spec_dir / "other.json").write_text("{}")
+    why = "the config, the specs or gpuctk changed since the front plan"
+    handed_over(*direct(own, doc), why)
+
+
+@pytest.mark.parametrize(
+    ("change", "ineligible"),
+    [
+        ("NVIDIA_DRIVER_CAPABILITIES=bogus", "a note (an unknown capability)"),
+        ("NVIDIA_REQUIRE_CUDA=cuda>=99.0", "an unmet requirement: an error"),
+    ],
+)
+def test_a_request_with_a_note_or_an_error_gets_no_plan(
+    node: Node, change: str, ineligible: str
+) -> None:
+    doc = base_doc("/nonexistent-root")
+    doc["process"]["env"].append(change)
+    for _ in range(2):
+        node.create(doc)
+    assert not plan_of(node, doc).exists(), ineligible
