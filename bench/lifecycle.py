@@ -40,10 +40,10 @@ The specs come from `gpuctk cdi generate --simulate h100-8` and `--simulate h100
 latter as kind nvidia.com/mig) over the Debian 535 driver root and mknod'ed device nodes. Then,
 off the clock: peak RSS of the shim's create (low-level runtime /bin/true) and of the spec's
 gpuctk-hook entry, from wait4.
-`--against REV` adds the 1- and 8-GPU cases through gpuctk as of git revision REV (its own venv
-and state folder) to the rounds, and REV's gpuctk-hook in the podman hook spec, and prints this
-checkout over REV: on these noisy machines a
-change is judged by that paired comparison within one run, not by figures from two runs.
+`--against REV` adds the 1- and 8-GPU cases (the hook spec and the default install's) through
+gpuctk as of git revision REV (its own venv and state folder) to the rounds, and REV's
+gpuctk-hook in the podman hook spec, and prints this checkout over REV: on these noisy
+machines a change is judged by that paired comparison within one run, not by figures from two runs.
 Targets: 1 GPU at most 1.9x bare runc (hook spec); 1 and 8 GPUs at most 1.45x
 (on the default install's spec; the compute folder and hook specs printed beside it); 8 GPUs
 within 10% of 1 GPU, peak RSS under 30 MiB.
@@ -328,6 +328,12 @@ def main() -> None:
             cases[name] = ([shim], request, None)
             envs[name] = {**os.environ, "GPUCTK_CONFIG": str(ftoml),
                           "GPUCTK_STATE_DIR": str(folder / "state")}  # fmt: skip
+            if args.against and label == "default install":  # the same spec through REV
+                name = f"{name} @{args.against}"
+                cases[name] = ([str(installed_bin_at(args.against) / "gpuctk-runtime")],
+                               request, None)  # fmt: skip
+                envs[name] = {**os.environ, "GPUCTK_CONFIG": str(ftoml),
+                              "GPUCTK_STATE_DIR": str(folder / "state-against")}  # fmt: skip
     if args.against:
         other = str(installed_bin_at(args.against) / "gpuctk-runtime")
         for gpus, request in (("1 GPU", one), ("8 GPUs", cases["gpuctk 8 GPUs"][1])):
@@ -383,7 +389,7 @@ def main() -> None:
           f" and nodes {ahead - bare:.1f} ms, the sh fronts and one Python start {start:.1f} ms,"
           f" gpuctk's own work {own_work:.1f} ms")  # fmt: skip
     if args.against:
-        for gpus in ("1 GPU", "8 GPUs"):
+        for gpus in ("1 GPU", "8 GPUs", "1 GPU, default install", "8 GPUs, default install"):
             here, there = samples[f"gpuctk {gpus}"], samples[f"gpuctk {gpus} @{args.against}"]
             paired = statistics.median(a - b for a, b in zip(here, there, strict=True))
             print(f"  this checkout against {args.against}, {gpus}: median"

@@ -74,6 +74,7 @@ class Settings:
         "proc_root",
         "runtimes",
         "source",
+        "source_identity",
         "spec_dirs",
     )
 
@@ -91,6 +92,8 @@ class Settings:
         self.log_file: str = merged["log-file"]
         self.log_level: str = merged["log-level"]
         self.source = source  # the file read, "" for the defaults
+        # gpuctk.fs.stat_identity of the file as read (None: the defaults); set by load()
+        self.source_identity: tuple[int, int, int, int, int] | None = None
 
 
 def _str_list_problem(key: str, value: Any) -> str | None:
@@ -281,6 +284,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
         raise InputError(f"{path}: cannot open: {exc.strerror or exc}") from None
     try:
         data = os.read(fd, MAX_BYTES + 1)
+        identity = os.fstat(fd)
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     finally:
@@ -291,4 +295,8 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValidationError(f"{path}: not UTF-8 (byte {exc.start})") from None
-    return parse(text, path)
+    from gpuctk.fs import stat_identity
+
+    settings = parse(text, path)
+    settings.source_identity = stat_identity(identity)
+    return settings

@@ -28,7 +28,9 @@ The lists are what gpuctk.cdi.specs.apply makes of the edits on an empty config 
 device entries and their cgroup rules, mounts sorted, hooks by stage); the front merges them
 into the container's lists with apply's rules. `files` (hook paths) and `sources` (mount
 sources, device host paths) are checked again at every create; `world` is the identity of
-gpuctk's code, the config file, the spec dirs and files, checked at every create.
+gpuctk's code, the config file, the spec dirs and files, checked at every create. `describe`,
+`log_file` and `log_level` let the front write the shim's `injected` line where the shim
+would (the front leaves a debug level to Python, which logs more there).
 
 Trust: written only into a folder this uid alone can write, up to / (open_private_dir), mode
 0600; the front reads it only from such a folder. Writes are atomic, never fsync'd, at most
@@ -53,6 +55,7 @@ FORMAT = "gpuctk-front-plan-1"  # hook/shimfront.c: SF_PLAN_FORMAT
 FRONT = "gpuctk-cdi-hook"
 GUARD = "disable-device-node-modification"
 MAX_PLANS = 64
+MAX_BYTES = 1 << 20  # hook/shimfront.c: SF_MAX_PLAN
 _EDIT_KEYS = frozenset(("env", "deviceNodes", "mounts", "hooks"))
 
 
@@ -114,37 +117,55 @@ def _eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:
     return True
 
 
-def _identities(world: tuple[Any, ...], conf: str) -> list[list[Any]] | None:
-    """The plans' world (Plans.snapshot) and the config file, as the front's [path, dev, ino,
-    size, mtime_ns, ctime_ns] (or [path]: missing); None when the config is not settled."""
+def _identity(path: str) -> tuple[int, ...] | None:
+    """gpuctk.fs.stat_identity of `path` (links followed), None when missing; OSError."""
+    from gpuctk.fs import stat_identity
+
+    try:
+        return stat_identity(os.stat(path))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _identities(
+    world: tuple[Any, ...], conf: str, settings: Settings, nodes: list[str]
+) -> list[list[Any]] | None:
+    """The plans' world (Plans.snapshot), the config file as `settings` were read from it
+    (its identity then: a file changed since is not this plan's) and the host `nodes` whose
+    numbers the edits take from the host, as the front's [path, dev, ino, size, mtime_ns,
+    ctime_ns] (or [path]: missing); None when the config is not settled or a file cannot be
+    looked at."""
     import time
 
     from gpuctk.cdi.specs.speccache import SETTLE_NS
-    from gpuctk.fs import stat_identity
     from gpuctk.hook import plans
 
-    try:
-        conf_id: tuple[int, ...] | None = stat_identity(os.stat(conf))
-    except (FileNotFoundError, NotADirectoryError):
-        conf_id = None
-    except OSError:
+    conf_id = settings.source_identity if settings.source else None
+    if settings.source and (settings.source != conf or conf_id is None):
         return None
     if conf_id is not None and time.time_ns() - max(conf_id[3], conf_id[4]) < SETTLE_NS:
         return None
     code, _, dirs, files = world
-    pairs = [(plans.__file__, code), (__file__, _own_identity()), (conf, conf_id), *dirs, *files]
-    if any(ident is None for path, ident in pairs[:2]):
+    try:
+        pairs = [(plans.__file__, code), (__file__, _identity(__file__)), (conf, conf_id),
+                 *dirs, *files, *((n, _identity(n)) for n in nodes)]  # fmt: skip
+    except OSError:
+        return None
+    if any(ident is None for _, ident in (pairs[:2] + pairs[len(pairs) - len(nodes) :])):
         return None
     return [[path, *ident] if ident is not None else [path] for path, ident in pairs]
 
 
-def _own_identity() -> tuple[int, ...] | None:
-    from gpuctk.fs import stat_identity
-
+def _holds(world: Any) -> bool:
+    """Whether a plan's `world` (as _identities writes it) still holds."""
     try:
-        return stat_identity(os.stat(__file__))
-    except OSError:
-        return None
+        return isinstance(world, list) and all(
+            isinstance(entry, list) and entry
+            and _identity(entry[0]) == (tuple(entry[1:]) if len(entry) > 1 else None)
+            for entry in world
+        )  # fmt: skip
+    except (OSError, TypeError, ValueError):
+        return False
 
 
 def render(edits: EditsDoc, uid: int, gid: int) -> dict[str, Any]:
@@ -178,12 +199,16 @@ def offer(
     """Write the front plan of `key` (key_of the config before any edit) for `edits`, resolved
     in `world` (Plans.snapshot before the resolution, None: not settled); True if written."""
     from gpuctk.errors import GpuctkError
+    from gpuctk.hook.cdiedits import describe
     from gpuctk.hook.config import config_path
 
     if key is None or world is None or not _eligible(req, edits, settings):
         return False
     conf, _ = config_path(os.environ)
-    identities = _identities(world, conf)
+    nodes = edits.get("deviceNodes") or []
+    numbered = [n.get("hostPath") or n["path"] for n in nodes
+                if not (n.get("type") and "major" in n and "minor" in n)]  # fmt: skip
+    identities = _identities(world, conf, settings, numbered)  # before the numbers are read
     if identities is None:
         return False
     uid, gid = (int(k.partition("=")[2]) for k in key[-2:])
@@ -197,6 +222,9 @@ def offer(
         "config": conf,
         "world": identities,
         "prefixes": list(settings.annotation_prefixes),
+        "describe": describe(req),  # the shim's `injected` line, in the same logs
+        "log_file": settings.log_file or "",
+        "log_level": settings.log_level,
         "files": sorted({h["path"] for h in edits.get("hooks") or []}),
         "sources": sorted(
             {m["hostPath"] for m in edits.get("mounts") or []}
@@ -207,11 +235,31 @@ def offer(
     return _write(state, file_name(key), doc)
 
 
-def have(state: str, key: list[str] | None) -> bool:
-    """Whether a front plan file for `key` exists (not whether it still holds)."""
+def current(state: str, key: list[str] | None) -> bool:
+    """Whether the front plan of `key` is there and its world still holds (or none could be
+    written): a create that found the request's plan then need not offer one again."""
+    from gpuctk.errors import GpuctkError
+    from gpuctk.fs import open_private_dir, read_limited
+    from gpuctk.jsonfast import loads
+
     if key is None:
-        return True  # none could be written: as good as there
-    return os.path.exists(os.path.join(state, FOLDER_NAME, file_name(key)))
+        return True
+    name = file_name(key)
+    try:
+        dir_fd = open_private_dir(os.path.join(state, FOLDER_NAME))
+    except (GpuctkError, OSError):
+        return False
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        try:
+            doc = loads(read_limited(fd, MAX_BYTES).decode())
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(dir_fd)
+    return isinstance(doc, dict) and doc.get("key") == key and _holds(doc.get("world"))
 
 
 def _write(state: str, name: str, doc: dict[str, Any]) -> bool:
@@ -222,7 +270,7 @@ def _write(state: str, name: str, doc: dict[str, Any]) -> bool:
     from gpuctk.writes import atomic_write
 
     data = dumps(doc)
-    if not data.isascii() or not private_folder(state, create=True):
+    if len(data) > MAX_BYTES or not data.isascii() or not private_folder(state, create=True):
         return False
     folder = os.path.join(state, FOLDER_NAME)
     try:

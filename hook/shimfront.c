@@ -73,12 +73,44 @@ static void shim_python(const char *why)
 	exit(1);
 }
 
+/* Go on only if `ok`; else Python, for `why`. */
+static void need(int ok, const char *why)
+{
+	if (!ok)
+		shim_python(why);
+}
+
 /* ---- the JSON, one level at a time ----------------------------------------------------------- */
 
 struct span { const char *p, *end; };
 struct member { struct span key, val; };
 
 static int sf_count(struct span s, int object, size_t *count);
+
+static int by_folded(const void *a, const void *b)
+{
+	const struct span *x = *(const struct span *const *)a, *y = *(const struct span *const *)b;
+	size_t xn = (size_t)(x->end - x->p), yn = (size_t)(y->end - y->p);
+	int c = strncasecmp(x->p, y->p, xn < yn ? xn : yn);
+	return c ? c : (xn > yn) - (xn < yn);
+}
+
+/* Whether two of the n keys are equal in any case (sorted folded, neighbours compared: the
+ * work stays n log n however the keys are made). */
+static int folded_twice(struct member *m, size_t n)
+{
+	const struct span **keys = calloc(n, sizeof *keys);
+	if (!keys)
+		return 1;
+	for (size_t i = 0; i < n; i++)
+		keys[i] = &m[i].key;
+	qsort(keys, n, sizeof *keys, by_folded);
+	int twice = 0;
+	for (size_t i = 1; i < n && !twice; i++)
+		twice = by_folded(&keys[i - 1], &keys[i]) == 0;
+	free(keys);
+	return twice;
+}
 
 /* The members (object) or elements (array, keys unset) of the compound at s, each value
  * checked to its end; for an object, every key plain ASCII without an escape and no two equal
@@ -104,10 +136,6 @@ static int sf_items(struct span s, int object, struct member **out, size_t *coun
 				goto bad;
 			m[i].key.p = k;
 			m[i].key.end = k + kn;
-			for (size_t o = 0; o < i; o++)
-				if ((size_t)(m[o].key.end - m[o].key.p) == kn &&
-				    strncasecmp(m[o].key.p, k, kn) == 0)
-					goto bad;
 			ws(&j);
 			j.p++; /* the colon sf_count checked */
 			ws(&j);
@@ -119,6 +147,8 @@ static int sf_items(struct span s, int object, struct member **out, size_t *coun
 		ws(&j);
 		j.p++; /* a comma, or the closing bracket */
 	}
+	if (object && n > 1 && folded_twice(m, n))
+		goto bad;
 	*out = m;
 	*count = n;
 	return 0;
@@ -270,7 +300,7 @@ static void put_span(struct buf *b, struct span v)
 
 /* ---- trusted paths (gpuctk.fs, stricter) -------------------------------------------------------- */
 
-enum { T_FILE, T_EXEC, T_SOURCE, T_PRIVATE };
+enum { T_FILE, T_EXEC, T_SOURCE, T_DIR, T_PRIVATE };
 
 static int foreign(const struct stat *st) { return st->st_uid != 0 && st->st_uid != geteuid(); }
 
@@ -280,7 +310,8 @@ static int bad_folder(const struct stat *st)
 }
 
 /* 0 when `path` is, by `kind`, a regular file (T_FILE; T_EXEC: one with an x bit) or for
- * T_SOURCE also a folder or a device node, that root or this euid alone can have made, or
+ * T_SOURCE also a folder or a device node, or (T_DIR) a folder, that root or this euid alone
+ * can have made (*dir_fd: a folder's O_PATH descriptor, when asked for), or
  * (T_PRIVATE) a folder of this euid's that nobody else can write, with *dir_fd its O_PATH
  * descriptor: every folder from / on the way root's or this euid's and not group/world-writable,
  * a sticky one crossed only to an entry of root's or this euid's, a symlink followed from a
@@ -355,7 +386,7 @@ static int trusted(const char *path, int kind, int *dir_fd)
 		}
 		if (!last || (shared && foreign(&st)))
 			goto bad;
-		if (S_ISREG(st.st_mode) && kind != T_PRIVATE && !foreign(&st) && !(st.st_mode & 022) &&
+		if (S_ISREG(st.st_mode) && kind < T_DIR && !foreign(&st) && !(st.st_mode & 022) &&
 		    (kind != T_EXEC || (st.st_mode & 0111))) {
 			close(cur);
 			return 0;
@@ -367,7 +398,7 @@ static int trusted(const char *path, int kind, int *dir_fd)
 		goto bad;
 	}
 	/* the walk ended on a folder */
-	if ((kind == T_SOURCE && !(cur_st.st_mode & 022)) ||
+	if (((kind == T_SOURCE || kind == T_DIR) && !(cur_st.st_mode & 022)) ||
 	    (kind == T_PRIVATE && cur_st.st_uid == geteuid() && !(cur_st.st_mode & 022))) {
 		if (dir_fd)
 			*dir_fd = cur;
@@ -646,7 +677,7 @@ static int edit_keyed(struct member *cur, size_t n, struct span plan, const char
 	int rc = list && gone && keys ? 0 : -1;
 	size_t count = 0;
 	for (size_t i = 0; rc == 0 && i < n; i++) {
-		size_t kn;
+		size_t kn = 0;
 		if (member_string(cur[i].val, key, &keys[i].p, &kn) != 0)
 			rc = -1;
 		keys[i].end = keys[i].p + kn;
@@ -747,7 +778,9 @@ static int listed(const char *name, size_t n, const char *const *names)
 
 /* The bundle of a create in runc's usual arguments (NULL: the current folder); -1 for any other
  * shape (the Python shim reads every shape runc does). */
-static int parse_create(int argc, char **argv, const char **bundle)
+struct call { const char *bundle, *log, *log_format, *id; };
+
+static int parse_create(int argc, char **argv, struct call *c)
 {
 	static const char *const gvalue[] = { "root", "log", "log-format", "criu", "rootless",
 					      "cgroup-manager", "log-level", NULL };
@@ -757,12 +790,13 @@ static int parse_create(int argc, char **argv, const char **bundle)
 	static const char *const vbool[] = { "no-pivot", "no-new-keyring", NULL };
 	unsigned seen = 0;
 	int i = 0, ids = 0, verb = 0;
-	*bundle = NULL;
+	memset(c, 0, sizeof *c);
 	for (; i < argc; i++) {
 		const char *a = argv[i];
 		if (a[0] != '-') {
 			if (verb) {
 				ids++;
+				c->id = a;
 				continue;
 			}
 			if (strcmp(a, "create") != 0)
@@ -794,7 +828,11 @@ static int parse_create(int argc, char **argv, const char **bundle)
 			if (!v)
 				return -1;
 			if (verb && bit == 1U << 16)
-				*bundle = v;
+				c->bundle = v;
+			else if (!verb && strcmp(values[k], "log") == 0)
+				c->log = v;
+			else if (!verb && strcmp(values[k], "log-format") == 0)
+				c->log_format = v;
 			continue;
 		}
 		if (!eq && listed(name, n, bools))
@@ -804,13 +842,101 @@ static int parse_create(int argc, char **argv, const char **bundle)
 	return verb && ids == 1 ? 0 : -1;
 }
 
-/* ---- create ------------------------------------------------------------------------------------- */
+/* ---- the log line ------------------------------------------------------------------------------ */
 
-static void need(int ok, const char *why)
+static int plan_string(struct member *plan, size_t n, const char *name, char *out, size_t size)
 {
-	if (!ok)
-		shim_python(why);
+	struct member *f = sf_get(plan, n, name);
+	const char *s;
+	size_t sn;
+	if (!f || sf_plain(f->val, &s, &sn) != 0 || sn >= size || memchr(s, 0, sn))
+		return -1;
+	memcpy(out, s, sn);
+	out[sn] = 0;
+	return 0;
 }
+
+/* Go's time.RFC3339 in local time (gpuctk.log.rfc3339). */
+static void rfc3339(char *out, size_t size)
+{
+	time_t now = time(NULL);
+	struct tm t;
+	localtime_r(&now, &t);
+	size_t n = strftime(out, size, "%Y-%m-%dT%H:%M:%S", &t);
+	long off = t.tm_gmtoff;
+	if (off == 0)
+		snprintf(out + n, size - n, "Z");
+	else
+		snprintf(out + n, size - n, "%c%02ld:%02ld", off > 0 ? '+' : '-', labs(off) / 3600,
+			 labs(off) / 60 % 60);
+}
+
+/* The shim's `injected` info line (gpuctk.log.RuncLog), its message in `line`: the engine's
+ * --log opened as Python opens it (appended, created), the config's log-file as
+ * gpuctk.fs.append_trusted does (a folder root alone can write, no link, a regular file of
+ * root's alone): Python where that fails, or at the debug level (Python logs more there). */
+static size_t log_lines(const struct call *c, struct member *plan, size_t n, int *engine,
+			int *file, char *line, size_t size)
+{
+	char level[16], path[PATH_MAX], what[PATH_MAX];
+	need(plan_string(plan, n, "log_level", level, sizeof level) == 0 &&
+		     plan_string(plan, n, "log_file", path, sizeof path) == 0 &&
+		     plan_string(plan, n, "describe", what, sizeof what) == 0,
+	     "the front plan is not plain");
+	need(strcmp(level, "debug") != 0, "log-level debug");
+	if (strcmp(level, "info") != 0)
+		return 0;
+	need(c->id && strspn(c->id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+				     "._:@+=-") == strlen(c->id) && strlen(c->id) < 256,
+	     "a container id to quote");
+	const char *elog = c->log;
+	if (elog && *elog && strcmp(elog, "/dev/stderr") != 0 && strcmp(elog, "/proc/self/fd/2") != 0)
+		*engine = open(elog, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	if (*path) {
+		char *slash = strrchr(path, '/');
+		need(path[0] == '/' && slash[1], "the log-file is not an absolute path to a file");
+		int dir = -1;
+		*slash = 0;
+		need(trusted(*path ? path : "/", T_DIR, &dir) == 0, "the log-file's folder");
+		*file = openat(dir, slash + 1, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK |
+					    O_NOCTTY | O_CLOEXEC, 0644);
+		close(dir);
+		struct stat st;
+		need(*file >= 0 && fstat(*file, &st) == 0 && S_ISREG(st.st_mode) && !foreign(&st) &&
+			     !(st.st_mode & 022),
+		     "the log-file");
+	}
+	int len = snprintf(line, size, "%s: injected %s", c->id, what);
+	return len > 0 && (size_t)len < size ? (size_t)len : 0;
+}
+
+static void write_lines(const struct call *c, int engine, int file, const char *msg, size_t n)
+{
+	char stamp[64], out[2 * PATH_MAX + 640];
+	if (!n)
+		return;
+	rfc3339(stamp, sizeof stamp);
+	int len;
+	if (engine >= 0) {
+		if (c->log_format && strcmp(c->log_format, "json") == 0)
+			len = snprintf(out, sizeof out, "{\"level\":\"info\",\"msg\":\"%s\",\"time\":\"%s\"}\n",
+				       msg, stamp);
+		else
+			len = snprintf(out, sizeof out, "time=\"%s\" level=info msg=\"%s\"\n", stamp, msg);
+		if (len > 0 && (size_t)len < sizeof out && write(engine, out, (size_t)len) < 0)
+			len = 0; /* as Python: a log that cannot be written is left */
+		close(engine);
+	}
+	if (file >= 0) {
+		len = snprintf(out, sizeof out, "time=\"%s\" level=info msg=\"gpuctk-runtime: %s\"\n",
+			       stamp, msg);
+		if (len > 0 && (size_t)len < sizeof out && write(file, out, (size_t)len) < 0)
+			len = 0;
+		close(file);
+	}
+}
+
+/* ---- create ------------------------------------------------------------------------------------- */
 
 static struct member *object_of(struct member *m, const char *why, size_t *n)
 {
@@ -832,6 +958,37 @@ static int starts(struct span s, const char *prefix)
 	return (size_t)(s.end - s.p) >= n && memcmp(s.p, prefix, n) == 0;
 }
 
+static int is_null(struct span v) { return strncmp(sf_start(v), "null", 4) == 0; }
+
+/* The fields apply() would refuse (gpuctk.cdi.specs.apply.shape_problems) go to Python, which
+ * says so; process, process.env, linux, mounts and the lists edited are checked where read. */
+static void shape(struct member *top, size_t ntop, struct member *proc, size_t nproc)
+{
+	static const char *const stages[] = { "prestart", "createRuntime", "createContainer",
+					      "startContainer", "poststart", "poststop", NULL };
+	size_t n;
+	struct member *user = sf_get(proc, nproc, "user"), *f;
+	if (user) {
+		struct member *u = object_of(user, "process.user is not an object", &n);
+		f = sf_get(u, n, "additionalGids");
+		need(!f || is_null(f->val) || sf_kind(f->val) == '[', "a field apply refuses");
+	}
+	struct member *lin = sf_get(top, ntop, "linux");
+	if (lin && sf_kind(lin->val) == '{') {
+		struct member *l = object_of(lin, "no linux object", &n);
+		f = sf_get(l, n, "netDevices");
+		need(!f || is_null(f->val) || sf_kind(f->val) == '{', "a field apply refuses");
+	}
+	struct member *hooks = sf_get(top, ntop, "hooks");
+	if (hooks) {
+		struct member *h = object_of(hooks, "hooks is not an object", &n);
+		for (int i = 0; stages[i]; i++) {
+			f = sf_get(h, n, stages[i]);
+			need(!f || is_null(f->val) || sf_kind(f->val) == '[', "a field apply refuses");
+		}
+	}
+}
+
 static int shim_create(int argc, char **argv)
 {
 	sf_argc = argc;
@@ -847,8 +1004,9 @@ static int shim_create(int argc, char **argv)
 	need(!cache || strcmp(cache, "0") != 0, "GPUCTK_SPEC_CACHE=0");
 	const char *runtime = getenv("GPUCTK_FRONT_RUNTIME");
 	need(runtime && runtime[0] == '/', "no runtime from the memo");
-	const char *bundle;
-	need(parse_create(argc - 5, argv + 5, &bundle) == 0, "arguments only the shim reads");
+	struct call call;
+	need(parse_create(argc - 5, argv + 5, &call) == 0, "arguments only the shim reads");
+	const char *bundle = call.bundle;
 	const char *conf = getenv("GPUCTK_CONFIG");
 	if (!conf || !*conf)
 		conf = SF_DEFAULT_CONFIG;
@@ -967,6 +1125,7 @@ static int shim_create(int argc, char **argv)
 				     "a CDI annotation");
 			}
 	}
+	shape(top, ntop, proc, nproc);
 	struct member *mounts = array_of(sf_get(top, ntop, "mounts"), "no mounts list", &nm);
 	for (size_t i = 0; i < nm; i++) {
 		struct span d;
@@ -1061,12 +1220,12 @@ static int shim_create(int argc, char **argv)
 		struct member *h = object_of(hooks, "hooks is not an object", &nh);
 		struct buf m = { 0 };
 		for (size_t i = 0; i < nstage; i++) {
-			struct member *have = NULL;
-			for (size_t k = 0; k < nh; k++)
-				if (h[k].key.end - h[k].key.p == stages[i].key.end - stages[i].key.p &&
-				    memcmp(h[k].key.p, stages[i].key.p,
-					   (size_t)(h[k].key.end - h[k].key.p)) == 0)
-					have = &h[k];
+			char stage[32];
+			size_t sl = (size_t)(stages[i].key.end - stages[i].key.p);
+			need(sl < sizeof stage, "the front plan is not plain");
+			memcpy(stage, stages[i].key.p, sl);
+			stage[sl] = 0;
+			struct member *have = sf_get(h, nh, stage); /* another case: Python */
 			if (have) {
 				need(sf_kind(have->val) == '[', "a hook stage is not a list");
 				patches[np].at = have->val.p;
@@ -1108,6 +1267,14 @@ static int shim_create(int argc, char **argv)
 	put(&out, at, (size_t)(doc + len - at));
 	need(!out.bad, "out of memory");
 
+	char **rargv = calloc((size_t)argc, sizeof *rargv); /* before the write: after it, no Python */
+	need(rargv != NULL, "out of memory");
+
+	/* the log lines Python would write: opened now, written once config.json is */
+	int engine_log = -1, log_file = -1;
+	char line[2 * PATH_MAX + 512];
+	size_t line_len = log_lines(&call, plan, nplan, &engine_log, &log_file, line, sizeof line);
+
 	/* config.json replaced: a new file in the bundle's folder, its mode and owner, renamed */
 	char tmp[64];
 	snprintf(tmp, sizeof tmp, ".config.json.gpuctk-front-%ld", (long)getpid());
@@ -1130,11 +1297,10 @@ static int shim_create(int argc, char **argv)
 		unlinkat(bfd, tmp, 0);
 		shim_python("config.json could not be written");
 	}
+	write_lines(&call, engine_log, log_file, line, line_len);
 	if (getenv("GPUCTK_SHIM_FRONT_TRACE"))
 		fprintf(stderr, "gpuctk-runtime: front: plan %016llx\n", fnv(keys, nkeys));
 	unsetenv("GPUCTK_FRONT_RUNTIME");
-	char **rargv = calloc((size_t)argc, sizeof *rargv);
-	need(rargv != NULL, "out of memory");
 	rargv[0] = (char *)runtime;
 	for (int i = 5; i < argc; i++)
 		rargv[i - 4] = argv[i];

@@ -220,7 +220,8 @@ def shape_problems(oci: Mapping[str, Any]) -> list[str]:
 
 def clean_depth(destination: str) -> int:
     """The number of `/` in Go's `filepath.Clean(destination)`: the mount sort key."""
-    if "//" in destination or "/." in destination or destination.endswith("/"):
+    d = destination
+    if "//" in d or "/." in d or d.endswith("/") or d.startswith("."):
         cleaned = os.path.normpath(destination) if destination else "."
         if cleaned.startswith("//"):
             cleaned = "/" + cleaned.lstrip("/")

@@ -17,6 +17,7 @@ import copy
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -182,8 +183,9 @@ def spec(node_hook: Path, files: Path) -> dict[str, Any]:
     }
 
 
-def make_node(work: Path) -> Node:
-    """Launchers, a spec and a config in `work`, left to settle."""
+def make_node(work: Path, numberless: str = "") -> Node:
+    """Launchers, a spec and a config in `work`, left to settle; `numberless`: a host node
+    for a device 2 whose spec entry gives no type or numbers (they come from the host)."""
     if not BUILT.is_file():
         pytest.skip("hook/gpuctk-cdi-hook not built (no C compiler)")
     work.chmod(0o755)
@@ -199,7 +201,11 @@ def make_node(work: Path) -> Node:
     (files / "fw.bin").write_bytes(b"fw")
     spec_dir = work / "cdi"
     spec_dir.mkdir()
-    (spec_dir / "nvidia.json").write_text(json.dumps(spec(bindir / "gpuctk-cdi-hook", files)))
+    doc = spec(bindir / "gpuctk-cdi-hook", files)
+    if numberless:
+        node = {"path": "/dev/nvidia2", "hostPath": numberless}
+        doc["devices"].append({"name": "2", "containerEdits": {"deviceNodes": [node]}})
+    (spec_dir / "nvidia.json").write_text(json.dumps(doc))
     conf = work / "gpuctk.toml"
     conf.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{spec_dir}"]\n')
     time.sleep(speccache.SETTLE_NS / 1e9 + 0.1)
@@ -278,6 +284,8 @@ def variants(root: str) -> dict[str, dict[str, Any]]:
         {"destination": "/", "type": "tmpfs", "source": "tmpfs"},
         {"destination": "", "type": "tmpfs", "source": "tmpfs"},
         {"destination": "../a/../../b", "type": "tmpfs", "source": "tmpfs"},
+        {"destination": "./usr/local/nvidia/x", "type": "tmpfs", "source": "tmpfs"},
+        {"destination": ".", "type": "tmpfs", "source": "tmpfs"},
     ]
     out["mount destinations there, uncleaned"] = d
     d = base_doc(root)
@@ -425,6 +433,16 @@ def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str:
         del d["mounts"]
     elif change == "no linux":
         del d["linux"]
+    elif change == "CreateContainer":
+        d["hooks"] = {"CreateContainer": [{"path": "/bin/true"}]}
+    elif change == "prestart object":
+        d["hooks"] = {"prestart": {}}
+    elif change == "additionalGids 5":
+        d["process"]["user"]["additionalGids"] = 5
+    elif change == "netDevices list":
+        d["linux"]["netDevices"] = []
+    elif change == "4097 annotations":
+        d["annotations"] = {f"a{i}": "" for i in range(4097)}
     elif change == "other request":
         d["process"]["env"].append("NVIDIA_DRIVER_CAPABILITIES=compute")
     return d
@@ -448,6 +466,11 @@ def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str:
         ("uid text", "process.user.uid is not a plain number"),
         ("no mounts", "no mounts list"),
         ("no linux", "no linux object"),
+        ("CreateContainer", "a key in another case"),
+        ("prestart object", "a field apply refuses"),
+        ("additionalGids 5", "a field apply refuses"),
+        ("netDevices list", "a field apply refuses"),
+        ("4097 annotations", "annotations that are not plain"),
         ("other request", "no front plan for this request"),
     ],
 )
@@ -629,3 +652,63 @@ def test_a_request_with_a_note_or_an_error_gets_no_plan(
     for _ in range(2):
         node.create(doc)
     assert not plan_of(node, doc).exists(), ineligible
+
+
+def test_a_node_whose_numbers_come_from_the_host_is_checked_again(tmp_path: Path) -> None:
+    gpu = tmp_path / "gpu2"
+    os.mknod(gpu, 0o600 | stat.S_IFCHR, os.makedev(1, 5))
+    (tmp_path / "node").mkdir()
+    own = make_node(tmp_path / "node", numberless=str(gpu))
+    doc = base_doc("/nonexistent-root")
+    doc["process"]["env"][-1] = "NVIDIA_VISIBLE_DEVICES=2"
+    got = fronted(own, doc)
+    assert {"path": "/dev/nvidia2", "type": "c", "major": 1, "minor": 5} in got["linux"]["devices"]
+    gpu.unlink()  # the module reloaded: the node made again, with other numbers
+    os.mknod(gpu, 0o600 | stat.S_IFCHR, os.makedev(1, 7))
+    why = "the config, the specs or gpuctk changed since the front plan"
+    handed_over(*direct(own, doc), why)
+    done, config = own.create(doc)
+    assert done.returncode == 0, done.stderr
+    devices = json.loads(config.read_text())["linux"]["devices"]
+    assert {"path": "/dev/nvidia2", "type": "c", "major": 1, "minor": 7} in devices
+
+
+def test_a_config_changed_during_the_resolution_is_not_taken_for_the_one_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The settings are read, the config file changes while the request resolves (and
+    settles): the plan must not name the new file for the old settings' edits."""
+    from gpuctk.hook import cdiedits, runtime_main
+
+    own = make_node(tmp_path)
+    doc = base_doc("/nonexistent-root")  # unprivileged: the change below ignores its env
+    for key, value in own.env().items():
+        monkeypatch.setenv(key, value)
+    real = cdiedits.edits_for
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        own.conf.write_text(own.conf.read_text() + "accept-envvar-unprivileged = false\n")
+        time.sleep(speccache.SETTLE_NS / 1e9 + 0.1)
+        return out
+
+    monkeypatch.setattr(cdiedits, "edits_for", slow)
+    bundle = tmp_path / "race"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps(doc))
+    assert runtime_main.prepare(["create", "--bundle", str(bundle), "c1"])[0] == 0
+    why = "the config, the specs or gpuctk changed since the front plan"
+    assert plan_of(own, doc).exists()  # for the config as it was read
+    handed_over(*direct(own, doc), why)
+
+
+def test_a_stale_plan_is_written_again(tmp_path: Path) -> None:
+    own = make_node(tmp_path)
+    doc = base_doc("/nonexistent-root")
+    fronted(own, doc)
+    own.conf.write_text(own.conf.read_text() + "\n")  # a config edit: the world changed
+    time.sleep(speccache.SETTLE_NS / 1e9 + 0.1)
+    done, _ = own.create(doc)
+    assert "front:" not in done.stderr  # the memo is older than the config: Python at once
+    done, _ = own.create(doc)  # that create found the front plan stale and wrote it again
+    assert "front: plan " in done.stderr, done.stderr
