@@ -183,7 +183,7 @@ def spec(node_hook: Path, files: Path) -> dict[str, Any]:
     }
 
 
-def make_node(work: Path, numberless: str = "") -> Node:
+def make_node(work: Path, numberless: str = "", conf: str = "") -> Node:
     """Launchers, a spec and a config in `work`, left to settle; `numberless`: a host node
     for a device 2 whose spec entry gives no type or numbers (they come from the host)."""
     if not BUILT.is_file():
@@ -206,10 +206,10 @@ def make_node(work: Path, numberless: str = "") -> Node:
         node = {"path": "/dev/nvidia2", "hostPath": numberless}
         doc["devices"].append({"name": "2", "containerEdits": {"deviceNodes": [node]}})
     (spec_dir / "nvidia.json").write_text(json.dumps(doc))
-    conf = work / "gpuctk.toml"
-    conf.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{spec_dir}"]\n')
+    toml = work / "gpuctk.toml"
+    toml.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{spec_dir}"]\n{conf}')
     time.sleep(speccache.SETTLE_NS / 1e9 + 0.1)
-    return Node(bindir, spec_dir, conf, work / "state", work, bindir / "gpuctk-cdi-hook")
+    return Node(bindir, spec_dir, toml, work / "state", work, bindir / "gpuctk-cdi-hook")
 
 
 @pytest.fixture(scope="module")
@@ -712,3 +712,66 @@ def test_a_stale_plan_is_written_again(tmp_path: Path) -> None:
     assert "front:" not in done.stderr  # the memo is older than the config: Python at once
     done, _ = own.create(doc)  # that create found the front plan stale and wrote it again
     assert "front: plan " in done.stderr, done.stderr
+
+
+def shim_run(node: Node, doc: dict[str, Any], *flags: str) -> subprocess.CompletedProcess[str]:
+    """gpuctk-runtime GLOBAL-FLAGS create --bundle B c1, through the launchers."""
+    bundle = Path(os.path.join(node.work, f"log-{time.monotonic_ns()}"))
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps(doc))
+    argv = [str(node.bin / "gpuctk-runtime"), *flags, "create", "--bundle", str(bundle), "c1"]
+    return subprocess.run(
+        argv, env=node.env(), capture_output=True, text=True, timeout=TIMEOUT, check=False
+    )
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_the_front_logs_what_the_shim_logs(tmp_path: Path, fmt: str) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o755)
+    (tmp_path / "n").mkdir()
+    own = make_node(tmp_path / "n", conf=f'log-file = "{logs}/gpuctk.log"\n')
+    doc = base_doc("/nonexistent-root")
+    engine = tmp_path / "engine.log"
+    lines = []
+    for _ in range(3):
+        done = shim_run(own, doc, "--log", str(engine), "--log-format", fmt)
+        assert done.returncode == 0, done.stderr
+        lines.append(done.stderr)
+    assert "front: plan " in lines[-1], lines
+    said = "c1: injected nvidia.com/gpu=0 (from NVIDIA_VISIBLE_DEVICES)"
+    engine_lines = [line for line in engine.read_text().splitlines() if "injected" in line]
+    file_lines = (logs / "gpuctk.log").read_text().splitlines()
+    assert len(engine_lines) == 3  # two by Python, the last by the front
+    if fmt == "json":
+        assert [json.loads(line)["msg"] for line in engine_lines] == [said] * 3
+        assert {json.loads(line)["level"] for line in engine_lines} == {"info"}
+    else:
+        assert all(line.endswith(f'level=info msg="{said}"') for line in engine_lines)
+    assert [line.partition(" level=")[2] for line in file_lines] == [
+        f'info msg="gpuctk-runtime: {said}"'
+    ] * 3
+    stamps = {line.partition(" ")[0] for line in file_lines}
+    assert all(s.startswith('time="') and s.endswith('"') and len(s) >= 27 for s in stamps)
+
+
+@pytest.mark.parametrize(
+    ("conf", "why"),
+    [
+        ('log-level = "debug"\n', "log-level debug"),
+        ('log-file = "{open}/gpuctk.log"\n', "the log-file's folder"),
+    ],
+)
+def test_a_log_the_front_cannot_write_as_python_would_goes_to_python(
+    tmp_path: Path, conf: str, why: str
+) -> None:
+    folder = tmp_path / "open"
+    folder.mkdir()
+    folder.chmod(0o777)
+    (tmp_path / "n").mkdir()
+    own = make_node(tmp_path / "n", conf=conf.format(open=folder))
+    doc = base_doc("/nonexistent-root")
+    for _ in range(2):
+        shim_run(own, doc)
+    done = shim_run(own, doc)
+    assert f"front: python: {why}" in done.stderr, done.stderr
