@@ -88,6 +88,11 @@ def file_name(key: list[str]) -> str:
     return f"{h:016x}.json"
 
 
+def wanted(key: list[str] | None, req: Request, edits: EditsDoc, settings: Settings) -> bool:
+    """Whether the front could take this request (before any file is looked at)."""
+    return key is not None and _eligible(req, edits, settings)
+
+
 def _eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:
     from gpuctk.cdi.specs.apply import BIND_TYPES
     from gpuctk.hook.requests import VISIBLE_DEVICES
@@ -202,7 +207,7 @@ def offer(
     from gpuctk.hook.cdiedits import describe
     from gpuctk.hook.config import config_path
 
-    if key is None or world is None or not _eligible(req, edits, settings):
+    if world is None or key is None or not _eligible(req, edits, settings):
         return False
     conf, _ = config_path(os.environ)
     nodes = edits.get("deviceNodes") or []

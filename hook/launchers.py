@@ -52,6 +52,11 @@ gpuctk-runtime) pays for Python only on the containers that ask for a GPU. When 
 on such a create, the front hands its runtime to Python (`GPUCTK_FRONT_RUNTIME`, removed from
 the environment before the runtime runs), which then neither searches for the runtime nor
 rewrites the memo; the front unsets that variable first, so only the front can set it.
+
+Once Python has written a front plan (the state folder has `front/`, gpuctk.hook.frontplan),
+such a create goes to the compiled `gpuctk-cdi-hook shim-create` beside the launchers instead
+(hook/shimfront.c), with the interpreter and the Python half as arguments: it does the create
+itself for a request with a plan, and execs exactly that Python start otherwise.
 """
 
 from __future__ import annotations
@@ -132,13 +137,14 @@ raise SystemExit(main())
 def runtime_front_text(python: str, front: str = "") -> str:
     """The text of the gpuctk-runtime launcher: a POSIX sh front (see the module docstring);
     `front`: the compiled gpuctk-cdi-hook beside it, which a create whose memo holds goes to
-    (hook/shimfront.c; it starts the same Python where it cannot do the create itself)."""
+    once a front plan was ever written (hook/shimfront.c; it starts the same Python where it
+    cannot do the create itself)."""
     _check_interpreter(python)
     create_front = ""
     if front:
         _check_interpreter(front)
         create_front = (
-            f'\t\tif [ "$verb" = create ] && [ -x {front} ]; then\n'
+            f'\t\tif [ "$verb" = create ] && [ -d "$sdir/front" ] && [ -x {front} ]; then\n'
             f'\t\t\texec {front} shim-create {python} "$pycode" "$0" "$@"\n'
             "\t\tfi\n"
         )

@@ -271,7 +271,11 @@ def _inject(
             log.warning(note)
         edits: EditsDoc = plan["edits"]
         prep = plan["prep"]
-        if not plan["notes"] and not frontplan.current(plans.state, front_key):
+        if (
+            not plan["notes"]
+            and frontplan.wanted(front_key, req, edits, settings)
+            and not frontplan.current(plans.state, front_key)
+        ):
             frontplan.offer(plans.state, front_key, req, edits, settings, plans.snapshot())
     else:
         before = plans.snapshot() if plans is not None else None
