@@ -259,9 +259,10 @@ exec {python} -IS -c "$pycode" "$0" "$@"
 """
 
 
-def write_launchers(bindir: str, python: str | None = None) -> list[str]:
+def write_launchers(bindir: str, python: str | None = None, installed: str = "") -> list[str]:
     """Write every launcher into `bindir` (mode 0755, atomically), and the package's
-    gpuctk-cdi-hook where it was built; returns their paths."""
+    gpuctk-cdi-hook where it was built; returns their paths. `installed`: the folder they will
+    run from, where that is not `bindir` (a package's staging root)."""
     from gpuctk.writes import atomic_write
 
     interpreter = python or sys.executable
@@ -272,10 +273,11 @@ def write_launchers(bindir: str, python: str | None = None) -> list[str]:
     if beside:  # the compiled front goes beside gpuctk-hook (the spec hook, the shim's create)
         with open(front, "rb") as f:
             atomic_write(beside, f.read(), mode=0o755)
+    named = os.path.join(installed, FRONT) if beside and installed else beside
     for name, (module, function) in ENTRY_POINTS.items():
         path = os.path.join(bindir, name)
         if name == "gpuctk-runtime":
-            text = runtime_front_text(interpreter, beside)
+            text = runtime_front_text(interpreter, named)
         else:
             text = launcher_text(interpreter, module, function)
         atomic_write(path, text.encode(), mode=0o755)
@@ -296,11 +298,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--python", help="interpreter to name in the #! line (default: this one)", default=None
     )
+    parser.add_argument(
+        "--installed-in",
+        metavar="DIR",
+        default="",
+        help="the folder the launchers will run from, where it is not BINDIR (a package's "
+        "staging root): the runtime's front names the compiled create there",
+    )
     args = parser.parse_args(argv)
     from gpuctk.errors import GpuctkError
 
     try:
-        for path in write_launchers(args.bindir, args.python):
+        for path in write_launchers(args.bindir, args.python, args.installed_in):
             print(path)
     except (GpuctkError, OSError, ValueError) as exc:
         print(f"gpuctk.hook.launchers: error: {exc}", file=sys.stderr)

@@ -292,6 +292,8 @@ def build_deb(out_dir: Path, python: str) -> Path:
                 str(bindir),
                 "--python",
                 f"{PREFIX}/bin/python3",
+                "--installed-in",
+                "/usr/bin",
             ]
         )
         _put(root, "/etc/gpuctk/config.toml", (HERE / "config.toml").read_text())

@@ -160,6 +160,13 @@ def test_contents(deb: Path) -> None:
         ["dpkg-deb", "-I", str(deb), "conffiles"], capture_output=True, text=True, check=True
     ).stdout
     assert conffiles.split() == ["/etc/gpuctk/config.toml"]
+    tar = subprocess.run(["dpkg-deb", "--fsys-tarfile", str(deb)], capture_output=True, check=True)
+    front = subprocess.run(
+        ["tar", "-xO", "./usr/bin/gpuctk-runtime"], input=tar.stdout, capture_output=True,
+        check=True,
+    ).stdout.decode()  # fmt: skip
+    # the compiled create where the package puts it, not where the build staged it
+    assert "exec /usr/bin/gpuctk-cdi-hook shim-create /opt/gpuctk/bin/python3 " in front
 
 
 def _installed_container(

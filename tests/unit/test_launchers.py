@@ -103,3 +103,17 @@ def test_bad_interpreter_paths_are_refused(python: str, tmp_path: Path, capsys) 
     assert main([str(tmp_path), "--python", python]) == 1
     assert "must be absolute, without spaces or quotes" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("installed", ["", "/usr/bin"])
+def test_the_runtime_front_names_the_compiled_create_where_it_will_run(
+    tmp_path: Path, installed: str
+) -> None:
+    if not (Path(launchers.__file__).parent / FRONT).is_file():
+        pytest.skip("gpuctk-cdi-hook not built")
+    assert main([str(tmp_path), "--python", "/opt/gpuctk/bin/python3",
+                 *(["--installed-in", installed] if installed else [])]) == 0  # fmt: skip
+    at = f"{installed or tmp_path}/{FRONT}"
+    text = (tmp_path / "gpuctk-runtime").read_text()
+    assert f'\t\t\texec {at} shim-create /opt/gpuctk/bin/python3 "$pycode" "$0" "$@"\n' in text
+    assert (tmp_path / FRONT).is_file()  # written where the launchers are written
