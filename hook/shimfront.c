@@ -17,17 +17,22 @@
  *   - BUNDLE/config.json is a regular file (not a link) of plain JSON: ASCII only, strict, the
  *     keys of each object this program reads unescaped and unique in any case (runc folds case),
  *     every env entry unescaped, no mount destination with an escape or naming
- *     nvidia-container-devices, no annotation key starting with a configured CDI prefix;
+ *     nvidia-container-devices, no annotation key starting with a configured CDI prefix, no
+ *     field apply would refuse (a hook stage, additionalGids or netDevices of another type);
  *   - a front plan (gpuctk.hook.frontplan) for the request's key: the container's env entries
  *     that start with NVIDIA_ or CUDA_VERSION, in order, whether CAP_SYS_ADMIN is in its
  *     bounding set, its uid and gid. Python writes one when it resolved that key with no note
  *     and no error and the spec's only hooks are gpuctk-cdi-hook createContainer entries. It is
  *     read only from a folder of this euid's that nobody else can write (nor any folder above
- *     it), a file of this euid's, and only while the config file, the spec dirs and files and
- *     gpuctk's own code still have the identity (device, inode, size, mtime, ctime) it names;
+ *     it), a file of this euid's, and only while the config file, the spec dirs and files,
+ *     gpuctk's own code and any device node whose numbers came from the host still have the
+ *     identity (device, inode, size, mtime, ctime) it names;
  *   - every hook file, mount source, device host path and the runtime is one root (or this
- *     euid) alone can have made: the walk of gpuctk.fs, stricter (any symlink or `..` on the
- *     way, or a missing name, goes to Python, which follows the full rules).
+ *     euid) alone can have made: the walk of gpuctk.fs, stricter (`..` on the way, or a
+ *     missing name, goes to Python, which follows the full rules);
+ *   - the config's log-level is not debug, and its log-file (if any) can be opened as
+ *     gpuctk.fs.append_trusted opens it: the shim's `injected` line goes there and to the
+ *     engine's --log, as the Python shim writes it.
  *
  * The edits are the CDI apply (gpuctk.cdi.specs.apply): env replaced by key else appended, a
  * device node's first entry by path removed and the next replaced or the node appended, its
@@ -41,7 +46,7 @@
 #define SF_MAX_CONFIG (32 << 20) /* gpuctk.hook.bundle.MAX_CONFIG */
 #define SF_MAX_PLAN (1 << 20)
 #define SF_MAX_ITEMS 65536 /* in a list this program reads */
-#define SF_MAX_MEMBERS 4096 /* in an object: each key is compared with the others */
+#define SF_MAX_MEMBERS 4096 /* in an object this program reads */
 #define SF_PLAN_FORMAT "gpuctk-front-plan-1"
 #define SF_DEFAULT_CONFIG "/etc/gpuctk/config.toml"
 #define SF_DEFAULT_STATE "/run/gpuctk"

@@ -14,6 +14,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,7 +100,7 @@ def daemon(base: Path, capsys: pytest.CaptureFixture[str]) -> Iterator[PrivateCo
     instance = PrivateContainerd(
         base,
         private_config(base, etc / "config.toml"),
-        env={"GPUCTK_CONFIG": str(base / "gpuctk.toml")},
+        env={"GPUCTK_CONFIG": str(base / "gpuctk.toml"), "GPUCTK_STATE_DIR": str(base / "state")},
     )
     instance.start()
     try:
@@ -149,3 +150,30 @@ def test_container_through_shim(daemon: PrivateContainerd) -> None:
     gpu = run(daemon, shim, "NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=e2e")
     assert gpu.returncode == 0, gpu.stderr
     assert gpu.stdout.strip() == "E2E=injected"  # the shim applied the CDI edits
+
+
+def test_containers_through_the_installed_front(daemon: PrivateContainerd) -> None:
+    """The launchers as installed (the sh front, the compiled create beside it): once a
+    request was resolved, containerd's create of it needs no Python at all. Proved by taking
+    Python away before the last container: a hand-over would fail that create."""
+    bindir = daemon.base / "bin"
+    bindir.mkdir()
+    write = [sys.executable, "-m", "gpuctk.hook.launchers", str(bindir)]
+    subprocess.run([*write, "--python", sys.executable], check=True, capture_output=True)
+    if not (bindir / "gpuctk-cdi-hook").is_file():
+        pytest.skip("gpuctk-cdi-hook not built")
+    shim = str(bindir / "gpuctk-runtime")
+    ask = "NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=e2e"
+    time.sleep(1.1)  # the spec and the config settle (SETTLE_NS), as on a node
+    for _ in range(2):  # Python: the memo, the plan, the front plan
+        done = run(daemon, shim, ask)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == "E2E=injected"
+    assert list((daemon.base / "state" / "front").iterdir())
+    gone = bindir.parent / "no-python" / "python3"  # a path with nothing there
+    subprocess.run([*write, "--python", str(gone)], check=True, capture_output=True)
+    done = run(daemon, shim, ask)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "E2E=injected"  # the compiled create applied the edits
+    other = run(daemon, shim, "NVIDIA_VISIBLE_DEVICES=nvidia.com/gpu=nope")
+    assert other.returncode != 0  # a request never resolved needs Python, which is gone
