@@ -245,6 +245,7 @@ def current(state: str, key: list[str] | None) -> bool:
     written): a create that found the request's plan then need not offer one again."""
     from gpuctk.errors import GpuctkError
     from gpuctk.fs import open_private_dir, read_limited
+    from gpuctk.hook.config import config_path
     from gpuctk.jsonfast import loads
 
     if key is None:
@@ -254,9 +255,13 @@ def current(state: str, key: list[str] | None) -> bool:
         dir_fd = open_private_dir(os.path.join(state, FOLDER_NAME))
     except (GpuctkError, OSError):
         return False
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        fd = os.open(name, flags, dir_fd=dir_fd)
         try:
+            st = os.fstat(fd)
+            if st.st_mode & 0o170022 != 0o100000 or st.st_uid != os.geteuid():
+                return False  # not a regular file of ours alone: the front refuses it
             doc = loads(read_limited(fd, MAX_BYTES).decode())
         finally:
             os.close(fd)
@@ -264,7 +269,13 @@ def current(state: str, key: list[str] | None) -> bool:
         return False
     finally:
         os.close(dir_fd)
-    return isinstance(doc, dict) and doc.get("key") == key and _holds(doc.get("world"))
+    return (
+        isinstance(doc, dict)
+        and doc.get("format") == FORMAT
+        and doc.get("key") == key
+        and doc.get("config") == config_path(os.environ)[0]
+        and _holds(doc.get("world"))
+    )
 
 
 def _write(state: str, name: str, doc: dict[str, Any]) -> bool:

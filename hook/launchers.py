@@ -144,7 +144,8 @@ def runtime_front_text(python: str, front: str = "") -> str:
     if front:
         _check_interpreter(front)
         create_front = (
-            f'\t\tif [ "$verb" = create ] && [ -d "$sdir/front" ] && [ -x {front} ]; then\n'
+            f'\t\tif [ "$verb" = create ] && [ -d "$sdir/front" ] && ! [ -h "$sdir/front" ] &&\n'
+            f"\t\t\t[ -x {front} ]; then\n"
             f'\t\t\texec {front} shim-create {python} "$pycode" "$0" "$@"\n'
             "\t\tfi\n"
         )

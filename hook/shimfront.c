@@ -364,7 +364,7 @@ static int trusted(const char *path, int kind, int *dir_fd)
 		if (S_ISLNK(st.st_mode)) {
 			ssize_t got = readlinkat(fd, "", link, sizeof link - 1);
 			close(fd);
-			if ((shared && foreign(&st)) || got <= 0 || ++links > 40 ||
+			if ((shared && foreign(&st)) || (last && kind == T_PRIVATE) || got <= 0 || ++links > 40 ||
 			    strlen(rest + at) + (size_t)got + 2 > sizeof rest)
 				goto bad;
 			link[got] = 0;
@@ -983,6 +983,16 @@ static void shape(struct member *top, size_t ntop, struct member *proc, size_t n
 		struct member *l = object_of(lin, "no linux object", &n);
 		f = sf_get(l, n, "netDevices");
 		need(!f || is_null(f->val) || sf_kind(f->val) == '{', "a field apply refuses");
+		f = sf_get(l, n, "devices");
+		need(!f || is_null(f->val) || sf_kind(f->val) == '[', "a field apply refuses");
+		f = sf_get(l, n, "resources");
+		need(!f || is_null(f->val) || sf_kind(f->val) == '{', "a field apply refuses");
+		if (f && sf_kind(f->val) == '{') {
+			size_t nr;
+			struct member *r = object_of(f, "a field apply refuses", &nr);
+			f = sf_get(r, nr, "devices");
+			need(!f || is_null(f->val) || sf_kind(f->val) == '[', "a field apply refuses");
+		}
 	}
 	struct member *hooks = sf_get(top, ntop, "hooks");
 	if (hooks) {

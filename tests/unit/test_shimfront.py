@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from gpuctk.cdi.specs import apply, speccache
+from gpuctk.errors import ValidationError
 from gpuctk.hook import frontplan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -183,7 +184,7 @@ def spec(node_hook: Path, files: Path) -> dict[str, Any]:
     }
 
 
-def make_node(work: Path, numberless: str = "", conf: str = "") -> Node:
+def make_node(work: Path, numberless: str = "", conf: str = "", nodes: bool = True) -> Node:
     """Launchers, a spec and a config in `work`, left to settle; `numberless`: a host node
     for a device 2 whose spec entry gives no type or numbers (they come from the host)."""
     if not BUILT.is_file():
@@ -202,6 +203,10 @@ def make_node(work: Path, numberless: str = "", conf: str = "") -> Node:
     spec_dir = work / "cdi"
     spec_dir.mkdir()
     doc = spec(bindir / "gpuctk-cdi-hook", files)
+    if not nodes:  # a spec of env and mounts only: a plan with no device edits
+        doc["containerEdits"].pop("deviceNodes")
+        for device in doc["devices"]:
+            device["containerEdits"] = {"env": [f"GPU={device['name']}"]}
     if numberless:
         node = {"path": "/dev/nvidia2", "hostPath": numberless}
         doc["devices"].append({"name": "2", "containerEdits": {"deviceNodes": [node]}})
@@ -775,3 +780,50 @@ def test_a_log_the_front_cannot_write_as_python_would_goes_to_python(
         shim_run(own, doc)
     done = shim_run(own, doc)
     assert f"front: python: {why}" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "field", ["linux.devices", "linux.resources", "linux.resources.devices", "process.user"]
+)
+def test_a_field_apply_refuses_goes_to_python_whatever_the_plan_edits(
+    tmp_path: Path, field: str
+) -> None:
+    own = make_node(tmp_path, nodes=False)
+    doc = base_doc("/nonexistent-root")
+    fronted(own, doc)
+    bad = copy.deepcopy(doc)
+    if field == "linux.devices":
+        bad["linux"]["devices"] = "x"
+    elif field == "linux.resources":
+        bad["linux"]["resources"] = "x"
+    elif field == "linux.resources.devices":
+        bad["linux"]["resources"]["devices"] = 7
+    else:
+        bad["process"]["user"] = []
+    why = "process.user is not an object" if field == "process.user" else "a field apply refuses"
+    handed_over(*direct(own, bad), why)
+    with pytest.raises(ValidationError):
+        expected(own, bad)  # apply refuses it too
+
+
+def test_a_plan_for_another_spelling_of_the_config_is_written_again(tmp_path: Path) -> None:
+    own = make_node(tmp_path)
+    doc = base_doc("/nonexistent-root")
+    fronted(own, doc)
+    other = str(own.conf).replace("/gpuctk.toml", "//gpuctk.toml")  # the same file
+    done, _ = own.create(doc, GPUCTK_CONFIG=other)  # the memo names the other: Python
+    assert done.returncode == 0, done.stderr
+    done, _ = own.create(doc, GPUCTK_CONFIG=other)
+    assert "front: plan " in done.stderr, done.stderr
+
+
+def test_a_front_folder_that_is_a_link_is_not_read(node: Node, planned: dict[str, Any]) -> None:
+    front = node.state / "front"
+    real = node.state / "front-real"
+    front.rename(real)
+    front.symlink_to(real.name)
+    try:
+        handed_over(*direct(node, planned), "no front plan for this request")
+    finally:
+        front.unlink()
+        real.rename(front)
