@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.gpucheck import runc_run, shim_edit, work_hooks
+from fixtures.gpucheck import PARAMS, fake_driver_hook, runc_run, shim_edit, work_hooks
 from fixtures.images import ImageError, build_image, make_bundle, overlay, unmount
 from fixtures.podman import CdiPodman, generate_spec, private_podman
 
@@ -336,28 +336,62 @@ def test_the_shim_serves_each_image_on_the_default_spec(
     assert "PYTHON" in report, report  # 00-gpuctk.conf: written by the shim, not by a hook
 
 
+def front_edit(
+    world: World, rootfs: Callable[[], Path], tmp_path: Path, env: list[str], **bundle: Any
+) -> tuple[Path, dict[str, Any]]:
+    """(bundle, its config.json) after a create by the shim's compiled create: the launchers
+    as installed (the sh front, the compiled create), two creates of the same request first
+    (the memo, the plan, the front plan), each on a fresh `rootfs()`."""
+    spec_dir, state, toml = world.podman.specs["default"], tmp_path / "state", tmp_path / "c.toml"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    subprocess.run([sys.executable, "-m", "gpuctk.hook.launchers", str(bindir)], check=True,
+                   capture_output=True)  # fmt: skip
+    for first in ("a", "b"):
+        shim_edit(make_bundle(tmp_path / first / "b", rootfs(), ["/bin/true"], env=env, **bundle),
+                  spec_dir, state, toml=toml, bindir=bindir)  # fmt: skip
+        time.sleep(SETTLE_NS / 1e9 + 0.1)  # the config file just written: the next one plans
+    assert list((state / "front").iterdir())
+    path = make_bundle(tmp_path / "bundle", rootfs(), ["/bin/true"], env=env, **bundle)
+    return path, shim_edit(path, spec_dir, state, toml=toml, bindir=bindir)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_shims_front_serves_each_image_on_the_default_spec(
     world: World, shim_root: Callable[[str], Path], tmp_path: Path, name: str
 ) -> None:
     world.need(name)
     env = [*(CUDA_ENV if name == "cuda" else (PATH,)), "NVIDIA_VISIBLE_DEVICES=0"]
-    spec_dir, state, toml = world.podman.specs["default"], tmp_path / "state", tmp_path / "c.toml"
-    bindir = tmp_path / "bin"  # the launchers as installed: the sh front, the compiled create
-    bindir.mkdir()
-    subprocess.run([sys.executable, "-m", "gpuctk.hook.launchers", str(bindir)], check=True,
-                   capture_output=True)  # fmt: skip
-    shim_edit(make_bundle(tmp_path / "a" / "b", shim_root(name), ["/bin/true"], env=env),
-              spec_dir, state, toml=toml, bindir=bindir)  # fmt: skip
-    time.sleep(SETTLE_NS / 1e9 + 0.1)  # the config file just written: the next create's plan
-    shim_edit(make_bundle(tmp_path / "b" / "b", shim_root(name), ["/bin/true"], env=env),
-              spec_dir, state, toml=toml, bindir=bindir)  # fmt: skip
-    assert list((state / "front").iterdir())
-    bundle = make_bundle(tmp_path / "bundle", shim_root(name), ["/bin/true"], env=env)
-    config = shim_edit(bundle, spec_dir, state, toml=toml, bindir=bindir)
+    bundle, config = front_edit(world, lambda: shim_root(name), tmp_path, env)
     hooks = work_hooks(config)  # the front kept the spec's entry
     assert [h["args"][:2] for h in hooks] == [["gpuctk-cdi-hook", "createContainer"]], hooks
     report = probe(runc_run(bundle, config, SCRIPT, f"gpuctk-front-{os.getpid()}-{name}"))
     _kind, path, python_ran, _ = CASES[name]
     expect_file(report, path, COMPAT["newer"] if name == "newer" else "")
     assert ("PYTHON" in report) == python_ran, report
+
+
+def test_under_the_shims_front_the_spec_entry_guards_the_params_file(
+    world: World, shim_root: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """A driver that says ModifyDeviceFiles: 1: the Python shim guards after create or adds
+    the guard's entry; the compiled create leaves it to the spec's gpuctk-cdi-hook entry,
+    which must cover the container's params file inside runc."""
+    made: list[Path] = []
+
+    def rootfs() -> Path:
+        made.append(shim_root("plain"))
+        return made[-1]
+
+    env = [PATH, "NVIDIA_VISIBLE_DEVICES=0"]
+    # each bundle's own fake driver hook names its own rootfs: built after the rootfs
+    bundle, config = front_edit(world, rootfs, tmp_path, env)
+    config["hooks"]["createContainer"].insert(0, fake_driver_hook(made[-1]))
+    assert [h["args"][:2] for h in work_hooks(config)][1:] == [
+        ["gpuctk-cdi-hook", "createContainer"]
+    ]
+    show = "cat /proc/driver/nvidia/params; echo x > /proc/driver/nvidia/params || echo read-only"
+    done = runc_run(bundle, config, show, f"gpuctk-front-guard-{os.getpid()}")
+    assert done.returncode == 0, done.stderr
+    assert PARAMS.replace(": 1", ": 0") in done.stdout, done.stdout
+    assert "ModifyDeviceFiles: 1" not in done.stdout and "read-only" in done.stdout

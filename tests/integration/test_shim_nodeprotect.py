@@ -23,14 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.gpucheck import Node, generate, shim_edit
+from fixtures.gpucheck import PARAMS, Node, fake_driver_hook, generate, shim_edit
 from fixtures.images import make_bundle, runtime_argv
 
 pytestmark = pytest.mark.integration
 
 SHIM = str(Path(sys.executable).with_name("gpuctk-runtime"))
 LIBDIR = "/usr/lib/x86_64-linux-gnu/nvidia/current"
-PARAMS = "ModifyDeviceFiles: 1\nDeviceFileUID: 0\n"
 SHOW = "cat /proc/driver/nvidia/params; echo x > /proc/driver/nvidia/params || echo read-only"
 
 
@@ -49,16 +48,6 @@ def no_symlinks(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> 
     base = tmp_path_factory.mktemp("nodeguard-nolinks")
     out = base / "cdi" / "nvidia.json"
     return generate(base, driver_root, "h100-8", out, extra=("--disable-hook", "create-symlinks"))
-
-
-def fake_driver_hook(rootfs: Path) -> dict[str, Any]:
-    """A createContainer hook that gives the container's /proc a driver params file."""
-    here = f"{rootfs}/proc/driver"
-    script = (
-        f"mount -t tmpfs -o size=64k gpuctk-test {here} && mkdir {here}/nvidia && "
-        f"printf '{PARAMS}' > {here}/nvidia/params"
-    ).replace("\n", "\\n")
-    return {"path": "/bin/sh", "args": ["sh", "-c", script], "env": ["PATH=/usr/bin:/bin"]}
 
 
 def shim_create(
