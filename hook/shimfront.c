@@ -88,7 +88,7 @@ static void need(int ok, const char *why)
 /* ---- the JSON, one level at a time ----------------------------------------------------------- */
 
 struct span { const char *p, *end; };
-struct member { struct span key, val; };
+struct member { struct span key, val; }; /* a value's span: from its first byte to its last */
 
 static int sf_count(struct span s, int object, size_t *count);
 
@@ -148,7 +148,9 @@ static int sf_items(struct span s, int object, struct member **out, size_t *coun
 		m[i].val.p = j.p;
 		if (value(&j))
 			goto bad;
-		m[i].val.end = j.p;
+		m[i].val.end = j.p; /* compound() also took the space after it: left out */
+		while (m[i].val.end > m[i].val.p && strchr(" \t\n\r", m[i].val.end[-1]))
+			m[i].val.end--;
 		ws(&j);
 		j.p++; /* a comma, or the closing bracket */
 	}
@@ -248,6 +250,18 @@ static int sf_plain(struct span v, const char **s, size_t *n)
 	return 0;
 }
 
+/* The string v, without an escape or a NUL, as a C string in out (size bytes): 0, else -1. */
+static int sf_cstr(struct span v, char *out, size_t size)
+{
+	const char *s;
+	size_t n;
+	if (sf_plain(v, &s, &n) != 0 || n >= size || memchr(s, 0, n))
+		return -1;
+	memcpy(out, s, n);
+	out[n] = 0;
+	return 0;
+}
+
 /* A non-negative integer literal: 0, -1 when v is not one (or too large). */
 static int sf_uint(struct span v, unsigned long long *out)
 {
@@ -295,13 +309,7 @@ static void put(struct buf *b, const char *s, size_t n)
 
 static void puts_(struct buf *b, const char *s) { put(b, s, strlen(s)); }
 
-static void put_span(struct buf *b, struct span v)
-{
-	const char *p = sf_start(v), *e = v.end;
-	while (e > p && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
-		e--;
-	put(b, p, (size_t)(e - p));
-}
+static void put_span(struct buf *b, struct span v) { put(b, v.p, (size_t)(v.end - v.p)); }
 
 /* ---- trusted paths (gpuctk.fs, stricter) -------------------------------------------------------- */
 
@@ -446,8 +454,6 @@ static int world_holds(struct span world)
 	for (size_t i = 0; ok && i < n; i++) {
 		struct member *f;
 		size_t fn;
-		const char *s;
-		size_t sn;
 		if (sf_items(w[i].val, 0, &f, &fn) != 0) {
 			ok = 0;
 			break;
@@ -455,16 +461,13 @@ static int world_holds(struct span world)
 		char path[PATH_MAX];
 		struct stat st;
 		unsigned long long v[5];
-		ok = (fn == 1 || fn == 6) && sf_plain(f[0].val, &s, &sn) == 0 && sn > 0 &&
-		     sn < sizeof path && !memchr(s, 0, sn);
+		ok = (fn == 1 || fn == 6) && sf_cstr(f[0].val, path, sizeof path) == 0 && *path;
 		for (size_t k = 1; ok && k < fn; k++)
 			ok = sf_uint(f[k].val, &v[k - 1]) == 0;
 		if (ok) {
-			memcpy(path, s, sn);
-			path[sn] = 0;
 			int got = stat(path, &st);
 			if (fn == 1)
-				ok = got != 0 && (errno == ENOENT || errno == ENOTDIR);
+				ok = got != 0 && absent();
 			else
 				ok = got == 0 && (unsigned long long)st.st_dev == v[0] &&
 				     (unsigned long long)st.st_ino == v[1] &&
@@ -489,15 +492,8 @@ static int all_trusted(struct span v, int kind)
 		return 0;
 	int ok = 1;
 	for (size_t i = 0; ok && i < n; i++) {
-		const char *s;
-		size_t sn;
 		char path[PATH_MAX];
-		ok = sf_plain(m[i].val, &s, &sn) == 0 && sn < sizeof path && !memchr(s, 0, sn);
-		if (ok) {
-			memcpy(path, s, sn);
-			path[sn] = 0;
-			ok = trusted(path, kind, NULL) == 0;
-		}
+		ok = sf_cstr(m[i].val, path, sizeof path) == 0 && trusted(path, kind, NULL) == 0;
 	}
 	free(m);
 	return ok;
@@ -686,9 +682,7 @@ static int edit_keyed(struct member *cur, size_t n, struct span plan, const char
 		if (member_string(cur[i].val, key, &keys[i].p, &kn) != 0)
 			rc = -1;
 		keys[i].end = keys[i].p + kn;
-		list[count].text = cur[i].val;
-		list[count].order = count;
-		count++;
+		list[count++].text = cur[i].val;
 	}
 	for (size_t a = 0; rc == 0 && a < na; a++) {
 		struct span k;
@@ -712,10 +706,8 @@ static int edit_keyed(struct member *cur, size_t n, struct span plan, const char
 		if (first < count)
 			gone[first] = 1;
 		size_t at = !sort && second < count ? second : count;
-		if (at == count) {
-			list[count].order = count;
+		if (at == count)
 			count++;
-		}
 		list[at].text = add[a].val;
 		keys[at] = k;
 	}
@@ -852,13 +844,7 @@ static int parse_create(int argc, char **argv, struct call *c)
 static int plan_string(struct member *plan, size_t n, const char *name, char *out, size_t size)
 {
 	struct member *f = sf_get(plan, n, name);
-	const char *s;
-	size_t sn;
-	if (!f || sf_plain(f->val, &s, &sn) != 0 || sn >= size || memchr(s, 0, sn))
-		return -1;
-	memcpy(out, s, sn);
-	out[sn] = 0;
-	return 0;
+	return f ? sf_cstr(f->val, out, size) : -1;
 }
 
 /* Go's time.RFC3339 in local time (gpuctk.log.rfc3339). */
@@ -1270,14 +1256,7 @@ static int shim_create(int argc, char **argv)
 		need(patches[i].at >= at, "overlapping edits");
 		put(&out, at, (size_t)(patches[i].at - at));
 		put(&out, patches[i].text.p, patches[i].text.n);
-		at = patches[i].end > patches[i].at ? patches[i].end : patches[i].at;
-		if (patches[i].end > patches[i].at) { /* a replaced value: keep its trailing space */
-			const char *e = patches[i].end;
-			while (e > patches[i].at && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' ||
-						     e[-1] == '\r'))
-				e--;
-			at = e;
-		}
+		at = patches[i].end; /* an insertion's end is its start */
 	}
 	put(&out, at, (size_t)(doc + len - at));
 	need(!out.bad, "out of memory");
