@@ -158,13 +158,11 @@ def atomic_write(
         pass
 
 
-def load_private_marshal(folder: str, path: str, limit: int, fmt: str) -> dict[str, Any] | None:
-    """The `marshal` document at `path` (in `folder`) when only this uid can have written it:
-    the folder private (open_private_dir: its ancestors too), the file, opened through it, a
-    regular one owned by this uid and not group/world-writable (checked on the descriptor), at
-    most `limit` bytes, a dict whose "format" is `fmt`. None for anything else: marshal is not
-    meant for hostile input, and these files are caches (gpuctk.cdi.specs.speccache,
-    gpuctk.hook.plans)."""
+def read_private(folder: str, path: str, limit: int) -> bytes | None:
+    """The bytes of `path` (in `folder`) when only this uid can have written it: the folder
+    private (open_private_dir: its ancestors too), the file, opened through it without
+    following a link or blocking, a regular one owned by this uid and not group/world-writable
+    (checked on the descriptor), at most `limit` bytes. None for anything else."""
     try:
         dir_fd = open_private_dir(folder)
     except (GpuctkError, OSError):
@@ -181,11 +179,20 @@ def load_private_marshal(folder: str, path: str, limit: int, fmt: str) -> dict[s
             return None
         if st.st_mode & 0o022 or st.st_size > limit:
             return None
-        data = read_limited(fd, limit)
+        return read_limited(fd, limit)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def load_private_marshal(folder: str, path: str, limit: int, fmt: str) -> dict[str, Any] | None:
+    """The `marshal` document at `path` (in `folder`), read by read_private, when it is a dict
+    whose "format" is `fmt`. None for anything else: marshal is not meant for hostile input,
+    and these files are caches (gpuctk.cdi.specs.speccache, gpuctk.hook.plans)."""
+    data = read_private(folder, path, limit)
+    if data is None:
+        return None
     import marshal
 
     try:
@@ -208,6 +215,13 @@ def save_private_marshal(folder: str, path: str, doc: dict[str, Any], limit: int
         data = marshal.dumps(doc)
     except ValueError:  # an unmarshallable value: never from JSON or safe YAML
         return False
+    return write_private(folder, path, data, limit)
+
+
+def write_private(folder: str, path: str, data: bytes, limit: int) -> bool:
+    """Write `data` to `path` in `folder`, mode 0600, atomically and without fsync, creating
+    `folder` (0700) if missing; False when the folder is not this uid's alone
+    (open_private_dir), `data` is larger than `limit`, or the write fails."""
     if len(data) > limit:
         return False
     try:

@@ -122,16 +122,6 @@ def _eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:
     return True
 
 
-def _identity(path: str) -> tuple[int, ...] | None:
-    """gpuctk.fs.stat_identity of `path` (links followed), None when missing; OSError."""
-    from gpuctk.fs import stat_identity
-
-    try:
-        return stat_identity(os.stat(path))
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-
-
 def _identities(
     world: tuple[Any, ...], conf: str, settings: Settings, nodes: list[str]
 ) -> list[list[Any]] | None:
@@ -144,6 +134,7 @@ def _identities(
 
     from gpuctk.cdi.specs.speccache import SETTLE_NS
     from gpuctk.hook import plans
+    from gpuctk.hook.plans import identity
 
     conf_id = settings.source_identity if settings.source else None
     if settings.source and (settings.source != conf or conf_id is None):
@@ -152,8 +143,8 @@ def _identities(
         return None
     code, _, dirs, files = world
     try:
-        pairs = [(plans.__file__, code), (__file__, _identity(__file__)), (conf, conf_id),
-                 *dirs, *files, *((n, _identity(n)) for n in nodes)]  # fmt: skip
+        pairs = [(plans.__file__, code), (__file__, identity(__file__)), (conf, conf_id),
+                 *dirs, *files, *((n, identity(n)) for n in nodes)]  # fmt: skip
     except OSError:
         return None
     if any(ident is None for _, ident in (pairs[:2] + pairs[len(pairs) - len(nodes) :])):
@@ -163,10 +154,12 @@ def _identities(
 
 def _holds(world: Any) -> bool:
     """Whether a plan's `world` (as _identities writes it) still holds."""
+    from gpuctk.hook.plans import identity
+
     try:
         return isinstance(world, list) and all(
             isinstance(entry, list) and entry
-            and _identity(entry[0]) == (tuple(entry[1:]) if len(entry) > 1 else None)
+            and identity(entry[0]) == (tuple(entry[1:]) if len(entry) > 1 else None)
             for entry in world
         )  # fmt: skip
     except (OSError, TypeError, ValueError):
@@ -243,32 +236,18 @@ def offer(
 def current(state: str, key: list[str] | None) -> bool:
     """Whether the front plan of `key` is there and its world still holds (or none could be
     written): a create that found the request's plan then need not offer one again."""
-    from gpuctk.errors import GpuctkError
-    from gpuctk.fs import open_private_dir, read_limited
     from gpuctk.hook.config import config_path
     from gpuctk.jsonfast import loads
+    from gpuctk.writes import read_private
 
     if key is None:
         return True
-    name = file_name(key)
-    try:
-        dir_fd = open_private_dir(os.path.join(state, FOLDER_NAME))
-    except (GpuctkError, OSError):
+    folder = os.path.join(state, FOLDER_NAME)
+    data = read_private(folder, os.path.join(folder, file_name(key)), MAX_BYTES)
+    try:  # read as the front reads it: a file of ours alone, no link
+        doc = loads(data.decode()) if data is not None else None
+    except ValueError:
         return False
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-    try:
-        fd = os.open(name, flags, dir_fd=dir_fd)
-        try:
-            st = os.fstat(fd)
-            if st.st_mode & 0o170022 != 0o100000 or st.st_uid != os.geteuid():
-                return False  # not a regular file of ours alone: the front refuses it
-            doc = loads(read_limited(fd, MAX_BYTES).decode())
-        finally:
-            os.close(fd)
-    except (OSError, ValueError):
-        return False
-    finally:
-        os.close(dir_fd)
     return (
         isinstance(doc, dict)
         and doc.get("format") == FORMAT
@@ -279,25 +258,16 @@ def current(state: str, key: list[str] | None) -> bool:
 
 
 def _write(state: str, name: str, doc: dict[str, Any]) -> bool:
-    from gpuctk.errors import GpuctkError
-    from gpuctk.fs import open_private_dir, private_folder
+    from gpuctk.fs import private_folder
     from gpuctk.hook.plans import evict
     from gpuctk.jsonfast import dumps
-    from gpuctk.writes import atomic_write
+    from gpuctk.writes import write_private
 
     data = dumps(doc)
-    if len(data) > MAX_BYTES or not data.isascii() or not private_folder(state, create=True):
-        return False
     folder = os.path.join(state, FOLDER_NAME)
-    try:
-        dir_fd = open_private_dir(folder, create=True)
-    except (GpuctkError, OSError):
+    if not data.isascii() or not private_folder(state, create=True):
         return False
-    try:
-        atomic_write(f"{folder}/{name}", data, mode=0o600, durable=False, dir_fd=dir_fd, sweep=True)
-    except GpuctkError:
+    if not write_private(folder, os.path.join(folder, name), data, MAX_BYTES):
         return False
-    finally:
-        os.close(dir_fd)
     evict(folder, name, ".json", MAX_PLANS)
     return True

@@ -59,7 +59,7 @@ MAX_PLANS = 64
 CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"  # as gpuctk.hook.drivercaps.ENV
 
 
-def _identity(path: str) -> tuple[int, int, int, int, int] | None:
+def identity(path: str) -> tuple[int, int, int, int, int] | None:
     """gpuctk.fs.stat_identity of `path` (symlinks followed), None if missing; OSError for
     one that cannot be looked at."""
     from gpuctk.fs import stat_identity
@@ -121,12 +121,12 @@ class Plans:
         now = time.time_ns()
         dirs, files = [], []
         try:
-            code = _identity(__file__)
+            code = identity(__file__)
             for directory in self.spec_dirs:
-                ident = _identity(directory)
+                ident = identity(directory)
                 dirs.append((directory, ident))
                 if ident is not None:
-                    files += [(path, _identity(path)) for path in spec_paths(directory)]
+                    files += [(path, identity(path)) for path in spec_paths(directory)]
         except OSError:
             return None
         for _, ident in (("", code), *dirs, *files):
@@ -142,8 +142,8 @@ class Plans:
                 isinstance(world, tuple)
                 and len(world) == 4
                 and world[1] == self.spec_dirs
-                and world[0] == _identity(__file__)
-                and all(_identity(p) == ident for p, ident in (*world[2], *world[3]))
+                and world[0] == identity(__file__)
+                and all(identity(p) == ident for p, ident in (*world[2], *world[3]))
             )
         except (OSError, TypeError, ValueError):  # cannot be looked at, or not a world
             return False
