@@ -1,7 +1,8 @@
 /* gpuctk-cdi-hook: the compiled front of gpuctk-hook, named in the hook entry of gpuctk's CDI
  * specs (the default `--library-mode folder`).
  *
- *     gpuctk-cdi-hook createContainer [--folder DIR]... [--disable-hook NAME]...
+ *     gpuctk-cdi-hook createContainer [--link TARGET::LINK]... [--folder DIR]...
+ *                     [--disable-hook NAME]...
  *     gpuctk-cdi-hook disable-device-node-modification [--disable-hook NAME]...
  *
  * It does what gpuctk-hook would do for the common image, in about a millisecond, and hands
@@ -9,7 +10,8 @@
  * stdin), to `gpuctk-hook` in its own folder. The common image needs nothing in its root:
  * the folder spec's mounts already put the driver where its loader looks (the stage at
  * /usr/local/nvidia for LD_LIBRARY_PATH, and in glibc-hwcaps/x86-64-v2 of both loader
- * families). gpuctk-hook runs instead when any of these holds:
+ * families), and the entry's links (the stage's firmware and config files, each at its own
+ * path) are made here. gpuctk-hook runs instead when any of these holds:
  *
  *   - another verb, any other argument, --help, --version, GPUCTK_HOOK_FRONT=off;
  *   - anything this program does not fully understand: the OCI state or config.json not the
@@ -22,14 +24,16 @@
  *     over the loader's folders); or, with enable-cuda-compat not disabled,
  *     /usr/local/cuda/compat holds a libcuda.so.<version> newer than GPUCTK_DRIVER_VERSION
  *     (gpuctk-hook then applies the exact forward-compat rule);
+ *   - a --link that is not two plain absolute paths, or one not made here: see make_links();
  *   - the device node guard (unless disabled) could not be done here: see guard() below.
  *
  * The image is hostile: every path in it is opened with openat2(RESOLVE_IN_ROOT |
  * RESOLVE_NO_MAGICLINKS) from the root's descriptor, O_NOFOLLOW where a link would mean
  * nothing, O_NONBLOCK (a FIFO never blocks), only regular files are read and each read is
- * bounded; a folder is listed at most MAX_ENTRIES names. This program never writes into the
- * root; its only outcomes are "nothing to do" (exit 0), the guard's read-only mount over the
- * container's /proc/driver/nvidia/params, or gpuctk-hook. Built by setup.py with the host's C
+ * bounded; a folder is listed at most MAX_ENTRIES names. In the root it writes only the
+ * --link symlinks and their missing folders, each in a folder on the root's own mount (never a
+ * volume's), never over an existing entry; its other outcomes are "nothing to do" (exit 0),
+ * the guard's read-only mount over the container's /proc/driver/nvidia/params, or gpuctk-hook. Built by setup.py with the host's C
  * compiler; without one, specs name gpuctk-hook itself. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -55,6 +59,7 @@
 #define MAX_ENTRIES 4096
 #define MAX_NAMES 512
 #define MAX_DEPTH 64
+#define MAX_LINKS 256
 #define PARAMS "proc/driver/nvidia/params"
 #define KEY "ModifyDeviceFiles: "
 
@@ -583,6 +588,116 @@ static int compat_newer(int root, const long host[4])
 	return rc;
 }
 
+/* ---- the spec's links -------------------------------------------------------------------- */
+
+#ifndef STATX_MNT_ID
+#define STATX_MNT_ID 0x1000U
+#endif
+
+static int mount_id(int fd, unsigned long long *id)
+{
+	struct statx sx;
+	if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, STATX_MNT_ID, &sx) != 0)
+		return -1;
+	if (!(sx.stx_mask & STATX_MNT_ID)) {
+		errno = ENOSYS;
+		return -1;
+	}
+	*id = sx.stx_mnt_id;
+	return 0;
+}
+
+/* 0 when `fd` is on the mount `want`, else -1 (EXDEV: a bind mount or volume in the root). */
+static int own_mount(int fd, unsigned long long want)
+{
+	unsigned long long id;
+	if (mount_id(fd, &id) != 0)
+		return -1;
+	if (id != want) {
+		errno = EXDEV;
+		return -1;
+	}
+	return 0;
+}
+
+/* An O_PATH descriptor of the root's folder `path` (plain and absolute; "" is the root), made
+ * with its missing parents (0755) as gpuctk.rootfs.mkdir_p_in_root makes them: each in a folder
+ * on the root's own mount `mnt`. -1 with errno otherwise. */
+static int folder_in_root(int root, unsigned long long mnt, char *path)
+{
+	int fd = in_root(root, *path ? path : "/", O_PATH | O_DIRECTORY);
+	if (fd >= 0 || errno != ENOENT)
+		return fd;
+	char *slash = strrchr(path, '/');
+	if (!slash || !slash[1])
+		return -1;
+	*slash = 0;
+	int parent = folder_in_root(root, mnt, path);
+	*slash = '/';
+	if (parent < 0)
+		return -1;
+	int ok = own_mount(parent, mnt) == 0 && (mkdirat(parent, slash + 1, 0755) == 0 ||
+						 errno == EEXIST);
+	close(parent);
+	return ok ? in_root(root, path, O_PATH | O_DIRECTORY) : -1;
+}
+
+/* gpuctk.hook.inroot.create_symlinks where it is plain: each paths[i] made a symlink to
+ * targets[i] (absolute container paths, checked plain by main) when its target is in the
+ * root, its folders made as needed, all on the root's own mount; a link that already names
+ * its target is left as it is, a target not in the root skipped. 0 done, -1 anything else (a
+ * file or another link in the way, a folder on another mount, a read-only root): gpuctk-hook
+ * then does them all, with its warnings. */
+static int make_links(int root, const char **targets, char **paths, int n)
+{
+	unsigned long long mnt;
+	if (n && mount_id(root, &mnt) != 0)
+		return -1;
+	for (int i = 0; i < n; i++) {
+		int t = in_root(root, targets[i], O_PATH);
+		if (t < 0) {
+			if (absent())
+				continue;
+			return -1;
+		}
+		close(t);
+		char *slash = strrchr(paths[i], '/');
+		*slash = 0;
+		int dir = folder_in_root(root, mnt, paths[i]);
+		*slash = '/';
+		if (dir < 0)
+			return -1;
+		const char *name = slash + 1;
+		int rc = own_mount(dir, mnt) == 0 ? symlinkat(targets[i], dir, name) : -1;
+		if (rc != 0 && errno == EEXIST) {
+			char now[PATH_MAX];
+			size_t want = strlen(targets[i]);
+			ssize_t len = readlinkat(dir, name, now, sizeof now);
+			rc = len >= 0 && (size_t)len == want && memcmp(now, targets[i], want) == 0 ? 0 : -1;
+		}
+		close(dir);
+		if (rc != 0)
+			return -1;
+	}
+	return 0;
+}
+
+/* 1 when `p` is an absolute path of plain names: no empty, "." or ".." part, no trailing /. */
+static int plain_path(const char *p)
+{
+	if (p[0] != '/' || !p[1] || strlen(p) >= PATH_MAX)
+		return 0;
+	for (const char *part = p + 1;;) {
+		const char *end = strchrnul(part, '/');
+		size_t n = (size_t)(end - part);
+		if (n == 0 || (n == 1 && part[0] == '.') || (n == 2 && part[0] == '.' && part[1] == '.'))
+			return 0;
+		if (!*end)
+			return 1;
+		part = end + 1;
+	}
+}
+
 /* ---- the device node guard ------------------------------------------------------------- */
 
 /* The params text with `ModifyDeviceFiles: 1` made 0 into out (at least len + 1 bytes), each
@@ -732,14 +847,27 @@ int main(int argc, char **argv)
 	const char *front = getenv("GPUCTK_HOOK_FRONT");
 	if (front && strcmp(front, "off") == 0)
 		python("GPUCTK_HOOK_FRONT=off");
-	const char *folders[16];
-	int nfolders = 0, off_ld = 0, off_compat = 0, off_guard = 0;
+	const char *folders[16], *targets[MAX_LINKS];
+	char *paths[MAX_LINKS];
+	int nfolders = 0, nlinks = 0, off_ld = 0, off_compat = 0, off_guard = 0, off_links = 0;
 	for (int i = 2; i < argc; i++) {
-		int folder = strcmp(argv[i], "--folder") == 0;
-		if ((!folder && strcmp(argv[i], "--disable-hook") != 0) || i + 1 >= argc)
+		int folder = strcmp(argv[i], "--folder") == 0, link = strcmp(argv[i], "--link") == 0;
+		if ((!folder && !link && strcmp(argv[i], "--disable-hook") != 0) || i + 1 >= argc)
 			python("an argument only gpuctk-hook reads");
-		const char *v = argv[++i];
-		if (folder) {
+		char *v = argv[++i];
+		if (link) {
+			char *sep = strstr(v, "::");
+			if (!create || nlinks == MAX_LINKS || !sep)
+				python("a --link only gpuctk-hook reads");
+			*sep = 0;
+			int plain = plain_path(v) && plain_path(sep + 2);
+			if (plain && (!(targets[nlinks] = strdup(v)) || !(paths[nlinks] = strdup(sep + 2))))
+				plain = 0;
+			*sep = ':'; /* argv as it came, for gpuctk-hook */
+			if (!plain)
+				python("a --link only gpuctk-hook reads");
+			nlinks++;
+		} else if (folder) {
 			if (!create || nfolders == 16 || v[0] != '/')
 				python("a --folder only gpuctk-hook reads");
 			folders[nfolders++] = v;
@@ -749,7 +877,9 @@ int main(int argc, char **argv)
 			off_compat = 1;
 		else if (strcmp(v, "disable-device-node-modification") == 0)
 			off_guard = 1;
-		else if (strcmp(v, "create-symlinks") != 0)
+		else if (strcmp(v, "create-symlinks") == 0)
+			off_links = 1;
+		else
 			python("a --disable-hook name only gpuctk-hook knows");
 	}
 	read_state();
@@ -805,6 +935,8 @@ int main(int argc, char **argv)
 						 : "a newer CUDA compat libcuda");
 		}
 	}
+	if (!off_links && make_links(root, targets, paths, nlinks) != 0)
+		python("a --link gpuctk-hook makes");
 	if (!off_guard && guard(root) != 0)
 		python("the device node guard");
 	return 0;

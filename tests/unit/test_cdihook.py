@@ -285,7 +285,7 @@ def test_state_is_passed_byte_exact(front: Front, bundle: Bundle) -> None:
     state += b'"annotations":{"\\u00e9":"\xc3\xa9 \\"q\\" \\\\"},'
     state += b'"bundle":"' + str(bundle.path).encode() + b'"}  \n\t'
     args = ["createContainer", "--folder", STAGE, "--link", "a b\x01\u00fc::/x"]
-    handover(front, bundle, "an argument only gpuctk-hook reads", args, state=state)
+    handover(front, bundle, "a --link only gpuctk-hook reads", args, state=state)
 
 
 # ---- each reason to hand over ---------------------------------------------------------------
@@ -389,7 +389,10 @@ def test_ldcache_disabled_skips_the_image(front: Front, bundle: Bundle) -> None:
 @pytest.mark.parametrize(
     ("args", "why"),
     [
-        ([*ARGS, "--link", "a::b"], "an argument only gpuctk-hook reads"),
+        ([*ARGS, "--link", "a::b"], "a --link only gpuctk-hook reads"),
+        ([*ARGS, "--link", "/a:/b"], "a --link only gpuctk-hook reads"),
+        ([*ARGS, "--link"], "an argument only gpuctk-hook reads"),
+        (["disable-device-node-modification", "--link", "/a::/b"], "a --link only"),
         ([*ARGS, "--folder"], "an argument only gpuctk-hook reads"),
         ([*ARGS, "--help"], "an argument only gpuctk-hook reads"),
         ([*ARGS, "--folder=/x"], "an argument only gpuctk-hook reads"),
@@ -881,3 +884,169 @@ def test_guard_params_too_big(front: Front, bundle: Bundle, tmp_path: Path) -> N
     g = guard_run(front, bundle, tmp_path, GUARD_ARGS[0], text, "proc")
     assert g.ran and "the device node guard" in g.stderr
     assert g.mounts == "" and not g.leftover
+
+
+# ---- the spec's links (folder mode's firmware and config files) ---------------------------
+
+FILES = "/usr/local/nvidia/files"
+ICD = "/usr/share/vulkan/icd.d/nvidia_icd.json"
+OPENCL = "/etc/OpenCL/vendors/nvidia.icd"
+
+
+def link_args(*paths: str) -> list[str]:
+    out = [*ARGS]
+    for path in paths:
+        out += ["--link", f"{FILES}{path}::{path}"]
+    return out
+
+
+def staged_files(root: Path, *paths: str) -> None:
+    for path in paths:
+        put(root, FILES + path, b"driver's " + path.encode())
+
+
+def test_links_made_in_the_root(front: Front, bundle: Bundle) -> None:
+    staged_files(bundle.root, ICD, OPENCL)
+    (bundle.root / "etc").mkdir(exist_ok=True)
+    served(run(front, bundle, link_args(ICD, OPENCL)))
+    for path in (ICD, OPENCL):
+        made = bundle.root / path.lstrip("/")
+        assert os.readlink(made) == FILES + path
+        assert (
+            bundle.root / (FILES + path).lstrip("/")
+        ).read_bytes() == b"driver's " + path.encode()
+    for folder in ("usr/share/vulkan", "usr/share/vulkan/icd.d", "etc/OpenCL/vendors"):
+        assert (bundle.root / folder).stat().st_mode & 0o7777 == 0o755 & ~current_umask()
+    served(run(front, bundle, link_args(ICD, OPENCL)))  # a restart: already made
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_link_to_a_target_not_in_the_root_is_skipped(front: Front, bundle: Bundle) -> None:
+    served(run(front, bundle, link_args(ICD)))
+    assert not (bundle.root / "usr/share/vulkan").exists()
+
+
+def test_links_disabled(front: Front, bundle: Bundle) -> None:
+    staged_files(bundle.root, ICD)
+    served(run(front, bundle, [*link_args(ICD), "--disable-hook", "create-symlinks"]))
+    assert not (bundle.root / "usr/share/vulkan").exists()
+
+
+@pytest.mark.parametrize("kind", ["file", "other link", "folder", "fifo"])
+def test_link_over_an_image_entry_is_gpuctk_hooks(front: Front, bundle: Bundle, kind: str) -> None:
+    """Anything in the way is left to gpuctk-hook (which leaves it alone, with a warning)."""
+    staged_files(bundle.root, ICD)
+    there = bundle.root / ICD.lstrip("/")
+    there.parent.mkdir(parents=True)
+    if kind == "file":
+        there.write_bytes(b"the image's")
+    elif kind == "other link":
+        there.symlink_to("/elsewhere")
+    elif kind == "folder":
+        there.mkdir()
+    else:
+        os.mkfifo(there)
+    before = there.lstat()
+    handover(front, bundle, "a --link gpuctk-hook makes", link_args(ICD))
+    after = there.lstat()
+    assert (after.st_ino, after.st_mode, after.st_mtime_ns) == (
+        before.st_ino, before.st_mode, before.st_mtime_ns)  # fmt: skip
+
+
+def test_link_folders_follow_image_links_inside_the_root(
+    front: Front, bundle: Bundle, tmp_path: Path
+) -> None:
+    """An image's /usr/share that links to a host folder by absolute path: the folders are
+    made inside the root, at that path, and the host folder stays empty."""
+    host = tmp_path / "host-share"
+    host.mkdir()
+    staged_files(bundle.root, ICD)
+    link(bundle.root, "/usr/share", str(host))
+    (bundle.root / str(host).lstrip("/")).mkdir(parents=True)
+    served(run(front, bundle, link_args(ICD)))
+    assert list(host.iterdir()) == []
+    made = bundle.root / str(host).lstrip("/") / "vulkan/icd.d/nvidia_icd.json"
+    assert os.readlink(made) == FILES + ICD
+
+
+@pytest.mark.parametrize("parent", ["a file", "a dangling link", "a link loop"])
+def test_link_folder_that_cannot_be_made(front: Front, bundle: Bundle, parent: str) -> None:
+    staged_files(bundle.root, ICD)
+    where = "/usr/share/vulkan"
+    if parent == "a file":
+        put(bundle.root, where, b"x")
+    elif parent == "a dangling link":
+        link(bundle.root, where, "/nowhere/at/all")
+    else:
+        link(bundle.root, where, where)
+    handover(front, bundle, "a --link gpuctk-hook makes", link_args(ICD))
+    assert not (bundle.root / "nowhere").exists()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        f"libx.so::{ICD}",  # a relative target: gpuctk-hook resolves it
+        f"{FILES}{ICD}::usr/share/x",
+        f"{FILES}/../x::{ICD}",
+        f"{FILES}{ICD}::/usr/share/./x",
+        f"{FILES}{ICD}::/usr//x",
+        f"{FILES}{ICD}::/usr/x/",
+        f"{FILES}{ICD}::/",
+        f"::{ICD}",
+        f"{FILES}{ICD}::",
+    ],
+)
+def test_link_that_is_not_plain(front: Front, bundle: Bundle, value: str) -> None:
+    staged_files(bundle.root, ICD)
+    handover(front, bundle, "a --link only gpuctk-hook reads", [*ARGS, "--link", value])
+    assert not (bundle.root / "usr/share/vulkan").exists()
+
+
+def test_too_many_links(front: Front, bundle: Bundle) -> None:
+    args = [*ARGS]
+    for i in range(257):
+        args += ["--link", f"{FILES}/x{i}::/x{i}"]
+    handover(front, bundle, "a --link only gpuctk-hook reads", args)
+
+
+LINK_SCRIPT = r"""set -e
+root=$1 vol=$2 how=$3; shift 3
+if [ "$how" = volume ]; then mount --bind "$vol" "$root/usr/share"; fi
+if [ "$how" = read-only ]; then mount --bind "$root" "$root"; mount -o remount,bind,ro "$root"; fi
+set +e
+"$@"
+"""
+
+
+@guarded
+@pytest.mark.parametrize("how", ["volume", "read-only"])
+def test_links_never_written_outside_the_roots_own_mount(
+    front: Front, bundle: Bundle, tmp_path: Path, how: str
+) -> None:
+    """A folder on another mount (a volume at /usr/share) or a read-only root: nothing is
+    written here; gpuctk-hook gets it (and skips those links with a warning)."""
+    staged_files(bundle.root, ICD)
+    vol = tmp_path / "volume"
+    vol.mkdir()
+    (bundle.root / "usr/share").mkdir(exist_ok=True)
+    script = tmp_path / "links.sh"
+    script.write_text(LINK_SCRIPT)
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "GPUCTK_DRIVER_VERSION": DRIVER,
+           "GPUCTK_HOOK_FRONT_TRACE": "1",
+           "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "detect_leaks=0")}  # fmt: skip
+    cmd = ["unshare", "-m", "--propagation", "private", "sh", str(script), str(bundle.root)]
+    cmd += [str(vol), how, str(front.exe), *link_args(ICD)]
+    done = subprocess.run(cmd, env=env, input=state_for(bundle.path), capture_output=True,
+                          timeout=TIMEOUT, check=False)  # fmt: skip
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode == 0, err
+    assert "gpuctk-cdi-hook: gpuctk-hook: a --link gpuctk-hook makes" in err, err
+    assert (front.folder / "stdin").read_bytes() == state_for(bundle.path)
+    assert list(vol.iterdir()) == []
+    assert not (bundle.root / "usr/share/vulkan").exists()
