@@ -8,8 +8,11 @@ runc, its own store, overlay, cgroupfs; the debian test image) alternated round 
 
 - no device          the same command without --device: the baseline;
 - default spec       `gpuctk cdi generate` with no mode flag (auto: the folder spec of every
-                     capability, its one hook entry the compiled gpuctk-cdi-hook, which
-                     leaves the debian test image alone);
+                     capability: 3 mounts, its one hook entry the compiled
+                     gpuctk-cdi-hook, which links the 13 firmware and config files from the
+                     stage and leaves the debian test image's loader alone);
+- default, mounted   the same with `--disable-hook create-symlinks`: those 13 files mounted
+                     one by one (16 mounts), the hook entry otherwise the same;
 - hook spec          `gpuctk cdi generate --library-mode hook`: the driver
                      files at their host paths and one gpuctk-hook process for the SONAME
                      links and the ld cache;
@@ -80,8 +83,9 @@ def make_specs(
     roots = make_node_roots(work / "node", load_profile("l4"))
     specs: dict[str, Path] = {"no device": work / "empty"}
     specs["no device"].mkdir()
-    for case, mode, caps, folders in (
+    for case, mode, caps, folders, *more in (
         ("default spec", "", "all", ""),
+        ("default, mounted", "", "all", "", "--disable-hook", "create-symlinks"),
         ("hook spec", "hook", "all", "triplet,lib64"),
         ("mounts spec", "mounts", "all", "triplet,lib64"),
         ("mounts, compute", "mounts", "utility,compute", "triplet,lib64"),
@@ -97,7 +101,7 @@ def make_specs(
              "--proc-root", str(roots.proc_root), "--sys-root", str(roots.sys_root),
              "--hook-path", str(bindir / "gpuctk-hook"),
              *(["--library-mode", mode] if mode else []), "--driver-capabilities", caps, *where,
-             *(["--loader-folders", folders] if folders else []),
+             *(["--loader-folders", folders] if folders else []), *more,
              "--output", str(folder / "nvidia.json")],
             check=True, capture_output=True,
         )  # fmt: skip

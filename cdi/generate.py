@@ -21,6 +21,8 @@ from gpuctk.cdi.node.devnodes import NodeInfo
 from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles
 from gpuctk.cdi.node.machine import Gpu, Machine, MigDevice
 from gpuctk.cdi.specs.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
+from gpuctk.cdi.stage import FILES as STAGE_FILES
+from gpuctk.cdi.stage import linked_files
 from gpuctk.errors import NoDevicesError, UsageError
 from gpuctk.records import record, replace
 
@@ -158,6 +160,9 @@ def common_edits(
             mounts[folder] = Mount(f"{opts.stage_path}/lib64", folder, READ_ONLY)
         others = others[1:]
         hooks = () if "all" in opts.disabled_hooks else (_stage_hook(machine, files, opts),)
+        if hooks and "create-symlinks" not in opts.disabled_hooks:  # the rest: _stage_hook's links
+            linked = {f.container_path for f in linked_files(files)}
+            others = tuple(tuple(f for f in g if f.container_path not in linked) for g in others)
     else:
         hooks = () if "all" in opts.disabled_hooks else (_hook(machine, files, opts),)
         others = (files.libraries, *others)
@@ -206,13 +211,17 @@ def _hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
 
 
 def _stage_hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
-    """Folder mode's createContainer entry: the stage's library folders, for the images whose
+    """Folder mode's createContainer entry: a link to each firmware and config file in the
+    stage's files/ folder (gpuctk.cdi.stage), the stage's library folders, for the images whose
     loader the stage's mounts do not serve (gpuctk-cdi-hook decides in C and hands those to
     gpuctk-hook: hook/cdihook.c), and the device node guard. Named gpuctk-hook itself where
     no front was built."""
     folders = ["lib64", *(["lib"] if any(f.capability == caps.COMPAT32 for f in
                files.libraries) else [])]  # fmt: skip
     args = ["gpuctk-hook", "createContainer"]
+    linked = linked_files(files) if "create-symlinks" not in opts.disabled_hooks else ()
+    for path in sorted({posixpath.normpath(f.container_path) for f in linked}):
+        args += ["--link", f"{STAGE_PATH}/{STAGE_FILES}{path}::{path}"]
     for sub in folders if "update-ldcache" not in opts.disabled_hooks else ():
         args += ["--folder", f"{STAGE_PATH}/{sub}"]
     for name in (n for n in HOOK_ACTIONS if n in opts.disabled_hooks):

@@ -10,6 +10,8 @@ the spec mounts that folder at /usr/local/nvidia, read-only (and its lib64/ twic
     /usr/local/nvidia/lib64/   64-bit libraries (versioned files, SONAME links, libcuda.so)
     /usr/local/nvidia/lib/     32-bit libraries (compat32)
     /usr/local/nvidia/bin/     nvidia-smi, nvidia-debugdump, the MPS binaries, ...
+    /usr/local/nvidia/files/   the firmware and config files, each at its container path
+                               (files/usr/share/vulkan/icd.d/nvidia_icd.json, ...)
 
 That is the layout GKE mounts and that nvidia-docker 1.0's volume had, and the one every
 nvidia/cuda and NGC image still searches: their image config sets
@@ -19,7 +21,14 @@ images that set their own), so for every other image the stage's lib64/ is mount
 time (x86-64), where glibc 2.33+ looks when its ld cache has no entry: the glibc-hwcaps level
 folder of each loader family, /usr/lib/<triplet>/glibc-hwcaps/x86-64-v2 and
 /usr/lib64/glibc-hwcaps/x86-64-v2 (gpuctk.cdi.libmounts.hwcaps_dirs; `--loader-folders`
-chooses the families). Three mounts in all. An image with an older glibc and no such
+chooses the families). Three mounts in all. The firmware and config files (the OpenCL, Vulkan,
+EGL and GLVND files, the application profiles, the Xorg modules, the GSP firmware: 13 on an
+L4 of the 535 driver) are not mounted one by one: the spec's hook entry makes each a symlink
+into files/ (`--link /usr/local/nvidia/files/PATH::PATH`), which costs an engine next to
+nothing per file, where each mount costs it a few milliseconds (docs/benchmarks.md). runc and
+crun run createContainer hooks before they make a root read-only, so a read-only container
+gets them too. With `--disable-hook create-symlinks` (or `all`) they are mounted as in the
+other modes. An image with an older glibc and no such
 LD_LIBRARY_PATH (Ubuntu 20.04, Debian 11, UBI 8 bases) finds no driver library in an engine
 that applies CDI itself; through gpuctk-runtime it does (the shim adds the stage to the
 image's ld cache: gpuctk.hook.shimroot).
@@ -59,19 +68,28 @@ from collections.abc import Callable
 
 from gpuctk.cdi.libmounts import names_of
 from gpuctk.cdi.node import capabilities as caps
-from gpuctk.cdi.node.driverfiles import DriverFiles
+from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles
 from gpuctk.errors import InputError, OutputError
 from gpuctk.fs import private_folder, stat_identity
 
-LAYOUT = "gpuctk-stage-1"  # bump when the layout below changes
+LAYOUT = "gpuctk-stage-2"  # bump when the layout below changes
+
+
+FILES = "files"  # the stage's folder of firmware and config files, at their container paths
+
+
+def linked_files(files: DriverFiles) -> tuple[DriverFile, ...]:
+    """The files a folder spec links into the container from the stage's files/ folder."""
+    return (*files.firmware, *files.configs)
 
 
 def plan(files: DriverFiles) -> tuple[dict[str, str], dict[str, str]]:
     """(copies, links) of a stage: {stage-relative path: host file} and {stage-relative link:
     its relative target}. Libraries go to lib64/ (lib/ for compat32) under their own file
     names, with each of their names (gpuctk.cdi.libmounts.names_of: SONAME, libcuda.so, the
-    gbm/vdpau backends) as a link; binaries to bin/ under their container names. The first
-    library to claim a name keeps it, as in the other modes."""
+    gbm/vdpau backends) as a link; binaries to bin/ under their container names; firmware and
+    configs to files/ at their container paths. The first library to claim a name keeps it,
+    as in the other modes."""
     copies: dict[str, str] = {}
     links: dict[str, str] = {}
     for lib in files.libraries:
@@ -87,6 +105,8 @@ def plan(files: DriverFiles) -> tuple[dict[str, str], dict[str, str]]:
                 links[link] = posixpath.relpath(path, posixpath.dirname(link))
     for binary in files.binaries:
         copies.setdefault(f"bin/{posixpath.basename(binary.container_path)}", binary.host_path)
+    for f in linked_files(files):
+        copies.setdefault(FILES + posixpath.normpath(f.container_path), f.host_path)
     return copies, links
 
 

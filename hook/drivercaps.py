@@ -12,7 +12,8 @@ file name (gpuctk.cdi.node.capabilities.capability_of); a 32-bit library (in an 
 or
 in /usr/lib or /lib when the spec also mounts libraries from /usr/lib64 or /lib64) needs
 `compat32` as well as its own capability. The hook's `--link TARGET::LINK` arguments whose
-target is a dropped file (or a dropped link) are dropped too.
+LINK is such a file (a folder spec links its config files from the stage: gpuctk.cdi.stage)
+or whose target is a dropped file (or a dropped link) are dropped too.
 """
 
 from __future__ import annotations
@@ -104,11 +105,20 @@ def _link_pairs(args: list[str]) -> Iterable[tuple[int, int, str, str]]:
         i = stop
 
 
-def _filter_links(args: list[str], dropped: set[str]) -> list[str]:
-    """`args` without the --link arguments whose target resolves into `dropped` (which grows
-    with every dropped link, so chains libcuda.so -> libcuda.so.1 -> file all go)."""
+def _filter_links(
+    args: list[str], dropped: set[str], selected: frozenset[str], lib64: bool
+) -> list[str]:
+    """`args` without the --link arguments whose LINK is a file `selected` does not cover (a
+    folder spec's links to its staged config files) or whose target resolves into `dropped`
+    (which grows with every dropped link, so chains libcuda.so -> libcuda.so.1 -> file all
+    go)."""
     pairs = list(_link_pairs(args))
     drop_spans: set[int] = set()
+    for start, _stop, _target, link in pairs:
+        needed = file_capabilities({"containerPath": posixpath.normpath(link)}, lib64)
+        if not all(c in selected for c in needed):
+            drop_spans.add(start)
+            dropped.add(posixpath.normpath(link))
     changed = True
     while changed:
         changed = False
@@ -156,8 +166,10 @@ def filter_edits(edits: Mapping[str, Any], selected: frozenset[str]) -> dict[str
     The input is not modified; unchanged parts are shared with it."""
     out = dict(edits)
     mounts = edits.get("mounts")
-    if not isinstance(mounts, list) or selected >= frozenset(caps.ALL):
+    if selected >= frozenset(caps.ALL):
         return out
+    if not isinstance(mounts, list):
+        mounts = []
     lib64 = any(
         isinstance(m, dict)
         and isinstance(m.get("containerPath"), str)
@@ -173,18 +185,18 @@ def filter_edits(edits: Mapping[str, Any], selected: frozenset[str]) -> dict[str
             kept.append(mount)
         else:
             dropped.add(posixpath.normpath(mount["containerPath"]))
-    if not dropped:
-        return out
-    out["mounts"] = kept
+    if dropped:
+        out["mounts"] = kept
     hooks = edits.get("hooks")
     if isinstance(hooks, list):
         new_hooks = []
         for hook in hooks:
             args = hook.get("args") if isinstance(hook, dict) else None
             if isinstance(args, list) and all(isinstance(a, str) for a in args):
-                filtered = _filter_links(args, dropped)
+                filtered = _filter_links(args, dropped, selected, lib64)
                 if filtered is not args:
                     hook = {**hook, "args": filtered}
             new_hooks.append(hook)
-        out["hooks"] = new_hooks
+        if any(a is not b for a, b in zip(new_hooks, hooks, strict=True)):
+            out["hooks"] = new_hooks
     return out

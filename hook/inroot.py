@@ -15,6 +15,10 @@ from gpuctk import rootfs
 from gpuctk.errors import UsageError
 from gpuctk.log import hook as hooklog
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 LD_CONF_DIR = "/etc/ld.so.conf.d"
 LD_CONF_FILE = LD_CONF_DIR + "/00-gpuctk.conf"  # "00-": driver folders come first
 LD_SO_CONF = "/etc/ld.so.conf"
@@ -47,8 +51,11 @@ def check_folder(folder: str) -> str:
     return posixpath.normpath(folder)
 
 
-def create_symlinks(root_fd: int, links: list[tuple[str, str]]) -> int:
-    """Create each LINK -> TARGET whose target exists inside the root; returns how many changed.
+def create_symlinks(
+    root_fd: int, links: list[tuple[str, str]], present: Callable[[str], bool] | None = None
+) -> int:
+    """Create each LINK -> TARGET whose target exists inside the root (or, before the runtime
+    has mounted it there, for which `present(target)` says it will); returns how many changed.
     An existing symlink is replaced; an existing file or folder is never touched; a link in a
     folder on another mount (a bind mount or volume) or a read-only one is skipped, with a
     warning: the driver's own folder mounted whole already has its links."""
@@ -57,7 +64,9 @@ def create_symlinks(root_fd: int, links: list[tuple[str, str]]) -> int:
         resolved = (
             target if target.startswith("/") else posixpath.join(posixpath.dirname(link), target)
         )
-        if rootfs.stat_in_root(root_fd, resolved) is None:
+        if present is not None and not present(resolved):
+            continue
+        if present is None and rootfs.stat_in_root(root_fd, resolved) is None:
             hooklog.log(
                 "debug", f"skip {link} -> {target}: target not in the container", to_stderr=False
             )

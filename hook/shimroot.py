@@ -22,7 +22,9 @@ LD_LIBRARY_PATH, and names one entry of the stage's folders (`gpuctk-cdi-hook cr
 shim does that entry's work, drops it, and adds the folder's libraries to the image's ld cache the
 same way (entries under /usr/local/nvidia/lib64, and lib for 32-bit, with the folders in the
 ld.so.conf.d file), so that every glibc image with a cache loads the driver, not only the ones
-that set LD_LIBRARY_PATH. The stage's SONAME links are read on the host, never in the image.
+that set LD_LIBRARY_PATH, and makes the entry's links to the stage's firmware and config files
+(`--link /usr/local/nvidia/files/PATH::PATH`) as the entry would. The stage's SONAME links are
+read on the host, never in the image.
 
 Writes go through gpuctk.rootfs (resolved inside the root, never following the image's
 symlinks out of it). Anything this cannot do exactly as the hook would (an option other than
@@ -81,9 +83,24 @@ def _stage_hook(hook: Any) -> bool:
         return False
     pairs = list(zip(args[2::2], args[3::2], strict=True))
     return all(
-        (k == "--folder" and v in STAGE_LIBS) or (k == "--disable-hook" and v in nodeguard.ACTIONS)
+        (k == "--folder" and v in STAGE_LIBS)
+        or (k == "--disable-hook" and v in nodeguard.ACTIONS)
+        or (k == "--link" and _stage_link(v) is not None)
         for k, v in pairs
     )
+
+
+def _stage_link(value: str) -> tuple[str, str] | None:
+    """(target, link) of a folder spec's `--link`: a staged file at its own container path."""
+    target, sep, link = value.partition("::")
+    plain = link.startswith("/") and posixpath.normpath(link) == link and "\0" not in link
+    return (target, link) if sep and plain and target == STAGE_FILES + link else None
+
+
+def _stage_links(hook: Any) -> list[tuple[str, str]]:
+    args = hook["args"]
+    pairs = zip(args[2::2], args[3::2], strict=True)
+    return [link for k, v in pairs if k == "--link" and (link := _stage_link(v)) is not None]
 
 
 class _Fallback(Exception):
@@ -118,7 +135,10 @@ def take_over(
         cached = "update-ldcache" in off or _cache_stage(
             config, bundle, prep["stage"], debug, bundle_fd, "enable-cuda-compat" not in off
         )
-        if staged and cached:  # the entry's work is done: it need not run
+        links = _stage_links(staged[0]) if staged and "create-symlinks" not in off else []
+        stage = _by_dest(edits)[STAGE_PATH]["hostPath"]
+        linked = not links or _link_staged(config, bundle, links, stage, debug, bundle_fd)
+        if staged and cached and linked:  # the entry's work is done: it need not run
             edits = edits.copy()
             edits["hooks"] = [h for h in hooks if h not in staged]
         return nodeguard.guard(edits, staged, protect, debug, taken=cached, params=params)
@@ -188,6 +208,7 @@ def prepare(edits: EditsDoc) -> dict[str, Any]:
 
 
 STAGE_PATH = "/usr/local/nvidia"  # gpuctk.cdi.generate.STAGE_PATH
+STAGE_FILES = STAGE_PATH + "/files"  # gpuctk.cdi.stage.FILES
 STAGE_FOLDERS = ("lib64", "lib")
 STAGE_LIBS = tuple(f"{STAGE_PATH}/{sub}" for sub in STAGE_FOLDERS)
 
@@ -240,9 +261,47 @@ def _cache_stage(
     return True
 
 
+def _link_staged(
+    config: dict[str, Any],
+    bundle: str,
+    links: list[tuple[str, str]],
+    stage: str,
+    debug: Callable[[str], None],
+    bundle_fd: int | None = None,
+) -> bool:
+    """Make a folder spec's links to its staged files in the container root, as the entry
+    would (gpuctk.hook.inroot.create_symlinks), each whose file the host's `stage` holds
+    (runc mounts the stage after this); False when the entry must run after all."""
+
+    def present(target: str) -> bool:
+        return os.path.isfile(stage + target[len(STAGE_PATH) :])
+
+    try:
+        root_fd = _open_root(config, bundle, bundle_fd)
+        try:
+            inroot.create_symlinks(root_fd, links, present)
+        finally:
+            os.close(root_fd)
+    except (rootfs.InRootError, OSError, ValueError) as exc:
+        debug(f"the stage's links left to the hook: {exc}")
+        return False
+    return True
+
+
 def _open_glibc_root(config: dict[str, Any], bundle: str, bundle_fd: int | None = None) -> int:
     """The container root, opened (the caller closes it); _Fallback for a musl image. A
     relative root.path is opened from `bundle_fd` when given."""
+    root_fd = _open_root(config, bundle, bundle_fd)
+    try:
+        if inroot.has_runnable_musl(root_fd):
+            raise _Fallback("a musl loader in the image")
+    except BaseException:
+        os.close(root_fd)
+        raise
+    return root_fd
+
+
+def _open_root(config: dict[str, Any], bundle: str, bundle_fd: int | None = None) -> int:
     from gpuctk.hook import oci_state
 
     path = oci_state.rootfs_path(config, bundle)
@@ -258,12 +317,6 @@ def _open_glibc_root(config: dict[str, Any], bundle: str, bundle_fd: int | None 
             raise rootfs.InRootError(
                 f"cannot open container root {path}: {os.strerror(err)}", err
             ) from exc
-    try:
-        if inroot.has_runnable_musl(root_fd):
-            raise _Fallback("a musl loader in the image")
-    except BaseException:
-        os.close(root_fd)
-        raise
     return root_fd
 
 

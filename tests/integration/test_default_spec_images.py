@@ -238,10 +238,16 @@ def test_the_default_spec_is_a_folder_spec_with_the_front(world: World) -> None:
     (hook,) = hooks
     assert hook["hookName"] == "createContainer"
     assert hook["path"].endswith("/gpuctk-cdi-hook") and os.access(hook["path"], os.X_OK)
-    assert hook["args"] == ["gpuctk-cdi-hook", "createContainer", "--folder", f"{STAGE}/lib64"]
+    args = hook["args"]
+    assert args[:2] == ["gpuctk-cdi-hook", "createContainer"], args
+    assert args[-2:] == ["--folder", f"{STAGE}/lib64"], args
+    assert args[2:-2:2] == ["--link"] * ((len(args) - 4) // 2), args
+    linked = [v.partition("::")[2] for v in args[3:-2:2]]
+    assert args[3:-2:2] == [f"{STAGE}/files{p}::{p}" for p in linked]
+    assert {f"{d}/{n}" for d, names in DATA_FILES.items() for n in names} <= set(linked)
     paths = {m["containerPath"] for m in doc["containerEdits"]["mounts"]}
     hwcaps = {os.path.dirname(p) for p in (TRIPLET_HWCAPS, LIB64_HWCAPS)}
-    assert {STAGE, *hwcaps} <= paths, paths
+    assert paths == {STAGE, *hwcaps}, paths  # the firmware and config files: linked
 
 
 DATA_FILES = {  # the firmware and graphics data the default spec mounts, by folder
@@ -395,3 +401,57 @@ def test_under_the_shims_front_the_spec_entry_guards_the_params_file(
     assert done.returncode == 0, done.stderr
     assert PARAMS.replace(": 1", ": 0") in done.stdout, done.stdout
     assert "ModifyDeviceFiles: 1" not in done.stdout and "read-only" in done.stdout
+
+
+OPENCL_ICD = "/etc/OpenCL/vendors/nvidia.icd"
+VULKAN_ICD = "/usr/share/vulkan/icd.d/nvidia_icd.json"
+
+
+@pytest.mark.parametrize("caps", [None, "all"])
+@pytest.mark.parametrize("how", ["shim", "front"])
+def test_the_shim_links_the_files_the_capabilities_ask_for(
+    world: World,
+    shim_root: Callable[[str], Path],
+    tmp_path: Path,
+    driver_root: Path,
+    how: str,
+    caps: str | None,
+) -> None:
+    """Through the shim (Python's create or the compiled one) the default spec's links follow
+    NVIDIA_DRIVER_CAPABILITIES, as its mounts did: the OpenCL file for the default
+    (utility,compute), the Vulkan file too for `all`; each a link into the stage."""
+    env = [
+        PATH,
+        "NVIDIA_VISIBLE_DEVICES=0",
+        *([f"NVIDIA_DRIVER_CAPABILITIES={caps}"] if caps else []),
+    ]
+    if how == "shim":
+        bundle = make_bundle(tmp_path / "bundle", shim_root("plain"), ["/bin/true"], env=env)
+        config = shim_edit(bundle, world.podman.specs["default"], tmp_path / "state")
+    else:
+        bundle, config = front_edit(world, lambda: shim_root("plain"), tmp_path, env)
+    assert not {OPENCL_ICD, VULKAN_ICD} & {m["destination"] for m in config["mounts"]}
+    show = f'for f in {OPENCL_ICD} {VULKAN_ICD}; do echo "$f $(readlink $f) $(wc -c < $f)"; done'
+    done = runc_run(bundle, config, show, f"gpuctk-links-{os.getpid()}-{how}-{caps}")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    size = (driver_root / OPENCL_ICD.lstrip("/")).stat().st_size
+    assert f"{OPENCL_ICD} {STAGE}/files{OPENCL_ICD} {size}" in lines, done.stdout
+    vulkan = [ln for ln in lines if ln.startswith(VULKAN_ICD)]
+    if caps == "all":
+        assert vulkan[0].split()[1] == f"{STAGE}/files{VULKAN_ICD}", done.stdout
+    else:
+        assert vulkan == [f"{VULKAN_ICD}  "], done.stdout
+
+
+def test_a_read_only_root_gets_the_links_too(world: World, driver_root: Path) -> None:
+    """`podman run --read-only`: the runtime makes the root read-only after the
+    createContainer hooks have run, so the entry's links are made all the same."""
+    show = f"for f in {OPENCL_ICD} {VULKAN_ICD}; do readlink $f; wc -c < $f; done; touch /x"
+    p = world.podman.run(show + " 2>&1 || true", spec="default", extra=("--read-only",))
+    assert p.returncode == 0, p.stdout + p.stderr
+    want = []
+    for path in (OPENCL_ICD, VULKAN_ICD):
+        want += [f"{STAGE}/files{path}", str((driver_root / path.lstrip("/")).stat().st_size)]
+    assert p.stdout.splitlines()[:4] == want, p.stdout
+    assert "Read-only file system" in p.stdout, p.stdout

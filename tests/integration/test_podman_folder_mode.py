@@ -117,18 +117,42 @@ def test_three_mounts_no_hook_no_drm_node(podman: CdiPodman) -> None:
     assert (host / "lib64/libcuda.so.1").is_symlink() and (host / "bin/nvidia-smi").is_file()
 
 
-def test_the_default_folder_spec_names_the_compiled_front(podman: CdiPodman) -> None:
-    """Without --disable-hook all: the same mounts and one entry, gpuctk-cdi-hook beside the
-    gpuctk-hook given, with the stage's library folder and the driver version."""
+LINKED = ("/etc/OpenCL/vendors/nvidia.icd", *(f"{FIRMWARE}/{n}" for n in GSP))
+
+
+def test_the_default_folder_spec_names_the_compiled_front(
+    podman: CdiPodman, driver_root: Path
+) -> None:
+    """Without --disable-hook all: the stage's three mounts and one entry, gpuctk-cdi-hook
+    beside the gpuctk-hook given, with a link to each staged firmware and config file (the
+    hookless spec mounts those), the stage's library folder and the driver version."""
     doc, hookless = spec(podman, "front"), spec(podman)
-    assert doc["containerEdits"]["mounts"] == hookless["containerEdits"]["mounts"]
+    mounts = doc["containerEdits"]["mounts"]
+    assert mounts == [m for m in hookless["containerEdits"]["mounts"]
+                      if m["containerPath"] not in LINKED]  # fmt: skip
+    assert {m["containerPath"] for m in mounts} == {
+        STAGE,
+        HWCAPS,
+        "/usr/lib64/glibc-hwcaps/x86-64-v2",
+    }
     (hook,) = doc["containerEdits"]["hooks"]
     assert hook["path"].endswith("/gpuctk-cdi-hook") and os.access(hook["path"], os.X_OK)
-    assert hook["args"] == ["gpuctk-cdi-hook", "createContainer", "--folder", f"{STAGE}/lib64"]
+    links = [a for path in sorted(LINKED) for a in ("--link", f"{STAGE}/files{path}::{path}")]
+    assert hook["args"] == ["gpuctk-cdi-hook", "createContainer", *links,
+                            "--folder", f"{STAGE}/lib64"]  # fmt: skip
     assert "GPUCTK_DRIVER_VERSION=535.309.01" in hook["env"]
-    p = podman.run("LD_DEBUG=libs dlopen-test " + " ".join(LIBS) + " 2>&1", spec="front",
-                   image=IMAGE)  # fmt: skip
+    script = "LD_DEBUG=libs dlopen-test " + " ".join(LIBS) + " 2>&1; "
+    script += " ".join(f"echo LINK $(readlink {p}) $(md5sum < {p});" for p in LINKED)
+    p = podman.run(script, spec="front", image=IMAGE)
     assert p.returncode == 0 and all(f"OK {lib}" in p.stdout for lib in LIBS), p.stdout
+    got = [ln.split()[1:3] for ln in p.stdout.splitlines() if ln.startswith("LINK ")]
+    assert got == [
+        [
+            f"{STAGE}/files{path}",
+            hashlib.md5((driver_root / path.lstrip("/")).read_bytes()).hexdigest(),
+        ]
+        for path in LINKED
+    ], p.stdout
 
 
 def test_a_cuda_style_image_loads_the_driver(podman: CdiPodman, driver_root: Path) -> None:

@@ -126,3 +126,39 @@ def test_all_keeps_everything() -> None:
     original = edits()
     out = filter_edits(original, parse("all")[0])
     assert out == original
+
+
+def test_a_folder_specs_links_to_its_staged_files_follow_their_own_path() -> None:
+    """A folder spec mounts no config file: its hook links each from the stage's files/."""
+    files = "/usr/local/nvidia/files"
+    paths = {
+        "/usr/share/vulkan/icd.d/nvidia_icd.json": "graphics",
+        "/usr/lib/xorg/modules/drivers/nvidia_drv.so": "display",
+        "/etc/OpenCL/vendors/nvidia.icd": "compute",
+        "/lib/firmware/nvidia/535.309.01/gsp_ga10x.bin": "",
+    }
+    args = ["gpuctk-cdi-hook", "createContainer"]
+    for path in paths:
+        args += ["--link", f"{files}{path}::{path}"]
+    args += ["--folder", "/usr/local/nvidia/lib64"]
+    hook = {"hookName": "createContainer", "path": "/usr/bin/gpuctk-cdi-hook", "args": args}
+    edits = {"mounts": [m("/usr/local/nvidia")], "hooks": [hook]}
+    before = copy.deepcopy(edits)
+
+    def links(selected: set[str]) -> list[str]:
+        out = filter_edits(edits, frozenset(selected))
+        got = out["hooks"][0]["args"]
+        assert got[-2:] == ["--folder", "/usr/local/nvidia/lib64"]
+        assert out["mounts"] == edits["mounts"]
+        return [a.partition("::")[2] for a in got if "::" in a]
+
+    always = [p for p, c in paths.items() if not c]
+    assert links({"utility", "compute"}) == ["/etc/OpenCL/vendors/nvidia.icd", *always]
+    assert links({"utility"}) == always
+    assert links({"graphics"}) == ["/usr/share/vulkan/icd.d/nvidia_icd.json", *always]
+    assert links({"utility", "compute", "graphics", "video", "display", "ngx", "compat32"}) == list(
+        paths
+    )
+    assert edits == before
+    unchanged = filter_edits(edits, frozenset({"utility", "compute", "graphics", "display"}))
+    assert unchanged["hooks"] is edits["hooks"]
