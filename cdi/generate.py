@@ -212,7 +212,9 @@ def _hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
 
 def _stage_hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
     """Folder mode's createContainer entry: a link to each firmware and config file in the
-    stage's files/ folder (gpuctk.cdi.stage), the stage's library folders, for the images whose
+    stage's files/ folder (gpuctk.cdi.stage; a config file's only for a container whose
+    NVIDIA_DRIVER_CAPABILITIES asks for its capability), the stage's library folders, for the
+    images whose
     loader the stage's mounts do not serve (gpuctk-cdi-hook decides in C and hands those to
     gpuctk-hook: hook/cdihook.c), and the device node guard. Named gpuctk-hook itself where
     no front was built."""
@@ -220,8 +222,12 @@ def _stage_hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
                files.libraries) else [])]  # fmt: skip
     args = ["gpuctk-hook", "createContainer"]
     linked = linked_files(files) if "create-symlinks" not in opts.disabled_hooks else ()
-    for path in sorted({posixpath.normpath(f.container_path) for f in linked}):
-        args += ["--link", f"{STAGE_PATH}/{STAGE_FILES}{path}::{path}"]
+    for f in sorted(linked, key=lambda f: f.container_path):  # a config: its capability's
+        path = posixpath.normpath(f.container_path)
+        link = f"{STAGE_PATH}/{STAGE_FILES}{path}::{path}"
+        args += (
+            ["--link", link] if f.kind == "firmware" else ["--link-for", f"{f.capability}:{link}"]
+        )
     for sub in folders if "update-ldcache" not in opts.disabled_hooks else ():
         args += ["--folder", f"{STAGE_PATH}/{sub}"]
     for name in (n for n in HOOK_ACTIONS if n in opts.disabled_hooks):

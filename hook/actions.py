@@ -43,6 +43,7 @@ class Request:
         "folders",
         "ldconfig",
         "links",
+        "links_for",
         "mode",
         "paths",
         "run_ldconfig",
@@ -54,6 +55,7 @@ class Request:
         verb: str,
         *,
         links: list[str] | None = None,
+        links_for: list[str] | None = None,
         folders: list[str] | None = None,
         mode: str | None = None,
         paths: list[str] | None = None,
@@ -64,6 +66,7 @@ class Request:
     ) -> None:
         self.verb = verb
         self.links = list(links or [])
+        self.links_for = list(links_for or [])
         self.folders = list(folders or [])
         self.mode = mode
         self.paths = list(paths or [])
@@ -247,11 +250,17 @@ def run_request(req: Request, stdin: BinaryIO | None = None) -> None:
     for name in sorted(off - KNOWN_ACTIONS):
         hooklog.warning(f"{req.verb}: --disable-hook {name!r} ignored (written by a newer gpuctk?)")
     links = [] if "create-symlinks" in off else [inroot.parse_link(spec) for spec in req.links]
+    links_for = (
+        [] if "create-symlinks" in off else [inroot.parse_link_for(s) for s in req.links_for]
+    )
     folders = [inroot.check_folder(folder) for folder in req.folders]
     mode = inroot.parse_mode(req.mode) if req.mode is not None else None
     if req.paths and mode is None:
         raise UsageError(f"{req.verb}: --path needs --mode")
     config, root_path = locate(req.container_spec, stdin)
+    if links_for:  # those whose capability the container asks for (NVIDIA_DRIVER_CAPABILITIES)
+        asked = inroot.container_capabilities(config)
+        links += [(target, link) for cap, target, link in links_for if cap in asked]
     root_fd = rootfs.open_root(root_path)
     try:
         with mounts.writable_root(root_fd, root_path) as remounted:

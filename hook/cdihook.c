@@ -1,8 +1,8 @@
 /* gpuctk-cdi-hook: the compiled front of gpuctk-hook, named in the hook entry of gpuctk's CDI
  * specs (the default `--library-mode folder`).
  *
- *     gpuctk-cdi-hook createContainer [--link TARGET::LINK]... [--folder DIR]...
- *                     [--disable-hook NAME]...
+ *     gpuctk-cdi-hook createContainer [--link TARGET::LINK]... [--link-for CAP:TARGET::LINK]...
+ *                     [--folder DIR]... [--disable-hook NAME]...
  *     gpuctk-cdi-hook disable-device-node-modification [--disable-hook NAME]...
  *
  * It does what gpuctk-hook would do for the common image, in about a millisecond, and hands
@@ -11,7 +11,8 @@
  * the folder spec's mounts already put the driver where its loader looks (the stage at
  * /usr/local/nvidia for LD_LIBRARY_PATH, and in glibc-hwcaps/x86-64-v2 of both loader
  * families), and the entry's links (the stage's firmware and config files, each at its own
- * path) are made here. gpuctk-hook runs instead when any of these holds:
+ * path; a --link-for only when the container's NVIDIA_DRIVER_CAPABILITIES asks for CAP, as
+ * gpuctk.cdi.node.capabilities reads it) are made here. gpuctk-hook runs instead when any of these holds:
  *
  *   - another verb, any other argument, --help, --version, GPUCTK_HOOK_FRONT=off;
  *   - anything this program does not fully understand: the OCI state or config.json not the
@@ -831,6 +832,102 @@ out:
 
 #include "shimfront.c"
 
+/* ---- the container's capabilities ----------------------------------------------------------- */
+
+/* gpuctk.cdi.node.capabilities.ALL, in its order: bit i is CAPS[i] */
+static const char *const CAPS[] = { "utility", "compute", "video", "graphics", "display", "ngx",
+				    "compat32" };
+#define NCAPS (int)(sizeof CAPS / sizeof *CAPS)
+#define CAPS_ENV "NVIDIA_DRIVER_CAPABILITIES="
+
+static int cap_bit(const char *s, size_t n)
+{
+	for (int i = 0; i < NCAPS; i++)
+		if (strlen(CAPS[i]) == n && memcmp(CAPS[i], s, n) == 0)
+			return i;
+	return -1;
+}
+
+/* The member `name` of m: 0 none, 1 found (*at), -1 a key that is `name` in another case (runc
+ * folds case: gpuctk-hook decides). */
+static int member(struct member *m, size_t n, const char *name, struct span *at)
+{
+	size_t len = strlen(name);
+	int found = 0;
+	for (size_t i = 0; i < n; i++) {
+		if ((size_t)(m[i].key.end - m[i].key.p) != len || strncasecmp(m[i].key.p, name, len))
+			continue;
+		if (memcmp(m[i].key.p, name, len) != 0)
+			return -1;
+		*at = m[i].val;
+		found = 1;
+	}
+	return found;
+}
+
+/* The capabilities the container's NVIDIA_DRIVER_CAPABILITIES asks for, a bit each, as
+ * gpuctk.cdi.node.capabilities.parse_capabilities reads the last entry of process.env: unset
+ * or blank the default (utility, compute), `all` every one, other words ignored. -1 when the
+ * config is not plain enough to tell (an env entry with an escape, a key in another case). */
+static int container_caps(const char *doc, size_t len)
+{
+	struct member *top = NULL, *proc = NULL, *env = NULL;
+	size_t ntop, nproc, nenv;
+	struct span at, envs;
+	int rc = -1, found;
+	if (sf_items((struct span){ doc, doc + len }, 1, &top, &ntop) != 0)
+		return -1;
+	found = member(top, ntop, "process", &at);
+	if (found == 0)
+		rc = 1 << 0 | 1 << 1;
+	if (found != 1 || sf_kind(at) != '{' || sf_items(at, 1, &proc, &nproc) != 0)
+		goto out;
+	found = member(proc, nproc, "env", &envs);
+	if (found == 0 || (found == 1 && is_null(envs)))
+		rc = 1 << 0 | 1 << 1;
+	if (found != 1 || sf_kind(envs) != '[' || sf_items(envs, 0, &env, &nenv) != 0)
+		goto out;
+	const char *value = NULL;
+	size_t vlen = 0, plen = strlen(CAPS_ENV);
+	for (size_t i = 0; i < nenv; i++) {
+		const char *e;
+		size_t n;
+		if (sf_plain(env[i].val, &e, &n) != 0)
+			goto out; /* an escape may spell the variable */
+		if (n >= plen && memcmp(e, CAPS_ENV, plen) == 0) {
+			value = e + plen;
+			vlen = n - plen;
+		}
+	}
+	rc = 0;
+	int blank = 1;
+	for (size_t i = 0; value && i < vlen; i++)
+		blank = blank && value[i] == ' ';
+	for (size_t i = 0; value && !blank && i <= vlen;) {
+		size_t end = i;
+		while (end < vlen && value[end] != ',')
+			end++;
+		size_t a = i, b = end;
+		while (a < b && value[a] == ' ')
+			a++;
+		while (b > a && value[b - 1] == ' ')
+			b--;
+		if (b - a == 3 && memcmp(value + a, "all", 3) == 0)
+			rc = (1 << NCAPS) - 1;
+		int bit = cap_bit(value + a, b - a);
+		if (bit >= 0 && rc != (1 << NCAPS) - 1)
+			rc |= 1 << bit;
+		i = end + 1;
+	}
+	if (blank) /* unset, empty or spaces */
+		rc = 1 << 0 | 1 << 1;
+out:
+	free(top);
+	free(proc);
+	free(env);
+	return rc;
+}
+
 /* ---- the verbs ----------------------------------------------------------------------------- */
 
 int main(int argc, char **argv)
@@ -849,15 +946,31 @@ int main(int argc, char **argv)
 		python("GPUCTK_HOOK_FRONT=off");
 	const char *folders[16], *targets[MAX_LINKS];
 	char *paths[MAX_LINKS];
+	int needs[MAX_LINKS]; /* a --link-for's capability bit, -1 for a --link */
 	int nfolders = 0, nlinks = 0, off_ld = 0, off_compat = 0, off_guard = 0, off_links = 0;
 	for (int i = 2; i < argc; i++) {
 		int folder = strcmp(argv[i], "--folder") == 0, link = strcmp(argv[i], "--link") == 0;
-		if ((!folder && !link && strcmp(argv[i], "--disable-hook") != 0) || i + 1 >= argc)
+		int link_for = strcmp(argv[i], "--link-for") == 0;
+		if ((!folder && !link && !link_for && strcmp(argv[i], "--disable-hook") != 0) ||
+		    i + 1 >= argc)
 			python("an argument only gpuctk-hook reads");
 		char *v = argv[++i];
+		if ((link || link_for) && (!create || nlinks == MAX_LINKS))
+			python("a --link only gpuctk-hook reads");
+		if (link_for) { /* CAPABILITY:TARGET::LINK */
+			char *colon = strchr(v, ':');
+			int bit = colon ? cap_bit(v, (size_t)(colon - v)) : -1;
+			if (bit < 0 || colon[1] == ':')
+				python("a --link-for only gpuctk-hook reads");
+			v = colon + 1;
+			needs[nlinks] = bit;
+			link = 1;
+		} else if (link) {
+			needs[nlinks] = -1;
+		}
 		if (link) {
 			char *sep = strstr(v, "::");
-			if (!create || nlinks == MAX_LINKS || !sep)
+			if (!sep)
 				python("a --link only gpuctk-hook reads");
 			*sep = 0;
 			int plain = plain_path(v) && plain_path(sep + 2);
@@ -934,6 +1047,20 @@ int main(int argc, char **argv)
 				python(newer < 0 ? "/usr/local/cuda/compat could not be read"
 						 : "a newer CUDA compat libcuda");
 		}
+	}
+	int have = 0;
+	for (int i = 0; i < nlinks && !have; i++)
+		have = needs[i] >= 0;
+	if (have && !off_links) { /* a --link-for whose capability the container does not ask for: left out */
+		int caps = container_caps(doc, doclen), kept = 0;
+		if (caps < 0)
+			python("NVIDIA_DRIVER_CAPABILITIES could not be read");
+		for (int i = 0; i < nlinks; i++)
+			if (needs[i] < 0 || (caps >> needs[i] & 1)) {
+				targets[kept] = targets[i];
+				paths[kept++] = paths[i];
+			}
+		nlinks = kept;
 	}
 	if (!off_links && make_links(root, targets, paths, nlinks) != 0)
 		python("a --link gpuctk-hook makes");

@@ -1,8 +1,10 @@
 """NVIDIA_DRIVER_CAPABILITIES: which driver files a container gets.
 
 The reference toolkit ignores the variable in CDI mode and mounts every driver file; gpuctk
-honours it, as libnvidia-container does in legacy mode. Default (unset or empty):
-`utility,compute`; `all`: everything; unknown words are ignored (reported as notes).
+honours it, as libnvidia-container does in legacy mode (and a folder spec's hook entry honours
+it for the config files it links, in engines that apply the spec themselves too). Default
+(unset or empty): `utility,compute`; `all`: everything; unknown words are ignored (reported
+as notes).
 
 Only the spec-level edits are filtered, and within them only the mounts of driver libraries and
 binaries (and the graphics/display config files); device nodes, IPC sockets (mounted noexec),
@@ -12,8 +14,9 @@ file name (gpuctk.cdi.node.capabilities.capability_of); a 32-bit library (in an 
 or
 in /usr/lib or /lib when the spec also mounts libraries from /usr/lib64 or /lib64) needs
 `compat32` as well as its own capability. The hook's `--link TARGET::LINK` arguments whose
-LINK is such a file (a folder spec links its config files from the stage: gpuctk.cdi.stage)
-or whose target is a dropped file (or a dropped link) are dropped too.
+LINK is such a file or whose target is a dropped file (or a dropped link) are dropped too, and
+its `--link-for CAPABILITY:TARGET::LINK` arguments (a folder spec's links to its staged config
+files: gpuctk.cdi.stage) whose capability is not selected.
 """
 
 from __future__ import annotations
@@ -87,21 +90,27 @@ def file_capabilities(mount: Mapping[str, Any], lib64: bool) -> tuple[str, ...]:
     return ()
 
 
-def _link_pairs(args: list[str]) -> Iterable[tuple[int, int, str, str]]:
-    """(start, stop, target, link) of each --link argument in a hook's args."""
+def _link_pairs(args: list[str]) -> Iterable[tuple[int, int, str, str, str | None]]:
+    """(start, stop, target, link, capability) of each --link and --link-for argument in a
+    hook's args (capability None for a --link)."""
     i = 0
     while i < len(args):
-        arg = args[i]
-        if arg == "--link" and i + 1 < len(args):
-            value, stop = args[i + 1], i + 2
-        elif arg.startswith("--link="):
-            value, stop = arg[len("--link=") :], i + 1
-        else:
+        arg, cap = args[i], None
+        name, eq, inline = arg.partition("=")
+        if name not in ("--link", "--link-for"):
             i += 1
             continue
+        if eq:
+            value, stop = inline, i + 1
+        elif i + 1 < len(args):
+            value, stop = args[i + 1], i + 2
+        else:
+            break
+        if name == "--link-for":
+            cap, _, value = value.partition(":")
         target, sep, link = value.partition("::")
         if sep:
-            yield i, stop, target, link
+            yield i, stop, target, link, cap
         i = stop
 
 
@@ -114,15 +123,19 @@ def _filter_links(
     go)."""
     pairs = list(_link_pairs(args))
     drop_spans: set[int] = set()
-    for start, _stop, _target, link in pairs:
-        needed = file_capabilities({"containerPath": posixpath.normpath(link)}, lib64)
+    for start, _stop, _target, link, cap in pairs:
+        needed = (
+            (cap,)
+            if cap is not None
+            else file_capabilities({"containerPath": posixpath.normpath(link)}, lib64)
+        )
         if not all(c in selected for c in needed):
             drop_spans.add(start)
             dropped.add(posixpath.normpath(link))
     changed = True
     while changed:
         changed = False
-        for start, _stop, target, link in pairs:
+        for start, _stop, target, link, _cap in pairs:
             if start in drop_spans:
                 continue
             full = target if target.startswith("/") else posixpath.dirname(link) + "/" + target
@@ -133,7 +146,7 @@ def _filter_links(
     if not drop_spans:
         return args
     out: list[str] = []
-    spans = {start: stop for start, stop, _, _ in pairs if start in drop_spans}
+    spans = {start: stop for start, stop, *_ in pairs if start in drop_spans}
     i = 0
     while i < len(args):
         if i in spans:

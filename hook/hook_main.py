@@ -1,6 +1,7 @@
 """`gpuctk-hook`: the OCI hook binary named in gpuctk's CDI specs.
 
-    gpuctk-hook createContainer [--link TARGET::LINK]... [--folder DIR]... [--mode M --path P]...
+    gpuctk-hook createContainer [--link TARGET::LINK]... [--link-for CAP:TARGET::LINK]...
+                    [--folder DIR]... [--mode M --path P]...
                     [--disable-hook NAME]...          (an action left out: gpuctk.hook.actions)
     gpuctk-hook create-symlinks --link TARGET::LINK...        (nvidia-ctk hook verbs, one by one)
     gpuctk-hook update-ldcache --folder DIR...
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 _OPTIONS = {
     "createContainer": (
         "link",
+        "link-for",
         "folder",
         "mode",
         "path",
@@ -67,7 +69,8 @@ USAGE = """Usage: gpuctk-hook [OPTIONS] VERB [VERB OPTIONS]
   --container-spec PATH to a config.json) and works inside the container's root.
 
 Verbs:
-  createContainer [--link T::L]... [--folder DIR]... [--mode M --path P]...
+  createContainer [--link T::L]... [--link-for CAP:T::L]... [--folder DIR]...
+      [--mode M --path P]...     --link-for: when the container asks for CAP
   create-symlinks --link TARGET::LINK...     one step of createContainer
   update-ldcache --folder DIR...             one step of createContainer
   chmod --mode M --path P...                 one step of createContainer
@@ -122,6 +125,7 @@ def _request(verb: str, values: dict[str, list[str]]) -> Request:
     return Request(
         verb=verb,
         links=values.get("link", []),
+        links_for=values.get("link-for", []),
         folders=values.get("folder", []),
         mode=one("mode"),
         paths=values.get("path", []),

@@ -42,6 +42,29 @@ def parse_link(spec: str) -> tuple[str, str]:
     return target, posixpath.normpath(link)
 
 
+def parse_link_for(spec: str) -> tuple[str, str, str]:
+    """`CAPABILITY:TARGET::LINK` -> (capability, target, link). An unknown capability (a spec
+    of a newer gpuctk) is warned about: no container asks for it, so the link is never made."""
+    from gpuctk.cdi.node import capabilities as caps
+
+    cap, sep, rest = spec.partition(":")
+    if not sep or not cap or rest.startswith(":"):
+        raise UsageError(f"--link-for {spec!r}: expected CAPABILITY:TARGET::LINK")
+    if cap not in caps.ALL:
+        hooklog.warning(f"--link-for {spec!r}: unknown capability {cap!r} (link left out)")
+    return (cap, *parse_link(rest))
+
+
+def container_capabilities(config: object) -> frozenset[str]:
+    """What the container's NVIDIA_DRIVER_CAPABILITIES asks for (the last entry wins)."""
+    from gpuctk.cdi.node import capabilities as caps
+    from gpuctk.hook.requests import env_value
+
+    process = config.get("process") if isinstance(config, dict) else None
+    env = process.get("env") if isinstance(process, dict) else None
+    return caps.parse_capabilities(env_value(env, "NVIDIA_DRIVER_CAPABILITIES"))
+
+
 def check_folder(folder: str) -> str:
     """An absolute container folder that ld.so.conf and musl's path file can carry."""
     if not folder.startswith("/") or any(c in folder for c in "\0\n\r\t ,:"):

@@ -23,7 +23,8 @@ shim does that entry's work, drops it, and adds the folder's libraries to the im
 same way (entries under /usr/local/nvidia/lib64, and lib for 32-bit, with the folders in the
 ld.so.conf.d file), so that every glibc image with a cache loads the driver, not only the ones
 that set LD_LIBRARY_PATH, and makes the entry's links to the stage's firmware and config files
-(`--link /usr/local/nvidia/files/PATH::PATH`) as the entry would. The stage's SONAME links are
+(`--link /usr/local/nvidia/files/PATH::PATH`, `--link-for CAPABILITY:...` where the container's
+NVIDIA_DRIVER_CAPABILITIES asks for it) as the entry would. The stage's SONAME links are
 read on the host, never in the image.
 
 Writes go through gpuctk.rootfs (resolved inside the root, never following the image's
@@ -86,6 +87,7 @@ def _stage_hook(hook: Any) -> bool:
         (k == "--folder" and v in STAGE_LIBS)
         or (k == "--disable-hook" and v in nodeguard.ACTIONS)
         or (k == "--link" and _stage_link(v) is not None)
+        or (k == "--link-for" and _stage_link(v.partition(":")[2]) is not None)
         for k, v in pairs
     )
 
@@ -97,10 +99,17 @@ def _stage_link(value: str) -> tuple[str, str] | None:
     return (target, link) if sep and plain and target == STAGE_FILES + link else None
 
 
-def _stage_links(hook: Any) -> list[tuple[str, str]]:
-    args = hook["args"]
-    pairs = zip(args[2::2], args[3::2], strict=True)
-    return [link for k, v in pairs if k == "--link" and (link := _stage_link(v)) is not None]
+def _stage_links(hook: Any, config: dict[str, Any]) -> list[tuple[str, str]]:
+    """A folder spec entry's links for this container: each --link, and each --link-for whose
+    capability its NVIDIA_DRIVER_CAPABILITIES asks for."""
+    args, asked = hook["args"], inroot.container_capabilities(config)
+    out = []
+    for k, v in zip(args[2::2], args[3::2], strict=True):
+        cap, _, rest = v.partition(":") if k == "--link-for" else ("", "", v)
+        link = _stage_link(rest) if k in ("--link", "--link-for") else None
+        if link is not None and (k == "--link" or cap in asked):
+            out.append(link)
+    return out
 
 
 class _Fallback(Exception):
@@ -135,7 +144,7 @@ def take_over(
         cached = "update-ldcache" in off or _cache_stage(
             config, bundle, prep["stage"], debug, bundle_fd, "enable-cuda-compat" not in off
         )
-        links = _stage_links(staged[0]) if staged and "create-symlinks" not in off else []
+        links = _stage_links(staged[0], config) if staged and "create-symlinks" not in off else []
         stage = _by_dest(edits)[STAGE_PATH]["hostPath"]
         linked = not links or _link_staged(config, bundle, links, stage, debug, bundle_fd)
         if staged and cached and linked:  # the entry's work is done: it need not run
@@ -262,20 +271,13 @@ def _cache_stage(
 
 
 def _link_staged(
-    config: dict[str, Any],
-    bundle: str,
-    links: list[tuple[str, str]],
-    stage: str,
-    debug: Callable[[str], None],
-    bundle_fd: int | None = None,
-) -> bool:
+    config: dict[str, Any], bundle: str, links: list[tuple[str, str]], stage: str,
+    debug: Callable[[str], None], bundle_fd: int | None = None,
+) -> bool:  # fmt: skip
     """Make a folder spec's links to its staged files in the container root, as the entry
     would (gpuctk.hook.inroot.create_symlinks), each whose file the host's `stage` holds
     (runc mounts the stage after this); False when the entry must run after all."""
-
-    def present(target: str) -> bool:
-        return os.path.isfile(stage + target[len(STAGE_PATH) :])
-
+    present = lambda target: os.path.isfile(stage + target[len(STAGE_PATH) :])  # noqa: E731
     try:
         root_fd = _open_root(config, bundle, bundle_fd)
         try:

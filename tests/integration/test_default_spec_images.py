@@ -241,9 +241,13 @@ def test_the_default_spec_is_a_folder_spec_with_the_front(world: World) -> None:
     args = hook["args"]
     assert args[:2] == ["gpuctk-cdi-hook", "createContainer"], args
     assert args[-2:] == ["--folder", f"{STAGE}/lib64"], args
-    assert args[2:-2:2] == ["--link"] * ((len(args) - 4) // 2), args
-    linked = [v.partition("::")[2] for v in args[3:-2:2]]
-    assert args[3:-2:2] == [f"{STAGE}/files{p}::{p}" for p in linked]
+    pairs = list(zip(args[2:-2:2], args[3:-2:2], strict=True))
+    linked = {v.partition("::")[2]: (k, v) for k, v in pairs}
+    for path, (k, v) in linked.items():  # the firmware always, a config for its capability
+        want = "--link" if "/firmware/" in path else "--link-for"
+        assert k == want and v.endswith(f"{STAGE}/files{path}::{path}"), (k, v)
+    assert linked[VULKAN_ICD][1].startswith("graphics:")
+    assert linked[OPENCL_ICD][1].startswith("compute:")
     assert {f"{d}/{n}" for d, names in DATA_FILES.items() for n in names} <= set(linked)
     paths = {m["containerPath"] for m in doc["containerEdits"]["mounts"]}
     hwcaps = {os.path.dirname(p) for p in (TRIPLET_HWCAPS, LIB64_HWCAPS)}
@@ -262,7 +266,8 @@ DATA_FILES = {  # the firmware and graphics data the default spec mounts, by fol
 
 
 def test_firmware_and_graphics_data_arrive_whole(world: World, driver_root: Path) -> None:
-    p = world.podman.run(f"md5sum {' '.join(f'{d}/*' for d in DATA_FILES)}", spec="default")
+    p = world.podman.run(f"md5sum {' '.join(f'{d}/*' for d in DATA_FILES)}", spec="default",
+                         extra=("-e", "NVIDIA_DRIVER_CAPABILITIES=all"))  # fmt: skip
     assert p.returncode == 0, p.stdout + p.stderr
     got = dict(reversed(line.split()) for line in p.stdout.splitlines())
     want = {
@@ -448,10 +453,31 @@ def test_a_read_only_root_gets_the_links_too(world: World, driver_root: Path) ->
     """`podman run --read-only`: the runtime makes the root read-only after the
     createContainer hooks have run, so the entry's links are made all the same."""
     show = f"for f in {OPENCL_ICD} {VULKAN_ICD}; do readlink $f; wc -c < $f; done; touch /x"
-    p = world.podman.run(show + " 2>&1 || true", spec="default", extra=("--read-only",))
+    extra = ("--read-only", "-e", "NVIDIA_DRIVER_CAPABILITIES=graphics,compute")
+    p = world.podman.run(show + " 2>&1 || true", spec="default", extra=extra)
     assert p.returncode == 0, p.stdout + p.stderr
     want = []
     for path in (OPENCL_ICD, VULKAN_ICD):
         want += [f"{STAGE}/files{path}", str((driver_root / path.lstrip("/")).stat().st_size)]
     assert p.stdout.splitlines()[:4] == want, p.stdout
     assert "Read-only file system" in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize(
+    ("caps", "opencl", "vulkan"),
+    [(None, True, False), ("compute,utility", True, False), ("graphics", False, True),
+     ("all", True, True)],
+)  # fmt: skip
+def test_podman_links_the_files_the_capabilities_ask_for(
+    world: World, caps: str | None, opencl: bool, vulkan: bool
+) -> None:
+    """In an engine that applies the spec itself the config files follow the container's
+    NVIDIA_DRIVER_CAPABILITIES too (the hook entry decides), as through the shim; the firmware
+    is always there."""
+    firmware = "/lib/firmware/nvidia/535.309.01/gsp_ga10x.bin"
+    show = " ".join(f"test -e {p} && echo {p};" for p in (OPENCL_ICD, VULKAN_ICD, firmware))
+    extra = ("-e", f"NVIDIA_DRIVER_CAPABILITIES={caps}") if caps else ()
+    p = world.podman.run(show + " true", spec="default", extra=extra)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = set(p.stdout.split())
+    assert (OPENCL_ICD in lines, VULKAN_ICD in lines, firmware in lines) == (opencl, vulkan, True)

@@ -137,7 +137,10 @@ def test_the_default_folder_spec_names_the_compiled_front(
     }
     (hook,) = doc["containerEdits"]["hooks"]
     assert hook["path"].endswith("/gpuctk-cdi-hook") and os.access(hook["path"], os.X_OK)
-    links = [a for path in sorted(LINKED) for a in ("--link", f"{STAGE}/files{path}::{path}")]
+    links = []
+    for path in sorted(LINKED):  # the OpenCL file only for a container that asks for compute
+        link = f"{STAGE}/files{path}::{path}"
+        links += ["--link", link] if "/firmware/" in path else ["--link-for", f"compute:{link}"]
     assert hook["args"] == ["gpuctk-cdi-hook", "createContainer", *links,
                             "--folder", f"{STAGE}/lib64"]  # fmt: skip
     assert "GPUCTK_DRIVER_VERSION=535.309.01" in hook["env"]

@@ -1050,3 +1050,107 @@ def test_links_never_written_outside_the_roots_own_mount(
     assert (front.folder / "stdin").read_bytes() == state_for(bundle.path)
     assert list(vol.iterdir()) == []
     assert not (bundle.root / "usr/share/vulkan").exists()
+
+
+XORG = "/usr/lib/xorg/modules/drivers/nvidia_drv.so"
+LINKS_FOR = {"compute": OPENCL, "graphics": ICD, "display": XORG}
+
+
+def link_for_args() -> list[str]:
+    out = [*ARGS]
+    for cap, path in LINKS_FOR.items():
+        out += ["--link-for", f"{cap}:{FILES}{path}::{path}"]
+    return out
+
+
+def with_env(b: Bundle, env: list[str] | None, process: str = "process") -> None:
+    doc: dict[str, Any] = {"ociVersion": "1.0.2", "root": {"path": str(b.root)}}
+    if env is not None:
+        doc[process] = {"args": ["sh"], "env": env}
+    b.config(json.dumps(doc))
+
+
+@pytest.mark.parametrize(
+    ("env", "made"),
+    [
+        (None, {"compute"}),  # no process at all: the default
+        ([], {"compute"}),
+        (["PATH=/bin"], {"compute"}),
+        (["NVIDIA_DRIVER_CAPABILITIES="], {"compute"}),
+        (["NVIDIA_DRIVER_CAPABILITIES=   "], {"compute"}),
+        (["NVIDIA_DRIVER_CAPABILITIES= , "], set()),  # not blank: no word known
+        (["NVIDIA_DRIVER_CAPABILITIES=bogus"], set()),
+        (["NVIDIA_DRIVER_CAPABILITIES=utility"], set()),
+        (["NVIDIA_DRIVER_CAPABILITIES= graphics ,display"], {"graphics", "display"}),
+        (["NVIDIA_DRIVER_CAPABILITIES=compute,all"], {"compute", "graphics", "display"}),
+        (["NVIDIA_DRIVER_CAPABILITIES=all", "NVIDIA_DRIVER_CAPABILITIES=graphics"], {"graphics"}),
+        (["NVIDIA_DRIVER_CAPABILITIESX=all"], {"compute"}),
+        (["NVIDIA_DRIVER_CAPABILITIES=ALL"], set()),
+    ],
+)
+def test_link_for_follows_nvidia_driver_capabilities(
+    front: Front, bundle: Bundle, env: list[str] | None, made: set[str]
+) -> None:
+    """As gpuctk.cdi.node.capabilities.parse_capabilities reads the last entry."""
+    from gpuctk.cdi.node.capabilities import parse_capabilities
+    from gpuctk.hook.requests import env_value
+
+    expect = {
+        c
+        for c in LINKS_FOR
+        if c in parse_capabilities(env_value(env, "NVIDIA_DRIVER_CAPABILITIES"))
+    }
+    assert expect == made  # the table agrees with Python's reading
+    staged_files(bundle.root, *LINKS_FOR.values())
+    with_env(bundle, env)
+    served(run(front, bundle, link_for_args()))
+    got = {c for c, p in LINKS_FOR.items() if (bundle.root / p.lstrip("/")).is_symlink()}
+    assert got == made
+
+
+@pytest.mark.parametrize(
+    ("env", "process"),
+    [
+        (["NVIDIA_DRIVER_CAPABILITIES\\u003dall"], "process"),  # an escape may spell it
+        (["PATH=/bin", "caf\u00e9"], "process"),
+        (["NVIDIA_DRIVER_CAPABILITIES=all"], "Process"),  # runc folds case
+        ([7], "process"),
+    ],
+)
+def test_link_for_with_an_env_it_cannot_read(
+    front: Front, bundle: Bundle, env: list[Any], process: str
+) -> None:
+    staged_files(bundle.root, *LINKS_FOR.values())
+    doc = {"ociVersion": "1.0.2", "root": {"path": str(bundle.root)}, process: {"env": env}}
+    text = json.dumps(doc, ensure_ascii=False).replace("\\\\u003d", "\\u003d")
+    bundle.config(text.encode())
+    handover(front, bundle, "NVIDIA_DRIVER_CAPABILITIES could not be read", link_for_args())
+    assert not (bundle.root / ICD.lstrip("/")).exists()
+
+
+FOR_ONLY = "a --link-for only gpuctk-hook reads"
+LINK_ONLY = "a --link only gpuctk-hook reads"
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (f"{FILES}{ICD}::{ICD}", FOR_ONLY),
+        (f"bogus:{FILES}{ICD}::{ICD}", FOR_ONLY),  # a capability of a newer gpuctk
+        (f"graphics::{ICD}", FOR_ONLY),
+        (f":{FILES}{ICD}::{ICD}", FOR_ONLY),
+        (f"graphics:{FILES}{ICD}", LINK_ONLY),
+        (f"graphics:libx.so::{ICD}", LINK_ONLY),
+    ],
+)
+def test_link_for_that_is_not_plain(front: Front, bundle: Bundle, value: str, why: str) -> None:
+    staged_files(bundle.root, ICD)
+    handover(front, bundle, why, [*ARGS, "--link-for", value])
+    assert not (bundle.root / ICD.lstrip("/")).exists()
+
+
+def test_link_for_disabled_with_create_symlinks(front: Front, bundle: Bundle) -> None:
+    staged_files(bundle.root, *LINKS_FOR.values())
+    with_env(bundle, ["NVIDIA_DRIVER_CAPABILITIES=all"])
+    served(run(front, bundle, [*link_for_args(), "--disable-hook", "create-symlinks"]))
+    assert not (bundle.root / ICD.lstrip("/")).exists()

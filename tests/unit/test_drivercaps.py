@@ -129,7 +129,8 @@ def test_all_keeps_everything() -> None:
 
 
 def test_a_folder_specs_links_to_its_staged_files_follow_their_own_path() -> None:
-    """A folder spec mounts no config file: its hook links each from the stage's files/."""
+    """A folder spec mounts no config file: its hook links each from the stage's files/, a
+    --link-for naming the capability, which the shim's filter takes as a mount's."""
     files = "/usr/local/nvidia/files"
     paths = {
         "/usr/share/vulkan/icd.d/nvidia_icd.json": "graphics",
@@ -138,8 +139,9 @@ def test_a_folder_specs_links_to_its_staged_files_follow_their_own_path() -> Non
         "/lib/firmware/nvidia/535.309.01/gsp_ga10x.bin": "",
     }
     args = ["gpuctk-cdi-hook", "createContainer"]
-    for path in paths:
-        args += ["--link", f"{files}{path}::{path}"]
+    for path, cap in paths.items():  # a config file's link names its capability
+        link = f"{files}{path}::{path}"
+        args += ["--link-for", f"{cap}:{link}"] if cap else ["--link", link]
     args += ["--folder", "/usr/local/nvidia/lib64"]
     hook = {"hookName": "createContainer", "path": "/usr/bin/gpuctk-cdi-hook", "args": args}
     edits = {"mounts": [m("/usr/local/nvidia")], "hooks": [hook]}

@@ -570,3 +570,43 @@ def test_has_runnable_musl_looks_for_this_machines_loaders(
         assert bool(inroot.musl_arches(fd)) is loader.startswith("ld-musl-")
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize(
+    ("env", "made"),
+    [
+        ([], {"compute"}),  # unset: utility,compute
+        (["NVIDIA_DRIVER_CAPABILITIES=all"], {"compute", "graphics", "display"}),
+        (["NVIDIA_DRIVER_CAPABILITIES=all", "NVIDIA_DRIVER_CAPABILITIES=graphics"], {"graphics"}),
+        (["NVIDIA_DRIVER_CAPABILITIES= , "], set()),
+        (["NVIDIA_DRIVER_CAPABILITIES="], {"compute"}),
+    ],
+)
+def test_link_for_follows_the_containers_capabilities(
+    tmp_path: Path, fresh_rootfs: Any, env: list[str], made: set[str]
+) -> None:
+    """`--link-for CAP:TARGET::LINK` (a folder spec's config files) is made only when the
+    container's NVIDIA_DRIVER_CAPABILITIES asks for CAP, read as the shim reads it."""
+    rootfs = fresh_rootfs("debian")
+    files = "/usr/local/nvidia/files"
+    paths = {"compute": "/etc/OpenCL/vendors/nvidia.icd",
+             "graphics": "/usr/share/vulkan/icd.d/nvidia_icd.json",
+             "display": "/usr/lib/xorg/modules/drivers/nvidia_drv.so"}  # fmt: skip
+    args = ["createContainer"]
+    for cap, path in paths.items():
+        staged = rootfs / (files + path).lstrip("/")
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        staged.write_text(cap)
+        args += ["--link-for", f"{cap}:{files}{path}::{path}"]
+    args += ["--link-for", f"future:{files}/x::/x", "--disable-hook", "update-ldcache"]
+    bundle = bundle_for(tmp_path, rootfs)
+    config = json.loads((bundle / "config.json").read_text())
+    config["process"] = {"env": ["PATH=/bin", *env]}
+    (bundle / "config.json").write_text(json.dumps(config))
+    done = hook(args, state(bundle))
+    assert done.returncode == 0, done.stderr
+    got = {cap for cap, path in paths.items() if (rootfs / path.lstrip("/")).is_symlink()}
+    assert got == made
+    for cap in got:
+        assert os.readlink(rootfs / paths[cap].lstrip("/")) == files + paths[cap]
+    assert "unknown capability 'future'" in done.stderr
