@@ -683,10 +683,29 @@ static int make_links(int root, const char **targets, char **paths, int n)
 	return 0;
 }
 
-/* 1 when `p` is an absolute path of plain names: no empty, "." or ".." part, no trailing /. */
+/* 1 when `p` has no "." or ".." part and no control byte: the kernel then resolves it as
+ * runc and Python do, as text. */
+static int no_dots(const char *p)
+{
+	for (const char *c = p; *c; c++)
+		if ((unsigned char)*c < 0x20)
+			return 0;
+	for (const char *part = p;;) {
+		const char *end = strchrnul(part, '/');
+		size_t n = (size_t)(end - part);
+		if ((n == 1 && part[0] == '.') || (n == 2 && part[0] == '.' && part[1] == '.'))
+			return 0;
+		if (!*end)
+			return 1;
+		part = end + 1;
+	}
+}
+
+/* 1 when `p` is an absolute path of plain names: no empty, "." or ".." part, no trailing /,
+ * no control byte. */
 static int plain_path(const char *p)
 {
-	if (p[0] != '/' || !p[1] || strlen(p) >= PATH_MAX)
+	if (p[0] != '/' || !p[1] || strlen(p) >= PATH_MAX || !no_dots(p))
 		return 0;
 	for (const char *part = p + 1;;) {
 		const char *end = strchrnul(part, '/');
@@ -1010,7 +1029,7 @@ int main(int argc, char **argv)
 		python("config.json could not be read");
 	close(cfd);
 	char *rootpath = lookup(doc, doclen, "root", "path");
-	if (!rootpath || strlen(rootpath) > PATH_MAX - 16)
+	if (!rootpath || strlen(rootpath) > PATH_MAX - 16 || !no_dots(rootpath) || !no_dots(bundle))
 		python("config.json's root.path is not plain");
 	char rootbuf[2 * PATH_MAX + 2];
 	if (rootpath[0] != '/')

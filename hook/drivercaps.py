@@ -14,9 +14,9 @@ file name (gpuctk.cdi.node.capabilities.capability_of); a 32-bit library (in an 
 or
 in /usr/lib or /lib when the spec also mounts libraries from /usr/lib64 or /lib64) needs
 `compat32` as well as its own capability. The hook's `--link TARGET::LINK` arguments whose
-LINK is such a file or whose target is a dropped file (or a dropped link) are dropped too, and
-its `--link-for CAPABILITY:TARGET::LINK` arguments (a folder spec's links to its staged config
-files: gpuctk.cdi.stage) whose capability is not selected.
+target is a dropped file (or a dropped link) are dropped too, and its `--link-for
+CAPABILITY:TARGET::LINK` arguments (a folder spec's links to its staged config files:
+gpuctk.cdi.stage) whose capability is not selected.
 """
 
 from __future__ import annotations
@@ -117,19 +117,14 @@ def _link_pairs(args: list[str]) -> Iterable[tuple[int, int, str, str, str | Non
 def _filter_links(
     args: list[str], dropped: set[str], selected: frozenset[str], lib64: bool
 ) -> list[str]:
-    """`args` without the --link arguments whose LINK is a file `selected` does not cover (a
-    folder spec's links to its staged config files) or whose target resolves into `dropped`
-    (which grows with every dropped link, so chains libcuda.so -> libcuda.so.1 -> file all
-    go)."""
+    """`args` without the --link-for arguments whose capability `selected` lacks (a folder
+    spec's links to its staged config files) and the --link and --link-for arguments whose
+    target resolves into `dropped` (which grows with every dropped link, so chains libcuda.so
+    -> libcuda.so.1 -> file all go)."""
     pairs = list(_link_pairs(args))
     drop_spans: set[int] = set()
     for start, _stop, _target, link, cap in pairs:
-        needed = (
-            (cap,)
-            if cap is not None
-            else file_capabilities({"containerPath": posixpath.normpath(link)}, lib64)
-        )
-        if not all(c in selected for c in needed):
+        if cap is not None and cap not in selected:
             drop_spans.add(start)
             dropped.add(posixpath.normpath(link))
     changed = True

@@ -87,7 +87,7 @@ def _stage_hook(hook: Any) -> bool:
         (k == "--folder" and v in STAGE_LIBS)
         or (k == "--disable-hook" and v in nodeguard.ACTIONS)
         or (k == "--link" and _stage_link(v) is not None)
-        or (k == "--link-for" and _stage_link(v.partition(":")[2]) is not None)
+        or (k == "--link-for" and v.partition(":")[0] and _stage_link(v.partition(":")[2]))
         for k, v in pairs
     )
 
@@ -95,7 +95,7 @@ def _stage_hook(hook: Any) -> bool:
 def _stage_link(value: str) -> tuple[str, str] | None:
     """(target, link) of a folder spec's `--link`: a staged file at its own container path."""
     target, sep, link = value.partition("::")
-    plain = link.startswith("/") and posixpath.normpath(link) == link and "\0" not in link
+    plain = link[:1] == "/" != link[1:2] and posixpath.normpath(link) == link and "\0" not in link
     return (target, link) if sep and plain and target == STAGE_FILES + link else None
 
 

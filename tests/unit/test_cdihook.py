@@ -1154,3 +1154,25 @@ def test_link_for_disabled_with_create_symlinks(front: Front, bundle: Bundle) ->
     with_env(bundle, ["NVIDIA_DRIVER_CAPABILITIES=all"])
     served(run(front, bundle, [*link_for_args(), "--disable-hook", "create-symlinks"]))
     assert not (bundle.root / ICD.lstrip("/")).exists()
+
+
+@pytest.mark.parametrize("root_path", ["rootfs/evil/..", "rootfs/./", "./rootfs", "{root}/evil/.."])
+def test_root_path_with_dots_is_gpuctk_hooks(front: Front, tmp_path: Path, root_path: str) -> None:
+    """The kernel would follow the image's link before `..`; runc and Python read `..` as
+    text. Such a root.path goes to gpuctk-hook, and nothing is written where the link leads."""
+    b = make_bundle(tmp_path)
+    staged_files(b.root, ICD)
+    victim = tmp_path / "victim"
+    (victim / "x").mkdir(parents=True)
+    (b.root / "evil").symlink_to("../../victim/x")
+    doc = {"ociVersion": "1.0.2", "root": {"path": root_path.format(root=b.root)}}
+    b.config(json.dumps(doc))
+    handover(front, b, "config.json's root.path is not plain", link_args(ICD))
+    assert not list((victim / "x").iterdir()) and list(victim.iterdir()) == [victim / "x"]
+
+
+def test_link_with_a_control_byte_is_gpuctk_hooks(front: Front, bundle: Bundle) -> None:
+    staged_files(bundle.root, ICD)
+    handover(front, bundle, "a --link only gpuctk-hook reads",
+             [*ARGS, "--link", f"{FILES}{ICD}::/etc/a\nb"])  # fmt: skip
+    assert not (bundle.root / "etc/a\nb").exists()
