@@ -9,10 +9,14 @@ runc, its own store, overlay, cgroupfs; the debian test image) alternated round 
 - no device          the same command without --device: the baseline;
 - default spec       `gpuctk cdi generate` with no mode flag (auto: the folder spec of every
                      capability: 3 mounts, its one hook entry the compiled
-                     gpuctk-cdi-hook, which links the 13 firmware and config files from the
-                     stage and leaves the debian test image's loader alone);
-- default, mounted   the same with `--disable-hook create-symlinks`: those 13 files mounted
-                     one by one (16 mounts), the hook entry otherwise the same;
+                     gpuctk-cdi-hook, which links the firmware and the config files the
+                     container's NVIDIA_DRIVER_CAPABILITIES asks for from the stage and leaves
+                     the debian test image's loader alone);
+- default, all caps  the default spec, the container run with
+                     NVIDIA_DRIVER_CAPABILITIES=all: the hook links all 13 files (a compute
+                     container, the other cases, gets the firmware and the OpenCL file);
+- default, mounted   the same spec with `--disable-hook create-symlinks`: those 13 files
+                     mounted one by one (16 mounts) for every container;
 - hook spec          `gpuctk cdi generate --library-mode hook`: the driver
                      files at their host paths and one gpuctk-hook process for the SONAME
                      links and the ld cache;
@@ -73,6 +77,8 @@ PRIVATE = (
 
 NVIDIA = "nvidia"  # the case of NVIDIA's spec
 BASE = "default spec"  # gpuctk's default spec (--library-mode auto: folder)
+ALL_CAPS = "default, all caps"  # the same spec, a container that asks for every capability
+CASE_ENV = {ALL_CAPS: ("-e", "NVIDIA_DRIVER_CAPABILITIES=all")}
 
 
 def make_specs(
@@ -106,6 +112,7 @@ def make_specs(
             check=True, capture_output=True,
         )  # fmt: skip
         specs[case] = folder
+    specs[ALL_CAPS] = specs["default spec"]  # run with CASE_ENV's variable
     doc = json.loads((work / "hook-spec" / "nvidia.json").read_text())
     doc["containerEdits"].pop("hooks", None)
     (work / "bare").mkdir()
@@ -154,7 +161,8 @@ def measure(
                 "unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE, "sh",
                 str(specs[case]), *base, "run", "--rm", "--network", "none",
                 "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",  # root's
-                *device, IMAGE, "/bin/true",  # hard limits here are below podman's asks
+                *device, *CASE_ENV.get(case, ()),
+                IMAGE, "/bin/true",  # hard limits here are below podman's asks
             ]  # fmt: skip
             start = time.perf_counter()
             done = subprocess.run(argv, capture_output=True, text=True, check=False)
@@ -179,7 +187,7 @@ def summarize(times: dict[str, list[float]]) -> dict[str, float]:
     added: dict[str, float] = {}
     for case, samples in times.items():
         ms = [t * 1e3 for t in samples]
-        line = f"  {case:16s} median {statistics.median(ms):6.1f} ms  min {min(ms):6.1f} ms"
+        line = f"  {case:17s} median {statistics.median(ms):6.1f} ms  min {min(ms):6.1f} ms"
         if case != "no device":
             diffs = [1e3 * (a - b) for a, b in zip(samples, times["no device"], strict=True)]
             added[case] = statistics.median(diffs)
@@ -224,7 +232,7 @@ def against_nvidia(times: dict[str, list[float]], show: bool = True) -> dict[str
         }
         if show:
             print(
-                f"    {case:16s} adds {f['ratio_of_medians']:5.2f}x NVIDIA's (per-round median"
+                f"    {case:17s} adds {f['ratio_of_medians']:5.2f}x NVIDIA's (per-round median"
                 f" {f['median_ratio']:5.2f}x); start {f['minus_nvidia_ms']:+6.1f} ms against"
                 " NVIDIA's (paired median)"
             )
