@@ -12,7 +12,8 @@
  * /usr/local/nvidia for LD_LIBRARY_PATH, and in glibc-hwcaps/x86-64-v2 of both loader
  * families), and the entry's links (the stage's firmware and config files, each at its own
  * path; a --link-for only when the container's NVIDIA_DRIVER_CAPABILITIES asks for CAP, as
- * gpuctk.cdi.node.capabilities reads it) are made here. gpuctk-hook runs instead when any of these holds:
+ * gpuctk.cdi.node.capabilities reads it) are made here. gpuctk-hook runs instead when any of
+ * these holds:
  *
  *   - another verb, any other argument, --help, --version, GPUCTK_HOOK_FRONT=off;
  *   - anything this program does not fully understand: the OCI state or config.json not the
@@ -34,8 +35,9 @@
  * bounded; a folder is listed at most MAX_ENTRIES names. In the root it writes only the
  * --link symlinks and their missing folders, each in a folder on the root's own mount (never a
  * volume's), never over an existing entry; its other outcomes are "nothing to do" (exit 0),
- * the guard's read-only mount over the container's /proc/driver/nvidia/params, or gpuctk-hook. Built by setup.py with the host's C
- * compiler; without one, specs name gpuctk-hook itself. */
+ * the guard's read-only mount over the container's /proc/driver/nvidia/params, or
+ * gpuctk-hook. Built by setup.py with the host's C compiler; without one, specs name
+ * gpuctk-hook itself. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -705,17 +707,9 @@ static int no_dots(const char *p)
  * no control byte. */
 static int plain_path(const char *p)
 {
-	if (p[0] != '/' || !p[1] || strlen(p) >= PATH_MAX || !no_dots(p))
-		return 0;
-	for (const char *part = p + 1;;) {
-		const char *end = strchrnul(part, '/');
-		size_t n = (size_t)(end - part);
-		if (n == 0 || (n == 1 && part[0] == '.') || (n == 2 && part[0] == '.' && part[1] == '.'))
-			return 0;
-		if (!*end)
-			return 1;
-		part = end + 1;
-	}
+	size_t n = strlen(p);
+	return p[0] == '/' && n > 1 && n < PATH_MAX && p[n - 1] != '/' && !strstr(p, "//") &&
+	       no_dots(p);
 }
 
 /* ---- the device node guard ------------------------------------------------------------- */
@@ -867,44 +861,26 @@ static int cap_bit(const char *s, size_t n)
 	return -1;
 }
 
-/* The member `name` of m: 0 none, 1 found (*at), -1 a key that is `name` in another case (runc
- * folds case: gpuctk-hook decides). */
-static int member(struct member *m, size_t n, const char *name, struct span *at)
-{
-	size_t len = strlen(name);
-	int found = 0;
-	for (size_t i = 0; i < n; i++) {
-		if ((size_t)(m[i].key.end - m[i].key.p) != len || strncasecmp(m[i].key.p, name, len))
-			continue;
-		if (memcmp(m[i].key.p, name, len) != 0)
-			return -1;
-		*at = m[i].val;
-		found = 1;
-	}
-	return found;
-}
-
 /* The capabilities the container's NVIDIA_DRIVER_CAPABILITIES asks for, a bit each, as
  * gpuctk.cdi.node.capabilities.parse_capabilities reads the last entry of process.env: unset
  * or blank the default (utility, compute), `all` every one, other words ignored. -1 when the
  * config is not plain enough to tell (an env entry with an escape, a key in another case). */
 static int container_caps(const char *doc, size_t len)
 {
-	struct member *top = NULL, *proc = NULL, *env = NULL;
+	struct member *top = NULL, *proc = NULL, *env = NULL, *f;
 	size_t ntop, nproc, nenv;
-	struct span at, envs;
-	int rc = -1, found;
+	int rc = -1, folded;
 	if (sf_items((struct span){ doc, doc + len }, 1, &top, &ntop) != 0)
 		return -1;
-	found = member(top, ntop, "process", &at);
-	if (found == 0)
+	f = sf_member(top, ntop, "process", &folded);
+	if (!f && !folded)
 		rc = 1 << 0 | 1 << 1;
-	if (found != 1 || sf_kind(at) != '{' || sf_items(at, 1, &proc, &nproc) != 0)
+	if (!f || sf_kind(f->val) != '{' || sf_items(f->val, 1, &proc, &nproc) != 0)
 		goto out;
-	found = member(proc, nproc, "env", &envs);
-	if (found == 0 || (found == 1 && is_null(envs)))
+	f = sf_member(proc, nproc, "env", &folded);
+	if ((!f && !folded) || (f && is_null(f->val)))
 		rc = 1 << 0 | 1 << 1;
-	if (found != 1 || sf_kind(envs) != '[' || sf_items(envs, 0, &env, &nenv) != 0)
+	if (!f || sf_kind(f->val) != '[' || sf_items(f->val, 0, &env, &nenv) != 0)
 		goto out;
 	const char *value = NULL;
 	size_t vlen = 0, plen = strlen(CAPS_ENV);
@@ -966,7 +942,8 @@ int main(int argc, char **argv)
 	const char *folders[16], *targets[MAX_LINKS];
 	char *paths[MAX_LINKS];
 	int needs[MAX_LINKS]; /* a --link-for's capability bit, -1 for a --link */
-	int nfolders = 0, nlinks = 0, off_ld = 0, off_compat = 0, off_guard = 0, off_links = 0;
+	int nfolders = 0, nlinks = 0, nlinks_for = 0, off_ld = 0, off_compat = 0, off_guard = 0;
+	int off_links = 0;
 	for (int i = 2; i < argc; i++) {
 		int folder = strcmp(argv[i], "--folder") == 0, link = strcmp(argv[i], "--link") == 0;
 		int link_for = strcmp(argv[i], "--link-for") == 0;
@@ -983,6 +960,7 @@ int main(int argc, char **argv)
 				python("a --link-for only gpuctk-hook reads");
 			v = colon + 1;
 			needs[nlinks] = bit;
+			nlinks_for++;
 			link = 1;
 		} else if (link) {
 			needs[nlinks] = -1;
@@ -1067,10 +1045,7 @@ int main(int argc, char **argv)
 						 : "a newer CUDA compat libcuda");
 		}
 	}
-	int have = 0;
-	for (int i = 0; i < nlinks && !have; i++)
-		have = needs[i] >= 0;
-	if (have && !off_links) { /* a --link-for whose capability the container does not ask for: left out */
+	if (nlinks_for && !off_links) { /* a --link-for of a capability not asked for: left out */
 		int caps = container_caps(doc, doclen), kept = 0;
 		if (caps < 0)
 			python("NVIDIA_DRIVER_CAPABILITIES could not be read");

@@ -114,9 +114,7 @@ def _link_pairs(args: list[str]) -> Iterable[tuple[int, int, str, str, str | Non
         i = stop
 
 
-def _filter_links(
-    args: list[str], dropped: set[str], selected: frozenset[str], lib64: bool
-) -> list[str]:
+def _filter_links(args: list[str], dropped: set[str], selected: frozenset[str]) -> list[str]:
     """`args` without the --link-for arguments whose capability `selected` lacks (a folder
     spec's links to its staged config files) and the --link and --link-for arguments whose
     target resolves into `dropped` (which grows with every dropped link, so chains libcuda.so
@@ -201,7 +199,7 @@ def filter_edits(edits: Mapping[str, Any], selected: frozenset[str]) -> dict[str
         for hook in hooks:
             args = hook.get("args") if isinstance(hook, dict) else None
             if isinstance(args, list) and all(isinstance(a, str) for a in args):
-                filtered = _filter_links(args, dropped, selected, lib64)
+                filtered = _filter_links(args, dropped, selected)
                 if filtered is not args:
                     hook = {**hook, "args": filtered}
             new_hooks.append(hook)

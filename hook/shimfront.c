@@ -210,18 +210,32 @@ static int sf_is(struct span key, const char *name)
 	return (size_t)(key.end - key.p) == n && memcmp(key.p, name, n) == 0;
 }
 
-/* The member `name` of an object, NULL when absent; a key that is `name` in another case
- * (runc's decoder folds case: it would read that one) goes to Python. */
-static struct member *sf_get(struct member *m, size_t n, const char *name)
+/* The member `name` of an object of sf_items (no two keys equal in any case): NULL when
+ * absent, or when *folded is set: a key that is `name` in another case (runc's decoder folds
+ * case: it would read that one). */
+static struct member *sf_member(struct member *m, size_t n, const char *name, int *folded)
 {
 	size_t len = strlen(name);
+	*folded = 0;
 	for (size_t i = 0; i < n; i++) {
 		if (sf_is(m[i].key, name))
 			return &m[i];
-		if ((size_t)(m[i].key.end - m[i].key.p) == len && strncasecmp(m[i].key.p, name, len) == 0)
-			shim_python("a key in another case");
+		if ((size_t)(m[i].key.end - m[i].key.p) == len && strncasecmp(m[i].key.p, name, len) == 0) {
+			*folded = 1;
+			return NULL;
+		}
 	}
 	return NULL;
+}
+
+/* The member `name` of an object, NULL when absent; a key in another case goes to Python. */
+static struct member *sf_get(struct member *m, size_t n, const char *name)
+{
+	int folded;
+	struct member *f = sf_member(m, n, name, &folded);
+	if (folded)
+		shim_python("a key in another case");
+	return f;
 }
 
 static const char *sf_start(struct span v)
