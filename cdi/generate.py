@@ -21,7 +21,9 @@ from gpuctk.cdi.node.devnodes import NodeInfo
 from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles
 from gpuctk.cdi.node.machine import Gpu, Machine, MigDevice
 from gpuctk.cdi.specs.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
+from gpuctk.cdi.stage import CACHE as STAGE_CACHE
 from gpuctk.cdi.stage import FILES as STAGE_FILES
+from gpuctk.cdi.stage import MOUNT as STAGE_PATH
 from gpuctk.cdi.stage import linked_files
 from gpuctk.errors import NoDevicesError, UsageError
 from gpuctk.records import record, replace
@@ -34,7 +36,6 @@ READ_ONLY = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 # IPC sockets and the MPS pipe folder: read-only as nvidia-ctk mounts them (connect() needs no
 # write access to the mount), so a container cannot replace the host daemon's socket.
 SOCKET = ("ro", "nosuid", "nodev", "noexec", "rbind", "rprivate")
-STAGE_PATH = "/usr/local/nvidia"  # folder mode's mount (gpuctk.cdi.stage)
 HOOK_ENV_PATH = facts.HOOK_ENV_PATH
 HOOK_ACTIONS = facts.HOOK_ACTIONS  # --disable-hook names
 
@@ -213,11 +214,13 @@ def _hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
 def _stage_hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
     """Folder mode's createContainer entry: a link to each firmware and config file in the
     stage's files/ folder (gpuctk.cdi.stage; a config file's only for a container whose
-    NVIDIA_DRIVER_CAPABILITIES asks for its capability), the stage's library folders, for the
-    images whose
-    loader the stage's mounts do not serve (gpuctk-cdi-hook decides in C and hands those to
-    gpuctk-hook: hook/cdihook.c), and the device node guard. Named gpuctk-hook itself where
-    no front was built."""
+    NVIDIA_DRIVER_CAPABILITIES asks for its capability), a link to each staged binary at its
+    usual path (/usr/bin/nvidia-smi -> /usr/local/nvidia/bin/nvidia-smi: found by name on any
+    image's PATH; for the binary's capability), the stage's library folders and its own ld
+    cache (merged into the image's: `ldconfig -p` lists the driver, as Triton needs), and the
+    device node guard. gpuctk-cdi-hook does all of it in C for the common image and hands the
+    others to gpuctk-hook (hook/cdihook.c). Named gpuctk-hook itself where no front was
+    built."""
     folders = ["lib64", *(["lib"] if any(f.capability == caps.COMPAT32 for f in
                files.libraries) else [])]  # fmt: skip
     args = ["gpuctk-hook", "createContainer"]
@@ -228,8 +231,15 @@ def _stage_hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
         args += (
             ["--link", link] if f.kind == "firmware" else ["--link-for", f"{f.capability}:{link}"]
         )
-    for sub in folders if "update-ldcache" not in opts.disabled_hooks else ():
-        args += ["--folder", f"{STAGE_PATH}/{sub}"]
+    for f in files.binaries if "create-symlinks" not in opts.disabled_hooks else ():
+        path = posixpath.normpath(f.container_path)
+        if not path.startswith(f"{STAGE_PATH}/"):
+            target = f"{STAGE_PATH}/bin/{posixpath.basename(path)}"
+            args += ["--link-for", f"{f.capability}:{target}::{path}"]
+    if "update-ldcache" not in opts.disabled_hooks:
+        for sub in folders:
+            args += ["--folder", f"{STAGE_PATH}/{sub}"]
+        args += ["--ld-cache", f"{opts.stage_path}/{STAGE_CACHE}"]
     for name in (n for n in HOOK_ACTIONS if n in opts.disabled_hooks):
         args += ["--disable-hook", name]
     hook = _hook(machine, files, opts)

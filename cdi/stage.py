@@ -12,26 +12,29 @@ the spec mounts that folder at /usr/local/nvidia, read-only (and its lib64/ twic
     /usr/local/nvidia/bin/     nvidia-smi, nvidia-debugdump, the MPS binaries, ...
     /usr/local/nvidia/files/   the firmware and config files, each at its container path
                                (files/usr/share/vulkan/icd.d/nvidia_icd.json, ...)
+    /usr/local/nvidia/ld.so.cache  the stage's own ld cache (cache_of): each library under
+                               its SONAME at its path here, as ldconfig would list it
 
 That is the layout GKE mounts and that nvidia-docker 1.0's volume had, and the one every
 nvidia/cuda and NGC image still searches: their image config sets
 LD_LIBRARY_PATH=/usr/local/nvidia/lib:/usr/local/nvidia/lib64 and puts /usr/local/nvidia/bin
 on PATH. A CDI spec cannot add to an image's variable, only replace it (which would break
-images that set their own), so for every other image the stage's lib64/ is mounted a second
-time (x86-64), where glibc 2.33+ looks when its ld cache has no entry: the glibc-hwcaps level
-folder of each loader family, /usr/lib/<triplet>/glibc-hwcaps/x86-64-v2 and
+images that set their own), so every other image gets the driver the way the reference gives
+it, through the spec's one hook entry (gpuctk-cdi-hook, hook/cdihook.c): the stage's ld.so.cache
+merged into the image's /etc/ld.so.cache (`ldconfig -p` lists libcuda.so.1, which Triton and
+torch.compile need, whatever the image's glibc), and each binary linked at its usual path
+(/usr/bin/nvidia-smi -> /usr/local/nvidia/bin/nvidia-smi: found by name on any PATH). The
+stage's lib64/ is also mounted where glibc 2.33+ looks when its ld cache has no entry, the
+glibc-hwcaps level folder of each loader family, /usr/lib/<triplet>/glibc-hwcaps/x86-64-v2 and
 /usr/lib64/glibc-hwcaps/x86-64-v2 (gpuctk.cdi.libmounts.hwcaps_dirs; `--loader-folders`
-chooses the families). Three mounts in all. The firmware and config files (the OpenCL, Vulkan,
-EGL and GLVND files, the application profiles, the Xorg modules, the GSP firmware: 13 on an
-L4 of the 535 driver) are not mounted one by one: the spec's hook entry makes each a symlink
-into files/ (`--link /usr/local/nvidia/files/PATH::PATH`), which costs an engine next to
-nothing per file, where each mount costs it a few milliseconds (docs/benchmarks.md). runc and
-crun run createContainer hooks before they make a root read-only, so a read-only container
-gets them too. With `--disable-hook create-symlinks` (or `all`) they are mounted as in the
-other modes. An image with an older glibc and no such
-LD_LIBRARY_PATH (Ubuntu 20.04, Debian 11, UBI 8 bases) finds no driver library in an engine
-that applies CDI itself; through gpuctk-runtime it does (the shim adds the stage to the
-image's ld cache: gpuctk.hook.shimroot).
+chooses the families): a dlopen still works in an image whose cache the hook could not write.
+Three mounts in all. The firmware and config files (the OpenCL, Vulkan, EGL and GLVND files,
+the application profiles, the Xorg modules, the GSP firmware: 13 on an L4 of the 535 driver)
+are not mounted one by one: the hook entry makes each a symlink into files/ (`--link
+/usr/local/nvidia/files/PATH::PATH`), which costs an engine next to nothing per file, where
+each mount costs it a few milliseconds (docs/benchmarks.md). runc and crun run
+createContainer hooks before they make a root read-only, so a read-only container gets them
+too. With `--disable-hook create-symlinks` (or `all`) they are mounted as in the other modes.
 
 Staging (host side, as root):
 
@@ -72,10 +75,11 @@ from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles
 from gpuctk.errors import InputError, OutputError
 from gpuctk.fs import private_folder, stat_identity
 
-LAYOUT = "gpuctk-stage-2"  # bump when the layout below changes
+LAYOUT = "gpuctk-stage-3"  # bump when the layout below changes
 
-
+MOUNT = "/usr/local/nvidia"  # where a folder spec mounts the stage in containers
 FILES = "files"  # the stage's folder of firmware and config files, at their container paths
+CACHE = "ld.so.cache"  # the stage's own ld cache: its libraries at their container paths
 
 
 def linked_files(files: DriverFiles) -> tuple[DriverFile, ...]:
@@ -108,6 +112,32 @@ def plan(files: DriverFiles) -> tuple[dict[str, str], dict[str, str]]:
     for f in linked_files(files):
         copies.setdefault(FILES + posixpath.normpath(f.container_path), f.host_path)
     return copies, links
+
+
+def cache_of(files: DriverFiles) -> bytes:
+    """The stage's own ld cache (CACHE): one entry per staged library under its SONAME, at
+    the container path MOUNT/lib64/SONAME (lib/ for compat32), with the flags ldconfig gives
+    its ELF class and machine, in ldconfig's order and format. gpuctk-cdi-hook merges it into
+    each image's cache (hook/ldcache.c) without reading an ELF header or running ldconfig; the
+    names are those plan() links (the first library to claim a name keeps it)."""
+    from gpuctk.cdi.node.elf import MACHINES
+    from gpuctk.cdi.node.ldcache import CACHE_FLAGS, LdCacheEntry, build_ld_cache
+
+    by_arch = {MACHINES.get(machine): flags for (_c, machine), flags in CACHE_FLAGS.items()}
+    copies, links = plan(files)
+    entries: dict[tuple[str, int], LdCacheEntry] = {}
+    for lib in files.libraries:
+        folder = "lib" if lib.capability == caps.COMPAT32 else "lib64"
+        own = f"{folder}/{posixpath.basename(lib.container_path)}"
+        flags = by_arch.get(lib.arch or "")
+        if not lib.soname or flags is None or copies.get(own) != lib.host_path:
+            continue
+        name = f"{folder}/{lib.soname}"
+        if name == own or links.get(name) == posixpath.basename(own):
+            entries.setdefault(
+                (lib.soname, flags), LdCacheEntry(lib.soname, f"{MOUNT}/{name}", flags)
+            )
+    return build_ld_cache(list(entries.values()))
 
 
 def stage_name(version: str, copies: dict[str, str], links: dict[str, str]) -> str:
@@ -185,6 +215,9 @@ def stage_driver(
             dest = os.path.join(tmp, link)
             os.makedirs(os.path.dirname(dest), 0o755, exist_ok=True)
             os.symlink(target, dest)
+        with open(os.path.join(tmp, CACHE), "xb") as f:
+            f.write(cache_of(files))
+        os.chmod(os.path.join(tmp, CACHE), 0o644)
         try:
             os.rename(tmp, final)
         except OSError as exc:

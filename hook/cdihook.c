@@ -2,42 +2,54 @@
  * specs (the default `--library-mode folder`).
  *
  *     gpuctk-cdi-hook createContainer [--link TARGET::LINK]... [--link-for CAP:TARGET::LINK]...
- *                     [--folder DIR]... [--disable-hook NAME]...
+ *                     [--folder DIR]... [--ld-cache FILE] [--disable-hook NAME]...
  *     gpuctk-cdi-hook disable-device-node-modification [--disable-hook NAME]...
  *
  * It does what gpuctk-hook would do for the common image, in about a millisecond, and hands
  * everything else, unchanged (the same arguments, the same environment, the OCI state on
- * stdin), to `gpuctk-hook` in its own folder. The common image needs nothing in its root:
- * the folder spec's mounts already put the driver where its loader looks (the stage at
- * /usr/local/nvidia for LD_LIBRARY_PATH, and in glibc-hwcaps/x86-64-v2 of both loader
- * families), and the entry's links (the stage's firmware and config files, each at its own
- * path; a --link-for only when the container's NVIDIA_DRIVER_CAPABILITIES asks for CAP, as
- * gpuctk.cdi.node.capabilities reads it) are made here. gpuctk-hook runs instead when any of
- * these holds:
+ * stdin), to `gpuctk-hook` in its own folder. For the common image (an x86-64 glibc image with
+ * an ld cache of its own) it:
+ *
+ *   - merges the stage's own ld cache (--ld-cache: a host file of the stage, written with the
+ *     stage by gpuctk.cdi.stage) into the image's /etc/ld.so.cache and lists the --folder
+ *     args in /etc/ld.so.conf.d/00-gpuctk.conf, as gpuctk-hook does (hook/ldcache.c): every
+ *     glibc, whatever its age, finds the driver through its cache, and `ldconfig -p` (what
+ *     Triton and torch.compile read) lists it;
+ *   - makes the entry's links: the stage's firmware and config files, each at its own path,
+ *     and its binaries at their usual paths (/usr/bin/nvidia-smi); a --link-for only when the
+ *     container's NVIDIA_DRIVER_CAPABILITIES asks for CAP, as gpuctk.cdi.node.capabilities
+ *     reads it;
+ *   - guards the device nodes (a read-only copy of /proc/driver/nvidia/params).
+ *
+ * gpuctk-hook runs instead when any of these holds:
  *
  *   - another verb, any other argument, --help, --version, GPUCTK_HOOK_FRONT=off;
  *   - anything this program does not fully understand: the OCI state or config.json not the
  *     plain JSON it expects (not strict JSON, a key with an escape or a byte above 127, a key
  *     that is "root" or "path" in another case, a duplicate, more than MAX_DEPTH levels, a
  *     state over MAX_STATE bytes: gpuctk-hook still gets all of it), no openat2;
- *   - createContainer, with update-ldcache not disabled: the image has no x86-64 glibc loader
- *     that searches glibc-hwcaps (glibc before 2.33, musl, another architecture), or a 32-bit
- *     glibc loader; its ld cache names a file of a --folder (the image's ld cache would win
- *     over the loader's folders); or, with enable-cuda-compat not disabled,
- *     /usr/local/cuda/compat holds a libcuda.so.<version> newer than GPUCTK_DRIVER_VERSION
- *     (gpuctk-hook then applies the exact forward-compat rule);
+ *   - createContainer, with update-ldcache not disabled: no --folder or no --ld-cache; the
+ *     image has no x86-64 glibc loader, or also a 32-bit or a musl loader; with
+ *     enable-cuda-compat not disabled, /usr/local/cuda/compat holds a libcuda.so.<version>
+ *     newer than GPUCTK_DRIVER_VERSION (gpuctk-hook then applies the exact forward-compat
+ *     rule); the image's cache or ld.so.conf is missing, not on the root's own mount, not a
+ *     cache hook/ldcache.c reads, or a compat run of gpuctk-hook left its conf file; the
+ *     stage's cache is not a regular file of root's that nobody else can write; /etc cannot
+ *     be written (a read-only root);
  *   - a --link that is not two plain absolute paths, or one not made here: see make_links();
  *   - the device node guard (unless disabled) could not be done here: see guard() below.
  *
  * The image is hostile: every path in it is opened with openat2(RESOLVE_IN_ROOT |
- * RESOLVE_NO_MAGICLINKS) from the root's descriptor, O_NOFOLLOW where a link would mean
- * nothing, O_NONBLOCK (a FIFO never blocks), only regular files are read and each read is
- * bounded; a folder is listed at most MAX_ENTRIES names. In the root it writes only the
- * --link symlinks and their missing folders, each in a folder on the root's own mount (never a
- * volume's), never over an existing entry; its other outcomes are "nothing to do" (exit 0),
- * the guard's read-only mount over the container's /proc/driver/nvidia/params, or
- * gpuctk-hook. Built by setup.py with the host's C compiler; without one, specs name
- * gpuctk-hook itself. */
+ * RESOLVE_NO_MAGICLINKS) from the root's descriptor, looked at through an O_PATH descriptor
+ * before anything is opened for reading (a FIFO or device is never opened), read only when it
+ * is a regular file on the root's own mount (a link of the image into the container's /proc,
+ * such as /proc/kmsg, is never read), each read bounded; a folder is listed at most
+ * MAX_ENTRIES names. In the root it writes only /etc/ld.so.cache and
+ * /etc/ld.so.conf.d/00-gpuctk.conf (each a new file renamed into place) and the --link
+ * symlinks and their missing folders, each in a folder on the root's own mount (never a
+ * volume's), a link never over an existing entry; its other outcomes are the guard's
+ * read-only mount over the container's /proc/driver/nvidia/params, or gpuctk-hook. Built by
+ * setup.py with the host's C compiler; without one, specs name gpuctk-hook itself. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -56,8 +68,7 @@
 
 #define MAX_STATE (1 << 20)
 #define MAX_CONFIG (16 << 20)
-#define MAX_CACHE (64 << 20)
-#define MAX_LOADER (16 << 20)
+#define MAX_CACHE (4 << 20) /* gpuctk.hook.ldmerge.MAX_CACHE */
 #define MAX_PARAMS (64 << 10)
 #define MAX_ENTRIES 4096
 #define MAX_NAMES 512
@@ -189,24 +200,37 @@ static int in_root(int root, const char *path, int flags)
 	return (int)syscall(SYS_openat2, root, path, &how, sizeof how);
 }
 
-/* A regular file of the root, read whole: 0, -1 with errno (ENOENT, ENOTDIR, ELOOP: absent). */
-static int read_in_root(int root, const char *path, size_t limit, char **out, size_t *len)
+/* A regular file of the root, read whole, when it lies on the mount `mnt` (0: any mount; the
+ * image's files: the root's own, so that no link of the image leads this host-root reader to
+ * another mount's file, such as /proc/kmsg): 0, -1 with errno (ENOENT, ENOTDIR, ELOOP: absent;
+ * EXDEV: on another mount). */
+static int own_mount(int fd, unsigned long long want);
+static int read_in_root(int root, const char *path, unsigned long long mnt, size_t limit,
+			char **out, size_t *len)
 {
-	int fd = in_root(root, path, O_RDONLY | O_NONBLOCK | O_NOCTTY);
-	if (fd < 0)
+	/* looked at through an O_PATH descriptor first (opening a device or FIFO can act), read
+	 * through that same file once it is known to be a regular file of the mount */
+	int at = in_root(root, path, O_PATH), fd = -1, rc = -1;
+	if (at < 0)
 		return -1;
 	struct stat st;
-	int rc = -1;
-	if (fstat(fd, &st) == 0) {
-		if (!S_ISREG(st.st_mode))
-			errno = EINVAL;
-		else if ((unsigned long long)st.st_size > limit)
-			errno = EFBIG;
-		else
+	char self[64];
+	if ((mnt && own_mount(at, mnt) != 0) || fstat(at, &st) != 0)
+		;
+	else if (!S_ISREG(st.st_mode))
+		errno = EINVAL;
+	else if ((unsigned long long)st.st_size > limit)
+		errno = EFBIG;
+	else {
+		snprintf(self, sizeof self, "/proc/self/fd/%d", at);
+		fd = open(self, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+		if (fd >= 0)
 			rc = read_all(fd, limit, out, len);
 	}
 	int saved = errno;
-	close(fd);
+	if (fd >= 0)
+		close(fd);
+	close(at);
 	errno = saved;
 	return rc;
 }
@@ -448,92 +472,34 @@ static char *lookup(const char *doc, size_t len, const char *k1, const char *k2)
 
 /* ---- what the image needs ---------------------------------------------------------------- */
 
-static int contains(const char *buf, size_t len, const char *needle)
-{
-	return memmem(buf, len, needle, strlen(needle)) != NULL;
-}
-
-/* The loader: 1 when the image's x86-64 glibc loader searches glibc-hwcaps and there is no
- * 32-bit glibc loader, 0 when not, -1 on an error that is not "absent". */
+/* The loader: 1 when the image has an x86-64 glibc loader and neither a 32-bit glibc loader
+ * nor a musl loader (gpuctk.hook.inroot.has_runnable_musl), 0 when not, -1 on an error that
+ * is not "absent". Looked at, never read. */
 static int loader_served(int root)
 {
 #if defined(__x86_64__)
-	char *buf;
-	size_t len;
-	if (read_in_root(root, "/lib/ld-linux.so.2", MAX_LOADER, &buf, &len) == 0) {
-		free(buf);
-		return 0;
+	static const char *const others[] = { "/lib/ld-linux.so.2", "/lib/ld-musl-x86_64.so.1",
+					      "/lib/ld-musl-i386.so.1" };
+	struct stat st;
+	for (size_t i = 0; i < sizeof others / sizeof *others; i++) {
+		int fd = in_root(root, others[i], O_PATH);
+		if (fd >= 0) {
+			close(fd);
+			return 0;
+		}
+		if (!absent() && errno != ELOOP)
+			return -1;
 	}
-	if (!absent() && errno != ELOOP)
-		return -1;
-	if (read_in_root(root, "/lib64/ld-linux-x86-64.so.2", MAX_LOADER, &buf, &len) != 0)
+	int fd = in_root(root, "/lib64/ld-linux-x86-64.so.2", O_PATH);
+	if (fd < 0)
 		return absent() || errno == ELOOP ? 0 : -1;
-	int ok = contains(buf, len, "glibc-hwcaps");
-	free(buf);
+	int ok = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+	close(fd);
 	return ok;
 #else
 	(void)root;
 	return 0;
 #endif
-}
-
-static int cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-/* The names in the root's `folder` (the stage, a host folder mounted by the spec) into names;
- * -1 when it cannot be listed in full. */
-static int folder_names(int root, const char *folder, char **names, int *count)
-{
-	int fd = in_root(root, folder, O_RDONLY | O_DIRECTORY);
-	if (fd < 0)
-		return -1;
-	DIR *d = fdopendir(fd);
-	if (!d) {
-		close(fd);
-		return -1;
-	}
-	struct dirent *e;
-	int seen = 0, rc = 0;
-	while ((e = readdir(d))) {
-		if (++seen > MAX_ENTRIES) {
-			rc = -1;
-			break;
-		}
-		if (e->d_name[0] == '.' || strncmp(e->d_name, "lib", 3) != 0)
-			continue;
-		if (*count >= MAX_NAMES || !(names[*count] = strdup(e->d_name))) {
-			rc = -1;
-			break;
-		}
-		(*count)++;
-	}
-	closedir(d);
-	return rc;
-}
-
-/* 1 when the image's ld cache names a file called as one of `names` (sorted), 0 when not or
- * there is no cache, -1 when it cannot be read. */
-static int cache_names(int root, char **names, int count)
-{
-	char *buf;
-	size_t len;
-	if (read_in_root(root, "/etc/ld.so.cache", MAX_CACHE, &buf, &len) != 0)
-		return absent() || errno == ELOOP ? 0 : -1;
-	int hit = 0;
-	for (size_t i = 0; i < len && !hit;) {
-		size_t end = i;
-		while (end < len && buf[end])
-			end++;
-		if (end > i) {
-			const char *s = buf + i, *base = memrchr(s, '/', end - i);
-			base = base ? base + 1 : s;
-			const char *key = base;
-			if (*base && bsearch(&key, names, (size_t)count, sizeof *names, cmp))
-				hit = 1;
-		}
-		i = end + 1;
-	}
-	free(buf);
-	return hit;
 }
 
 static int parse_version(const char *s, long v[4])
@@ -685,6 +651,128 @@ static int make_links(int root, const char **targets, char **paths, int n)
 	return 0;
 }
 
+#include "ldcache.c"
+
+/* A file `data` written whole as `name` in the root's folder `folder` (made if missing, on the
+ * root's own mount `mnt`), through a new file renamed into place: 0, -1 with nothing left. */
+static int write_in_root(int root, unsigned long long mnt, const char *folder, const char *name,
+			 const char *data, size_t len)
+{
+	char path[PATH_MAX], tmp[NAME_MAX + 1];
+	snprintf(path, sizeof path, "%s", folder);
+	int dir = folder_in_root(root, mnt, path);
+	if (dir < 0)
+		return -1;
+	snprintf(tmp, sizeof tmp, ".%s.gpuctk-%d", name, (int)getpid());
+	int rc = -1, fd = -1;
+	if (own_mount(dir, mnt) == 0)
+		fd = openat(dir, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+	if (fd >= 0) {
+		size_t done = 0;
+		while (done < len) {
+			ssize_t put = write(fd, data + done, len - done);
+			if (put < 0 && errno == EINTR)
+				continue;
+			if (put <= 0)
+				break;
+			done += (size_t)put;
+		}
+		rc = done == len && fchmod(fd, 0644) == 0 && close(fd) == 0 ? 0 : -1;
+		if (rc != 0 && errno != EBADF)
+			close(fd);
+		if (rc == 0)
+			rc = renameat(dir, tmp, dir, name);
+		if (rc != 0)
+			unlinkat(dir, tmp, 0);
+	}
+	int saved = errno;
+	close(dir);
+	errno = saved;
+	return rc;
+}
+
+#define CONF_HEAD "# written by gpuctk-cdi-hook: NVIDIA driver library folders\n"
+
+/* The host file `path` (the stage's own cache, which the spec names), read whole when it is a
+ * regular file of root's that nobody else can write (looked at through an O_PATH descriptor,
+ * the last part not followed, before it is opened): 0, -1 with errno. */
+static int read_host_file(const char *path, size_t limit, char **out, size_t *len)
+{
+	int at = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC), fd = -1, rc = -1;
+	if (at < 0)
+		return -1;
+	struct stat st;
+	char self[64];
+	if (fstat(at, &st) != 0)
+		;
+	else if (!S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022))
+		errno = EPERM;
+	else if ((unsigned long long)st.st_size > limit)
+		errno = EFBIG;
+	else {
+		snprintf(self, sizeof self, "/proc/self/fd/%d", at);
+		fd = open(self, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+		if (fd >= 0)
+			rc = read_all(fd, limit, out, len);
+	}
+	int saved = errno;
+	if (fd >= 0)
+		close(fd);
+	close(at);
+	errno = saved;
+	return rc;
+}
+
+/* The image's ld cache with the stage's libraries (hook/ldcache.c), and the stage's folders in
+ * /etc/ld.so.conf.d/00-gpuctk.conf (an ldconfig the container runs later keeps them), as
+ * gpuctk-hook writes them: 0 done, -1 gpuctk-hook does it (nothing written, or only what it
+ * writes again the same way). `part`: the stage's cache on the host (--ld-cache); the image's
+ * own cache and ld.so.conf, and the folders written, must be on the root's own mount `mnt`. */
+static int merge_cache(int root, unsigned long long mnt, const char *part, const char **folders,
+		       int nfolders)
+{
+	char *image = NULL, *stage = NULL, *out = NULL;
+	size_t ilen, slen, olen;
+	int rc = -1;
+	struct stat st;
+	/* a root a compat run of gpuctk-hook left (gpuctk.hook.cudacompat.COMPAT_CONF): only
+	 * gpuctk-hook empties that file */
+	int fd = in_root(root, "/etc/ld.so.conf.d/00-compat-gpuctk.conf", O_PATH);
+	if (fd >= 0 || !(absent() || errno == ELOOP)) {
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	/* the image keeps its /etc/ld.so.conf: one it lacks is gpuctk-hook's to write */
+	fd = in_root(root, "/etc/ld.so.conf", O_PATH);
+	if (fd < 0)
+		return -1;
+	int conf = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && own_mount(fd, mnt) == 0;
+	close(fd);
+	if (!conf || read_in_root(root, "/etc/ld.so.cache", mnt, MAX_CACHE, &image, &ilen) != 0 ||
+	    read_host_file(part, MAX_CACHE, &stage, &slen) != 0 ||
+	    ldc_merge(image, ilen, stage, slen, &out, &olen) != 0)
+		goto out;
+	size_t tlen = strlen(CONF_HEAD);
+	for (int i = 0; i < nfolders; i++)
+		tlen += strlen(folders[i]) + 1;
+	char *text = malloc(tlen + 1);
+	if (!text)
+		goto out;
+	strcpy(text, CONF_HEAD);
+	for (int i = 0; i < nfolders; i++)
+		strcat(strcat(text, folders[i]), "\n");
+	rc = write_in_root(root, mnt, "/etc/ld.so.conf.d", "00-gpuctk.conf", text, tlen) == 0 &&
+		     write_in_root(root, mnt, "/etc", "ld.so.cache", out, olen) == 0
+	     ? 0 : -1;
+	free(text);
+out:
+	free(image);
+	free(stage);
+	free(out);
+	return rc;
+}
+
 /* 1 when `p` has no "." or ".." part and no control byte: the kernel then resolves it as
  * runc and Python do, as text. */
 static int no_dots(const char *p)
@@ -753,7 +841,8 @@ static int guard(int root)
 {
 	char *text;
 	size_t len;
-	if (read_in_root(root, PARAMS, MAX_PARAMS, &text, &len) != 0)
+	/* under the container's own /proc (mounted over the image's): no file of the image */
+	if (read_in_root(root, PARAMS, 0, MAX_PARAMS, &text, &len) != 0)
 		return absent() || errno == ELOOP ? 0 : -1;
 	char *copy = malloc(len + 2 * strlen(KEY) + 4);
 	size_t clen = 0;
@@ -939,7 +1028,7 @@ int main(int argc, char **argv)
 	const char *front = getenv("GPUCTK_HOOK_FRONT");
 	if (front && strcmp(front, "off") == 0)
 		python("GPUCTK_HOOK_FRONT=off");
-	const char *folders[16], *targets[MAX_LINKS];
+	const char *folders[16], *targets[MAX_LINKS], *part = NULL;
 	char *paths[MAX_LINKS];
 	int needs[MAX_LINKS]; /* a --link-for's capability bit, -1 for a --link */
 	int nfolders = 0, nlinks = 0, nlinks_for = 0, off_ld = 0, off_compat = 0, off_guard = 0;
@@ -947,7 +1036,9 @@ int main(int argc, char **argv)
 	for (int i = 2; i < argc; i++) {
 		int folder = strcmp(argv[i], "--folder") == 0, link = strcmp(argv[i], "--link") == 0;
 		int link_for = strcmp(argv[i], "--link-for") == 0;
-		if ((!folder && !link && !link_for && strcmp(argv[i], "--disable-hook") != 0) ||
+		int cache = strcmp(argv[i], "--ld-cache") == 0;
+		if ((!folder && !link && !link_for && !cache &&
+		     strcmp(argv[i], "--disable-hook") != 0) ||
 		    i + 1 >= argc)
 			python("an argument only gpuctk-hook reads");
 		char *v = argv[++i];
@@ -977,6 +1068,10 @@ int main(int argc, char **argv)
 			if (!plain)
 				python("a --link only gpuctk-hook reads");
 			nlinks++;
+		} else if (cache) {
+			if (!create || part || !plain_path(v))
+				python("an --ld-cache only gpuctk-hook reads");
+			part = v;
 		} else if (folder) {
 			if (!create || nfolders == 16 || v[0] != '/')
 				python("a --folder only gpuctk-hook reads");
@@ -1021,19 +1116,9 @@ int main(int argc, char **argv)
 		int served = loader_served(root);
 		if (served != 1)
 			python(served < 0 ? "the image's loader could not be read"
-					  : "the image's loader does not search glibc-hwcaps");
-		if (nfolders == 0)
-			python("no --folder");
-		char *names[MAX_NAMES];
-		int count = 0;
-		for (int i = 0; i < nfolders; i++)
-			if (folder_names(root, folders[i], names, &count) != 0)
-				python("a --folder could not be listed");
-		qsort(names, (size_t)count, sizeof *names, cmp);
-		int named = cache_names(root, names, count);
-		if (named != 0)
-			python(named < 0 ? "the image's ld cache could not be read"
-					 : "the image's ld cache names a driver library");
+					  : "not an x86-64 glibc image alone");
+		if (nfolders == 0 || !part)
+			python("no --folder or no --ld-cache");
 		if (!off_compat) {
 			const char *ver = getenv("GPUCTK_DRIVER_VERSION");
 			long host[4];
@@ -1044,6 +1129,9 @@ int main(int argc, char **argv)
 				python(newer < 0 ? "/usr/local/cuda/compat could not be read"
 						 : "a newer CUDA compat libcuda");
 		}
+		unsigned long long mnt;
+		if (mount_id(root, &mnt) != 0 || merge_cache(root, mnt, part, folders, nfolders) != 0)
+			python("the image's ld cache is gpuctk-hook's to write");
 	}
 	if (nlinks_for && !off_links) { /* a --link-for of a capability not asked for: left out */
 		int caps = container_caps(doc, doclen), kept = 0;

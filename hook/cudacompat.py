@@ -36,7 +36,6 @@ import posixpath
 import stat
 
 from gpuctk import rootfs
-from gpuctk.hook import ldmerge
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
@@ -186,11 +185,12 @@ def _names(dir_fd: int) -> list[os.DirEntry[str]] | None:
 def _facts(dir_fd: int, name: str) -> tuple[int | None, str | None] | None:
     """(cache flags, SONAME) of the regular file `name` in the folder; None if it is not one."""
     from gpuctk.cdi.node.elf import read_elf_fd
+    from gpuctk.cdi.node.ldcache import CACHE_FLAGS
 
     info = _read_regular(dir_fd, name, read_elf_fd)
     if info is None:
         return None
-    return ldmerge.CACHE_FLAGS.get((info.elf_class, info.machine)), info.soname
+    return CACHE_FLAGS.get((info.elf_class, info.machine)), info.soname
 
 
 def _target(dir_fd: int, name: str, kinds: dict[str, bool]) -> str | None:

@@ -1,7 +1,7 @@
 """`gpuctk-hook`: the OCI hook binary named in gpuctk's CDI specs.
 
     gpuctk-hook createContainer [--link TARGET::LINK]... [--link-for CAP:TARGET::LINK]...
-                    [--folder DIR]... [--mode M --path P]...
+                    [--folder DIR]... [--mode M --path P]... [--ld-cache FILE]
                     [--disable-hook NAME]...          (an action left out: gpuctk.hook.actions)
     gpuctk-hook create-symlinks --link TARGET::LINK...        (nvidia-ctk hook verbs, one by one)
     gpuctk-hook update-ldcache --folder DIR...
@@ -56,6 +56,7 @@ _OPTIONS = {
         "ldconfig-path",
         "container-spec",
         "disable-hook",
+        "ld-cache",  # the stage's own cache, for gpuctk-cdi-hook: here the ELF headers are read
     ),
     "disable-device-node-modification": ("container-spec",),
     "create-symlinks": ("link", "container-spec"),
@@ -70,7 +71,8 @@ USAGE = """Usage: gpuctk-hook [OPTIONS] VERB [VERB OPTIONS]
 
 Verbs:
   createContainer [--link T::L]... [--link-for CAP:T::L]... [--folder DIR]...
-      [--mode M --path P]...     --link-for: when the container asks for CAP
+      [--mode M --path P]... [--ld-cache FILE]
+                                 --link-for: when the container asks for CAP
   create-symlinks --link TARGET::LINK...     one step of createContainer
   update-ldcache --folder DIR...             one step of createContainer
   chmod --mode M --path P...                 one step of createContainer

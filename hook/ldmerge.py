@@ -35,8 +35,6 @@ if TYPE_CHECKING:
 
 LD_CACHE = "/etc/ld.so.cache"
 MAX_CACHE = 4 << 20  # gpuctk.cdi.node.ldcache.MAX_CACHE_SIZE (not imported: only merges load it)
-# ELF (class, machine) -> ld.so.cache flags (FLAG_ELF_LIBC6 | the architecture's required bits)
-CACHE_FLAGS = {(64, 62): 0x0303, (32, 3): 0x0003, (64, 183): 0x0A03}
 
 
 def host_identity(host: str) -> tuple[int, int, int, int, int] | None:
@@ -50,6 +48,7 @@ def elf_facts(host: str) -> tuple[Any, ...] | None:
     """(identity, cache flags or None, SONAME) of the host file `host`; None if it is not a
     readable regular ELF file (a device or FIFO is never opened)."""
     from gpuctk.cdi.node.elf import read_elf_fd
+    from gpuctk.cdi.node.ldcache import CACHE_FLAGS
 
     try:
         if not stat.S_ISREG(os.stat(host).st_mode):

@@ -85,6 +85,7 @@ def _stage_hook(hook: Any) -> bool:
     pairs = list(zip(args[2::2], args[3::2], strict=True))
     return all(
         (k == "--folder" and v in STAGE_LIBS)
+        or (k == "--ld-cache" and v[:1] == "/" and v.endswith(STAGE_CACHE))
         or (k == "--disable-hook" and v in nodeguard.ACTIONS)
         or (k == "--link" and _stage_link(v) is not None)
         or (k == "--link-for" and v.partition(":")[0] and _stage_link(v.partition(":")[2]))
@@ -93,10 +94,12 @@ def _stage_hook(hook: Any) -> bool:
 
 
 def _stage_link(value: str) -> tuple[str, str] | None:
-    """(target, link) of a folder spec's `--link`: a staged file at its own container path."""
+    """(target, link) of a folder spec's `--link`: a staged file at its own container path,
+    or a staged binary at its usual path (/usr/local/nvidia/bin/NAME at /usr/bin/NAME)."""
     target, sep, link = value.partition("::")
     plain = link[:1] == "/" != link[1:2] and posixpath.normpath(link) == link and "\0" not in link
-    return (target, link) if sep and plain and target == STAGE_FILES + link else None
+    staged = target in (STAGE_FILES + link, f"{STAGE_PATH}/bin/{posixpath.basename(link)}")
+    return (target, link) if sep and plain and staged else None
 
 
 def _stage_links(hook: Any, config: dict[str, Any]) -> list[tuple[str, str]]:
@@ -218,6 +221,7 @@ def prepare(edits: EditsDoc) -> dict[str, Any]:
 
 STAGE_PATH = "/usr/local/nvidia"  # gpuctk.cdi.generate.STAGE_PATH
 STAGE_FILES = STAGE_PATH + "/files"  # gpuctk.cdi.stage.FILES
+STAGE_CACHE = "/ld.so.cache"  # the stage's own cache (gpuctk.cdi.stage.CACHE), on the host
 STAGE_FOLDERS = ("lib64", "lib")
 STAGE_LIBS = tuple(f"{STAGE_PATH}/{sub}" for sub in STAGE_FOLDERS)
 

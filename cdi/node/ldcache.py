@@ -44,6 +44,9 @@ FLAG_ELF_LIBC6 = 0x0003
 FLAG_REQUIRED_MASK = 0xFF00
 FLAG_X8664_LIB64 = 0x0300
 FLAG_AARCH64_LIB64 = 0x0A00
+# ELF (class, machine) -> the flags ldconfig gives a library: FLAG_ELF_LIBC6 | the
+# architecture's required bits (x86-64, i386, AArch64)
+CACHE_FLAGS = {(64, 62): 0x0303, (32, 3): 0x0003, (64, 183): 0x0A03}
 
 # The largest cache read at all: real ones are 30 KB to a few hundred KB (~100 bytes an entry);
 # 4 MiB holds ~40,000 libraries. Every cost of parsing and rewriting is linear in the size.

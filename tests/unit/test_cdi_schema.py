@@ -102,7 +102,7 @@ def test_folder_mode_and_management_specs_pass_both(
     )  # fmt: skip
     (hook,) = folder["containerEdits"]["hooks"]  # the stage's entry (gpuctk-cdi-hook)
     assert hook["args"][1] == "createContainer"
-    assert hook["args"][-2:] == ["--folder", "/usr/local/nvidia/lib64"]
+    assert hook["args"][-4:-1] == ["--folder", "/usr/local/nvidia/lib64", "--ld-cache"]
     assert "--link" in hook["args"]  # the staged firmware and config files
     management = generate("--simulate", "a100-mig", *root, "--mode", "management")
     assert management["kind"] == "management.nvidia.com/gpu"

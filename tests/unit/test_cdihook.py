@@ -3,8 +3,10 @@ createContainer hook: the OCI state on stdin, a bundle whose config.json names t
 
 Each test puts the binary in a folder of its own next to a fake `gpuctk-hook` (a shell script
 that records its argv, a few environment variables, its open descriptors and its stdin) and
-checks which of the front's outcomes it took: "nothing to do" (exit 0, the fake never runs),
-or the handover, with argv and the OCI state passed on byte for byte. The image is hostile
+checks which of the front's outcomes it took: served (exit 0, the fake never runs: the image's
+ld cache merged with the stage's, the links made), or the handover, with argv and the OCI state
+passed on byte for byte. A served image's cache is compared with what gpuctk-hook writes
+(gpuctk.hook.ldmerge: the same entries in the same order). The image is hostile
 (links out of the root, FIFOs, loops, huge or sparse files, huge folders) and so is the JSON;
 no case may hang, crash, or read outside the root. The device node guard is tried only as root
 and only inside a private mount namespace of its own (`unshare -m --propagation private`).
@@ -26,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from gpuctk.cdi.node.ldcache import LdCacheEntry, build_ld_cache, parse_ld_cache
+
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "hook" / "cdihook.c"
 BUILT = REPO / "hook" / "gpuctk-cdi-hook"
@@ -34,7 +38,19 @@ TIMEOUT = 20  # seconds: only to catch a hang, never a timed assertion
 
 DRIVER = "535.309.01"
 STAGE = "/usr/local/nvidia/lib64"
-ARGS = ["createContainer", "--folder", STAGE]
+# the stage's own cache (gpuctk.cdi.stage.CACHE), a host file: written once per session
+PART = REPO / "build" / "cdihook-test" / "ld.so.cache"
+ARGS = ["createContainer", "--folder", STAGE, "--ld-cache", str(PART)]
+X86_64 = 0x0303  # libc6,x86-64
+STAGE_ENTRIES = [
+    LdCacheEntry("libcuda.so.1", f"{STAGE}/libcuda.so.1", X86_64),
+    LdCacheEntry("libnvidia-ml.so.1", f"{STAGE}/libnvidia-ml.so.1", X86_64),
+    LdCacheEntry("libcuda.so", f"{STAGE}/libcuda.so", X86_64),
+]
+IMAGE_ENTRIES = [
+    LdCacheEntry("libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6", X86_64),
+    LdCacheEntry("libm.so.6", "/lib/x86_64-linux-gnu/libm.so.6", X86_64),
+]
 LOADER = "/lib64/ld-linux-x86-64.so.2"
 LOADER_FILE = "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
 PARAMS = "proc/driver/nvidia/params"
@@ -53,6 +69,17 @@ exit 0
 
 
 # ---- the binary ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stage_part() -> Path:
+    """PART: the stage's cache, as gpuctk.cdi.stage writes it (root's, mode 0644)."""
+    PART.parent.mkdir(parents=True, exist_ok=True)
+    tmp = PART.with_name(f".part-{os.getpid()}")
+    tmp.write_bytes(build_ld_cache(STAGE_ENTRIES))
+    tmp.chmod(0o644)
+    tmp.replace(PART)
+    return PART
 
 
 @pytest.fixture(scope="session")
@@ -107,16 +134,38 @@ def link(root: Path, path: str, to: str) -> Path:
 
 
 def served_root(root: Path) -> Path:
-    """An image the front serves alone: a glibc-hwcaps loader, the stage, no ld cache."""
-    put(root, LOADER_FILE, b"\x7fELF\x02\x01\x01 ... /glibc-hwcaps/x86-64-v2 ... \0")
+    """An image the front serves alone: an x86-64 glibc loader, an ld.so.conf, an ld cache of
+    its own (IMAGE_ENTRIES), the stage."""
+    put(root, LOADER_FILE, b"\x7fELF\x02\x01\x01")
     link(root, LOADER, LOADER_FILE)
+    put(root, "/etc/ld.so.conf", b"include /etc/ld.so.conf.d/*.conf\n")
+    put(root, "/etc/ld.so.cache", build_ld_cache(IMAGE_ENTRIES))
     for name in ("libcuda.so.1", f"libcuda.so.{DRIVER}", "libnvidia-ml.so.1", "README"):
         put(root, f"{STAGE}/{name}", b"\x7fELF")
     return root
 
 
 def cache(*strings: str) -> bytes:
+    """No ld cache any reader knows: an old magic and strings."""
     return b"ld.so-1.7.0\0" + b"".join(s.encode() + b"\0" for s in strings)
+
+
+def expected(image: list[LdCacheEntry], stage: list[LdCacheEntry] = STAGE_ENTRIES) -> list[Any]:
+    """The entries gpuctk-hook's merge gives (gpuctk.hook.ldmerge.write_cache), in order."""
+    new = {(e.key, e.flags) for e in stage}
+    kept = [e for e in image if (e.key, e.flags) not in new]
+    return list(parse_ld_cache(build_ld_cache([*kept, *stage])))
+
+
+def merged(root: Path, image: list[LdCacheEntry] = IMAGE_ENTRIES) -> None:
+    """The root's cache is the merge of `image` and the stage's, and 00-gpuctk.conf names
+    the stage's folder."""
+    got = list(parse_ld_cache((root / "etc/ld.so.cache").read_bytes()))
+    assert got == expected(image), got
+    conf = (root / "etc/ld.so.conf.d/00-gpuctk.conf").read_text()
+    assert conf.startswith("# written by gpuctk-cdi-hook") and f"\n{STAGE}\n" in conf, conf
+    mode = (root / "etc/ld.so.cache").stat().st_mode & 0o7777
+    assert mode == 0o644 and not list((root / "etc").glob(".ld.so.cache*"))
 
 
 @dataclass
@@ -255,37 +304,74 @@ def handover(
 # ---- the common image ---------------------------------------------------------------------
 
 
-def test_served_image_needs_nothing(front: Front, bundle: Bundle) -> None:
-    served(run(front, bundle))
+WHY_LOADER = "not an x86-64 glibc image alone"
+WHY_CACHE = "the image's ld cache is gpuctk-hook's to write"
 
 
-def test_served_with_a_cache_of_other_libraries(front: Front, bundle: Bundle) -> None:
-    put(bundle.root, "/etc/ld.so.cache", cache("libfoo.so.1", "/usr/lib/libfoo.so.1"))
+def test_served_image_gets_the_stage_in_its_ld_cache(front: Front, bundle: Bundle) -> None:
     served(run(front, bundle))
+    merged(bundle.root)
+
+
+def test_served_twice_is_the_same(front: Front, bundle: Bundle) -> None:
+    """A restarted container's root: the stage's entries replace themselves."""
+    served(run(front, bundle))
+    first = (bundle.root / "etc/ld.so.cache").read_bytes()
+    served(run(front, bundle))
+    assert (bundle.root / "etc/ld.so.cache").read_bytes() == first
+    merged(bundle.root)
 
 
 def test_served_with_two_folders_and_disabled_hooks(front: Front, bundle: Bundle) -> None:
     put(bundle.root, "/usr/local/nvidia/lib/libcuda.so.1")
     args = [*ARGS, "--folder", "/usr/local/nvidia/lib", "--disable-hook", "create-symlinks"]
     served(run(front, bundle, args))
+    merged(bundle.root)
+    conf = (bundle.root / "etc/ld.so.conf.d/00-gpuctk.conf").read_text()
+    assert conf.splitlines()[1:] == [STAGE, "/usr/local/nvidia/lib"]
 
 
 def test_relative_root_path_is_the_bundles(front: Front, tmp_path: Path) -> None:
-    served(run(front, make_bundle(tmp_path, "rootfs")))
+    b = make_bundle(tmp_path, "rootfs")
+    served(run(front, b))
+    merged(b.root)
 
 
 def test_relative_root_path_really_read(front: Front, tmp_path: Path) -> None:
     b = make_bundle(tmp_path, "rootfs")
     (b.root / LOADER.lstrip("/")).unlink()
-    handover(front, b, "the image's loader does not search glibc-hwcaps")
+    handover(front, b, WHY_LOADER)
 
 
 def test_state_is_passed_byte_exact(front: Front, bundle: Bundle) -> None:
     state = b'\n {"ociVersion":"1.0.2", "id":"x","status":"creating","pid":1,'
     state += b'"annotations":{"\\u00e9":"\xc3\xa9 \\"q\\" \\\\"},'
     state += b'"bundle":"' + str(bundle.path).encode() + b'"}  \n\t'
-    args = ["createContainer", "--folder", STAGE, "--link", "a b\x01\u00fc::/x"]
+    args = [*ARGS, "--link", "a b\x01\u00fc::/x"]
     handover(front, bundle, "a --link only gpuctk-hook reads", args, state=state)
+
+
+def test_a_stale_driver_entry_of_the_image_is_replaced(front: Front, bundle: Bundle) -> None:
+    """An image that carries a driver copy in its own cache (a stub libcuda.so.1): the
+    stage's entry replaces it, as in gpuctk-hook; the image's other flags stay."""
+    image = [
+        *IMAGE_ENTRIES,
+        LdCacheEntry("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", X86_64),
+        LdCacheEntry("libcuda.so.1", "/usr/lib/i386-linux-gnu/libcuda.so.1", 0x0003),
+    ]
+    put(bundle.root, "/etc/ld.so.cache", build_ld_cache(image))
+    served(run(front, bundle))
+    merged(bundle.root, image)
+    got = [e.value for e in parse_ld_cache((bundle.root / "etc/ld.so.cache").read_bytes())
+           if e.key == "libcuda.so.1"]  # fmt: skip
+    assert got == [f"{STAGE}/libcuda.so.1", "/usr/lib/i386-linux-gnu/libcuda.so.1"]
+
+
+def test_an_old_glibc_loader_is_served(front: Front, bundle: Bundle) -> None:
+    """glibc before 2.33 (no glibc-hwcaps): the cache is what its loader reads."""
+    put(bundle.root, LOADER_FILE, b"\x7fELF old glibc\0")
+    served(run(front, bundle))
+    merged(bundle.root)
 
 
 # ---- each reason to hand over ---------------------------------------------------------------
@@ -293,38 +379,59 @@ def test_state_is_passed_byte_exact(front: Front, bundle: Bundle) -> None:
 
 def test_loader_missing(front: Front, bundle: Bundle) -> None:
     (bundle.root / LOADER.lstrip("/")).unlink()
-    handover(front, bundle, "the image's loader does not search glibc-hwcaps")
-
-
-def test_loader_without_glibc_hwcaps(front: Front, bundle: Bundle) -> None:
-    put(bundle.root, LOADER_FILE, b"\x7fELF old glibc, glibc-hwcap s\0")
-    handover(front, bundle, "the image's loader does not search glibc-hwcaps")
-
-
-def test_32bit_loader(front: Front, bundle: Bundle) -> None:
-    put(bundle.root, "/lib/ld-linux.so.2", b"\x7fELF\x01")
-    handover(front, bundle, "the image's loader does not search glibc-hwcaps")
+    handover(front, bundle, WHY_LOADER)
 
 
 @pytest.mark.parametrize(
-    "strings",
+    "other", ["/lib/ld-linux.so.2", "/lib/ld-musl-x86_64.so.1", "/lib/ld-musl-i386.so.1"]
+)
+def test_another_loader(front: Front, bundle: Bundle, other: str) -> None:
+    put(bundle.root, other, b"\x7fELF\x01")
+    handover(front, bundle, WHY_LOADER)
+
+
+@pytest.mark.parametrize(
+    "setup",
     [
-        ("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
-        ("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",),
-        ("libfoo.so", f"/x/libcuda.so.{DRIVER}"),
+        lambda r: (r / "etc/ld.so.cache").unlink(),
+        lambda r: (r / "etc/ld.so.conf").unlink(),
+        lambda r: put(r, "/etc/ld.so.cache", cache("libfoo.so.1", "/usr/lib/libfoo.so.1")),
+        lambda r: put(r, "/etc/ld.so.cache", b""),
+        lambda r: put(r, "/etc/ld.so.conf.d/00-compat-gpuctk.conf", b"/usr/local/cuda/compat\n"),
+        lambda r: put(r, "/etc/ld.so.cache", build_ld_cache(IMAGE_ENTRIES)[:60]),
+    ],
+    ids=["no-cache", "no-ld.so.conf", "not-a-cache", "empty", "compat-conf", "truncated"],
+)
+def test_cache_gpuctk_hook_writes(front: Front, bundle: Bundle, setup: Any) -> None:
+    setup(bundle.root)
+    cache_file = bundle.root / "etc/ld.so.cache"
+    before = cache_file.read_bytes() if cache_file.exists() else None
+    handover(front, bundle, WHY_CACHE)
+    assert not (bundle.root / "etc/ld.so.conf.d/00-gpuctk.conf").exists()
+    assert (cache_file.read_bytes() if cache_file.exists() else None) == before
+
+
+@pytest.mark.parametrize(
+    ("part", "why"),
+    [
+        (lambda p: p.unlink(), "absent"),
+        (lambda p: p.chmod(0o666), "writable by others"),
+        (lambda p: p.write_bytes(b"not a cache"), "not a cache"),
+        (lambda p: (p.unlink(), p.symlink_to(PART)), "a link"),
+        (lambda p: (p.unlink(), os.mkfifo(p)), "a fifo"),
     ],
 )
-def test_cache_names_a_driver_library(
-    front: Front, bundle: Bundle, strings: tuple[str, ...]
+def test_stage_cache_not_usable(
+    front: Front, bundle: Bundle, tmp_path: Path, part: Any, why: str
 ) -> None:
-    put(bundle.root, "/etc/ld.so.cache", cache(*strings))
-    handover(front, bundle, "the image's ld cache names a driver library")
-
-
-def test_cache_names_neither_prefix_nor_folder(front: Front, bundle: Bundle) -> None:
-    # README is not a lib* name; libcuda.so is not libcuda.so.1; a name in a path is no hit
-    put(bundle.root, "/etc/ld.so.cache", cache("README", "libcuda.so", "/libcuda.so.1/x", ""))
-    served(run(front, bundle))
+    mine = tmp_path / "stage" / "ld.so.cache"
+    mine.parent.mkdir()
+    mine.write_bytes(PART.read_bytes())
+    mine.chmod(0o644)
+    part(mine)
+    args = ["createContainer", "--folder", STAGE, "--ld-cache", str(mine)]
+    handover(front, bundle, WHY_CACHE, args)
+    assert (bundle.root / "etc/ld.so.cache").read_bytes() == build_ld_cache(IMAGE_ENTRIES)
 
 
 def test_compat_newer(front: Front, bundle: Bundle) -> None:
@@ -343,20 +450,7 @@ def test_compat_not_newer(front: Front, bundle: Bundle, name: str) -> None:
     put(bundle.root, f"/usr/local/cuda/compat/{name}", b"\x7fELF")
     put(bundle.root, "/usr/local/cuda/compat/libnvidia-ptxjitcompiler.so.999.1", b"\x7fELF")
     served(run(front, bundle))
-
-
-def test_root_left_by_a_compat_run_goes_to_python(front: Front, bundle: Bundle) -> None:
-    # a reused root after a driver upgrade: gpuctk-hook put the compat folder in the ld cache
-    # (and its 00-compat-gpuctk.conf) when compat was newer; compat is older now, and only
-    # gpuctk-hook empties that conf and rebuilds the cache
-    put(bundle.root, "/usr/local/cuda/compat/libcuda.so.530.30.02", b"\x7fELF")
-    put(bundle.root, "/etc/ld.so.conf.d/00-compat-gpuctk.conf", b"/usr/local/cuda/compat\n")
-    put(
-        bundle.root,
-        "/etc/ld.so.cache",
-        cache("libcuda.so.1", "/usr/local/cuda/compat/libcuda.so.1"),
-    )
-    handover(front, bundle, "the image's ld cache names a driver library")
+    merged(bundle.root)
 
 
 def test_compat_link_is_ignored(front: Front, bundle: Bundle) -> None:
@@ -383,7 +477,9 @@ def test_driver_version_unused_with_compat_disabled(front: Front, bundle: Bundle
 
 def test_ldcache_disabled_skips_the_image(front: Front, bundle: Bundle) -> None:
     (bundle.root / LOADER.lstrip("/")).unlink()
+    before = (bundle.root / "etc/ld.so.cache").read_bytes()
     served(run(front, bundle, ["createContainer", "--disable-hook", "update-ldcache"]))
+    assert (bundle.root / "etc/ld.so.cache").read_bytes() == before
 
 
 @pytest.mark.parametrize(
@@ -400,7 +496,13 @@ def test_ldcache_disabled_skips_the_image(front: Front, bundle: Bundle) -> None:
         (["createContainer", *["--folder", STAGE] * 17], "a --folder only gpuctk-hook reads"),
         (["disable-device-node-modification", "--folder", STAGE], "a --folder only"),
         ([*ARGS, "--disable-hook", "bogus"], "a --disable-hook name only gpuctk-hook knows"),
-        (["createContainer"], "no --folder"),
+        ([*ARGS, "--ld-cache", str(PART)], "an --ld-cache only gpuctk-hook reads"),
+        (["createContainer", "--ld-cache", "build/x"], "an --ld-cache only gpuctk-hook reads"),
+        (["createContainer", "--ld-cache", "/a/../b"], "an --ld-cache only gpuctk-hook reads"),
+        (["disable-device-node-modification", "--ld-cache", str(PART)], "an --ld-cache only"),
+        (["createContainer"], "no --folder or no --ld-cache"),
+        (["createContainer", "--folder", STAGE], "no --folder or no --ld-cache"),
+        (["createContainer", "--ld-cache", str(PART)], "no --folder or no --ld-cache"),
         (["prestart"], "another verb"),
         (["update-ldcache", "--folder", STAGE], "another verb"),
         (["--version"], "another verb"),
@@ -416,97 +518,96 @@ def test_front_off(front: Front, bundle: Bundle) -> None:
     served(run(front, bundle, env={"GPUCTK_HOOK_FRONT": "on"}))
 
 
-def test_folder_missing_in_the_root(front: Front, bundle: Bundle) -> None:
-    shutil.rmtree(bundle.root / "usr/local/nvidia")
-    handover(front, bundle, "a --folder could not be listed")
-
-
-def test_folder_too_many_names(front: Front, bundle: Bundle) -> None:
-    for i in range(520):
-        put(bundle.root, f"{STAGE}/libx{i}.so")
-    handover(front, bundle, "a --folder could not be listed")
-
-
 # ---- a hostile image ----------------------------------------------------------------------
 
 
 def test_cache_fifo(front: Front, bundle: Bundle) -> None:
-    (bundle.root / "etc").mkdir()
+    (bundle.root / "etc/ld.so.cache").unlink()
     os.mkfifo(bundle.root / "etc/ld.so.cache")
-    handover(front, bundle, "the image's ld cache could not be read")
+    handover(front, bundle, WHY_CACHE)
 
 
 def test_loader_fifo(front: Front, bundle: Bundle) -> None:
-    os.mkfifo(bundle.root / "lib/ld-linux.so.2")
-    handover(front, bundle, "the image's loader could not be read")
+    loader = bundle.root / LOADER_FILE.lstrip("/")
+    loader.unlink()
+    os.mkfifo(loader)
+    handover(front, bundle, WHY_LOADER)
 
 
 def test_cache_directory(front: Front, bundle: Bundle) -> None:
-    (bundle.root / "etc/ld.so.cache").mkdir(parents=True)
-    handover(front, bundle, "the image's ld cache could not be read")
+    (bundle.root / "etc/ld.so.cache").unlink()
+    (bundle.root / "etc/ld.so.cache").mkdir()
+    handover(front, bundle, WHY_CACHE)
 
 
 def test_cache_link_to_a_host_path_stays_in_the_root(
     front: Front, bundle: Bundle, tmp_path: Path
 ) -> None:
-    host = put(tmp_path, "/host/etc/shadow", cache("/usr/lib/libcuda.so.1"))
+    host = put(tmp_path, "/host/etc/cache", build_ld_cache(IMAGE_ENTRIES[:1]))
+    (bundle.root / "etc/ld.so.cache").unlink()
     link(bundle.root, "/etc/ld.so.cache", str(host))
-    served(run(front, bundle))  # the root has no such file: no cache
-    put(bundle.root, str(host), cache("/usr/lib/libcuda.so.1"))
-    handover(front, bundle, "the image's ld cache names a driver library")
+    handover(front, bundle, WHY_CACHE)  # the root has no such file: no cache
+    put(bundle.root, str(host), build_ld_cache(IMAGE_ENTRIES))
+    served(run(front, bundle))
+    merged(bundle.root)  # the link replaced by the merged file; the host's untouched
+    assert host.read_bytes() == build_ld_cache(IMAGE_ENTRIES[:1])
 
 
 def test_cache_link_out_with_dotdot(front: Front, bundle: Bundle, tmp_path: Path) -> None:
-    host = put(tmp_path, "/host/cache", cache("/usr/lib/libcuda.so.1"))
+    host = put(tmp_path, "/host/cache", build_ld_cache(IMAGE_ENTRIES))
+    (bundle.root / "etc/ld.so.cache").unlink()
     link(bundle.root, "/etc/ld.so.cache", "../" * 40 + str(host).lstrip("/"))
-    served(run(front, bundle))
+    handover(front, bundle, WHY_CACHE)
 
 
 def test_cache_link_loop(front: Front, bundle: Bundle) -> None:
+    (bundle.root / "etc/ld.so.cache").unlink()
     link(bundle.root, "/etc/ld.so.cache", "/etc/a")
     link(bundle.root, "/etc/a", "/etc/ld.so.cache")
-    served(run(front, bundle))  # a loop is no cache, to the loader as well
+    handover(front, bundle, WHY_CACHE)
 
 
 def test_cache_magic_link(front: Front, bundle: Bundle) -> None:
+    (bundle.root / "etc/ld.so.cache").unlink()
     link(bundle.root, "/etc/ld.so.cache", "/proc/self/fd/0")
     os.symlink("/proc", bundle.root / "proc")  # in the root, /proc is the host's
-    out = run(front, bundle)
-    assert out.ran or out.rc == 0  # never the state as a cache; never a hang
+    handover(front, bundle, WHY_CACHE)  # never the state as a cache; never a hang
 
 
 def test_loader_link_out_with_dotdot(front: Front, bundle: Bundle, tmp_path: Path) -> None:
-    host = put(tmp_path, "/host/ld.so", b"glibc-hwcaps")
+    host = put(tmp_path, "/host/ld.so", b"\x7fELF")
     loader = bundle.root / LOADER.lstrip("/")
     loader.unlink()
     loader.symlink_to("../" * 40 + str(host).lstrip("/"))
-    handover(front, bundle, "the image's loader does not search glibc-hwcaps")
+    handover(front, bundle, WHY_LOADER)
 
 
 def test_loader_absolute_host_link(front: Front, bundle: Bundle, tmp_path: Path) -> None:
-    host = put(tmp_path, "/host/ld.so", b"glibc-hwcaps")
+    host = put(tmp_path, "/host/ld.so", b"\x7fELF")
     loader = bundle.root / LOADER.lstrip("/")
     loader.unlink()
     loader.symlink_to(host)
-    handover(front, bundle, "the image's loader does not search glibc-hwcaps")
+    handover(front, bundle, WHY_LOADER)
 
 
 def test_huge_sparse_cache_is_not_read(front: Front, bundle: Bundle) -> None:
-    path = put(bundle.root, "/etc/ld.so.cache", cache("libfoo.so.1"))
-    os.truncate(path, (64 << 20) + 1)
-    handover(front, bundle, "the image's ld cache could not be read")
+    path = put(bundle.root, "/etc/ld.so.cache", build_ld_cache(IMAGE_ENTRIES))
+    os.truncate(path, (4 << 20) + 1)
+    handover(front, bundle, WHY_CACHE)
 
 
 def test_cache_at_the_limit_is_read(front: Front, bundle: Bundle) -> None:
-    path = put(bundle.root, "/etc/ld.so.cache", cache("libfoo.so.1"))
-    os.truncate(path, 64 << 20)
+    path = put(bundle.root, "/etc/ld.so.cache", build_ld_cache(IMAGE_ENTRIES))
+    os.truncate(path, 4 << 20)
     served(run(front, bundle))
+    merged(bundle.root)
 
 
-def test_huge_sparse_loader_is_not_read(front: Front, bundle: Bundle) -> None:
+def test_the_loader_is_never_read(front: Front, bundle: Bundle) -> None:
     path = bundle.root / LOADER_FILE.lstrip("/")
-    os.truncate(path, (16 << 20) + 1)
-    handover(front, bundle, "the image's loader could not be read")
+    os.truncate(path, 1 << 40)  # sparse: reading it would take minutes
+    path.chmod(0)
+    served(run(front, bundle))
 
 
 def test_compat_folder_too_big(front: Front, bundle: Bundle) -> None:
@@ -1046,7 +1147,9 @@ def test_links_never_written_outside_the_roots_own_mount(
                           timeout=TIMEOUT, check=False)  # fmt: skip
     err = done.stderr.decode(errors="replace")
     assert done.returncode == 0, err
-    assert "gpuctk-cdi-hook: gpuctk-hook: a --link gpuctk-hook makes" in err, err
+    # a read-only root: its ld cache cannot be written either, which is found first
+    why = WHY_CACHE if how == "read-only" else "a --link gpuctk-hook makes"
+    assert f"gpuctk-cdi-hook: gpuctk-hook: {why}" in err, err
     assert (front.folder / "stdin").read_bytes() == state_for(bundle.path)
     assert list(vol.iterdir()) == []
     assert not (bundle.root / "usr/share/vulkan").exists()

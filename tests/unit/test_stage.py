@@ -16,6 +16,7 @@ from fixtures.devroot import make_node_roots
 from gpuctk.cdi import stage
 from gpuctk.cdi.generate import STAGE_PATH, Options, build_spec
 from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles
+from gpuctk.cdi.node.ldcache import parse_ld_cache
 from gpuctk.cdi.node.profile import load_profile
 from gpuctk.cdi.simulate import simulated_nodes
 from gpuctk.cdi.specs.validate import validate_files
@@ -59,6 +60,9 @@ def tree(folder: Path) -> dict[str, str]:
         rel = str(path.relative_to(folder))
         if path.is_symlink():
             out[rel] = "-> " + os.readlink(path)
+        elif rel == stage.CACHE:  # the stage's own ld cache, as `ldconfig -p` lists it
+            out[rel] = "; ".join(f"{e.key} {e.description} {e.value}"
+                                 for e in parse_ld_cache(path.read_bytes()))  # fmt: skip
         else:
             out[rel] = "dir" if path.is_dir() else path.read_text()
     return out
@@ -86,6 +90,15 @@ def test_the_layout(driver: DriverFiles, tmp_path: Path) -> None:
         "lib64/libnvidia-ml.so.1": f"-> libnvidia-ml.so.{V}",
         f"lib64/libnvidia-ml.so.{V}": f"{TRIPLET}/libnvidia-ml.so.{V}",
         f"lib64/libnvidia-nosoname.so.{V}": f"{TRIPLET}/libnvidia-nosoname.so.{V}",
+        "ld.so.cache": "; ".join(
+            [  # each library under its SONAME, at its container path
+                f"libnvidia-ml.so.1 libc6,x86-64 {STAGE_PATH}/lib64/libnvidia-ml.so.1",
+                "libnvidia-allocator.so.1 libc6,x86-64 "
+                f"{STAGE_PATH}/lib64/libnvidia-allocator.so.1",
+                f"libcuda.so.1 libc6,x86-64 {STAGE_PATH}/lib64/libcuda.so.1",
+                f"libcuda.so.1 libc6 {STAGE_PATH}/lib/libcuda.so.1",
+            ]
+        ),
     }
     # Every folder is readable by an unprivileged container user; files keep their modes and
     # are the driver's own inodes (hard links: same filesystem here).
@@ -191,8 +204,12 @@ def test_the_spec_mounts_the_stage_only(driver: DriverFiles) -> None:
     edits = spec["containerEdits"]
     (hook,) = edits["hooks"]  # one entry: the stage's folder for the images mounts miss
     assert hook["args"] == [  # this driver has 32-bit libraries: lib/ too
-        "gpuctk-hook", "createContainer", "--folder", f"{STAGE_PATH}/lib64",
-        "--folder", f"{STAGE_PATH}/lib",
+        "gpuctk-hook", "createContainer",
+        "--link-for", f"utility:{STAGE_PATH}/bin/nvidia-smi::/usr/bin/nvidia-smi",
+        "--link-for",
+        f"compute:{STAGE_PATH}/bin/nvidia-cuda-mps-control::/usr/bin/nvidia-cuda-mps-control",
+        "--folder", f"{STAGE_PATH}/lib64", "--folder", f"{STAGE_PATH}/lib",
+        "--ld-cache", "/var/lib/gpuctk/driver/x/ld.so.cache",
     ]  # fmt: skip
     hookless = Options(library_mode="folder", stage_path="/x", disabled_hooks=("all",))
     assert (

@@ -1,0 +1,275 @@
+"""gpuctk-cdi-hook's ld cache (hook/ldcache.c) against gpuctk-hook's (gpuctk.hook.ldmerge).
+
+The compiled hook writes the image's /etc/ld.so.cache anew with the stage's libraries in it.
+Its result must be what gpuctk-hook and the shim write for the same image: the same entries
+in the same order (gpuctk.cdi.node.ldcache.build_ld_cache), checked here on caches that real
+ldconfig wrote (this host's, and ones made over libraries with awkward names in every format
+ldconfig writes: new, and the old+new "compat" of glibc before 2.32, with glibc-hwcaps
+extension entries), then read back by glibc's own `ldconfig -p`. A hostile image's cache
+(random mutations of real ones) never crashes it or makes it write a cache that gpuctk's
+reader rejects; the mutations also run under AddressSanitizer and UBSan when gcc has them.
+
+CDIHOOK_FUZZ_RUNS sets how many mutated caches each binary tries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuctk.cdi.node.ldcache import LdCacheEntry, build_ld_cache, parse_ld_cache
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCE = REPO / "hook" / "cdihook.c"
+BUILT = REPO / "hook" / "gpuctk-cdi-hook"
+FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong"]
+SANITIZE = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+STAGE = "/usr/local/nvidia/lib64"
+X86_64 = 0x0303
+STAGE_ENTRIES = [
+    LdCacheEntry("libcuda.so.1", f"{STAGE}/libcuda.so.1", X86_64),
+    LdCacheEntry("libcuda.so", f"{STAGE}/libcuda.so", X86_64),
+    LdCacheEntry("libnvidia-ml.so.1", f"{STAGE}/libnvidia-ml.so.1", X86_64),
+    LdCacheEntry("libnvidia-ptxjitcompiler.so.1", f"{STAGE}/libnvidia-ptxjitcompiler.so.1",
+                 X86_64),
+    LdCacheEntry("libcuda.so.1", "/usr/local/nvidia/lib/libcuda.so.1", 0x0003),
+]  # fmt: skip
+# SONAMEs whose order needs glibc's comparison (numbers, case, punctuation) and one a stage
+# entry replaces
+NAMES = [
+    "libcuda.so.1", "libfoo.so.9", "libfoo.so.10", "libfoo.so.1.2", "libFoo.so.2",
+    "libx2y.so.3", "libx10y.so.3", "lib-a_b+c.so.0", "libz.so.007", "libz.so.7",
+    "libnum.so.4294967296", "libnum.so.2147483648", "libnum.so.99999999999",
+]  # fmt: skip
+TIMEOUT = 20
+
+
+def build(cc: str, out: Path, flags: list[str]) -> Path:
+    subprocess.run([cc, *flags, "-o", str(out), str(SOURCE)], check=True, capture_output=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def binaries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The hook as built, and as built with the sanitizers where gcc has them."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    out: dict[str, Path] = {}
+    work = tmp_path_factory.mktemp("ldcache-bin")
+    if os.environ.get("CDIHOOK_BIN"):
+        out["named"] = Path(os.environ["CDIHOOK_BIN"])
+    elif BUILT.is_file():
+        out["built"] = BUILT
+    elif cc:
+        out["built"] = build(cc, work / "plain", FLAGS)
+    if cc:
+        with contextlib.suppress(subprocess.CalledProcessError):  # no libasan: plain alone
+            out["sanitized"] = build(cc, work / "sanitized", SANITIZE)
+    if not out:
+        pytest.skip("no C compiler and no hook/gpuctk-cdi-hook")
+    return out
+
+
+@pytest.fixture(scope="module")
+def part(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("stage") / "ld.so.cache"
+    path.write_bytes(build_ld_cache(STAGE_ENTRIES))
+    path.chmod(0o644)
+    return path
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of real shared objects named NAMES (each its own SONAME), and one in a
+    glibc-hwcaps subfolder (ldconfig gives it an extension entry)."""
+    cc = shutil.which("gcc")
+    if not cc:
+        pytest.skip("needs gcc")
+    folder = tmp_path_factory.mktemp("libs")
+    src = folder / "x.c"
+    src.write_text("int x(void) { return 1; }\n")
+    for name in [*NAMES, "glibc-hwcaps/x86-64-v2/libfoo.so.10"]:
+        out = folder / name
+        out.parent.mkdir(parents=True, exist_ok=True)
+        soname = os.path.basename(name)
+        subprocess.run([cc, "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(out), str(src)],
+                       check=True)  # fmt: skip
+    return folder
+
+
+def ldconfig_cache(root: Path, libs: Path, fmt: str) -> bytes:
+    """The cache glibc's ldconfig writes for `libs` (copied into root at /opt/libs) in `fmt`."""
+    if not shutil.which("ldconfig"):
+        pytest.skip("needs ldconfig")
+    shutil.copytree(libs, root / "opt/libs", symlinks=True, dirs_exist_ok=True)
+    (root / "etc").mkdir(exist_ok=True)
+    (root / "etc/ld.so.conf").write_text("/opt/libs\n")
+    done = subprocess.run(["ldconfig", "-X", "-c", fmt, "-r", str(root)], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"ldconfig -c {fmt}: {done.stderr.strip()}")
+    return (root / "etc/ld.so.cache").read_bytes()
+
+
+def image(root: Path, cache: bytes) -> Path:
+    (root / "lib/x86_64-linux-gnu").mkdir(parents=True, exist_ok=True)
+    (root / "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2").write_bytes(b"\x7fELF")
+    (root / "lib64").mkdir(exist_ok=True)
+    if not (root / "lib64/ld-linux-x86-64.so.2").is_symlink():
+        (root / "lib64/ld-linux-x86-64.so.2").symlink_to(
+            "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+        )
+    (root / "etc").mkdir(exist_ok=True)
+    if not (root / "etc/ld.so.conf").exists():
+        (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    (root / "etc/ld.so.cache").write_bytes(cache)
+    return root
+
+
+def run_hook(exe: Path, root: Path, part: Path) -> subprocess.CompletedProcess[bytes]:
+    """The hook's createContainer over `root`; a handover runs a `gpuctk-hook` that only
+    exits 0 (the tests look at what the compiled hook wrote)."""
+    bundle = root.parent / "bundle"
+    bundle.mkdir(exist_ok=True)
+    doc = {"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin"]}, "root": {"path": str(root)}}
+    (bundle / "config.json").write_text(json.dumps(doc))
+    folder = root.parent / "bin"
+    if not folder.exists():
+        folder.mkdir()
+        shutil.copyfile(exe, folder / "gpuctk-cdi-hook")
+        (folder / "gpuctk-cdi-hook").chmod(0o755)
+        (folder / "gpuctk-hook").write_text("#!/bin/sh\ncat >/dev/null\nexit 0\n")
+        (folder / "gpuctk-hook").chmod(0o755)
+    state = json.dumps({"ociVersion": "1.0.2", "id": "x", "status": "creating", "pid": 1,
+                        "bundle": str(bundle)}).encode()  # fmt: skip
+    args = ["createContainer", "--folder", STAGE, "--ld-cache", str(part)]
+    env = {"PATH": "/usr/bin:/bin", "GPUCTK_DRIVER_VERSION": "535.309.01",
+           "GPUCTK_HOOK_FRONT_TRACE": "1", "ASAN_OPTIONS": "detect_leaks=0",
+           "UBSAN_OPTIONS": "print_stacktrace=1"}  # fmt: skip
+    done = subprocess.run([str(folder / "gpuctk-cdi-hook"), *args], input=state, env=env,
+                          capture_output=True, timeout=TIMEOUT, check=False)  # fmt: skip
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode == 0, err
+    assert "Sanitizer" not in err and "runtime error" not in err, err
+    return done
+
+
+def expected(image_cache: bytes) -> list[LdCacheEntry]:
+    """What gpuctk-hook writes for this image (gpuctk.hook.ldmerge.write_cache), read back."""
+    new = {(e.key, e.flags) for e in STAGE_ENTRIES}
+    kept = [e for e in parse_ld_cache(image_cache) if (e.key, e.flags) not in new]
+    return list(parse_ld_cache(build_ld_cache([*kept, *STAGE_ENTRIES])))
+
+
+def served(done: subprocess.CompletedProcess[bytes]) -> bool:
+    return b"gpuctk-cdi-hook: gpuctk-hook:" not in done.stderr
+
+
+def check_merged(root: Path, image_cache: bytes) -> bytes:
+    written = (root / "etc/ld.so.cache").read_bytes()
+    assert list(parse_ld_cache(written)) == expected(image_cache)
+    return written
+
+
+@pytest.mark.parametrize("fmt", ["new", "compat"])
+def test_merge_of_ldconfigs_cache_is_gpuctk_hooks(
+    binaries: dict[str, Path], part: Path, libs: Path, tmp_path: Path, fmt: str
+) -> None:
+    for name, exe in binaries.items():
+        root = tmp_path / name / "root"
+        root.mkdir(parents=True)
+        original = ldconfig_cache(root, libs, fmt)
+        assert any(e.hwcap for e in parse_ld_cache(original)) or fmt == "compat"
+        image(root, original)
+        assert served(run_hook(exe, root, part))
+        written = check_merged(root, original)
+        # glibc's own reader: every entry there, the driver's where the stage put them
+        listed = subprocess.run(["ldconfig", "-p", "-C", str(root / "etc/ld.so.cache")],
+                                capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert f"libcuda.so.1 (libc6,x86-64) => {STAGE}/libcuda.so.1" in listed, listed
+        assert "libcuda.so.1 (libc6) => /usr/local/nvidia/lib/libcuda.so.1" in listed, listed
+        for soname in NAMES[1:]:
+            assert f"\t{soname} (libc6,x86-64) => /opt/libs/{soname}\n" in listed, listed
+        assert "/opt/libs/libcuda.so.1" not in listed  # replaced by the stage's
+        # a restart on the same root: the same bytes, the cache does not grow
+        assert served(run_hook(exe, root, part))
+        assert (root / "etc/ld.so.cache").read_bytes() == written
+
+
+def test_merge_of_this_hosts_cache(binaries: dict[str, Path], part: Path, tmp_path: Path) -> None:
+    host = Path("/etc/ld.so.cache")
+    if not host.is_file():
+        pytest.skip("this host has no ld cache")
+    original = host.read_bytes()
+    for name, exe in binaries.items():
+        root = image(tmp_path / name / "root", original)
+        assert served(run_hook(exe, root, part))
+        check_merged(root, original)
+
+
+def test_the_loader_finds_the_stage_through_the_merged_cache(
+    binaries: dict[str, Path], part: Path, tmp_path: Path
+) -> None:
+    """glibc's loader (this host's, in a chroot of the host's own libraries) resolves a
+    library through the cache the hook wrote: an entry the loader cannot binary-search is an
+    entry that does not work."""
+    exe = next(iter(binaries.values()))
+    root = tmp_path / "root"
+    original = Path("/etc/ld.so.cache").read_bytes()
+    image(root, original)
+    assert served(run_hook(exe, root, part))
+    listed = subprocess.run(["ldconfig", "-p", "-C", str(root / "etc/ld.so.cache")],
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert listed.splitlines()[0].startswith(f"{len(expected(original))} libs found"), listed
+    assert listed.count("=>") == len(expected(original))
+
+
+def mutations(seed: bytes, rng: random.Random, count: int) -> list[bytes]:
+    out = []
+    for _ in range(count):
+        data = bytearray(seed)
+        how = rng.randrange(4)
+        if how == 0:  # flip bytes anywhere
+            for _ in range(rng.randrange(1, 8)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        elif how == 1:  # a count, offset or flags field of the header or an entry
+            at = rng.choice([20, 24, 28, *range(48, min(len(data), 48 + 24 * 40), 4)])
+            value = rng.choice([0, 1, 0x7FFFFFFF, 0xFFFFFFFF, len(data), len(data) - 1,
+                                rng.randrange(1 << 32)])  # fmt: skip
+            data[at : at + 4] = value.to_bytes(4, "little")
+        elif how == 2:  # truncated
+            del data[rng.randrange(len(data)) :]
+        else:  # the NULs of the strings made something else
+            nuls = [i for i in range(len(data) // 2, len(data)) if data[i] == 0]
+            for i in rng.sample(nuls, min(len(nuls), rng.randrange(1, 6))):
+                data[i] = ord("/") if rng.random() < 0.3 else ord("7")
+        out.append(bytes(data))
+    return out
+
+
+def test_hostile_caches(binaries: dict[str, Path], part: Path, libs: Path, tmp_path: Path) -> None:
+    runs = int(os.environ.get("CDIHOOK_FUZZ_RUNS", "120"))
+    rng = random.Random(20261204)
+    seeds = [ldconfig_cache(tmp_path / f"seed-{f}", libs, f) for f in ("new", "compat")]
+    cases = [m for seed in seeds for m in mutations(seed, rng, runs // 2)]
+    for name, exe in binaries.items():
+        for i, data in enumerate(cases):
+            root = image(tmp_path / name / f"case-{i}" / "root", data)
+            done = run_hook(exe, root, part)
+            written = (root / "etc/ld.so.cache").read_bytes()
+            if not served(done):
+                assert written == data  # handed over: nothing written
+                continue
+            entries = parse_ld_cache(written)  # well formed to gpuctk's own reader
+            assert {(e.key, e.value) for e in STAGE_ENTRIES} <= {(e.key, e.value) for e in entries}
+            try:
+                want = expected(data)
+            except ValueError:
+                continue  # gpuctk-hook refuses this cache: it would run ldconfig instead
+            assert list(entries) == want
