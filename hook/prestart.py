@@ -15,13 +15,25 @@ In one process:
 4. allow the devices in its device cgroup (gpuctk.hook.cgroupdev: v1 devices.allow, v2 eBPF);
 5. open every mount source on the host side (detached mounts, options already set);
 6. enter the container's mount namespace and, with every path resolved inside the root: create
-   the device nodes, attach the mounts, then do the createContainer work of each gpuctk-hook
-   entry the edits carry (symlinks, modes, ld cache: gpuctk.hook.actions).
+   the device nodes, attach the mounts, then do the createContainer work of each of gpuctk's
+   own entries the edits carry (symlinks, `--link-for` links for the capabilities the
+   container's NVIDIA_DRIVER_CAPABILITIES asks for, modes, ld cache, and the device node guard:
+   gpuctk.hook.actions, as `gpuctk-hook VERB ARGS` would, the entry's GPUCTK_DRIVER_VERSION
+   and other machine facts from its env).
+
+gpuctk's own entries are those whose `path` is named `gpuctk-hook` or `gpuctk-cdi-hook` (the
+compiled front of the default folder spec, hook/cdihook.c, which does a subset of
+gpuctk-hook's work and hands it everything else with the same arguments), with a verb
+gpuctk-hook knows; the shim's in-root work (gpuctk.hook.shimroot) reads them by the same
+name. No binary a spec names is run here: their arguments are read as gpuctk-hook's and the
+work is done in this process, confined to the container's root as gpuctk-hook confines it.
+A spec author who could name a hook can already have a runtime that applies the spec run any
+binary as root; this mode runs none.
 
 What cannot be done after the runtime has read config.json is reported, not silently dropped:
-env edits (the process is configured), additionalGids, netDevices, intelRdt, and hooks that are
-not gpuctk-hook createContainer entries. The spec's env edit NVIDIA_VISIBLE_DEVICES=void exists
-for the shim path and is not needed here.
+env edits (the process is configured), additionalGids, netDevices, intelRdt (in the log), and
+hooks that are not gpuctk's (a warning: the work they stand for is not done). The spec's env
+edit NVIDIA_VISIBLE_DEVICES=void exists for the shim path and is not needed here.
 """
 
 from __future__ import annotations
@@ -30,8 +42,9 @@ import os
 import posixpath
 import time
 
+from gpuctk.cdi.node import facts
 from gpuctk.errors import InputError
-from gpuctk.hook import oci_state
+from gpuctk.hook import nodeguard, oci_state
 from gpuctk.log import hook as hooklog
 
 TYPE_CHECKING = False
@@ -40,22 +53,41 @@ if TYPE_CHECKING:
     from typing import Any, BinaryIO
 
     from gpuctk.cdi.specs.shape import EditsDoc
+    from gpuctk.hook.actions import Request
 
-HOOK_VERBS = ("createContainer", "create-symlinks", "update-ldcache", "chmod")
+HOOK_VERBS = (  # gpuctk-hook's in-root verbs (gpuctk.hook.hook_main)
+    "createContainer",
+    "create-symlinks",
+    "update-ldcache",
+    "chmod",
+    "disable-device-node-modification",
+)
+OUR_HOOKS = ("gpuctk-hook", nodeguard.FRONT)  # the names of gpuctk's hook entries' paths
+FACT_KEYS = (facts.DRIVER_KEY, facts.CUDA_KEY, facts.GPUS_KEY)  # an entry's env: the hook's
 UNSUPPORTED = ("env", "additionalGids", "netDevices", "intelRdt")
 
 
 class Plan:
     """What the runtime would have done with the edited config: the entries apply() added."""
 
-    __slots__ = ("devices", "hooks", "mounts", "notes", "rules")
+    __slots__ = ("devices", "hook_env", "hooks", "mounts", "notes", "rules", "skipped")
 
     def __init__(self) -> None:
         self.devices: list[dict[str, Any]] = []
         self.rules: list[tuple[str, int, int, str]] = []
         self.mounts: list[dict[str, Any]] = []
-        self.hooks: list[list[str]] = []  # argv of gpuctk-hook createContainer entries
-        self.notes: list[str] = []
+        self.hooks: list[list[str]] = []  # VERB ARGS... of gpuctk's own entries (ours())
+        self.hook_env: list[dict[str, str | None]] = []  # the machine facts in each one's env
+        self.notes: list[str] = []  # edits a prestart hook cannot apply
+        self.skipped: list[str] = []  # hook entries not run: not gpuctk's, or an unknown verb
+
+
+def ours(entry: Mapping[str, Any]) -> bool:
+    """Whether a hook entry is gpuctk's: its path names gpuctk-hook or its compiled front,
+    gpuctk-cdi-hook (as gpuctk.hook.shimroot reads a spec's entries). Its work is then done
+    in this process; the binary is never run."""
+    path = entry.get("path")
+    return isinstance(path, str) and posixpath.basename(path) in OUR_HOOKS
 
 
 def _list(parent: Any, *keys: str) -> list[Any]:
@@ -86,13 +118,13 @@ def plan(doc: dict[str, Any], edits: EditsDoc) -> Plan:
     for stage in sorted(apply.HOOK_STAGES):
         for entry in _list(doc, "hooks", stage)[hooks_before[stage] :]:
             args = entry.get("args") or [entry["path"]]
-            ours = posixpath.basename(args[0]) == "gpuctk-hook" or posixpath.basename(
-                entry["path"]
-            ).startswith("gpuctk-hook")
-            if stage == "createContainer" and ours and len(args) > 1 and args[1] in HOOK_VERBS:
+            verb = args[1] if len(args) > 1 else ""
+            if stage == "createContainer" and ours(entry) and verb in HOOK_VERBS:
                 out.hooks.append(list(args[1:]))
+                env = (e.partition("=") for e in entry.get("env") or ())
+                out.hook_env.append({k: v for k, _, v in env if k in FACT_KEYS})
             else:
-                out.notes.append(f"{stage} hook {' '.join(args)[:120]} not run (prestart mode)")
+                out.skipped.append(f"{stage} hook {' '.join(args)[:120]} not run (prestart mode)")
     raw: Mapping[str, Any] = edits  # the keys no prestart hook can apply, by name
     for key in UNSUPPORTED:
         items = raw.get(key)
@@ -103,33 +135,35 @@ def plan(doc: dict[str, Any], edits: EditsDoc) -> Plan:
     return out
 
 
-def _hook_request(args: list[str], config_path: str) -> Any:
+def _hook_request(args: list[str], config_path: str) -> Request:
+    """The Request `gpuctk-hook VERB ARGS` (args: VERB ARGS...) would make, for `config_path`."""
     from gpuctk.hook import hook_main
-    from gpuctk.hook.actions import Request
 
     verb = args[0]
     values, ignored = hook_main.parse(verb, args[1:])
     for arg in ignored:
         hooklog.warning(f"{verb}: unknown argument {arg!r} ignored")
-    mode = values.get("mode") or []
-    ldconfig = values.get("ldconfig-path") or []
-    return Request(
-        verb,
-        links=values.get("link"),
-        folders=values.get("folder"),
-        mode=mode[-1] if mode else None,
-        paths=values.get("path"),
-        ldconfig=(ldconfig[-1] if ldconfig else None) or os.environ.get("GPUCTK_LDCONFIG"),
-        container_spec=config_path,
-        run_ldconfig=verb == "update-ldcache" or bool(values.get("folder")),
-    )
+    values["container-spec"] = [config_path]
+    return hook_main._request(verb, values)
+
+
+def _set_env(env: Mapping[str, str | None]) -> dict[str, str | None]:
+    """Set (None: unset) these os.environ entries; returns what they were. For an entry's
+    machine facts (GPUCTK_DRIVER_VERSION, ...), which gpuctk-hook would have in its env."""
+    saved = {key: os.environ.get(key) for key in env}
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    return saved
 
 
 def inject(state: oci_state.State, doc: dict[str, Any], todo: Plan, config_path: str) -> str:
     """Steps 3-6 for an applied plan; returns a summary."""
     from gpuctk.hook import actions, cgroupdev, mknod, mounts, nsmount
 
-    requests = [_hook_request(args, config_path) for args in todo.hooks]
+    requests = [_hook_request(args, config_path) for args in todo.hooks]  # bad args fail here
     root_path = oci_state.rootfs_path(doc, state.bundle)
     container = nsmount.Container(state.pid)
     sources: list[tuple[Any, str]] = []
@@ -150,8 +184,12 @@ def inject(state: oci_state.State, doc: dict[str, Any], todo: Plan, config_path:
                     nsmount.bind(root_fd, source, destination)
         finally:
             os.close(root_fd)
-        for request in requests:
-            actions.run_request(request)
+        for request, env in zip(requests, todo.hook_env, strict=True):
+            saved = _set_env(env)
+            try:
+                actions.run_request(request)
+            finally:
+                _set_env(saved)
     finally:
         for source, _ in sources:
             source.close()
@@ -181,6 +219,8 @@ def main(verb: str, argv: list[str], stdin: BinaryIO | None = None) -> int:
     todo = plan(doc, edits)
     for note in todo.notes:
         hooklog.log("info", note, to_stderr=False)
+    for skipped in todo.skipped:  # the work such an entry stands for is not done
+        hooklog.warning(skipped)
     done = inject(state, doc, todo, config_path)
     ms = (time.monotonic() - started) * 1000
     hooklog.info(f"{verb} {state.id}: injected {cdiedits.describe(req)}: {done} ({ms:.0f} ms)")

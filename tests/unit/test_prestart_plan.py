@@ -2,7 +2,9 @@
 
 The plan is what the runtime would have done with the shim's config.json: the entries that
 gpuctk.cdi.specs.apply added (device nodes with their filled-in owner, cgroup rules, mounts in depth
-order, the gpuctk-hook createContainer argv), and notes for what a prestart hook cannot apply.
+order, the argv of gpuctk's own createContainer entries, gpuctk-hook's or the folder spec's
+compiled front's, with their machine facts), notes for what a prestart hook cannot apply, and
+the hook entries it does not run.
 """
 
 from __future__ import annotations
@@ -105,8 +107,89 @@ def test_plan_collects_what_apply_added() -> None:
         f"{LIB}/libcuda.so.1",
     ]
     assert todo.hooks == [["createContainer", "--folder", LIB]]
-    assert any("nvidia-ctk hook update-ldcache not run" in n for n in todo.notes)
+    assert todo.skipped == [
+        "createContainer hook nvidia-ctk hook update-ldcache not run (prestart mode)"
+    ]
     assert not any("env edits" in n for n in todo.notes)  # NVIDIA_VISIBLE_DEVICES=void only
+
+
+FRONT_ARGS = [
+    "gpuctk-cdi-hook",
+    "createContainer",
+    "--link-for",
+    "compute:/usr/local/nvidia/files/etc/OpenCL/vendors/nvidia.icd::/etc/OpenCL/vendors/nvidia.icd",
+    "--link",
+    "/usr/local/nvidia/files/lib/firmware/nvidia/535/gsp.bin::/lib/firmware/nvidia/535/gsp.bin",
+    "--folder",
+    "/usr/local/nvidia/lib64",
+    "--disable-hook",
+    "enable-cuda-compat",
+]
+
+
+def test_plan_takes_the_folder_specs_compiled_front() -> None:
+    """The default spec's entry names gpuctk-cdi-hook: its work is gpuctk-hook's, done here,
+    with the machine facts of its env (not its PATH or anything else)."""
+    entry: Any = {
+        "hookName": "createContainer",
+        "path": "/usr/bin/gpuctk-cdi-hook",
+        "args": FRONT_ARGS,
+        "env": ["PATH=/usr/bin:/bin", "GPUCTK_DRIVER_VERSION=535.309.01", "LD_PRELOAD=/x.so"],
+    }
+    todo = prestart.plan(config(), {"hooks": [entry]})
+    assert todo.hooks == [FRONT_ARGS[1:]]
+    assert todo.hook_env == [{"GPUCTK_DRIVER_VERSION": "535.309.01"}]
+    assert todo.skipped == [] and todo.notes == []
+
+
+@pytest.mark.parametrize(
+    ("path", "args", "taken"),
+    [
+        ("/opt/gpuctk/bin/gpuctk-hook", ["gpuctk-hook", "createContainer", "--folder", LIB], True),
+        ("/usr/bin/gpuctk-cdi-hook", ["gpuctk-cdi-hook", "disable-device-node-modification"], True),
+        ("/usr/bin/gpuctk-hook", ["gpuctk-hook", "update-ldcache", "--folder", LIB], True),
+        # named by the path, never by argv[0]: this entry would run another program
+        ("/usr/bin/other-hook", ["gpuctk-hook", "createContainer", "--folder", LIB], False),
+        ("/usr/bin/gpuctk-cdi-hook.old", ["gpuctk-cdi-hook", "createContainer"], False),
+        ("/usr/bin/gpuctk-hook", ["gpuctk-hook", "prestart"], False),  # not an in-root verb
+        ("/usr/bin/gpuctk-hook", ["gpuctk-hook"], False),
+    ],
+)
+def test_plan_reads_gpuctks_entries_by_their_path(path: str, args: list[str], taken: bool) -> None:
+    entry: Any = {"hookName": "createContainer", "path": path, "args": args}
+    todo = prestart.plan(config(), {"hooks": [entry]})
+    assert todo.hooks == ([args[1:]] if taken else [])
+    assert len(todo.skipped) == (0 if taken else 1)
+
+
+def test_plan_does_not_run_other_stages() -> None:
+    entry: Any = {"hookName": "startContainer", "path": "/usr/bin/gpuctk-hook", "args": FRONT_ARGS}
+    todo = prestart.plan(config(), {"hooks": [entry]})
+    assert todo.hooks == [] and todo.skipped == [
+        f"startContainer hook {' '.join(FRONT_ARGS)[:120]} not run (prestart mode)"
+    ]
+
+
+def test_the_request_is_gpuctk_hooks(tmp_path: Path) -> None:
+    """An entry's arguments make the Request `gpuctk-hook createContainer` makes: --link-for and
+    --disable-hook included, for the bundle's config.json."""
+    spec = str(tmp_path / "config.json")
+    req = prestart._hook_request([*FRONT_ARGS[1:], "--container-spec", "/elsewhere"], spec)
+    assert req.verb == "createContainer" and req.container_spec == spec
+    assert req.links_for == [FRONT_ARGS[3]] and req.links == [FRONT_ARGS[5]]
+    assert req.folders == ["/usr/local/nvidia/lib64"] and req.run_ldconfig
+    assert req.disabled == frozenset({"enable-cuda-compat"})
+
+
+def test_facts_are_set_for_the_entry_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUCTK_CUDA_VERSION", "11.0")
+    monkeypatch.delenv("GPUCTK_DRIVER_VERSION", raising=False)
+    saved = prestart._set_env({"GPUCTK_DRIVER_VERSION": "535.1", "GPUCTK_CUDA_VERSION": "12.2"})
+    assert os.environ["GPUCTK_DRIVER_VERSION"] == "535.1"
+    assert os.environ["GPUCTK_CUDA_VERSION"] == "12.2"
+    prestart._set_env(saved)
+    assert "GPUCTK_DRIVER_VERSION" not in os.environ
+    assert os.environ["GPUCTK_CUDA_VERSION"] == "11.0"
 
 
 def test_plan_reports_what_it_cannot_apply() -> None:
