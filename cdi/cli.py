@@ -101,7 +101,11 @@ def cdi() -> None:
     metavar="DIR",
     help="Folder mode's stage folder.",
 )
-@click.option("--prune-stages", is_flag=True, help="Remove the stages no spec names.")
+@click.option(
+    "--prune-stages",
+    is_flag=True,
+    help="Remove the stages no spec names and no running container mounts.",
+)
 @click.option(
     "--keep-spec-dir",
     multiple=True,

@@ -330,7 +330,7 @@ def run(a: GenerateArgs) -> None:
         )
     if prune_stages:
         from gpuctk.cdi.specs.registry import DEFAULT_SPEC_DIRS
-        from gpuctk.cdi.stage import prune_stages as prune
+        from gpuctk.cdi.stageprune import prune_stages as prune
 
         mine = (os.path.dirname(os.path.abspath(output)),) if output else ()
         where = tuple(dict.fromkeys(DEFAULT_SPEC_DIRS + mine + keep_spec_dir))

@@ -54,7 +54,17 @@ Staging (host side, as root):
   mode 0755, if missing); anything else is refused. Older stages are left in place (a spec
   written earlier, or one generated with other options, may still name them) unless
   `--prune-stages` is given: then those that no CDI spec in /etc/cdi, /var/run/cdi, the
-  output's folder or a `--keep-spec-dir` names are removed (prune_stages).
+  output's folder or a `--keep-spec-dir` names, and that no running container mounts, are
+  removed (prune_stages). A container's bind mount keeps the stage's folder but not its
+  files, so a mounted stage is never removed: it goes at a later prune, once its containers
+  are gone. Mounts are found in every mount namespace's /proc/<pid>/mountinfo, matched by
+  filesystem and path inside it (gpuctk.cdi.stagemounts says why not by host path).
+- Disk: across filesystems a stage is a full copy of the plan's files (the libraries,
+  binaries, firmware and configs the spec can mount, nothing else; the one line stage_driver
+  reports gives the MiB copied). What a prune keeps is the current stage, every stage a spec
+  names and every stage a container mounts; none of those can go without breaking a spec or
+  a container, so no count is enforced on them: more than KEEP_OTHERS besides the current
+  one gets a warning line naming each and why it stays.
 """
 
 from __future__ import annotations
@@ -66,7 +76,6 @@ import posixpath
 import re
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 
 from gpuctk.cdi.libmounts import names_of
@@ -240,43 +249,4 @@ def stage_driver(
 
 STAGE_NAME = re.compile(r"(\d+(?:\.\d+)+)-[0-9a-f]{16}")  # group 1: the driver version
 STALE_TMP_S = 3600  # a `.tmp-` folder this old is a run that died halfway
-
-
-def prune_stages(
-    staging_dir: str, keep: str, spec_dirs: tuple[str, ...], report: Callable[[str], None]
-) -> list[str]:
-    """Remove the stages in `staging_dir` other than `keep` that no CDI spec file (*.json,
-    *.yaml, *.yml) in `spec_dirs` names, and `.tmp-` folders left by a run that died an hour
-    or more ago. A running container keeps the files of a removed stage it has mounted (the
-    mount holds them), so only new containers are affected, and no spec names those. Returns
-    the folders removed."""
-    texts = []
-    for folder in spec_dirs:
-        try:
-            entries = list(os.scandir(folder))
-        except OSError:
-            continue
-        for entry in entries:
-            if entry.name.endswith((".json", ".yaml", ".yml")) and entry.is_file():
-                try:
-                    with open(entry.path, "rb") as f:
-                        texts.append(f.read(1 << 24).decode("utf-8", "replace"))
-                except OSError:
-                    continue
-    removed = []
-    now = time.time()
-    for entry in sorted(os.scandir(staging_dir), key=lambda e: e.name):
-        if entry.path == keep or not entry.is_dir(follow_symlinks=False):
-            continue
-        if STAGE_NAME.fullmatch(entry.name):
-            if any(entry.path in text for text in texts):
-                continue
-        elif not (entry.name.startswith(".tmp-") and now - entry.stat().st_mtime > STALE_TMP_S):
-            continue
-        shutil.rmtree(entry.path, ignore_errors=True)
-        removed.append(entry.path)
-        if entry.name.startswith(".tmp-"):
-            report(f"removed {entry.path}: a stage a run left unfinished over an hour ago")
-        else:
-            report(f"removed {entry.path}: no CDI spec in {', '.join(spec_dirs)} names it")
-    return removed
+DEFAULT_STAGING_DIR = "/var/lib/gpuctk/driver"  # --staging-dir's default (gpuctk.cdi.cli)

@@ -8,7 +8,8 @@
 - layout: its GPU UUIDs and MIG devices are NVML's now (drift after a GPU swap, a MIG
   re-partition or a driver upgrade), and its device nodes exist; a stale spec's fix is the
   package's refresh unit (gpuctk-cdi-refresh.service) where it writes that file;
-- conflicts: no other spec file (another tool's, an old copy) defines the same devices.
+- conflicts: no other spec file (another tool's, an old copy) defines the same devices;
+- stages: every folder-mode spec's driver stage exists (gpuctk.doctor.stages).
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ MAX_SHOWN = 6
 SIMULATED_OUTPUT = "simulated.yaml"  # a simulated spec never goes where engines read specs
 
 
-def generate_fix(ctx: Context, output: str | None = None) -> str:
-    """The `gpuctk cdi generate` command that rewrites the spec for this node: never with a
-    driver root that is not a folder (driver.root says so), and for a simulated node never
-    into the engines' live spec folder."""
+def generate_fix(ctx: Context, output: str | None = None, extra: tuple[str, ...] = ()) -> str:
+    """The `gpuctk cdi generate` command (with the flags `extra`) that rewrites the spec for
+    this node: never with a driver root that is not a folder (driver.root says so), and for a
+    simulated node never into the engines' live spec folder."""
     argv = ["gpuctk", "cdi", "generate"]
     if ctx.driver_root != "/":
         root = ctx.driver_root if os.path.isdir(ctx.driver_root) else "<the driver's folder>"
@@ -46,7 +47,7 @@ def generate_fix(ctx: Context, output: str | None = None) -> str:
     if ctx.kind != "nvidia.com/gpu":
         vendor, _, cls = ctx.kind.partition("/")
         argv += ["--vendor", vendor, "--class", cls]
-    argv += ["--output", output or (SIMULATED_OUTPUT if ctx.simulate else DEFAULT_OUTPUT)]
+    argv += [*extra, "--output", output or (SIMULATED_OUTPUT if ctx.simulate else DEFAULT_OUTPUT)]
     return shlex.join(argv)
 
 
@@ -54,11 +55,11 @@ REFRESH_SERVICE = "gpuctk-cdi-refresh.service"  # the deb's unit: it writes DEFA
 REFRESH_UNIT_DIRS = ("/usr/lib/systemd/system", "/lib/systemd/system", "/etc/systemd/system")
 
 
-def refresh_fix(ctx: Context, output: str) -> str:
+def refresh_fix(ctx: Context, output: str, extra: tuple[str, ...] = ()) -> str:
     """How to bring the spec at `output` up to date: the package's refresh unit when it is
     installed and writes that file (what an operator runs after a MIG re-partition too), with
-    the generate command beside it; else the generate command."""
-    generate = generate_fix(ctx, output)
+    the generate command (with the flags `extra`) beside it; else the generate command."""
+    generate = generate_fix(ctx, output, extra)
     default = ctx.host(DEFAULT_OUTPUT)
     same = output in (default, os.path.normpath(default))
     same = same or os.path.realpath(output) == os.path.realpath(default)
@@ -329,6 +330,7 @@ def _doc(specs: list[Any], path: str) -> dict[str, Any]:
 
 def cdi_checks(ctx: Context, found: Findings) -> list[Result]:
     from gpuctk.cdi.specs import registry as registrymod
+    from gpuctk.doctor.stages import check_stages
 
     registry = registrymod.load(found.spec_dirs)
     present, spec = check_present(ctx, found, registry)
@@ -339,4 +341,5 @@ def cdi_checks(ctx: Context, found: Findings) -> list[Result]:
         check_driver_version(ctx, found, spec),
         check_layout(ctx, found, spec),
         check_conflicts(ctx, found, registry, spec),
+        check_stages(ctx, registry),
     ]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fixtures.devroot import make_node_roots
 
-from gpuctk.cdi import stage
+from gpuctk.cdi import stage, stageprune
 from gpuctk.cdi.generate import STAGE_PATH, Options, build_spec
 from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles
 from gpuctk.cdi.node.ldcache import parse_ld_cache
@@ -356,7 +356,7 @@ def test_prune_keeps_what_a_spec_names(tmp_path: Path) -> None:
     os.utime(old, (1, 1))
     (staging / "README").write_text("an admin's file")
     said: list[str] = []
-    removed = stage.prune_stages(str(staging), str(names["a"]), (str(specs), "/nonexistent"),
+    removed = stageprune.prune_stages(str(staging), str(names["a"]), (str(specs), "/nonexistent"),
                                  said.append)  # fmt: skip
     assert removed == [str(old), str(names["c"])]
     assert sorted(p.name for p in staging.iterdir()) == sorted(
