@@ -5,7 +5,7 @@ The spec comes from `gpuctk cdi generate --simulate l4 --library-mode folder` ov
 `gpuctk-cdi-hook createContainer --link FIRMWARE... --link-for CAP:CONFIG... --folder
 /usr/local/nvidia/lib64`. In prestart mode nothing runs that entry (the runtime read
 config.json before the hook added it), so the prestart hook must do its work itself, in the
-container's mount namespace (issue 34; issue 35 item 5). A prestart hook placed before
+container's mount namespace. A prestart hook placed before
 gpuctk's gives the container's /proc a driver params file that says `ModifyDeviceFiles: 1`
 (these machines load no driver; this is what the guard reads). Inside:
 
