@@ -200,8 +200,13 @@ def run(a: GenerateArgs) -> None:
     if output:
         # Fail on an unwritable destination before any discovery work.
         folder = os.path.dirname(os.path.abspath(output))
-        if not os.path.isdir(folder):
-            raise OutputError(f"cannot write {output}: folder {folder} does not exist")
+        try:  # made as nvidia-ctk makes it: /var/run/cdi does not exist on a fresh node
+            os.makedirs(folder, 0o755, exist_ok=True)
+        except OSError as exc:
+            raise OutputError(
+                f"cannot create the folder {folder} for {output}: {exc.strerror} (choose "
+                "another --output)"
+            ) from None
         if not os.access(folder, os.W_OK):
             raise OutputError(f"cannot write {output}: folder {folder} is not writable")
     roots = a.roots

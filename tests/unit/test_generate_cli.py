@@ -91,10 +91,18 @@ def test_unreadable_driver_root(existing: Path, tmp_path: Path) -> None:
 
 def test_unwritable_output() -> None:
     p = run(["--simulate", "l4", "-o", "/proc/gpuctk-test/nvidia.yaml"])
-    assert_failed_cleanly(p, 5, "cannot write")
+    assert_failed_cleanly(p, 5, "cannot create the folder /proc/gpuctk-test")
     p = run(["--simulate", "l4", "-o", "/proc/gpuctk-test.yaml"])
     assert p.returncode == 5, p.stderr
     assert "cannot write" in p.stderr
+
+
+def test_output_folder_is_made(tmp_path: Path) -> None:
+    """A fresh node has no /var/run/cdi: generate makes the folder, as nvidia-ctk does."""
+    out = tmp_path / "var/run/cdi/nvidia.yaml"
+    p = run(["--simulate", "l4", "-o", str(out)])
+    assert p.returncode == 0, p.stderr
+    assert out.is_file() and (out.parent.stat().st_mode & 0o777) == 0o755
 
 
 @pytest.mark.parametrize(
