@@ -227,7 +227,7 @@ def run(a: GenerateArgs) -> None:
         from gpuctk.cdi.node.profile import load_profile
 
         machine = load_profile(simulate)
-        if dev_root == "/" and not os.path.exists("/dev/nvidiactl"):
+        if dev_root == "/":  # the profile's own nodes: never this host's /dev
             from gpuctk.cdi.simulate import simulated_nodes
 
             nodes = simulated_nodes(machine)
@@ -301,7 +301,7 @@ def run(a: GenerateArgs) -> None:
         from gpuctk.cdi import management
         from gpuctk.cdi.simulate import simulated_nodes
 
-        if simulate and dev_root == "/" and not os.path.exists("/dev/nvidiactl"):
+        if simulate and dev_root == "/":
             found = management.lookup_nodes(machine, simulated_nodes(machine))
         else:
             found = management.scan_nodes(dev_root)

@@ -238,3 +238,23 @@ def test_output_dash_is_standard_output(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["kind"] == "nvidia.com/gpu"
     assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (a private /dev)")
+def test_simulate_ignores_the_hosts_dev(tmp_path: Path) -> None:
+    """A simulated machine's nodes are its profile's, whatever this host's /dev holds: here a
+    stray /dev/nvidiactl and no /dev/nvidia0 (a workstation with a driver but fewer GPUs)."""
+    out = tmp_path / "spec.json"
+    script = (
+        "mount -t tmpfs tmpfs /dev && mknod /dev/nvidiactl c 195 255 && mknod /dev/null c 1 3 && "
+        'exec "$@"'
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
+         GPUCTK, "cdi", "generate", "--simulate", "h100-8", "-o", str(out)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    nodes = {n["path"] for d in json.loads(out.read_text())["devices"]
+             for n in d["containerEdits"].get("deviceNodes", [])}  # fmt: skip
+    assert {f"/dev/nvidia{i}" for i in range(8)} <= nodes
