@@ -41,6 +41,7 @@ class Request:
         "container_spec",
         "disabled",
         "folders",
+        "ld_cache",
         "ldconfig",
         "links",
         "links_for",
@@ -63,6 +64,7 @@ class Request:
         container_spec: str | None = None,
         run_ldconfig: bool = False,
         disabled: list[str] | None = None,
+        ld_cache: str | None = None,
     ) -> None:
         self.verb = verb
         self.links = list(links or [])
@@ -74,6 +76,7 @@ class Request:
         self.container_spec = container_spec
         self.run_ldconfig = run_ldconfig
         self.disabled = frozenset(disabled or ())
+        self.ld_cache = ld_cache  # a folder spec's stage cache (--ld-cache), a host file
 
 
 def locate(container_spec: str | None, stdin: BinaryIO | None = None) -> tuple[dict[str, Any], str]:
@@ -170,6 +173,26 @@ def merge_cache(
     return done + " (no ldconfig)"
 
 
+def merge_stage_cache(root_fd: int, part: str, compat: cudacompat.Compat | None) -> str | None:
+    """Write the root's ld cache as gpuctk-cdi-hook does for a folder spec (hook/ldcache.c):
+    the image's cache plus the entries of the stage's own cache `part` (--ld-cache, made with
+    the stage from the host files' ELF headers), `compat`'s entries first. None, with nothing
+    written, when the image has no cache this reader knows or `part` cannot be used: ldconfig
+    then rebuilds it."""
+    try:
+        entries = ldmerge.read_stage_cache(part)
+        old = ldmerge.read_image_cache(root_fd)
+        if old is None:
+            hooklog.log("debug", f"no {ldmerge.LD_CACHE} in the image: ldconfig", to_stderr=False)
+            return None
+        ldmerge.write_cache(root_fd, old, cudacompat.ahead(compat, entries))
+    except (OSError, ValueError) as exc:
+        hooklog.warning(f"the stage's cache not merged ({exc}): the host's ldconfig rebuilds it")
+        return None
+    done = f"ld cache: the image's and the stage's {len(entries)} libraries"
+    return done + (f", {compat.folder} first" if compat is not None else "") + " (no ldconfig)"
+
+
 def find_compat(
     root_fd: int, binds: dict[str, str], disabled: frozenset[str] = frozenset()
 ) -> cudacompat.Compat | None:
@@ -201,11 +224,13 @@ def update_loader(
     always: bool,
     merge: tuple[dict[str, str], dict[str, str]] | None = None,
     disabled: frozenset[str] = frozenset(),
+    stage_cache: str | None = None,
 ) -> str:
     """Make the folders part of the loader's search path; returns what was done, in words.
     With none of the folders in the root, the cache is rebuilt only when `always`. With
     `merge` (config.json's bind mounts, the links), and no ldconfig asked for by name, the
-    cache is merged in-process (merge_cache) where it can be; else the host's ldconfig runs."""
+    cache is merged in-process (merge_cache; with a folder spec's `stage_cache`, its entries:
+    merge_stage_cache) where it can be; else the host's ldconfig runs."""
     present = inroot.existing_folders(root_fd, folders)
     if not present and not always:
         return "none of the folders is in the container: loader left alone"
@@ -219,6 +244,10 @@ def update_loader(
         inroot.write_ld_conf(root_fd, present)
     compat = find_compat(root_fd, merge[0] if merge is not None else {}, disabled)
     cudacompat.write_conf(root_fd, compat)
+    if stage_cache is not None and ldconfig_path is None and not always and present:
+        done = merge_stage_cache(root_fd, stage_cache, compat)
+        if done is not None:
+            return done
     if merge is not None and ldconfig_path is None and not always and present:
         done = merge_cache(root_fd, present, *merge, compat=compat)
         if done is not None:
@@ -273,7 +302,8 @@ def run_request(req: Request, stdin: BinaryIO | None = None) -> None:
             if req.run_ldconfig and "update-ldcache" not in off:
                 always = req.verb == "update-ldcache"
                 merge = (bind_files(config), {link: target for target, link in links})
-                done = update_loader(root_fd, root_path, folders, req.ldconfig, always, merge, off)
+                done = update_loader(root_fd, root_path, folders, req.ldconfig, always, merge, off,
+                                     req.ld_cache)  # fmt: skip
         guard = ""
         if req.verb in PROTECTING_VERBS and nodeprotect.NAME not in off:
             guard = "; " + nodeprotect.protect(root_fd)

@@ -677,9 +677,9 @@ static int write_in_root(int root, unsigned long long mnt, const char *folder, c
 				break;
 			done += (size_t)put;
 		}
-		rc = done == len && fchmod(fd, 0644) == 0 && close(fd) == 0 ? 0 : -1;
-		if (rc != 0 && errno != EBADF)
-			close(fd);
+		rc = done == len && fchmod(fd, 0644) == 0 ? 0 : -1;
+		if (close(fd) != 0) /* closed either way */
+			rc = -1;
 		if (rc == 0)
 			rc = renameat(dir, tmp, dir, name);
 		if (rc != 0)

@@ -56,7 +56,7 @@ _OPTIONS = {
         "ldconfig-path",
         "container-spec",
         "disable-hook",
-        "ld-cache",  # the stage's own cache, for gpuctk-cdi-hook: here the ELF headers are read
+        "ld-cache",  # a folder spec's stage cache: merged into the image's (gpuctk.hook.actions)
     ),
     "disable-device-node-modification": ("container-spec",),
     "create-symlinks": ("link", "container-spec"),
@@ -135,6 +135,7 @@ def _request(verb: str, values: dict[str, list[str]]) -> Request:
         container_spec=one("container-spec"),
         run_ldconfig=verb == "update-ldcache" or bool(values.get("folder")),
         disabled=values.get("disable-hook", []),
+        ld_cache=one("ld-cache"),
     )
 
 

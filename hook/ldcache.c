@@ -85,8 +85,10 @@ static int ldc_open(const char *data, size_t len, struct ldc_file *f)
  * in the string section or is not ended by a NUL within `max` bytes; *n its length. */
 static long ldc_string(const struct ldc_file *f, uint32_t off, size_t max, size_t *n)
 {
+	if (off >= f->len - f->base) /* f->base < f->len: ldc_open */
+		return -1;
 	size_t at = f->base + off;
-	if (at < f->strings || at >= f->len)
+	if (at < f->strings)
 		return -1;
 	size_t room = f->len - at < max + 1 ? f->len - at : max + 1;
 	const char *nul = memchr(f->data + at, 0, room);
@@ -112,6 +114,53 @@ static int ldc_entry(const struct ldc_file *f, uint32_t i, struct ldc_entry *e)
 	e->value = (uint32_t)v;
 	e->name = f->data + k;
 	return e->hwcap & LDC_HWCAP_EXTENSION ? 0 : 1;
+}
+
+static int ldc_u32_order(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* gpuctk.cdi.node.ldcache's reader limits, which gpuctk-hook's merge keeps to (a cache past
+ * them is not merged there, so not here either: the same image is served the same way): the
+ * distinct strings the entries name (by offset; a name counts once with the paths) at most 1.5
+ * times the file plus LDC_PATH_MAX, the names' runs of digits at most one per 16 bytes of file
+ * plus LDC_NAME_MAX. 0 within them, -1 past them or out of memory. Every entry of `f` counts,
+ * those left out or replaced too (its offsets checked by ldc_entry before). */
+static int ldc_within_limits(const struct ldc_file *f)
+{
+	size_t n = f->nlibs, strings = 0, runs = 0;
+	uint32_t *offs = malloc((2 * n + 1) * sizeof *offs), *keys = malloc((n + 1) * sizeof *keys);
+	int rc = -1;
+	if (!offs || !keys)
+		goto out;
+	for (size_t i = 0; i < n; i++) {
+		const char *p = f->data + f->base + LDC_HEADER + i * LDC_ENTRY;
+		keys[i] = offs[2 * i] = (uint32_t)(f->base + ldc_u32(p + 4));
+		offs[2 * i + 1] = (uint32_t)(f->base + ldc_u32(p + 8));
+	}
+	qsort(offs, 2 * n, sizeof *offs, ldc_u32_order);
+	qsort(keys, n, sizeof *keys, ldc_u32_order);
+	for (size_t i = 0; i < 2 * n; i++)
+		if (i == 0 || offs[i] != offs[i - 1])
+			strings += strlen(f->data + offs[i]) + 1;
+	for (size_t i = 0; i < n; i++) {
+		if (i > 0 && keys[i] == keys[i - 1])
+			continue;
+		int digit = 0;
+		for (const char *c = f->data + keys[i]; *c; c++) {
+			int d = *c >= '0' && *c <= '9';
+			runs += d && !digit;
+			digit = d;
+		}
+	}
+	rc = strings <= f->len + f->len / 2 + LDC_PATH_MAX && runs <= f->len / 16 + LDC_NAME_MAX
+		     ? 0 : -1;
+out:
+	free(offs);
+	free(keys);
+	return rc;
 }
 
 /* glibc's _dl_cache_libcmp: bytes as the machine's `char`, a run of digits as its number (in
@@ -228,6 +277,13 @@ static int ldc_merge(const char *image, size_t ilen, const char *stage, size_t s
 			all[n].order = f[0].nlibs + i, all[n].from = 1, n++;
 	}
 	nstage = n;
+	for (uint32_t i = 0; i < f[0].nlibs; i++) { /* every entry checked before the limits */
+		struct ldc_entry e;
+		if (ldc_entry(&f[0], i, &e) < 0)
+			goto bad;
+	}
+	if (ldc_within_limits(&f[0]) != 0)
+		goto bad;
 	for (uint32_t i = 0; i < f[0].nlibs; i++) {
 		struct ldc_entry e;
 		int got = ldc_entry(&f[0], i, &e), replaced = 0;

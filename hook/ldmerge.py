@@ -20,6 +20,7 @@ instead, as for an image with no cache.
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import stat
@@ -114,16 +115,51 @@ def library_entries(
 
 def read_image_cache(root_fd: int) -> bytes | None:
     """The image's cache (None when it has none). ValueError, naming the file and its size,
-    when it is over MAX_CACHE: no more of it is read, and the caller merges nothing."""
+    when it is over MAX_CACHE: no more of it is read, and the caller merges nothing; the same
+    when the image's link leads it to another mount (its /proc, /sys, /dev or a volume): that
+    file is never opened (gpuctk.rootfs), and the caller's fallback (ldconfig) serves."""
     try:
         return rootfs.read_file_in_root(root_fd, LD_CACHE, MAX_CACHE)
-    except rootfs.InRootError:
+    except rootfs.InRootError as exc:
+        if exc.errno == errno.EXDEV:
+            raise ValueError(f"the image's {LD_CACHE} leads to another mount: not read") from None
         st = rootfs.stat_in_root(root_fd, LD_CACHE)
         if st is None or not stat.S_ISREG(st.st_mode) or st.st_size <= MAX_CACHE:
             raise
         raise ValueError(
             f"the image's {LD_CACHE} is {st.st_size} bytes, over the {MAX_CACHE}-byte limit"
         ) from None
+
+
+def read_stage_cache(path: str) -> list[LdCacheEntry]:
+    """The entries of a stage's own cache (gpuctk.cdi.stage.CACHE), the host file `path` a
+    folder spec names: read only when it is a regular file of root's that nobody else can
+    write (looked at through an O_PATH descriptor, its last part not followed, before it is
+    opened), as gpuctk-cdi-hook reads it. OSError or ValueError otherwise."""
+    from gpuctk.cdi.node.ldcache import parse_ld_cache
+
+    at = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(at)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+            raise ValueError(f"{path} is not a regular file of root's that only root can write")
+        if st.st_size > MAX_CACHE:
+            raise ValueError(f"{path} is over the {MAX_CACHE}-byte limit")
+        fd = os.open(f"/proc/self/fd/{at}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            chunks, size = [], 0
+            while size <= MAX_CACHE:
+                chunk = os.read(fd, MAX_CACHE + 1 - size)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            data = b"".join(chunks)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(at)
+    return list(parse_ld_cache(data, max_size=MAX_CACHE))
 
 
 def write_cache(root_fd: int, old: bytes, added: list[LdCacheEntry]) -> int:

@@ -268,8 +268,104 @@ def test_hostile_caches(binaries: dict[str, Path], part: Path, libs: Path, tmp_p
                 continue
             entries = parse_ld_cache(written)  # well formed to gpuctk's own reader
             assert {(e.key, e.value) for e in STAGE_ENTRIES} <= {(e.key, e.value) for e in entries}
-            try:
-                want = expected(data)
-            except ValueError:
-                continue  # gpuctk-hook refuses this cache: it would run ldconfig instead
-            assert list(entries) == want
+            assert list(entries) == expected(data)  # served: a cache gpuctk-hook merges too
+
+
+def raw_cache(entries: list[tuple[int, int, int]], strings: bytes) -> bytes:
+    """A new-format cache of (flags, key, value) entries, key and value offsets counted from
+    the start of `strings` (the string section right after the entry table)."""
+    start = 48 + 24 * len(entries)
+    head = b"glibc-ld.so.cache1.1" + len(entries).to_bytes(4, "little")
+    head += len(strings).to_bytes(4, "little") + b"\x02" + bytes(19)
+    table = b"".join(
+        flags.to_bytes(4, "little") + (start + key).to_bytes(4, "little")
+        + (start + value).to_bytes(4, "little") + bytes(12)
+        for flags, key, value in entries
+    )  # fmt: skip
+    return head + table + strings
+
+
+def refused_caches() -> dict[str, bytes]:
+    """Well-formed caches past the limits of gpuctk's reader (gpuctk.cdi.node.ldcache
+    _string_reader): gpuctk-hook and the shim refuse to merge them."""
+    # every entry's path a different tail of one long path: the distinct strings weigh far
+    # more than 1.5 times the file
+    path = b"/" + b"a" * 3998
+    overlap = raw_cache([(X86_64, 0, 10 + i) for i in range(3990)], b"libx.so.1\0" + path + b"\0")
+    # names made of runs of digits, more than one run per 16 bytes of file
+    strings, entries = b"", []
+    for i in range(300):
+        name = ("1." * 120 + str(i)).encode()
+        key = len(strings)
+        strings += name + b"\0"
+        entries.append((X86_64, key, len(strings)))
+        strings += b"/usr/lib/" + name + b"\0"
+    return {"overlap": overlap, "digit-runs": raw_cache(entries, strings)}
+
+
+@pytest.mark.parametrize("kind", ["overlap", "digit-runs"])
+def test_a_cache_gpuctk_hook_refuses_is_handed_over(
+    binaries: dict[str, Path], part: Path, tmp_path: Path, kind: str
+) -> None:
+    """An image is served the same whichever path serves it: a cache that gpuctk.hook.ldmerge
+    refuses (ValueError: gpuctk-hook rebuilds it with ldconfig) is not merged here either,
+    and this hook never writes a cache that gpuctk's own reader rejects."""
+    data = refused_caches()[kind]
+    with pytest.raises(ValueError):
+        expected(data)
+    for name, exe in binaries.items():
+        root = image(tmp_path / name / "root", data)
+        done = run_hook(exe, root, part)
+        written = (root / "etc/ld.so.cache").read_bytes()
+        assert not served(done), f"{name}: served a cache gpuctk-hook refuses"
+        assert written == data
+
+
+HOOK = Path(__import__("sys").executable).with_name("gpuctk-hook")
+
+
+def python_hook(root: Path, part: Path) -> str:
+    """gpuctk-hook's createContainer with the folder spec's arguments over `root` (what the
+    compiled hook hands an image to, and what prestart mode runs): its log."""
+    bundle = root.parent / "py-bundle"
+    bundle.mkdir()
+    doc = {"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin"]}, "root": {"path": str(root)}}
+    (bundle / "config.json").write_text(json.dumps(doc))
+    state = json.dumps({"ociVersion": "1.0.2", "id": "x", "status": "creating", "pid": 1,
+                        "bundle": str(bundle)}).encode()  # fmt: skip
+    log = root.parent / "hook.log"
+    env = {"PATH": "/usr/bin:/bin", "GPUCTK_DRIVER_VERSION": "535.309.01",
+           "GPUCTK_HOOK_LOG": str(log), "GPUCTK_HOOK_LOG_LEVEL": "info"}  # fmt: skip
+    args = ["createContainer", "--folder", STAGE, "--ld-cache", str(part)]
+    done = subprocess.run([str(HOOK), *args], input=state, env=env, capture_output=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return log.read_text() if log.exists() else ""
+
+
+@pytest.mark.parametrize("seed", ["new", "compat", "host", "stub"])
+def test_gpuctk_hook_writes_what_this_hook_writes(
+    binaries: dict[str, Path], part: Path, libs: Path, tmp_path: Path, seed: str
+) -> None:
+    """The same image gets the same ld cache whichever serves it: this hook, or gpuctk-hook
+    (the images this hook hands over, prestart mode), both from the stage's own cache."""
+    if not HOOK.exists():
+        pytest.skip("no gpuctk-hook beside this Python")
+    if seed == "host":
+        data = Path("/etc/ld.so.cache").read_bytes()
+    elif seed == "stub":  # a driver library of the image's own in its cache
+        stub = [LdCacheEntry("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", X86_64)]
+        data = build_ld_cache([*parse_ld_cache(Path("/etc/ld.so.cache").read_bytes()), *stub])
+    else:
+        data = ldconfig_cache(tmp_path / "seed", libs, seed)
+    exe = next(iter(binaries.values()))
+    c_root = image(tmp_path / "c" / "root", data)
+    py_root = image(tmp_path / "py" / "root", data)
+    for root in (c_root, py_root):
+        (root / STAGE.lstrip("/")).mkdir(parents=True)
+    assert served(run_hook(exe, c_root, part))
+    log = python_hook(py_root, part)
+    assert "(no ldconfig)" in log, log
+    c_cache = list(parse_ld_cache((c_root / "etc/ld.so.cache").read_bytes()))
+    py_cache = list(parse_ld_cache((py_root / "etc/ld.so.cache").read_bytes()))
+    assert c_cache == py_cache == expected(data)
