@@ -1,4 +1,4 @@
-"""bench/reference.py and the NVIDIA side of bench/podman.py, without building or running
+"""bench/nvidiaspec.py and the NVIDIA side of bench/podman.py, without building or running
 anything: the by-path links nvidia-ctk reads, and the paired ratios against NVIDIA's spec."""
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ def bench(name: str) -> ModuleType:
 
 def test_by_path_links_name_each_gpu_drm_node(tmp_path: Path) -> None:
     roots = make_node_roots(tmp_path, load_profile("l4"))
-    bench("reference").add_by_path_links(roots.dev_root, roots.sys_root)
+    bench("nvidiaspec").add_by_path_links(roots.dev_root, roots.sys_root)
     by_path = roots.dev_root / "dev" / "dri" / "by-path"
     links = {p.name: str(p.readlink()) for p in by_path.iterdir()}
     assert links["pci-0000:01:00.0-card"] == "../card1"
     assert links["pci-0000:01:00.0-render"] == "../renderD129"
     assert all((by_path / name).resolve().exists() for name in links)
-    bench("reference").add_by_path_links(roots.dev_root, roots.sys_root)  # idempotent
+    bench("nvidiaspec").add_by_path_links(roots.dev_root, roots.sys_root)  # idempotent
 
 
 def test_against_nvidia_pairs_each_round() -> None:
