@@ -188,6 +188,13 @@ def configure(
 
 @runtime.command("unconfigure")
 @_common
+@click.option(
+    "--mode",
+    type=click.Choice(["shim", "hook"]),
+    default="shim",
+    show_default=True,
+    help="What configure added (CRI-O: hook is the hooks.d file).",
+)
 def unconfigure(
     engine: optmod.Engine,
     config: str | None,
@@ -195,9 +202,12 @@ def unconfigure(
     runtime_name: str,
     dry_run: bool,
     restart: bool,
+    mode: optmod.Mode,
 ) -> None:
     """Remove exactly what configure added (drop-in, imports entry, default runtime)."""
-    opts = optmod.make(engine, config, drop_in, runtime_name=runtime_name)
+    if engine == "podman":
+        mode = "hook"
+    opts = optmod.make(engine, config, drop_in, runtime_name=runtime_name, mode=mode)
     _run(opts, _planner(engine).plan_unconfigure(opts), dry_run, restart)
 
 

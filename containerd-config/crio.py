@@ -5,6 +5,9 @@ key in `crio.runtime.runtimes` adds a handler without touching the others: the d
 the new handler (and `default_runtime` with --set-as-default). The handler copies the default
 OCI runtime's table (monitor_path, monitor_cgroup, monitor_env, ...) except the runtime-specific
 runtime_path, runtime_root and runtime_config_path, and points runtime_path at the shim.
+
+`--mode hook` writes no handler: a hooks.d file (gpuctk.containerd.hooksd) in CRI-O's default
+`hooks_dir` instead, that runs `gpuctk-hook prestart` for containers with a CDI annotation.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import os
 import shutil
 import tempfile
 
-from gpuctk.containerd import engine, state, tomlfiles
+from gpuctk.containerd import engine, hooksd, state, tomlfiles
 from gpuctk.containerd import plan as planmod
 from gpuctk.containerd.options import Options
 from gpuctk.containerd.plan import FileChange, Plan
@@ -94,7 +97,19 @@ def handler_table(effective: Table, opts: Options) -> tuple[Table, list[str]]:
     return table, notes
 
 
+HOOKS_WHAT = "CRI-O hooks.d file"
+HOOKS_NOTE = (
+    "CRI-O reads hooks from crio.conf's hooks_dir (default /usr/share/containers/oci/hooks.d): "
+    "if it names other folders, re-run with --drop-in <one of them>/99-gpuctk.json"
+)
+
+
 def plan_configure(opts: Options) -> Plan:
+    if opts.mode == "hook":
+        notes = [HOOKS_NOTE]
+        if opts.set_as_default or opts.cdi_enabled:
+            notes.append("--mode hook adds no handler: --set-as-default and --cdi-enabled ignored")
+        return hooksd.plan_configure(opts, HOOKS_WHAT, tuple(notes))
     _, previous = state.read_owned(opts.drop_in, "drop-in")  # refuses a foreign file
     effective = _effective(opts)
     table, notes = handler_table(effective, opts)
@@ -119,6 +134,8 @@ def plan_configure(opts: Options) -> Plan:
 
 
 def plan_unconfigure(opts: Options) -> Plan:
+    if opts.mode == "hook":
+        return hooksd.plan_unconfigure(opts, HOOKS_WHAT)
     text, record = state.read_owned(opts.drop_in, "drop-in")
     if text is None or record is None:
         return Plan(())

@@ -31,6 +31,8 @@ DEFAULT_DROP_IN: dict[Engine, str] = {
     "docker": "",
     "podman": "/etc/containers/oci/hooks.d/99-gpuctk.json",
 }
+# CRI-O's default `hooks_dir` (podman reads it too, below /etc/containers/oci/hooks.d)
+CRIO_HOOKS_FILE = "/usr/share/containers/oci/hooks.d/99-gpuctk.json"
 SYSTEMD_UNIT: dict[Engine, str] = {
     "containerd": "containerd",
     "crio": "crio",
@@ -65,14 +67,20 @@ def make(
     **kwargs: object,
 ) -> Options:
     """Fill in the engine's default paths and check every value; UsageError (exit 2) if bad."""
+    mode = kwargs.get("mode", "shim")
     opts = Options(
         engine=engine,
         config=config or DEFAULT_CONFIG[engine],
-        drop_in=drop_in if drop_in is not None else DEFAULT_DROP_IN[engine],
+        drop_in=drop_in if drop_in is not None else default_drop_in(engine, mode),
         **kwargs,  # type: ignore[arg-type]
     )
     validate(opts)
     return opts
+
+
+def default_drop_in(engine: Engine, mode: object) -> str:
+    """The file gpuctk owns for `engine` in `mode`: CRI-O's hook mode writes a hooks.d file."""
+    return CRIO_HOOKS_FILE if engine == "crio" and mode == "hook" else DEFAULT_DROP_IN[engine]
 
 
 def validate(opts: Options) -> None:
@@ -101,10 +109,6 @@ def validate(opts: Options) -> None:
             raise UsageError("Docker has no drop-in folder: daemon.json itself is edited")
         if opts.mode == "hook":
             raise UsageError("Docker needs a runtime: --mode hook is for containerd and podman")
-    if opts.engine == "crio" and opts.mode == "hook":
-        raise UsageError(
-            "CRI-O runs OCI hooks from hooks.d: use `--runtime podman` to write the hooks.d file"
-        )
     if opts.engine != "podman" and not opts.config:
         raise UsageError("--config must not be empty")
     if opts.engine != "docker" and not opts.drop_in:
@@ -128,7 +132,7 @@ def check_folders(opts: Options, create: bool) -> None:
                 f"--config {opts.config}: folder {folder} does not exist: "
                 "fix the path, or add --create to make it"
             )
-    if opts.drop_in and opts.drop_in != DEFAULT_DROP_IN[opts.engine]:
+    if opts.drop_in and opts.drop_in != default_drop_in(opts.engine, opts.mode):
         folder = os.path.dirname(os.path.abspath(opts.drop_in))
         if not os.path.isdir(folder) and not os.path.isdir(os.path.dirname(folder)):
             raise UsageError(

@@ -13,9 +13,10 @@ What goes in (see packaging/deb/README in the project README, "Install"):
   the venv's bin/python3 is a link to it. No system Python package is touched.
 - /usr/bin/gpuctk, gpuctk-runtime, gpuctk-hook: isolated-mode launchers (`#!/opt/gpuctk/bin/python3
   -I`, hook/launchers.py), so PYTHONPATH and friends never reach the shim or the hook.
-- /etc/gpuctk/config.toml (conffile), the podman hooks.d JSON, the systemd refresh units (path,
-  timer, oneshot service), the udev rules (CDI refresh, /dev/char links), man pages made from
-  `--help`, the maintainer scripts in packaging/deb/.
+- /etc/gpuctk/config.toml (conffile), the systemd refresh units (path, timer, oneshot service),
+  the udev rules (CDI refresh, /dev/char links), man pages made from `--help`, the maintainer
+  scripts in packaging/deb/. No engine's configuration: no hooks.d file, no drop-in (`gpuctk
+  runtime configure` writes those, on the admin's command).
 
 Only the standard library is used here, so any python3 runs it. pip needs PyPI (or a pip cache /
 PIP_INDEX_URL mirror). Set GPUCTK_DEB_CACHE to a folder to reuse the dependency venv between
@@ -231,6 +232,21 @@ def _put(root: Path, path: str, data: str | bytes, mode: int = 0o644) -> None:
     target.chmod(mode)
 
 
+def static_files(arch: str) -> dict[str, str]:
+    """The package's files taken from the checkout (installed path -> text): the config, the
+    refresh units, the udev rules, the docs. No engine's configuration: no hooks.d file (a
+    hooks.d hook runs for every podman and CRI-O container its `when` matches; it is written
+    only by `gpuctk runtime configure --runtime podman|crio --mode hook`), no drop-in."""
+    files = {"/etc/gpuctk/config.toml": (HERE / "config.toml").read_text()}
+    for unit in UNITS:
+        files[f"/usr/lib/systemd/system/{unit}"] = _render(unit, arch)
+    for rule in UDEV_RULES:
+        files[f"/usr/lib/udev/rules.d/{rule}"] = _render(rule, arch)
+    files["/usr/share/doc/gpuctk/README.md"] = (REPO / "README.md").read_text()
+    files["/usr/share/doc/gpuctk/copyright"] = (HERE / "copyright").read_text()
+    return files
+
+
 def man_page(name: str, text: str, version: str) -> bytes:
     """A minimal man(7) page around a `--help` text (shown verbatim, no formatting lost)."""
     lines = [
@@ -296,18 +312,8 @@ def build_deb(out_dir: Path, python: str) -> Path:
                 "/usr/bin",
             ]
         )
-        _put(root, "/etc/gpuctk/config.toml", (HERE / "config.toml").read_text())
-        _put(
-            root,
-            "/usr/share/containers/oci/hooks.d/oci-gpuctk-hook.json",
-            (PACKAGING / "hooks.d" / "gpuctk-hook.json").read_text(),
-        )
-        for unit in UNITS:
-            _put(root, f"/usr/lib/systemd/system/{unit}", _render(unit, arch))
-        for rule in UDEV_RULES:
-            _put(root, f"/usr/lib/udev/rules.d/{rule}", _render(rule, arch))
-        _put(root, "/usr/share/doc/gpuctk/README.md", (REPO / "README.md").read_text())
-        _put(root, "/usr/share/doc/gpuctk/copyright", (HERE / "copyright").read_text())
+        for path, text in static_files(arch).items():
+            _put(root, path, text)
         for page, argv in MAN_PAGES.items():
             text = run(
                 [

@@ -140,7 +140,6 @@ def test_contents(deb: Path) -> None:
         "./usr/lib/systemd/system/gpuctk-cdi-refresh.path",
         "./usr/lib/udev/rules.d/71-gpuctk.rules",
         "./usr/lib/udev/rules.d/71-gpuctk-dev-char.rules",
-        "./usr/share/containers/oci/hooks.d/oci-gpuctk-hook.json",
         "./usr/share/man/man1/gpuctk.1.gz",
         "./opt/gpuctk/bin/python3 -> /usr/bin/python3.11",
     ):
@@ -154,6 +153,8 @@ def test_contents(deb: Path) -> None:
         "./usr/lib/systemd/system/gpuctk-cdi-refresh.service",
         "./usr/lib/systemd/system/gpuctk-cdi-refresh.timer",
     ]
+    # the install configures no engine: no hooks.d file, `always` or otherwise
+    assert "hooks.d" not in listing and "/usr/share/containers" not in listing
     assert "site-packages/pip/" not in listing  # pip's scripts would name the build folder
     assert ".cpython-311.pyc" in listing  # compiled at build: nothing written at run time
     conffiles = subprocess.run(
@@ -204,6 +205,8 @@ def test_install_use_remove_purge(
     assert installed()
     assert "no NVIDIA driver loaded" in first.stdout
     assert not SPEC.exists()
+    added = {k for k, v in snapshot().items() if before.get(k) != v}
+    assert not [p for p in added if "hooks.d" in p or "/containers/" in p]  # no engine touched
 
     # 2. an NVML that cannot load: still installs (warning), no spec
     broken = dpkg("-i", str(deb), env=base_env | {"GPUCTK_NVML_LIBRARY": "/nonexistent/lib.so"})

@@ -2,14 +2,18 @@
 
 podman reads the hook from a private `--hooks-dir` holding packaging/hooks.d/gpuctk-hook.json,
 with only the hook's path (the venv's gpuctk-hook) and its env (GPUCTK_CONFIG naming a temp spec
-dir) changed; the container asks with `-e NVIDIA_VISIBLE_DEVICES=0`, not `--device`. runc runs the
-hook at prestart. The same file with the `precreate` verb and stage is checked too: podman hands
-the hook config.json and runs what it prints (the CDI edits applied, as the shim would).
+dir) changed; the container asks with `--annotation cdi.k8s.io/gpu=nvidia.com/gpu=0`, not
+`--device`: the file's `when` matches CDI annotations only. runc runs the hook at prestart. The
+same file with the `precreate` verb and stage is checked too: podman hands the hook config.json
+and runs what it prints (the CDI edits applied, as the shim would).
+
+hooks.d cannot match the environment, so an image's NVIDIA_VISIBLE_DEVICES=all alone (as uid
+65534) runs no hook and gets no GPU: with `when: always` such a container gets every GPU.
 
 Inside: exactly /dev/nvidia0 and the control nodes; /dev/nvidia0 opens with ENXIO (allowed by the
 device cgroup) while a GPU node bind-mounted with -v gives EPERM; libcuda.so.535.309.01 mounted;
 `ldconfig -p` lists libcuda.so.1; NVIDIA_DRIVER_CAPABILITIES=utility leaves libcuda out; no
-NVIDIA_VISIBLE_DEVICES: nothing. The host's mount table is unchanged by each run.
+annotation: nothing. The host's mount table is unchanged by each run.
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ class Podman:
     def __init__(self, base: list[str], blocked: Path, hooks: dict[str, Path], log: Path) -> None:
         self.base, self.blocked, self.hooks, self.log = base, blocked, hooks, log
 
-    def run(self, stage: str, env: list[str]) -> subprocess.CompletedProcess[str]:
-        flags = [f for e in env for f in ("-e", e)]
+    def run(
+        self, stage: str, env: list[str], extra: tuple[str, ...] = ()
+    ) -> subprocess.CompletedProcess[str]:
+        flags = [f for e in env for f in ("-e", e)] + list(extra)
         argv = [
             *self.base, "--hooks-dir", str(self.hooks[stage]), "run", "--rm",
             "--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
@@ -120,10 +126,12 @@ def mountinfo(base: Path) -> list[str]:
         return sorted(line for line in f.read().splitlines() if any(o in line for o in ours))
 
 
-def run(podman: Podman, stage: str, env: list[str]) -> subprocess.CompletedProcess[str]:
+def run(
+    podman: Podman, stage: str, env: list[str], extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
     base = podman.log.parent.parent  # the work folder's parent: this run's pytest folder
     before = mountinfo(base)
-    done = podman.run(stage, env)
+    done = podman.run(stage, env, extra)
     assert mountinfo(base) == before
     return done
 
@@ -141,9 +149,14 @@ def opened(out: str, path: str) -> str:
 STAGES = ["prestart", "precreate"]
 
 
+def ask(device: str) -> tuple[str, ...]:
+    """The podman flags that ask for `device` by CDI annotation."""
+    return ("--annotation", f"cdi.k8s.io/gpu=nvidia.com/gpu={device}")
+
+
 @pytest.mark.parametrize("stage", STAGES)
 def test_one_gpu(podman: Podman, stage: str) -> None:
-    done = run(podman, stage, ["NVIDIA_VISIBLE_DEVICES=0"])
+    done = run(podman, stage, [], ask("0"))
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     assert seen(done.stdout, "NODE") == CONTROL | {"/dev/nvidia0"}
     assert "No such device or address" in opened(done.stdout, "/dev/nvidia0")
@@ -154,7 +167,7 @@ def test_one_gpu(podman: Podman, stage: str) -> None:
 
 @pytest.mark.parametrize("stage", STAGES)
 def test_driver_capabilities_utility(podman: Podman, stage: str) -> None:
-    done = run(podman, stage, ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=utility"])
+    done = run(podman, stage, ["NVIDIA_DRIVER_CAPABILITIES=utility"], ask("0"))
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     libs = seen(done.stdout, "LIB")
     assert "libnvidia-ml.so.535.309.01" in libs
@@ -172,8 +185,20 @@ def test_nothing_requested(podman: Podman, stage: str) -> None:
 
 
 @pytest.mark.parametrize("stage", STAGES)
+def test_an_image_env_alone_runs_no_hook(podman: Podman, stage: str) -> None:
+    """NVIDIA_VISIBLE_DEVICES=all, as the image's env would set it, in a uid 65534 container:
+    no CDI annotation, so the hook does not run and no GPU node appears."""
+    podman.log.write_text("")
+    done = run(podman, stage, ["NVIDIA_VISIBLE_DEVICES=all"], ("--user", "65534:65534"))
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    assert seen(done.stdout, "NODE") == set() and not seen(done.stdout, "LIB")
+    assert "Operation not permitted" in opened(done.stdout, "/dev/blocked-gpu")
+    assert podman.log.read_text() == ""  # the hook never ran
+
+
+@pytest.mark.parametrize("stage", STAGES)
 def test_unknown_device_fails(podman: Podman, stage: str) -> None:
-    done = run(podman, stage, ["NVIDIA_VISIBLE_DEVICES=9"])
+    done = run(podman, stage, [], ask("9"))
     assert done.returncode != 0
     if stage == "prestart":
         assert "nvidia.com/gpu=9" in done.stderr  # runc passes the hook's stderr on

@@ -134,9 +134,39 @@ def test_crio_command_source_leaves_our_drop_in_out(
     }
 
 
-def test_crio_refuses_hook_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = gpuctk(capsys, *crio(tmp_path, "configure", "--mode", "hook"))
-    assert code == 2 and "--runtime podman" in err and snapshot(tmp_path) == {}
+def test_crio_hook_mode_writes_a_hooks_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--runtime crio --mode hook`: the hooks.d file (CDI annotations only), no handler; the
+    same `unconfigure --mode hook` removes exactly it, a foreign file is never touched."""
+    (tmp_path / "hooks.d").mkdir()
+    hooks = tmp_path / "hooks.d" / "99-gpuctk.json"
+    base = ["runtime", "configure", "--runtime", "crio", "--mode", "hook"]
+    argv = [*base, "--config", str(tmp_path / "crio.conf"), "--drop-in", str(hooks)]
+    code, _, err = gpuctk(capsys, *argv, "--hook-path", "/opt/gpuctk-hook")
+    assert code == 0, err
+    assert "hooks_dir" in err  # where CRI-O looks, said once
+    doc = json.loads(hooks.read_text())
+    assert doc["hook"]["args"] == ["gpuctk-hook", "prestart"]
+    assert doc["when"] == {"annotations": {r"^cdi\.k8s\.io/": ".*"}}
+    assert snapshot(tmp_path) == {"hooks.d": None, "hooks.d/99-gpuctk.json": hooks.read_bytes()}
+    unconfigure = [
+        "runtime", "unconfigure", "--runtime", "crio", "--mode", "hook",
+        "--config", str(tmp_path / "crio.conf"), "--drop-in", str(hooks),
+    ]  # fmt: skip
+    assert gpuctk(capsys, *unconfigure)[0] == 0
+    assert snapshot(tmp_path) == {"hooks.d": None}
+    hooks.write_text('{"hook": {"path": "/x", "args": ["x"]}}')
+    assert gpuctk(capsys, *argv)[0] == 5 and gpuctk(capsys, *unconfigure)[0] == 5
+    assert hooks.read_text() == '{"hook": {"path": "/x", "args": ["x"]}}'
+
+
+def test_crio_hook_mode_default_path() -> None:
+    from gpuctk.containerd import options
+
+    opts = options.make("crio", mode="hook")
+    assert opts.drop_in == "/usr/share/containers/oci/hooks.d/99-gpuctk.json"
+    assert options.make("crio").drop_in == "/etc/crio/crio.conf.d/99-gpuctk.conf"
 
 
 DAEMON_JSON = """{
@@ -216,7 +246,7 @@ def test_podman_hooks_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
             "args": ["gpuctk-hook", "prestart"],
             "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
         },
-        "when": {"always": True},
+        "when": {"annotations": {r"^cdi\.k8s\.io/": ".*"}},
         "stages": ["prestart"],
     }
     unconfigure = ["runtime", "unconfigure", "--runtime", "podman", "--drop-in", str(hooks)]

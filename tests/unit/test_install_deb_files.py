@@ -134,3 +134,14 @@ def test_dev_char_links_from_udev_the_refresh_and_postinst() -> None:
 def _service_lines() -> list[tuple[str, str]]:
     lines = (DEB / SERVICE).read_text().splitlines()
     return [(k, v) for k, _, v in (x.partition("=") for x in lines if "=" in x and x[0] != "#")]
+
+
+def test_the_package_configures_no_engine() -> None:
+    """Installing the deb changes no engine by itself: no hooks.d file (podman and
+    CRI-O would run its hook for every container its `when` matches, `always` for all), no
+    drop-in; `gpuctk runtime configure` writes those on the admin's command."""
+    files = _build().static_files("amd64")
+    assert "/etc/gpuctk/config.toml" in files
+    engine_dirs = ("/usr/share/containers/", "/etc/containers/", "/etc/crio/", "/etc/containerd/")
+    assert not [p for p in files if "hooks.d" in p or p.startswith(engine_dirs)]
+    assert not [p for p, text in files.items() if '"always"' in text]
