@@ -102,7 +102,8 @@ def check_config(ctx: Context, found: Findings) -> Result:
             "runtime.config",
             title,
             evidence,
-            f"edit {path} (keys: {', '.join(config.DEFAULTS)}); GPU containers fail until then",
+            f"edit {path} (keys: {', '.join(config.DEFAULTS)}); until then containers that "
+            "ask for a GPU fail (the others start without it being read)",
         )
     found.settings_source = path
     s = found.settings

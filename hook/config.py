@@ -18,7 +18,8 @@
     log-level = "info"                     # debug, info, warning, error
 
 A missing default file means the defaults; a file named by GPUCTK_CONFIG must exist. Unknown
-keys, wrong types and bad values are errors (ValidationError, every problem listed). The file
+keys, wrong types and bad values are errors (ValidationError, every problem listed); what a
+create does under such a file: gpuctk.hook.failsafe. The file
 names what root runs: it is read only when it and every folder above it can be written by root
 (or the user gpuctk runs as) alone (gpuctk.fs.open_trusted_file); anything else is refused
 (TrustError, naming the component at fault and the fix).
@@ -109,7 +110,7 @@ def check(values: Mapping[str, Any]) -> list[str]:
     out: list[str] = []
     for key in values:
         if key not in DEFAULTS:
-            out.append(f"{key}: unknown key (known: {', '.join(DEFAULTS)})")
+            out.append(_unknown_key(key))
     for key in ("runtimes", "spec-dirs", "annotation-prefixes", "device-list-kinds"):
         if key in values:
             problem = _str_list_problem(key, values[key])
@@ -155,6 +156,16 @@ def check(values: Mapping[str, Any]) -> list[str]:
     if isinstance(level, str) and level not in LOG_LEVELS:
         out.append(f"log-level: {level!r} is not one of {', '.join(LOG_LEVELS)}")
     return out
+
+
+def _unknown_key(key: str) -> str:
+    """The problem line of an unknown key, with the known key it is likely a typo of."""
+    from difflib import get_close_matches  # only for a broken file
+
+    close = get_close_matches(key, list(DEFAULTS), n=1, cutoff=0.75)
+    if close:
+        return f"{key}: unknown key (did you mean {close[0]}?)"
+    return f"{key}: unknown key (known: {', '.join(DEFAULTS)})"
 
 
 _CONTROL = frozenset(chr(c) for c in (*range(9), *range(10, 32), 127))
@@ -243,8 +254,9 @@ def parse_simple(text: str) -> dict[str, Any] | None:
     return table
 
 
-def parse(text: str, source: str) -> Settings:
-    """Settings from the TOML `text` of the file `source`; ValidationError when invalid."""
+def parse_table(text: str, source: str) -> dict[str, Any]:
+    """The TOML `text` of the file `source` as a table, unchecked; ValidationError when it is
+    not TOML."""
     values = parse_simple(text)
     if values is None:
         import tomllib
@@ -253,6 +265,12 @@ def parse(text: str, source: str) -> Settings:
             values = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise ValidationError(f"{source}: invalid TOML: {exc}", [str(exc)]) from None
+    return values
+
+
+def parse(text: str, source: str) -> Settings:
+    """Settings from the TOML `text` of the file `source`; ValidationError when invalid."""
+    values = parse_table(text, source)
     problems = check(values)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -269,6 +287,21 @@ def config_path(environ: Mapping[str, str]) -> tuple[str, bool]:
 def load(environ: Mapping[str, str] | None = None) -> Settings:
     """The settings in force: InputError/ValidationError for an unreadable or bad file,
     TrustError for one that someone other than root (or this euid) could have written."""
+    path, text, identity = read(environ)
+    if text is None or identity is None:
+        return Settings()
+    from gpuctk.fs import stat_identity
+
+    settings = parse(text, path)
+    settings.source_identity = stat_identity(identity)
+    return settings
+
+
+def read(
+    environ: Mapping[str, str] | None = None,
+) -> tuple[str, str | None, os.stat_result | None]:
+    """(path, text, its stat) of the config file in force; (path, None, None) when the default
+    file is absent (the defaults apply). The errors of `load`, but for the file's content."""
     path, explicit = config_path(os.environ if environ is None else environ)
     from gpuctk.fs import open_trusted_file
 
@@ -277,7 +310,7 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
     except FileNotFoundError:
         if explicit:
             raise InputError(f"{path} (named by {ENV_VAR}): no such file") from None
-        return Settings()
+        return path, None, None
     except TrustError as exc:
         raise TrustError(f"{path}: refused: {exc.message}") from None
     except OSError as exc:
@@ -292,11 +325,6 @@ def load(environ: Mapping[str, str] | None = None) -> Settings:
     if len(data) > MAX_BYTES:
         raise InputError(f"{path}: larger than {MAX_BYTES} bytes")
     try:
-        text = data.decode("utf-8")
+        return path, data.decode("utf-8"), identity
     except UnicodeDecodeError as exc:
         raise ValidationError(f"{path}: not UTF-8 (byte {exc.start})") from None
-    from gpuctk.fs import stat_identity
-
-    settings = parse(text, path)
-    settings.source_identity = stat_identity(identity)
-    return settings

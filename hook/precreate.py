@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 
-from gpuctk.errors import InputError
+from gpuctk.errors import GpuctkError, InputError
 from gpuctk.hook import oci_state, ocikeys
 from gpuctk.log import hook as hooklog
 
@@ -23,14 +23,20 @@ if TYPE_CHECKING:
     from gpuctk.hook.config import Settings
 
 
-def transform(data: bytes, settings: Settings) -> bytes:
-    """The edited config for the config bytes `data` (`data` itself when nothing is asked)."""
+def transform(data: bytes, settings: Settings, broken: GpuctkError | None = None) -> bytes:
+    """The edited config for the config bytes `data` (`data` itself when nothing is asked).
+    `broken`: the config file's error, `settings` the fallback (gpuctk.hook.failsafe)."""
     from gpuctk.hook import cdiedits
 
     doc: Any = oci_state.parse_json(data, "OCI config on stdin")
     if not isinstance(doc, dict):
         raise InputError("OCI config on stdin is not a JSON object")
     ocikeys.check_keys(doc, "OCI config on stdin")
+    if broken is not None:
+        from gpuctk.hook import failsafe
+
+        failsafe.gate(doc, settings, broken, hooklog.warning, "precreate")
+        return data
     got = cdiedits.resolve(doc, settings, hooklog.warning)
     if got is None:
         hooklog.log("debug", "precreate: no GPU requested; config unchanged", to_stderr=False)
@@ -45,14 +51,14 @@ def transform(data: bytes, settings: Settings) -> bytes:
 
 
 def main(argv: list[str], stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> int:
-    from gpuctk.hook import config
+    from gpuctk.hook import failsafe
 
     for arg in argv:
         hooklog.warning(f"precreate: unknown argument {arg!r} ignored")
     data = oci_state.read_bounded(
         stdin or sys.stdin.buffer, oci_state.MAX_CONFIG, "OCI config on stdin"
     )
-    out = transform(data, config.load())
+    out = transform(data, *failsafe.load())
     sink = stdout or sys.stdout.buffer
     sink.write(out)
     sink.flush()

@@ -209,9 +209,13 @@ def main(verb: str, argv: list[str], stdin: BinaryIO | None = None) -> int:
     state = oci_state.read_state(stdin)
     config_path = posixpath.join(state.bundle, "config.json")
     doc = oci_state.read_config(config_path)
-    from gpuctk.hook import cdiedits, config
+    from gpuctk.hook import cdiedits, failsafe
 
-    got = cdiedits.resolve(doc, config.load(), hooklog.warning)
+    settings, broken = failsafe.load()
+    if broken is not None:  # a no-GPU container goes on as it is (gpuctk.hook.failsafe)
+        failsafe.gate(doc, settings, broken, hooklog.warning, f"{verb} {state.id}")
+        return 0
+    got = cdiedits.resolve(doc, settings, hooklog.warning)
     if got is None:
         hooklog.log("debug", f"{verb} {state.id}: no GPU requested", to_stderr=False)
         return 0

@@ -320,18 +320,16 @@ def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
         log.container = inv.container
     runtime = ""
     try:
-        from gpuctk.hook import config
+        from gpuctk.hook import failsafe
         from gpuctk.hook.memo import forget_runtime, remember_runtime, request_markers
 
-        settings_ok = True
-        try:
-            settings = config.load()
-        except GpuctkError as exc:
-            settings_ok = False
-            if inv.verb in INJECT_VERBS:
-                raise
-            log.warning(f"gpuctk-runtime: {exc.message}; using the default runtimes")
-            settings = config.Settings()
+        # a broken config file stops GPU creates only (gpuctk.hook.failsafe); every verb
+        # runs the runtime the file names validly, else the defaults
+        settings, broken = failsafe.load()
+        settings_ok = broken is None
+        if broken is not None and inv.verb not in INJECT_VERBS:
+            which = failsafe.runtimes_said(settings)
+            log.warning(f"gpuctk-runtime: {broken.message}; using {which}")
         log.configure(settings.log_file, settings.log_level)
         if front and settings_ok and inv.verb in INJECT_VERBS:
             try:  # the sh front checked its memo against this config; the file is checked here
@@ -347,7 +345,9 @@ def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
                 raise
             if settings_ok:
                 remember_runtime(runtime, markers=request_markers(settings))
-        if inv.verb in INJECT_VERBS:
+        if inv.verb in INJECT_VERBS and broken is not None:  # no GPU: left as it is
+            failsafe.gate_create(inv.bundle or os.getcwd(), inv.config_name, settings, broken, log)
+        elif inv.verb in INJECT_VERBS:
             inject(inv, settings, log)
     except GpuctkError as exc:
         log.error(f"gpuctk-runtime: {exc.message}")
