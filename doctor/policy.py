@@ -5,8 +5,11 @@ pod whose image sets NVIDIA_VISIBLE_DEVICES=all gets every GPU of the node, what
 plugin allocated to it. The fix depends on how the NVIDIA device plugin hands GPUs out, its
 `DEVICE_LIST_STRATEGY` (`--device-list-strategy`, or `flags.plugin.deviceListStrategy` in its
 config file; default `envvar`; also `volume-mounts`, `cdi-annotations`, `cdi-cri`), which the
-doctor reads off the running plugin process under the proc root. Only a Kubernetes node (one
-with a kubelet root) has an allocation to bypass; elsewhere the check is skipped.
+doctor reads off the running plugin processes under the proc root: only those root runs from a
+root-owned executable count, never a local user's (gpuctk.doctor.plugin). The fix drops the
+setting only when no plugin seen uses `envvar` (and none is unknown): otherwise it switches the
+plugin first. Only a Kubernetes node (one with a kubelet root) has an allocation to bypass;
+elsewhere the check is skipped.
 
 cdi.version-readers: each spec's cdiVersion is one that every engine on the node reads. The
 libraries' readable versions and the engines' vendored library versions are in READERS.
@@ -21,6 +24,7 @@ from functools import cmp_to_key
 from typing import Any
 
 from gpuctk.doctor.context import Context, Findings
+from gpuctk.doctor.plugin import plugin_strategy
 from gpuctk.doctor.report import Result, failed, ok, skipped, warning
 from gpuctk.errors import GpuctkError
 
@@ -28,9 +32,7 @@ ENVVAR_CHECK = "runtime.envvar-unprivileged"
 ENVVAR_TITLE = "unprivileged pods cannot take GPUs by NVIDIA_VISIBLE_DEVICES"
 READERS_CHECK = "cdi.version-readers"
 READERS_TITLE = "every CDI-reading engine on the node reads the specs' cdiVersion"
-PLUGIN_NAMES = ("nvidia-device-plugin",)
 STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri")
-MAX_PROC_BYTES = 256 * 1024
 
 Release = tuple[int, int, int]
 
@@ -67,79 +69,6 @@ NEWEST: dict[str, tuple[int, int]] = {"podman": (5, 8), "containerd": (2, 3), "c
 
 
 # --- runtime.envvar-unprivileged -------------------------------------------------------------
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(MAX_PROC_BYTES)
-
-
-def _flag(argv: list[str], name: str) -> str | None:
-    """The value of `--name=V` / `--name V` / `-name V` in argv (the last wins), or None."""
-    value = None
-    for i, arg in enumerate(argv):
-        for dashes in ("--", "-"):
-            if arg == f"{dashes}{name}" and i + 1 < len(argv):
-                value = argv[i + 1]
-            elif arg.startswith(f"{dashes}{name}="):
-                value = arg.split("=", 1)[1]
-    return value
-
-
-def _from_config_file(ctx: Context, pid: str, path: str) -> str | None:
-    """flags.plugin.deviceListStrategy of the plugin's config file (seen through its root)."""
-    import yaml
-
-    try:
-        doc: Any = yaml.safe_load(_read(ctx.proc(f"{pid}/root/{path.lstrip('/')}")))
-    except (OSError, yaml.YAMLError):
-        return None
-    plugin = ((doc or {}).get("flags") or {}).get("plugin") if isinstance(doc, dict) else None
-    value = plugin.get("deviceListStrategy") if isinstance(plugin, dict) else None
-    if isinstance(value, list):
-        return ",".join(str(v) for v in value)
-    return value if isinstance(value, str) else None
-
-
-def plugin_strategy(ctx: Context) -> tuple[set[str] | None, str]:
-    """The running NVIDIA device plugin's device-list strategies (None: unknown) and whence.
-
-    Its own precedence: the command line, then the environment, then the config file."""
-    try:
-        pids = sorted((p for p in os.listdir(ctx.proc_root) if p.isdigit()), key=int)
-    except OSError:
-        return None, f"{ctx.proc_root}: unreadable"
-    for pid in pids:
-        try:
-            cmdline = _read(ctx.proc(f"{pid}/cmdline"))
-        except OSError:
-            continue
-        argv = [a.decode(errors="replace") for a in cmdline.split(b"\0")]
-        if not argv or os.path.basename(argv[0]) not in PLUGIN_NAMES:
-            continue
-        where = f"device plugin (pid {pid})"
-        try:
-            raw = _read(ctx.proc(f"{pid}/environ")).split(b"\0")
-        except OSError as exc:
-            return None, f"{where}: environment unreadable ({exc.strerror or exc})"
-        env: dict[str, str] = {}
-        for entry in raw:
-            key, sep, val = entry.decode(errors="replace").partition("=")
-            if sep:
-                env[key] = val
-        value, source = _flag(argv, "device-list-strategy"), "--device-list-strategy"
-        if value is None and "DEVICE_LIST_STRATEGY" in env:
-            value, source = env["DEVICE_LIST_STRATEGY"], "DEVICE_LIST_STRATEGY"
-        config = _flag(argv, "config-file") or env.get("CONFIG_FILE")
-        if value is None and config:
-            value, source = _from_config_file(ctx, pid, config), f"config file {config}"
-            if value is None:
-                return None, f"{where}: strategy in {config}, unreadable"
-        if value is None:
-            value, source = "envvar", "the default"
-        found = {s.strip() for s in value.split(",") if s.strip()}
-        return found, f"{where}: device-list strategy {','.join(sorted(found))} ({source})"
-    return None, f"no nvidia-device-plugin process under {ctx.proc_root}"
 
 
 def _envvar_fix(ctx: Context, found: Findings, strategies: set[str] | None) -> str:

@@ -10,6 +10,8 @@ and are renamed, symlinks are swapped in with renameat2(RENAME_EXCHANGE), modes 
 the inode's own descriptor. Files, links and folders are created only on the root's own mount:
 a folder that is a bind mount or volume (host storage) is refused with EXDEV, whatever its path
 (modes may be set on any mount below the root: device nodes live on the container's /dev).
+Files are read only when regular and on the root's own mount (EXDEV otherwise): an image's link
+into the container's /proc (/proc/kmsg), /sys, /dev or a volume is never opened for reading.
 Failures are InRootError (a GpuctkError) carrying the errno.
 """
 
@@ -195,14 +197,33 @@ def _proc_fd(fd: int) -> str:
     return f"/proc/self/fd/{fd}"
 
 
-def read_file_in_root(root_fd: int, path: str, limit: int) -> bytes | None:
-    """Contents of a regular file (at most `limit` bytes, else error); None when missing."""
+def read_file_in_root(
+    root_fd: int, path: str, limit: int, *, any_mount: bool = False
+) -> bytes | None:
+    """Contents of a regular file of the root's own mount (at most `limit` bytes, else error);
+    None when missing. The file is looked at through an O_PATH descriptor first and read
+    through that same inode only once it is known to be a regular file on the root's mount:
+    one an image's link leads to on another mount (the container's /proc, such as /proc/kmsg,
+    /sys, /dev or a volume) is never opened for reading: InRootError with EXDEV, which callers
+    treat as "not served" (their fallback), as hook/cdihook.c does. `any_mount` lifts the mount
+    check for a file the runtime itself mounts there (/proc/driver/nvidia/params)."""
     pfd = _open_or_none(root_fd, path, os.O_PATH)
     if pfd is None:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(pfd).st_mode):
+        if not any_mount and mount_id(pfd) != mount_id(root_fd):
+            raise InRootError(
+                f"cannot read {path} in the container root: it leads to another mount "
+                "(procfs, sysfs, a device or a volume), not the root's own file system",
+                errno.EXDEV,
+            )
+        st = os.fstat(pfd)
+        if not stat.S_ISREG(st.st_mode):
             raise InRootError(f"cannot read {path} in the container root: not a regular file")
+        if st.st_size > limit:
+            raise InRootError(
+                f"cannot read {path} in the container root: larger than {limit} bytes", errno.EFBIG
+            )
         fd = os.open(_proc_fd(pfd), os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC)
         try:
             data = os.read(fd, limit + 1)

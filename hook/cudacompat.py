@@ -23,9 +23,10 @@ Jetson, where no host driver version is known; gpuctk has no CSV mode and never 
 compat folder without the host driver's version, so it has no counterpart.
 
 The folder is the image's: resolved inside the root (gpuctk.rootfs), at most MAX_ENTRIES names
-listed, each file opened by a plain name from the folder's descriptor with O_NOFOLLOW and
-O_NONBLOCK, read only if a regular file, its ELF header read bounded (gpuctk.cdi.node.elf),
-the note section at most MAX_NOTE bytes, its JSON at most MAX_DRIVERS branches;
+listed, each file opened by a plain name from the folder's descriptor O_PATH | O_NOFOLLOW, its
+type checked, and only a regular file reopened (O_NONBLOCK) through that descriptor; its ELF
+header read bounded (gpuctk.cdi.node.elf), the note section at most MAX_NOTE bytes, its JSON at
+most MAX_DRIVERS branches;
 a SONAME link is followed only to a plain name in the same folder, at most MAX_HOPS times.
 """
 
@@ -55,7 +56,7 @@ NOTE_SECTION = ".note.cuda.fwd_compatibility"
 NOTE_OWNER = b"NVIDIA Corporation"
 MAX_NOTE = 16 * 1024  # the note NVIDIA writes is a few hundred bytes
 MAX_DRIVERS = 256
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC  # via /proc/self/fd
 
 
 def parse_version(text: str) -> tuple[int, ...] | None:
@@ -135,15 +136,23 @@ def parse_note(data: bytes, align: int, order: str) -> tuple[int, ...] | None:
 
 
 def _read_regular(dir_fd: int, name: str, read: Callable[[int], _T]) -> _T | None:
-    """`read` of the regular file `name` in the folder (opened without following a link, never
-    blocking); None when it is no such file or `read` raises OSError or ValueError."""
+    """`read` of the regular file `name` in the folder; None when it is no such file or `read`
+    raises OSError or ValueError. The name is opened O_PATH without following a link and its
+    type checked first; only a regular file is then opened for reading, through that same
+    descriptor (a device node or FIFO raced into the folder is never opened)."""
     try:
-        fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
+        pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        if not stat.S_ISREG(os.fstat(pfd).st_mode):
             return None
+        fd = os.open(f"/proc/self/fd/{pfd}", _READ_FLAGS)
+    except OSError:
+        return None
+    finally:
+        os.close(pfd)
+    try:
         return read(fd)
     except (OSError, ValueError):
         return None

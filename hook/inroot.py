@@ -186,9 +186,16 @@ def write_ld_conf(root_fd: int, folders: list[str]) -> None:
 
 def update_musl_path(root_fd: int, arch: str, folders: list[str]) -> bool:
     """Put the folders first in /etc/ld-musl-<arch>.path (musl has no ld cache). A new file
-    starts from musl's built-in path, which the file replaces. True when written."""
+    starts from musl's built-in path, which the file replaces. True when written. An image's
+    file that leads to another mount (its /proc, a volume) is not read: replaced like none."""
     path = f"/etc/ld-musl-{arch}.path"
-    data = rootfs.read_file_in_root(root_fd, path, 1 << 16)
+    try:
+        data = rootfs.read_file_in_root(root_fd, path, 1 << 16)
+    except rootfs.InRootError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        hooklog.warning(f"{path} in the image leads to another mount: not read, replaced")
+        data = None
     if data is None:
         current = list(MUSL_DEFAULT_PATH)
     else:

@@ -218,7 +218,9 @@ def _kill(pidfd: int) -> bool:
 def _guard(pid: int, root_fd: int, ns_fd: int) -> str:
     """Steps 2-3 for the checked init `pid` (its root and mount namespace opened)."""
     try:
-        text = rootfs.read_file_in_root(root_fd, nodeprotect.PARAMS, nodeprotect.MAX_BYTES)
+        text = rootfs.read_file_in_root(
+            root_fd, nodeprotect.PARAMS, nodeprotect.MAX_BYTES, any_mount=True
+        )
     except rootfs.InRootError as exc:
         if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
             raise

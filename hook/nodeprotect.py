@@ -117,7 +117,7 @@ def protect(root_fd: int) -> str:
     """Mount the `ModifyDeviceFiles: 0` copy over the container's params file (see the module
     docstring); returns what was done, in words. GpuctkError when the mount fails."""
     try:
-        text = rootfs.read_file_in_root(root_fd, PARAMS, MAX_BYTES)
+        text = rootfs.read_file_in_root(root_fd, PARAMS, MAX_BYTES, any_mount=True)
     except rootfs.InRootError as exc:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             text = None

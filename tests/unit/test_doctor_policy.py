@@ -56,6 +56,9 @@ def fake_plugin(node: DoctorNode, environ: str, *argv: str) -> None:
     proc.mkdir()
     (proc / "cmdline").write_bytes("\0".join(["/usr/bin/nvidia-device-plugin", *argv]).encode())
     (proc / "environ").write_bytes(environ.encode())
+    # what the kernel says of the real plugin: root runs it from a root-owned executable
+    (proc / "status").write_bytes(b"Name:\tnvidia-device-plugin\nUid:\t0\t0\t0\t0\n")
+    (proc / "exe").symlink_to(os.path.realpath("/bin/sh"))
 
 
 def test_envvar_unprivileged_off_passes(make_node: NodeFactory) -> None:
