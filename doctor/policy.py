@@ -1,15 +1,17 @@
 """`gpuctk doctor`: policy checks between layers: who may pick GPUs, which specs engines read.
 
-runtime.envvar-unprivileged: with `accept-envvar-unprivileged` on (the default), an unprivileged
-pod whose image sets NVIDIA_VISIBLE_DEVICES=all gets every GPU of the node, whatever the device
-plugin allocated to it. The fix depends on how the NVIDIA device plugin hands GPUs out, its
+runtime.envvar-unprivileged: with `accept-envvar-unprivileged = true`, an unprivileged pod whose
+image sets NVIDIA_VISIBLE_DEVICES=all gets every GPU of the node, whatever the device plugin
+allocated to it; with `auto` (the default) or `false`, env requests of unprivileged Kubernetes
+containers are refused, so the device plugin must grant GPUs in a way gpuctk-runtime reads
+(CDI annotations, CDI devices, volume mounts with accept-volume-mounts): a plugin on `envvar`
+is a failure. The fix depends on how the NVIDIA device plugin hands GPUs out, its
 `DEVICE_LIST_STRATEGY` (`--device-list-strategy`, or `flags.plugin.deviceListStrategy` in its
 config file; default `envvar`; also `volume-mounts`, `cdi-annotations`, `cdi-cri`), which the
 doctor reads off the running plugin processes under the proc root: only those root runs from a
-root-owned executable count, never a local user's (gpuctk.doctor.plugin). The fix drops the
-setting only when no plugin seen uses `envvar` (and none is unknown): otherwise it switches the
-plugin first. Only a Kubernetes node (one with a kubelet root) has an allocation to bypass;
-elsewhere the check is skipped.
+root-owned executable count, never a local user's (gpuctk.doctor.plugin). The fix never drops
+the explicit `true` before the plugin has been switched. Only a Kubernetes node (one with a
+kubelet root) has an allocation to bypass; elsewhere the check is skipped.
 
 cdi.version-readers: each spec's cdiVersion is one that every engine on the node reads. The
 libraries' readable versions and the engines' vendored library versions are in READERS.
@@ -71,26 +73,26 @@ NEWEST: dict[str, tuple[int, int]] = {"podman": (5, 8), "containerd": (2, 3), "c
 # --- runtime.envvar-unprivileged -------------------------------------------------------------
 
 
-def _envvar_fix(ctx: Context, found: Findings, strategies: set[str] | None) -> str:
+def _grant_fix(ctx: Context, found: Findings, strategies: set[str] | None) -> str | None:
+    """How pods get the GPUs the device plugin grants through gpuctk-runtime while env
+    requests of unprivileged Kubernetes containers are refused; None when they already do."""
     from gpuctk.doctor.runtime import config_path
 
     config = config_path(ctx)[0]
-    off = f"set accept-envvar-unprivileged = false in {config}"
     settings = found.settings
     prefixes = settings.annotation_prefixes if settings is not None else ()
-    if strategies is not None and "envvar" not in strategies:
-        if "cdi-annotations" in strategies:
-            add = ' (and add "cdi.k8s.io/" to annotation-prefixes)'
-            return off + ("" if "cdi.k8s.io/" in prefixes else add)
-        if "volume-mounts" in strategies:
-            mounts = settings is not None and settings.accept_volume_mounts
-            return off + ("" if mounts else " and accept-volume-mounts = true")
-        return off + "   # cdi-cri: the engine applies the devices (containerd: enable_cdi)"
-    return (
-        "set DEVICE_LIST_STRATEGY=cdi-annotations on the NVIDIA device plugin (helm: --set "
-        f"deviceListStrategy=cdi-annotations), then {off}   # or DEVICE_LIST_STRATEGY="
-        "volume-mounts with accept-volume-mounts = true"
-    )
+    if strategies is None or "envvar" in strategies:
+        return (
+            "set DEVICE_LIST_STRATEGY=cdi-annotations on the NVIDIA device plugin (helm: --set "
+            "deviceListStrategy=cdi-annotations)   # or volume-mounts with accept-volume-mounts "
+            f"= true in {config}; or, knowing any pod may then take every GPU, "
+            "accept-envvar-unprivileged = true"
+        )
+    if "cdi-annotations" in strategies and "cdi.k8s.io/" not in prefixes:
+        return f'add "cdi.k8s.io/" to annotation-prefixes in {config}'
+    if "volume-mounts" in strategies and not (settings and settings.accept_volume_mounts):
+        return f"set accept-volume-mounts = true in {config}"
+    return None
 
 
 def check_envvar_unprivileged(ctx: Context, found: Findings) -> Result:
@@ -98,26 +100,38 @@ def check_envvar_unprivileged(ctx: Context, found: Findings) -> Result:
     if settings is None:
         return skipped(ENVVAR_CHECK, ENVVAR_TITLE, "no runtime settings")
     where = found.settings_source or "defaults"
-    if not settings.accept_envvar_unprivileged:
-        return ok(ENVVAR_CHECK, ENVVAR_TITLE, f"{where}: accept-envvar-unprivileged = false")
+    value = settings.accept_envvar_unprivileged
+    said = {None: "auto", False: "false", True: "true"}[value]
     kubelet = ctx.kubelet_root or ctx.host("/var/lib/kubelet")
     if not os.path.isdir(kubelet):
         return skipped(
             ENVVAR_CHECK, ENVVAR_TITLE, f"{kubelet}: absent: no device plugin allocation to bypass"
         )
     strategies, plugin = plugin_strategy(ctx)
+    setting = f"{where}: accept-envvar-unprivileged = {said}"
+    if value:
+        evidence = [
+            f"{setting}: an unprivileged pod whose image sets NVIDIA_VISIBLE_DEVICES=all gets "
+            "every GPU of the node, not the ones the device plugin allocated to it",
+            plugin,
+        ]
+        fix = _grant_fix(ctx, found, strategies)
+        then = "remove the key (auto: env requests of Kubernetes containers are refused)"
+        return warning(ENVVAR_CHECK, ENVVAR_TITLE, evidence, f"{fix}, then {then}" if fix else then)
+    fix = _grant_fix(ctx, found, strategies)
+    if fix is None:
+        return ok(ENVVAR_CHECK, ENVVAR_TITLE, setting, plugin)
     evidence = [
-        f"{where}: accept-envvar-unprivileged = true: an unprivileged pod whose image sets "
-        "NVIDIA_VISIBLE_DEVICES=all gets every GPU of the node, not the ones the device plugin "
-        "allocated to it",
+        f"{setting}: env requests of unprivileged Kubernetes containers are refused",
         plugin,
     ]
-    if strategies is None or "envvar" in strategies:
-        evidence.append(
-            "the plugin may hand GPUs out by NVIDIA_VISIBLE_DEVICES (strategy envvar): switch "
-            "it first, or its pods lose their GPUs when the setting goes off"
-        )
-    return warning(ENVVAR_CHECK, ENVVAR_TITLE, evidence, _envvar_fix(ctx, found, strategies))
+    if strategies is not None and "envvar" in strategies:
+        evidence.append("the plugin hands GPUs out by NVIDIA_VISIBLE_DEVICES: its pods get none")
+        return failed(ENVVAR_CHECK, ENVVAR_TITLE, evidence, fix)
+    if strategies is None:  # no plugin: no grant to miss
+        return ok(ENVVAR_CHECK, ENVVAR_TITLE, setting, plugin)
+    evidence.append("the plugin's grants are not read by gpuctk-runtime as configured")
+    return failed(ENVVAR_CHECK, ENVVAR_TITLE, evidence, fix)
 
 
 # --- cdi.version-readers ---------------------------------------------------------------------

@@ -9,7 +9,11 @@
     device-list-kinds = []                 # kinds besides default-kind that the device list
                                            # (NVIDIA_VISIBLE_DEVICES, device mounts) may name
     annotation-prefixes = ["cdi.k8s.io/"]
-    accept-envvar-unprivileged = true      # honour NVIDIA_VISIBLE_DEVICES without CAP_SYS_ADMIN
+    accept-envvar-unprivileged = "auto"    # honour NVIDIA_VISIBLE_DEVICES/NVIDIA_IMEX_CHANNELS
+                                           # without CAP_SYS_ADMIN: true, false, or "auto" =
+                                           # false in a Kubernetes container (the CRI
+                                           # runtime's annotations: gpuctk.hook.requests
+                                           # .is_kubernetes), true elsewhere
     accept-volume-mounts = false           # /var/run/nvidia-container-devices/* mounts
     disable-device-node-modification = true  # GPU containers see ModifyDeviceFiles: 0
                                            # (gpuctk.hook.nodeguard); false: not guarded
@@ -45,13 +49,14 @@ DEFAULT_PATH = "/etc/gpuctk/config.toml"
 ENV_VAR = "GPUCTK_CONFIG"
 MAX_BYTES = 256 * 1024
 LOG_LEVELS = ("debug", "info", "warning", "error")
+AUTO = "auto"
 DEFAULTS: dict[str, Any] = {
     "runtimes": ["runc", "crun"],
     "spec-dirs": ["/etc/cdi", "/var/run/cdi"],
     "default-kind": "nvidia.com/gpu",
     "device-list-kinds": [],
     "annotation-prefixes": ["cdi.k8s.io/"],
-    "accept-envvar-unprivileged": True,
+    "accept-envvar-unprivileged": "auto",
     "accept-volume-mounts": False,
     "disable-device-node-modification": True,
     "proc-root": "/proc",
@@ -86,7 +91,9 @@ class Settings:
         self.default_kind: str = merged["default-kind"]
         self.device_list_kinds: tuple[str, ...] = tuple(merged["device-list-kinds"])
         self.annotation_prefixes: tuple[str, ...] = tuple(merged["annotation-prefixes"])
-        self.accept_envvar_unprivileged: bool = merged["accept-envvar-unprivileged"]
+        # None: "auto" (gpuctk.hook.requests.env_allowed decides per container)
+        envvar = merged["accept-envvar-unprivileged"]
+        self.accept_envvar_unprivileged: bool | None = None if envvar == AUTO else envvar
         self.accept_volume_mounts: bool = merged["accept-volume-mounts"]
         self.disable_device_node_modification: bool = merged["disable-device-node-modification"]
         self.proc_root: str = merged["proc-root"]
@@ -130,8 +137,10 @@ def check(values: Mapping[str, Any]) -> list[str]:
                 from gpuctk.cdi.specs.names import kind_problem
 
                 out += [f"{key}: {p}" for p in map(kind_problem, values[key]) if p]
+    envvar = values.get("accept-envvar-unprivileged", AUTO)
+    if not isinstance(envvar, bool) and envvar != AUTO:
+        out.append(f'accept-envvar-unprivileged: must be true, false or "{AUTO}"')
     for key in (
-        "accept-envvar-unprivileged",
         "accept-volume-mounts",
         "disable-device-node-modification",
     ):

@@ -12,7 +12,11 @@ The key is what the request and its edits depend on besides the specs and the co
 gpuctk.cdi.specs.apply): every env entry that starts with `NVIDIA_` or `CUDA_VERSION`, in
 order; `privileged=0|1` (CAP_SYS_ADMIN in the bounding set); `uid=N`, `gid=N` (process.user).
 The front sends anything else that could carry a request to Python: a CDI annotation prefix
-among the annotation keys, a device-list mount, an escape in any env entry.
+among the annotation keys, a device-list mount, an escape in any env entry. Whether an env
+request is honoured also depends on whether the container is a Kubernetes one
+(gpuctk.hook.requests.env_allowed), which the key does not say: a plan whose request only a
+plain container gets (unprivileged, accept-envvar-unprivileged auto) lists the CRI runtimes'
+marker annotations among its `prefixes`, so a Kubernetes container goes to Python (prefixes).
 
 A plan is written only for a request from NVIDIA_VISIBLE_DEVICES that resolved with no note
 and no error, in a world (gpuctk.hook.plans.Plans.snapshot, plus the config file) left alone
@@ -186,6 +190,19 @@ def render(edits: EditsDoc, uid: int, gid: int) -> dict[str, Any]:
     }
 
 
+def prefixes(key: list[str], settings: Settings) -> list[str]:
+    """The annotation key prefixes that send a create to Python: the CDI prefixes, and where
+    this plan's env request is honoured only outside Kubernetes (accept-envvar-unprivileged
+    auto, unprivileged: gpuctk.hook.requests.env_allowed), the CRI runtimes' own markers, so
+    that the front never replays for a Kubernetes container a plan a plain one made."""
+    from gpuctk.hook.requests import KUBERNETES_MARKERS
+
+    out = list(settings.annotation_prefixes)
+    if settings.accept_envvar_unprivileged is None and "privileged=0" in key:
+        out += KUBERNETES_MARKERS
+    return out
+
+
 def offer(
     state: str,
     key: list[str] | None,
@@ -219,7 +236,7 @@ def offer(
         "key": key,
         "config": conf,
         "world": identities,
-        "prefixes": list(settings.annotation_prefixes),
+        "prefixes": prefixes(key, settings),
         "describe": describe(req),  # the shim's `injected` line, in the same logs
         "log_file": settings.log_file or "",
         "log_level": settings.log_level,

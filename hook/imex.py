@@ -4,18 +4,20 @@ IMEX channels (/dev/nvidia-caps-imex-channels/channelN, the devices of the spec 
 `gpuctk cdi generate --mode imex` writes, kind `nvidia.com/imex-channel`) are asked for beside
 GPUs, as the reference toolkit reads them (internal/config/image/cuda_image.go):
 
-- only for a container whose GPU request comes from the device list (NVIDIA_VISIBLE_DEVICES,
-  `none` included, or device mounts): the reference's hook reads them only when the container
-  gets GPUs, and its CDI mode only with the devices it generates itself. A request from CDI
-  annotations is the orchestrator's, which names IMEX channels there as CDI devices too, so
-  the image cannot add channels to it;
+- only beside GPUs granted by the device list (NVIDIA_VISIBLE_DEVICES naming GPUs, or device
+  mounts): the reference's hook reads them only when the container gets GPUs, and its CDI
+  mode only with the devices it generates itself. `NVIDIA_VISIBLE_DEVICES=none` (the driver
+  files, no GPU) takes no channel, nor does an env request the config does not honour. A
+  request from CDI annotations is the orchestrator's, which names IMEX channels there as CDI
+  devices too, so the image cannot add channels to it;
 - when `accept-volume-mounts` is on, `/dev/null` mounts at
   `/var/run/nvidia-container-devices/imex/<N>` come first;
 - else NVIDIA_IMEX_CHANNELS (the last value wins), honoured for an unprivileged container only
-  when `accept-envvar-unprivileged` is on, as NVIDIA_VISIBLE_DEVICES: a comma-separated list of
-  channel numbers (`0,1`, or `channel0`), `all` for every channel of the spec; `none`, `void`,
-  empty or unset: none. Unlike NVIDIA_VISIBLE_DEVICES, an unset variable on a legacy image
-  (CUDA_VERSION without NVIDIA_REQUIRE_CUDA) never means `all`.
+  as `accept-envvar-unprivileged` says (gpuctk.hook.requests.env_allowed: never in an
+  unprivileged Kubernetes container by default), as NVIDIA_VISIBLE_DEVICES: a comma-separated
+  list of channel numbers (`0,1`, or `channel0`), `all` for every channel of the spec;
+  `none`, `void`, empty or unset: none. Unlike NVIDIA_VISIBLE_DEVICES, an unset variable on
+  a legacy image (CUDA_VERSION without NVIDIA_REQUIRE_CUDA) never means `all`.
 
 A channel number is 0..MAX_CHANNEL (a dev_t minor); anything else is a RequestError naming the
 value, and nothing is changed. A channel the specs lack is the registry's unknown-device error.
@@ -26,6 +28,7 @@ from __future__ import annotations
 from gpuctk.errors import RequestError
 from gpuctk.hook.requests import IMEX_ENV as ENV
 from gpuctk.hook.requests import IMEX_MOUNTS as MOUNT_FOLDER
+from gpuctk.hook.requests import asks, ignored_note
 
 KIND = "nvidia.com/imex-channel"
 MAX_CHANNEL = (1 << 20) - 1
@@ -79,18 +82,14 @@ def from_mounts(rels: list[str]) -> list[str]:
 
 
 def requested(
-    env_value: str | None, mounts: list[str], *, env_ok: bool
+    env_value: str | None, mounts: list[str], *, refused: str = ""
 ) -> tuple[list[str], list[str]]:
     """(qualified channel names, notes) for a container that gets GPUs from the device list:
     `mounts` (the `imex/...` mount names, empty unless volume mounts are accepted) first, else
-    `env_value` when `env_ok` (privileged, or accept-envvar-unprivileged)."""
+    `env_value` unless `refused` says why the env is not honoured
+    (gpuctk.hook.requests.env_allowed)."""
     if mounts:
         return from_mounts(mounts), []
-    names = from_env(env_value)
-    if names and not env_ok:
-        note = (
-            f"ignoring {ENV}={env_value} in an unprivileged container "
-            "(accept-envvar-unprivileged = false)"
-        )
-        return [], [note]
-    return names, []
+    if refused:
+        return [], [ignored_note(ENV, env_value or "", refused)] if asks(env_value) else []
+    return from_env(env_value), []

@@ -12,13 +12,27 @@ nvidia-container-runtime in CDI mode, internal/modifier/cdi.go, does):
 3. NVIDIA_VISIBLE_DEVICES (the last value wins when the env lists it twice), comma-separated:
    `void`, empty or unset: nothing at all; `none`: the driver files without any GPU; `all`;
    indices `0,1`; MIG `0:1`; `GPU-`/`MIG-` UUIDs; qualified names (`nvidia.com/gpu=0`). Any
-   `void` wins over `none`, which wins over `all`, which wins over a list. Honoured for
-   unprivileged containers (no CAP_SYS_ADMIN in the bounding set) only when
-   `accept-envvar-unprivileged` is on.
+   `void` wins over `none`, which wins over `all`, which wins over a list. Honoured for an
+   unprivileged container (no CAP_SYS_ADMIN in the bounding set) only as
+   `accept-envvar-unprivileged` says (env_allowed): `true`, `false`, or `auto` (the default):
+   not in a Kubernetes container, yes elsewhere. A request ignored so is one note (a warning
+   line: why, and what to set), and its value is not parsed.
 
-A request from the device list (sources 2 and 3) also carries the IMEX channels the container
-asks for (NVIDIA_IMEX_CHANNELS, `imex/<N>` mounts: gpuctk.hook.imex) as nvidia.com/imex-channel
-devices; a request from annotations never does.
+Kubernetes container (is_kubernetes): config.json carries the CRI runtime's own annotations,
+which it sets on every container it creates and which neither a pod nor an image can remove:
+containerd's CRI plugin (1.6, 1.7, 2.x) `io.kubernetes.cri.container-type` and
+`io.kubernetes.cri.sandbox-id`; CRI-O `io.kubernetes.cri-o.ContainerType` with its
+`io.container.manager` not `libpod` (podman sets the same ContainerType key on the containers
+of its own pods, and marks them `libpod`; CRI-O marks its own `cri-o`). There the orchestrator
+grants GPUs (CDI annotations or the CRI CDI field, the device plugin's mounts), and an env entry
+may as well be the image's own (`ENV NVIDIA_VISIBLE_DEVICES=all` in every CUDA base image) as
+the plugin's `envvar` strategy: it is no grant. Setting those annotations by hand (podman
+`--annotation`, docker `--annotation`) only makes the rule stricter.
+
+A request from the device list (sources 2 and 3) that names GPUs also carries the IMEX channels
+the container asks for (NVIDIA_IMEX_CHANNELS, `imex/<N>` mounts: gpuctk.hook.imex) as
+nvidia.com/imex-channel devices; one without a GPU (`none`) never does, and neither does a
+request from annotations (the orchestrator names channels there itself).
 
 Bare names get the configured default kind. Sources 2 and 3, the device list, are written by
 the image or request author, not the orchestrator: they select devices of the default kind
@@ -45,6 +59,17 @@ MAX_DEVICES = 1024
 MAX_NAME_LEN = 256  # a qualified name: vendor/class=name
 MAX_VALUE_LEN = 256 * 1024  # one env value or annotation value
 CAP_SYS_ADMIN = "CAP_SYS_ADMIN"
+# set by the CRI runtime on every container it creates (see the module docstring)
+CRI_MARKERS = ("io.kubernetes.cri.container-type", "io.kubernetes.cri.sandbox-id")
+CRIO_MARKER = "io.kubernetes.cri-o.ContainerType"
+KUBERNETES_MARKERS = (*CRI_MARKERS, CRIO_MARKER)
+MANAGER = "io.container.manager"  # podman: `libpod`, CRI-O: `cri-o`
+ENVVAR_FIX = (
+    "grant GPUs through the device plugin's --device-list-strategy=cdi-annotations or "
+    "cdi-cri (or volume-mounts with accept-volume-mounts = true), or set "
+    "accept-envvar-unprivileged = true in the gpuctk config knowingly (any image may then take "
+    "every GPU)"
+)
 
 
 class Request:
@@ -263,47 +288,85 @@ def is_privileged(config: Mapping[str, Any]) -> bool:
     return isinstance(bounding, list) and CAP_SYS_ADMIN in bounding
 
 
+def is_kubernetes(config: Mapping[str, Any]) -> bool:
+    """Whether the CRI runtime's own annotations mark `config` as a Kubernetes container."""
+    annotations = config.get("annotations")
+    if not isinstance(annotations, dict):
+        return False
+    if any(key in annotations for key in CRI_MARKERS):
+        return True
+    return CRIO_MARKER in annotations and annotations.get(MANAGER) != "libpod"
+
+
+def env_allowed(config: Mapping[str, Any], accept_unprivileged: bool | None) -> str:
+    """Why an env request (NVIDIA_VISIBLE_DEVICES, NVIDIA_IMEX_CHANNELS) in `config` is ignored
+    under `accept-envvar-unprivileged` (None: auto); "" when it is honoured."""
+    if accept_unprivileged is True or is_privileged(config):
+        return ""
+    if accept_unprivileged is False:
+        return "an unprivileged container (accept-envvar-unprivileged = false)"
+    if is_kubernetes(config):
+        return (
+            "an unprivileged Kubernetes container, where the image may have set it and the "
+            "orchestrator grants GPUs otherwise (accept-envvar-unprivileged = auto)"
+        )
+    return ""
+
+
+def ignored_note(key: str, value: str, why: str) -> str:
+    """The warning line of an env request ignored for `why` (env_allowed)."""
+    shown = value if len(value) <= 80 else value[:80] + "..."
+    return f"ignoring {key}={shown} in {why}: no GPU from it; {ENVVAR_FIX}"
+
+
+def asks(value: str | None) -> bool:
+    """Whether an env value would ask for anything (as from_visible_devices and
+    gpuctk.hook.imex.from_env read it), without parsing its names."""
+    names = {n.strip() for n in value.split(",")} - {""} if value is not None else set()
+    return bool(names) and "void" not in names
+
+
 def requested(
     config: Mapping[str, Any],
     *,
     kind: str = "nvidia.com/gpu",
     annotation_prefixes: Iterable[str] = ("cdi.k8s.io/",),
     accept_volume_mounts: bool = False,
-    accept_envvar_unprivileged: bool = True,
+    accept_envvar_unprivileged: bool | None = None,
     device_list_kinds: Iterable[str] = (),
 ) -> Request:
     """The request in the OCI config dict `config` (see the module docstring);
-    `device_list_kinds`: the kinds besides `kind` that the device list may name."""
+    `accept_envvar_unprivileged`: None for auto; `device_list_kinds`: the kinds besides `kind`
+    that the device list may name."""
     names = from_annotations(config.get("annotations"), annotation_prefixes)
     if names:
         return Request(names, source="annotations", kind=kind)
     kinds = frozenset(device_list_kinds)
     process = config.get("process")
     env = process.get("env") if isinstance(process, dict) else None
-    env_ok = accept_envvar_unprivileged or is_privileged(config)
+    refused = env_allowed(config, accept_envvar_unprivileged)
     if accept_volume_mounts:
         names = from_mounts(config.get("mounts"), kind, kinds)
         if names:
-            return _with_imex(Request(names, source="mounts", kind=kind), config, env, env_ok)
+            return _with_imex(Request(names, source="mounts", kind=kind), config, env, refused)
     value = env_value(env, VISIBLE_DEVICES)
+    if refused:
+        notes = [ignored_note(VISIBLE_DEVICES, value or "", refused)] if asks(value) else []
+        return Request(kind=kind, notes=notes)  # IMEX channels come only beside a GPU
     names, driver_only = from_visible_devices(value, kind, kinds)
-    if not names and not driver_only:
-        return Request(kind=kind)
-    if not env_ok:
-        note = (
-            f"ignoring {VISIBLE_DEVICES}={value} in an unprivileged container "
-            "(accept-envvar-unprivileged = false)"
-        )
-        return Request(kind=kind, notes=[note])
-    req = Request(names, source=VISIBLE_DEVICES, driver_only=driver_only, kind=kind)
-    return _with_imex(req, config, env, env_ok, mounts=accept_volume_mounts)
+    if not names:  # nothing, or `none`: the driver files without a GPU, so no IMEX channel
+        return Request(kind=kind, source=VISIBLE_DEVICES if driver_only else "",
+                       driver_only=driver_only)  # fmt: skip
+    req = Request(names, source=VISIBLE_DEVICES, kind=kind)
+    return _with_imex(req, config, env, refused, mounts=accept_volume_mounts)
 
 
 def _with_imex(
-    req: Request, config: Mapping[str, Any], env: Any, env_ok: bool, *, mounts: bool = True
+    req: Request, config: Mapping[str, Any], env: Any, refused: str, *, mounts: bool = True
 ) -> Request:
     """`req` (GPUs from the device list) with the IMEX channels the container asks for
-    (gpuctk.hook.imex; `mounts`: volume mounts accepted)."""
+    (gpuctk.hook.imex; `mounts`: volume mounts accepted; `refused`: why the env is not
+    honoured, "" when it is)."""
     value = env_value(env, IMEX_ENV)
     if value is None and not mounts:
         return req
@@ -311,7 +374,7 @@ def _with_imex(
 
     found = request_mounts(config.get("mounts")) if mounts else []
     rels = [rel for rel in found if rel.startswith(IMEX_MOUNTS)]
-    channels, notes = imex.requested(value, rels, env_ok=env_ok)
+    channels, notes = imex.requested(value, rels, refused=refused)
     if not channels and not notes:
         return req
     devices = _dedupe([*req.devices, *channels])

@@ -21,6 +21,9 @@ mounted at /out:
   driver behind it);
 - `ldconfig -p` lists libcuda.so.1 (the hook mounted the driver and refreshed the ld cache);
 - with no NVIDIA_VISIBLE_DEVICES, nothing: the hook runs for every container and does nothing.
+
+The gpuctk config opts in to `accept-envvar-unprivileged = true` (the `envvar` strategy): by
+default an unprivileged Kubernetes container's env is no grant (test_shim_no_grant.py).
 """
 
 from __future__ import annotations
@@ -86,8 +89,13 @@ class Daemon:
         self.toml = toml
 
     def use(self, node: Node) -> None:
-        """Point the hook (through the config its entry names) at `node`'s spec dir."""
-        self.toml.write_text(f'spec-dirs = ["{node.spec_dir}"]\n')
+        """Point the hook (through the config its entry names) at `node`'s spec dir. These
+        pods ask by NVIDIA_VISIBLE_DEVICES, the device plugin's `envvar` strategy, which a
+        Kubernetes container's unprivileged env gets only by the operator's explicit opt-in
+        (gpuctk.hook.requests.env_allowed; tests/integration/test_shim_no_grant.py)."""
+        self.toml.write_text(
+            f'spec-dirs = ["{node.spec_dir}"]\naccept-envvar-unprivileged = true\n'
+        )
 
 
 @pytest.fixture(scope="module")

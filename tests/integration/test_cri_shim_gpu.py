@@ -14,10 +14,16 @@ mknod'ed nodes, in a temp spec dir. The pod's image is the debian test image, im
 private daemon as an OCI archive. Each container writes what it sees (fixtures.gpucheck.SCRIPT)
 into a host folder mounted at /out, then waits until the test has read its bundle's config.json:
 
-- asked with NVIDIA_VISIBLE_DEVICES=0, or with a CDI annotation (`cdi.k8s.io/...`, which the
-  handler's container_annotations pass through) for GPU 1: exactly that GPU's nodes and the
-  control nodes, ENXIO on opening the GPU node (allowed in the device cgroup, no driver behind
-  it), the driver libraries in the container, `ldconfig -p` listing libcuda.so.1;
+- granted as the device plugin grants, by its `volume-mounts` strategy (a `/dev/null` mount at
+  /var/run/nvidia-container-devices/0, with `accept-volume-mounts = true`) for GPU 0, or its
+  `cdi-annotations` strategy (`cdi.k8s.io/...`, which the handler's container_annotations pass
+  through) for GPU 1: exactly that GPU's nodes and the control nodes, ENXIO on opening the GPU
+  node (allowed in the device cgroup, no driver behind it), the driver libraries in the
+  container, `ldconfig -p` listing libcuda.so.1;
+- NVIDIA_VISIBLE_DEVICES=all in the container's env without a grant (what an image's ENV, or
+  the plugin's `envvar` strategy, puts there), unprivileged: nothing, and one line in the
+  shim's log, since containerd's own CRI annotations mark the container a Kubernetes one
+  (`accept-envvar-unprivileged = "auto"`, the default);
 - config.json as runc read it carries the spec's device nodes and driver mounts (and the
   libcuda.so.1 link the shim mounts in the root), none of which are in the spec containerd
   itself stored for the container;
@@ -60,6 +66,7 @@ IMAGE = "registry.example.com/pause:3.9"  # SYSTEMD_SANDBOX's sandbox image: pod
 CGROUP_PARENT = "/gpuctk-cri-shim"
 CRI_NAMESPACE = "k8s.io"
 ANNOTATION = "cdi.k8s.io/gpuctk-test_probe"  # a key like the device plugin's
+DEVICE_MOUNTS = "/var/run/nvidia-container-devices"  # the plugin's volume-mounts strategy
 # the container reports, then waits (at most 60 s) for the test to have read its bundle
 COMMAND = (
     f"( {SCRIPT} ) > /out/result 2>&1; "
@@ -127,7 +134,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, node: Node) -> Iterator[Dae
     assert done.returncode == 0, done.stderr
     (base / "gpuctk.toml").write_text(
         f'runtimes = ["{shutil.which("runc")}"]\nspec-dirs = ["{node.spec_dir}"]\n'
-        f'log-file = "{base}/gpuctk.log"\n'
+        f'log-file = "{base}/gpuctk.log"\naccept-volume-mounts = true\n'
     )
     archive = oci_archive(image, base / "image.tar", IMAGE, ["/bin/sleep", "100000"])
     containerd = PrivateContainerd(
@@ -161,6 +168,7 @@ def run_pod(
     handler: str,
     env: dict[str, str],
     annotations: dict[str, str] | None = None,
+    mounts: dict[str, str] | None = None,
 ) -> Run:
     """One pod with one container on `handler`: what it saw, and its spec before and after."""
     cri, containerd = daemon.cri, daemon.containerd
@@ -172,7 +180,14 @@ def run_pod(
     try:
         command = ["/bin/sh", "-c", COMMAND]
         container = cri.create(
-            pod, config, "probe", IMAGE, command, env, {"/out": str(out)}, annotations
+            pod,
+            config,
+            "probe",
+            IMAGE,
+            command,
+            env,
+            {"/out": str(out), **(mounts or {})},
+            annotations,
         )
         cri.start(container)
         # the task runs (waiting for /out/go) until the test lets it go: its bundle is there
@@ -217,8 +232,10 @@ def check_spec(run: Run, node: Node, device: str) -> None:
     assert not set(DRIVER_FILES) & {m["destination"] for m in run.stored.get("mounts", [])}
 
 
-def test_env_request_gets_its_gpu(daemon: Daemon, node: Node) -> None:
-    run = run_pod(daemon, HANDLER, {"NVIDIA_VISIBLE_DEVICES": "0"})
+def test_device_plugin_mounts_get_their_gpu(daemon: Daemon, node: Node) -> None:
+    """The device plugin's volume-mounts strategy, as the kubelet passes its allocation."""
+    env = {"NVIDIA_VISIBLE_DEVICES": "/var/run/nvidia-container-devices"}  # the plugin's too
+    run = run_pod(daemon, HANDLER, env, mounts={f"{DEVICE_MOUNTS}/0": "/dev/null"})
     done = completed(run)
     check_nodes(done, node.nodes("0"))
     found = seen(done.stdout, "NODE")
@@ -227,6 +244,23 @@ def test_env_request_gets_its_gpu(daemon: Daemon, node: Node) -> None:
     assert "libcuda.so.535.309.01" in seen(done.stdout, "LIB")
     assert "LDCACHE libcuda.so.1" in done.stdout.splitlines()
     check_spec(run, node, "0")
+
+
+def test_env_without_a_grant_gets_nothing(daemon: Daemon) -> None:
+    """An unprivileged pod that the device plugin gave nothing, whose env says
+    NVIDIA_VISIBLE_DEVICES=all: containerd's CRI annotations mark it, and the shim injects
+    nothing, with one line saying why and what to set."""
+    run = run_pod(daemon, HANDLER, {"NVIDIA_VISIBLE_DEVICES": "all"})
+    annotations = run.config.get("annotations", {})
+    assert annotations.get("io.kubernetes.cri.container-type") == "container"
+    assert annotations.get("io.kubernetes.cri.sandbox-id")
+    assert run.code == 0, run.output
+    assert seen(run.output, "NODE") == set() and seen(run.output, "LIB") == set()
+    assert "LDCACHE libcuda.so.1" not in run.output
+    mounts = {m["destination"] for m in run.config.get("mounts", [])}
+    assert gpu_nodes(run.config) == set() and not set(DRIVER_FILES) & mounts
+    log = (daemon.containerd.base / "gpuctk.log").read_text()
+    assert "ignoring NVIDIA_VISIBLE_DEVICES=all in an unprivileged Kubernetes container" in log
 
 
 def test_cdi_annotation_gets_its_gpu(daemon: Daemon, node: Node) -> None:

@@ -61,12 +61,20 @@ def fake_plugin(node: DoctorNode, environ: str, *argv: str) -> None:
     (proc / "exe").symlink_to(os.path.realpath("/bin/sh"))
 
 
+REMOVE = "remove the key (auto: env requests of Kubernetes containers are refused)"
+
+
+def envvar_auto(node: DoctorNode) -> None:
+    config = node.runtime_config.read_text().replace("accept-envvar-unprivileged = false\n", "")
+    node.runtime_config.write_text(config)
+
+
 def test_envvar_unprivileged_off_passes(make_node: NodeFactory) -> None:
     node = make_node()
     _, report, _ = node.doctor()
     check = node.check(report, ENVVAR)
     assert check["status"] == "ok", check
-    assert check["evidence"] == [f"{node.runtime_config}: accept-envvar-unprivileged = false"]
+    assert check["evidence"][0] == f"{node.runtime_config}: accept-envvar-unprivileged = false"
 
 
 def test_envvar_unprivileged_on_without_a_plugin_seen_gives_both_options(
@@ -80,8 +88,8 @@ def test_envvar_unprivileged_on_without_a_plugin_seen_gives_both_options(
     assert "NVIDIA_VISIBLE_DEVICES=all gets every GPU of the node" in text(check)
     assert f"no nvidia-device-plugin process under {node.roots.proc_root}" in check["evidence"]
     assert check["fix"].startswith("set DEVICE_LIST_STRATEGY=cdi-annotations on the NVIDIA")
-    assert f"then set accept-envvar-unprivileged = false in {node.runtime_config}" in check["fix"]
-    assert "DEVICE_LIST_STRATEGY=volume-mounts with accept-volume-mounts = true" in check["fix"]
+    assert "volume-mounts with accept-volume-mounts = true" in check["fix"]
+    assert check["fix"].endswith(f"then {REMOVE}")
 
 
 def test_envvar_unprivileged_on_with_a_volume_mounts_plugin(make_node: NodeFactory) -> None:
@@ -95,9 +103,8 @@ def test_envvar_unprivileged_on_with_a_volume_mounts_plugin(make_node: NodeFacto
         "device plugin (pid 4242): device-list strategy volume-mounts (DEVICE_LIST_STRATEGY)"
         in check["evidence"]
     )
-    assert check["fix"] == (
-        f"set accept-envvar-unprivileged = false in {node.runtime_config} "
-        "and accept-volume-mounts = true"
+    assert (
+        check["fix"] == f"set accept-volume-mounts = true in {node.runtime_config}, then {REMOVE}"
     )
 
 
@@ -110,7 +117,38 @@ def test_envvar_unprivileged_on_with_a_cdi_annotations_plugin_flag(make_node: No
     check = node.check(report, ENVVAR)
     assert check["status"] == "warning"
     assert "(--device-list-strategy)" in text(check)
-    assert check["fix"] == f"set accept-envvar-unprivileged = false in {node.runtime_config}"
+    assert check["fix"] == REMOVE
+
+
+def test_envvar_unprivileged_auto_with_an_envvar_plugin_fails(make_node: NodeFactory) -> None:
+    """auto (the default) refuses env requests of unprivileged Kubernetes containers: a plugin
+    that hands GPUs out by env leaves its pods without GPUs, and the doctor says how to fix
+    it without turning env requests back on for every pod."""
+    node = make_node()
+    envvar_auto(node)
+    fake_plugin(node, "PATH=/bin\0")  # no strategy set: the plugin's default, envvar
+    code, report, _ = node.doctor()
+    check = node.check(report, ENVVAR)
+    assert code == 2 and check["status"] == "failed", check
+    assert f"{node.runtime_config}: accept-envvar-unprivileged = auto" in text(check)
+    assert "its pods get none" in text(check)
+    assert check["fix"].startswith("set DEVICE_LIST_STRATEGY=cdi-annotations on the NVIDIA")
+
+
+def test_envvar_unprivileged_auto_with_a_volume_mounts_plugin_needs_the_mounts_read(
+    make_node: NodeFactory,
+) -> None:
+    node = make_node()
+    envvar_auto(node)
+    fake_plugin(node, "PATH=/bin\0DEVICE_LIST_STRATEGY=volume-mounts\0")
+    _, report, _ = node.doctor()
+    check = node.check(report, ENVVAR)
+    assert check["status"] == "failed", check
+    assert check["fix"] == f"set accept-volume-mounts = true in {node.runtime_config}"
+    fake = node.runtime_config.read_text() + "accept-volume-mounts = true\n"
+    node.runtime_config.write_text(fake)
+    _, report, _ = node.doctor()
+    assert node.check(report, ENVVAR)["status"] == "ok"
 
 
 def test_version_readers_pass_when_every_engine_reads_the_spec(make_node: NodeFactory) -> None:

@@ -81,9 +81,16 @@ def test_last_env_entry_wins() -> None:
     assert requested(doc).devices == ("nvidia.com/gpu=0", f"{CH}=3")
 
 
-def test_driver_only_keeps_the_channels() -> None:
+def test_driver_only_takes_no_channel() -> None:
+    """IMEX channels come only beside a granted GPU: `none` (the driver files) takes none,
+    from the env or from mounts, privileged or not."""
     req = requested(config("NVIDIA_VISIBLE_DEVICES=none", "NVIDIA_IMEX_CHANNELS=2"))
-    assert req.driver_only and req.devices == (f"{CH}=2",)
+    assert req.driver_only and req.devices == ()
+    doc = config("NVIDIA_VISIBLE_DEVICES=none", "NVIDIA_IMEX_CHANNELS=all",
+                 mounts=[mount("imex/5")])  # fmt: skip
+    doc["process"]["capabilities"] = {"bounding": ["CAP_SYS_ADMIN"]}
+    req = requested(doc, accept_volume_mounts=True)
+    assert req.driver_only and req.devices == ()
 
 
 @pytest.mark.parametrize("visible", [None, "", "void"])
@@ -131,3 +138,18 @@ def test_bad_imex_mount_is_a_request_error() -> None:
     doc = config(mounts=[mount("0"), mount("imex/../../../etc")])
     with pytest.raises(RequestError, match=r"'\.\.' in a device request mount"):
         requested(doc, accept_volume_mounts=True)
+
+
+CRI = {"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-id": "x"}
+
+
+def test_kubernetes_unprivileged_takes_no_channel_from_the_env() -> None:
+    """In an unprivileged Kubernetes container (auto) the env asks for nothing, channels
+    included; beside a mounts grant, the image's channels are ignored with one note."""
+    doc = config("NVIDIA_VISIBLE_DEVICES=none", "NVIDIA_IMEX_CHANNELS=all", annotations=CRI)
+    req = requested(doc)
+    assert not req and req.devices == () and len(req.notes) == 1
+    doc = config("NVIDIA_IMEX_CHANNELS=all", annotations=CRI, mounts=[mount("0")])
+    req = requested(doc, accept_volume_mounts=True)
+    assert req.devices == ("nvidia.com/gpu=0",)
+    assert [n for n in req.notes if n.startswith("ignoring NVIDIA_IMEX_CHANNELS=all in ")]

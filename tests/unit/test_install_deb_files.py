@@ -50,6 +50,7 @@ def test_shipped_config_is_the_defaults() -> None:
     assert sorted(keys) == sorted(config.DEFAULTS)
     for key, value in config.DEFAULTS.items():
         got = getattr(settings, key.replace("-", "_"))
+        got = config.AUTO if got is None else got  # accept-envvar-unprivileged = "auto"
         assert (list(got) if isinstance(got, tuple) else got) == value, key
 
 
@@ -145,3 +146,19 @@ def test_the_package_configures_no_engine() -> None:
     engine_dirs = ("/usr/share/containers/", "/etc/containers/", "/etc/crio/", "/etc/containerd/")
     assert not [p for p in files if "hooks.d" in p or p.startswith(engine_dirs)]
     assert not [p for p, text in files.items() if '"always"' in text]
+
+
+def test_conflicts_with_every_nvidia_package_that_writes_the_spec() -> None:
+    """nvidia-container-toolkit-base ships nvidia-cdi-refresh.service, which writes the same
+    /var/run/cdi/nvidia.yaml: the package conflicts with and replaces it, and
+    the refresh unit never forces over a spec nvidia-ctk wrote."""
+    fields = dict(
+        line.split(": ", 1)
+        for line in _build().control("0.1.0", "amd64", 1, "/usr/bin/python3").splitlines()
+        if ": " in line and not line.startswith(" ")
+    )
+    for field in ("Conflicts", "Replaces"):
+        names = [n.strip() for n in fields[field].split(",")]
+        assert "nvidia-container-toolkit" in names and "nvidia-container-toolkit-base" in names
+    start = dict(_service_lines())["ExecStart"]
+    assert "--force" not in start and "--force" not in (DEB / "postinst").read_text()

@@ -12,6 +12,7 @@ from gpuctk.hook.requests import (
     MAX_NAME_LEN,
     env_map,
     from_visible_devices,
+    is_kubernetes,
     requested,
 )
 
@@ -151,6 +152,75 @@ def test_unprivileged_policy() -> None:
     doc = config(annotations={"cdi.k8s.io/x": "nvidia.com/gpu=0,example.com/hostdisk=sda"})
     assert requested(doc, accept_envvar_unprivileged=False)
     assert requested(doc).devices == ("nvidia.com/gpu=0", "example.com/hostdisk=sda")
+
+
+CRI = {"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-id": "x"}
+CRIO = {"io.kubernetes.cri-o.ContainerType": "container", "io.container.manager": "cri-o"}
+PODMAN_POD = {"io.kubernetes.cri-o.ContainerType": "container", "io.container.manager": "libpod"}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "kubernetes"),
+    [
+        (None, False),
+        ({}, False),
+        ({"io.kubernetes.cri.container-type": "container"}, True),  # containerd's CRI
+        ({"io.kubernetes.cri.sandbox-id": "x"}, True),
+        (CRI, True),
+        (CRIO, True),
+        ({"io.kubernetes.cri-o.ContainerType": "container"}, True),  # a CRI-O before manager
+        (PODMAN_POD, False),  # podman marks its own pods' containers with CRI-O's key
+        ({**PODMAN_POD, **CRI}, True),  # a forged marker only makes the rule stricter
+        ({"io.kubernetes.cri.image-name": "x", "io.container.manager": "libpod"}, False),
+    ],
+)
+def test_kubernetes_markers(annotations: dict[str, str] | None, kubernetes: bool) -> None:
+    doc = config(annotations=annotations) if annotations is not None else config()
+    assert is_kubernetes(doc) is kubernetes
+
+
+@pytest.mark.parametrize("value", ["all", "0", "none", "GPU-x,nonsense/=", "nvidia.com/nic=0"])
+def test_auto_ignores_the_env_in_an_unprivileged_kubernetes_container(value: str) -> None:
+    """auto (the default): the env is no grant in a Kubernetes container, and an ignored
+    value is not parsed (a malformed one fails nothing); one note says why and what to set."""
+    doc = config([f"NVIDIA_VISIBLE_DEVICES={value}"], annotations=CRI)
+    for setting in (None, False):
+        req = requested(doc, accept_envvar_unprivileged=setting)
+        assert not req and req.devices == () and not req.driver_only and len(req.notes) == 1
+        assert req.notes[0].startswith(f"ignoring NVIDIA_VISIBLE_DEVICES={value} in ")
+        assert "cdi-annotations" in req.notes[0] and "\n" not in req.notes[0]
+        assert "accept-envvar-unprivileged = true" in req.notes[0]
+    assert "Kubernetes" in requested(doc).notes[0]
+
+
+def test_auto_keeps_the_env_elsewhere_and_for_privileged() -> None:
+    for marks in ({}, PODMAN_POD):
+        doc = config(["NVIDIA_VISIBLE_DEVICES=all"], annotations=marks)
+        req = requested(doc)
+        assert req.devices == ("nvidia.com/gpu=all",) and not req.notes
+    doc = config(["NVIDIA_VISIBLE_DEVICES=all"], annotations=CRI)
+    assert requested(doc, accept_envvar_unprivileged=True).devices == ("nvidia.com/gpu=all",)
+    doc["process"]["capabilities"] = {"bounding": ["CAP_SYS_ADMIN"]}
+    assert requested(doc).devices == ("nvidia.com/gpu=all",)
+
+
+@pytest.mark.parametrize("value", [None, "", "void", " , "])
+def test_no_note_when_the_env_asks_nothing(value: str | None) -> None:
+    env = [] if value is None else [f"NVIDIA_VISIBLE_DEVICES={value}"]
+    req = requested(config(env, annotations=CRI))
+    assert not req and req.notes == ()
+
+
+def test_kubernetes_grants_are_honoured() -> None:
+    """The orchestrator's grants (CDI annotations, accepted device mounts) stand under auto."""
+    doc = config(["NVIDIA_VISIBLE_DEVICES=all"],
+                 annotations={**CRI, "cdi.k8s.io/gpu": "nvidia.com/gpu=1"})  # fmt: skip
+    assert requested(doc).devices == ("nvidia.com/gpu=1",)
+    doc = config(["NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"], annotations=CRI,
+                 mounts=[{"source": "/dev/null",
+                          "destination": "/var/run/nvidia-container-devices/2"}])  # fmt: skip
+    req = requested(doc, accept_volume_mounts=True)
+    assert req.devices == ("nvidia.com/gpu=2",) and req.source == "mounts"
 
 
 def test_env_map() -> None:

@@ -29,7 +29,7 @@ def test_defaults_when_the_default_file_is_missing(
     assert s.spec_dirs == ("/etc/cdi", "/var/run/cdi")
     assert s.default_kind == "nvidia.com/gpu" and s.device_list_kinds == ()
     assert s.annotation_prefixes == ("cdi.k8s.io/",)
-    assert s.accept_envvar_unprivileged is True and s.accept_volume_mounts is False
+    assert s.accept_envvar_unprivileged is None and s.accept_volume_mounts is False  # auto
     assert (s.log_file, s.log_level, s.source) == ("", "info", "")
 
 
@@ -70,6 +70,8 @@ def test_full_file(tmp_path: Path) -> None:
         ('runtimes = ["bin/runc"]', "must be a name or an absolute path"),
         ('spec-dirs = ["cdi"]', "must be an absolute path"),
         ('accept-volume-mounts = "yes"', "must be true or false"),
+        ('accept-envvar-unprivileged = "yes"', 'must be true, false or "auto"'),
+        ("accept-envvar-unprivileged = 1", 'must be true, false or "auto"'),
         ('default-kind = "gpu"', "default-kind: invalid kind"),
         ('device-list-kinds = "nvidia.com/nic"', "device-list-kinds: must be a list of strings"),
         ('device-list-kinds = ["nic"]', "device-list-kinds: invalid kind 'nic'"),
@@ -86,6 +88,17 @@ def test_bad_files(tmp_path: Path, text: str, message: str) -> None:
     path.write_text(text)
     with pytest.raises(ValidationError, match=message):
         config.load({"GPUCTK_CONFIG": str(path)})
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("", None), ('accept-envvar-unprivileged = "auto"', None),
+     ("accept-envvar-unprivileged = true", True), ("accept-envvar-unprivileged = false", False)],
+)  # fmt: skip
+def test_envvar_setting_is_tri_state(text: str, value: bool | None) -> None:
+    """Unset and "auto" mean auto (None: gpuctk.hook.requests.env_allowed decides per
+    container); true and false are taken as written."""
+    assert config.parse(text, "c.toml").accept_envvar_unprivileged is value
 
 
 def test_every_problem_is_listed() -> None:

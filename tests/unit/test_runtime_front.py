@@ -396,7 +396,8 @@ def _asks_for(node: Node, value: str) -> Path:
     (cdi / "gpu.json").write_text(json.dumps(ONE_GPU))
     node.config.write_text(f'runtimes = ["{node.runtimes["A"]}"]\nspec-dirs = ["{cdi}"]\n')
     node.write_memo(create=MARKERS)
-    return _bundle(node, {**NO_GPU, "process": {"env": [f"NVIDIA_VISIBLE_DEVICES={value}"]}})
+    env = {"env": [f"NVIDIA_VISIBLE_DEVICES={value}"]}  # a plain host's request: no CRI marks
+    return _bundle(node, {**NO_GPU, "process": env, "annotations": {}})
 
 
 def _env_of(bundle: Path) -> list[str]:

@@ -60,7 +60,7 @@ def base_doc(root: str) -> dict[str, Any]:
             {"destination": "/dev/pts", "type": "devpts", "source": "devpts"},
             {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["ro"]},
         ],
-        "annotations": {"io.kubernetes.cri.container-type": "container"},
+        "annotations": {"org.opencontainers.image.stopSignal": "15"},  # not Kubernetes'
         "linux": {
             "resources": {"devices": [{"allow": False, "access": "rwm"}]},
             "namespaces": [{"type": "pid"}, {"type": "mount"}],
@@ -551,6 +551,44 @@ def plan_of(node: Node, doc: dict[str, Any]) -> Path:
     key = frontplan.key_of(doc)
     assert key is not None
     return node.state / "front" / frontplan.file_name(key)
+
+
+CRI = {"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-id": "x"}
+CRIO = {"io.kubernetes.cri-o.ContainerType": "container", "io.container.manager": "cri-o"}
+
+
+@pytest.mark.parametrize("markers", [CRI, CRIO], ids=["containerd", "cri-o"])
+def test_a_kubernetes_container_never_takes_a_plain_containers_plan(
+    node: Node, planned: dict[str, Any], markers: dict[str, str]
+) -> None:
+    """The same key (env, unprivileged, ids) in a Kubernetes container: the env is no grant
+    there (accept-envvar-unprivileged auto), so the front must not replay the plan a plain
+    container's create wrote: it hands over, and the shim injects nothing."""
+    doc = copy.deepcopy(planned)
+    doc["annotations"].update(markers)
+    assert frontplan.key_of(doc) == frontplan.key_of(planned)
+    handed_over(*direct(node, doc), "a CDI annotation")
+    done, config = node.create(doc)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(config.read_text()) == doc  # left as it is: no GPU
+    assert "ignoring NVIDIA_VISIBLE_DEVICES=0 in an unprivileged Kubernetes container" in (
+        done.stderr
+    )
+
+
+def test_a_plan_honoured_everywhere_is_replayed_for_kubernetes(tmp_path: Path) -> None:
+    """A privileged request, or any under an explicit accept-envvar-unprivileged = true, is
+    honoured in a Kubernetes container too: its plan does not send those to Python."""
+    doc = base_doc("/nonexistent-root")
+    doc["annotations"].update(CRI)
+    doc["process"]["capabilities"]["bounding"].append("CAP_SYS_ADMIN")
+    (tmp_path / "auto").mkdir()
+    (tmp_path / "on").mkdir()
+    auto = make_node(tmp_path / "auto")
+    assert fronted(auto, doc) == expected(auto, doc)
+    own = make_node(tmp_path / "on", conf="accept-envvar-unprivileged = true\n")
+    doc["process"]["capabilities"]["bounding"].remove("CAP_SYS_ADMIN")
+    assert fronted(own, doc) == expected(own, doc)
 
 
 @pytest.mark.parametrize(
