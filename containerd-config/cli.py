@@ -161,6 +161,13 @@ def _run(opts: Options, planned: planmod.Plan, dry_run: bool, restart: bool) -> 
     is_flag=True,
     help="Create missing folders.",
 )
+@click.option(
+    "--take-over",
+    "--replace",
+    "take_over",
+    is_flag=True,
+    help="Disable other drop-ins that set the handler after ours (unconfigure restores).",
+)
 def configure(
     engine: optmod.Engine,
     config: str | None,

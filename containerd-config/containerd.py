@@ -27,6 +27,7 @@ from gpuctk.containerd import (
     mainconfig,
     ocispec,
     state,
+    takeover,
     tomlfiles,
     versions,
 )
@@ -82,20 +83,23 @@ def _effective_cri(
     version: int,
     merge: imports.MergeMode,
     binary: engine.Binary | None,
+    disabled: tuple[str, ...] = (),
 ) -> tuple[Table, int]:
     """The CRI plugin table containerd sees without our drop-in, and the version of its layout.
 
     The dump's version is the newest the binary knows, whatever the files say: it picks the
-    table to read here and nothing else.
+    table to read here and nothing else. `disabled`: files --take-over is about to disable.
     """
     if binary is not None:
-        dumped = engine.dump(binary.path, opts.config, data, opts.drop_in, version)
+        dumped = engine.dump(binary.path, opts.config, data, opts.drop_in, version, disabled)
         layout = dumped.get("version", version)
         layout = layout if layout in versions.CRI_PLUGIN else version
         return copy.deepcopy(
             tomlfiles.get_table(dumped, "plugins", versions.CRI_PLUGIN[layout]) or {}
         ), layout
-    loaded = imports.load(opts.config, merge, exclude=opts.drop_in, main_data=data or {})
+    loaded = imports.load(
+        opts.config, merge, exclude=opts.drop_in, main_data=data or {}, also_exclude=disabled
+    )
     cri = copy.deepcopy(
         tomlfiles.get_table(loaded.data, "plugins", versions.CRI_PLUGIN[version]) or {}
     )
@@ -149,6 +153,24 @@ def _drop_in_data(
     return {"version": version, "plugins": {versions.CRI_PLUGIN[version]: out}}, built.notes
 
 
+def _command(opts: Options) -> str:
+    """The configure command line for these options (the flags that differ from defaults)."""
+    import shlex
+
+    from gpuctk.containerd import options as optmod
+
+    argv = ["gpuctk", "runtime", "configure", "--runtime", "containerd"]
+    if opts.config != optmod.DEFAULT_CONFIG["containerd"]:
+        argv += ["--config", opts.config]
+    if opts.drop_in != optmod.default_drop_in("containerd", opts.mode):
+        argv += ["--drop-in", opts.drop_in]
+    if opts.runtime_name != optmod.DEFAULT_RUNTIME_NAME:
+        argv += ["--runtime-name", opts.runtime_name]
+    if opts.mode != "shim":
+        argv += ["--mode", opts.mode]
+    return shlex.join(argv)
+
+
 def plan_configure(opts: Options) -> Plan:
     """Everything configure writes for containerd, computed without writing anything."""
     main_text = tomlfiles.read_text(opts.config)
@@ -157,25 +179,40 @@ def plan_configure(opts: Options) -> Plan:
     binary = _binary(opts)
     version = versions.main_version(opts.config, data, binary)
     merge: imports.MergeMode = "deep" if versions.deep_merges(version, binary) else "replace"
-    loaded = imports.load(opts.config, merge, exclude=opts.drop_in, main_data=data or {})
+    edit = mainconfig.add_import(opts.config, main_text, opts.drop_in, version)
+    # Files loaded after the drop-in that set the same handler win over it (99-nvidia.toml)
+    found = takeover.rivals(
+        opts.config,
+        tomlfiles.parse(edit.text, opts.config),
+        opts.drop_in,
+        opts.runtime_name,
+        merge,
+    )
+    if found and not opts.take_over:
+        raise takeover.refusal(found, opts.runtime_name, opts.drop_in, _command(opts))
+    disabled = tuple(r.path for r in found)
+    loaded = imports.load(
+        opts.config, merge, exclude=opts.drop_in, main_data=data or {}, also_exclude=disabled
+    )
     versions.check_imports(opts.config, loaded.files, version, tomlfiles.abspath(opts.config))
-    cri, layout = _effective_cri(opts, data, version, merge, binary)
+    cri, layout = _effective_cri(opts, data, version, merge, binary, disabled)
     if merge == "replace" and layout != version:
         raise ValidationError(
             f"containerd printed a version {layout} config for a version {version} main config"
         )
     drop_in_data, handler_notes = _drop_in_data(opts, cri, version, merge)
 
-    edit = mainconfig.add_import(opts.config, main_text, opts.drop_in, version)
     spec = base_spec_path(opts.drop_in) if opts.mode == "hook" else None
     targets = [p for p in (spec, opts.drop_in, opts.config) if p is not None]
     dirs = dict.fromkeys(d for p in targets for d in planmod.missing_dirs(p))
-    record = state.State(edit.added, main_text is None, (spec,) if spec else (), tuple(dirs))
+    record = state.State(
+        edit.added, main_text is None, (spec,) if spec else (), tuple(dirs), disabled
+    )
     if previous is not None:
         record = previous.merged(record)
     text = tomlfiles.dumps_tables(drop_in_data, _header(opts, merge, record))
 
-    changes: list[FileChange] = []
+    changes: list[FileChange] = takeover.disable(found, opts.runtime_name)
     if spec is not None:
         changes.append(
             FileChange(
@@ -232,6 +269,8 @@ def plan_unconfigure(opts: Options) -> Plan:
     for path in record.files:
         if os.path.lexists(path):
             changes.append(FileChange(path, None, "base OCI spec"))
+    restored, notes = takeover.restore(record.disabled)
+    changes += restored
     removed = [c.path for c in changes if c.data is None]
     changes += planmod.removable_dirs(record.dirs, removed)
-    return Plan(tuple(changes))
+    return Plan(tuple(changes), tuple(notes))

@@ -64,25 +64,36 @@ def version(path: str) -> Binary:
     return Binary(path, int(match.group(1)), int(match.group(2)), text)
 
 
-def _dump_main(main: str, main_data: Table | None, exclude: str) -> Table:
-    """The main config rewritten for a copy in another folder, without the drop-in's import."""
+def _dump_main(
+    main: str, main_data: Table | None, exclude: str, also_exclude: tuple[str, ...] = ()
+) -> Table:
+    """The main config rewritten for a copy in another folder, without the drop-in's import
+    (nor those of `also_exclude`, the drop-ins configure --take-over disables)."""
     data: Table = dict(main_data or {})
-    skip = tomlfiles.abspath(exclude)
+    skips = {tomlfiles.abspath(p) for p in (exclude, *also_exclude)}
     entries = imports.string_list(data.get("imports"), main, "imports")
     kept: list[str] = []
     for entry in entries:
         resolved = imports.resolve(main, [entry])
         if imports.is_glob(entry):
-            kept.extend(p for p in resolved if tomlfiles.abspath(p) != skip)
-        elif resolved and tomlfiles.abspath(resolved[0]) != skip:
+            kept.extend(p for p in resolved if tomlfiles.abspath(p) not in skips)
+        elif resolved and tomlfiles.abspath(resolved[0]) not in skips:
             kept.append(resolved[0])
     data["imports"] = kept
     return data
 
 
-def dump(path: str, main: str, main_data: Table | None, exclude: str, version: int) -> Table:
-    """`containerd config dump` of the main config with the drop-in `exclude` left out."""
-    data = _dump_main(main, main_data, exclude)
+def dump(
+    path: str,
+    main: str,
+    main_data: Table | None,
+    exclude: str,
+    version: int,
+    also_exclude: tuple[str, ...] = (),
+) -> Table:
+    """`containerd config dump` of the main config with the drop-in `exclude` (and the files
+    `also_exclude`) left out."""
+    data = _dump_main(main, main_data, exclude, also_exclude)
     data.setdefault("version", version)
     with tempfile.TemporaryDirectory(prefix="gpuctk-dump-") as tmp:
         copy = os.path.join(tmp, "config.toml")

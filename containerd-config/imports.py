@@ -32,6 +32,8 @@ class LoadedConfig:
 
     data: Table
     files: tuple[str, ...]
+    # every file in containerd's load order, the left-out ones too (where a drop-in falls)
+    order: tuple[str, ...] = ()
 
 
 def string_list(value: Any, path: str, key: str) -> list[str]:
@@ -42,29 +44,33 @@ def string_list(value: Any, path: str, key: str) -> list[str]:
     return list(value)
 
 
-def _glob(pattern: str) -> list[str]:
-    """Go filepath.Glob for a pattern whose wildcards are in the last element only."""
+def _glob(pattern: str, assume: str | None = None) -> list[str]:
+    """Go filepath.Glob for a pattern whose wildcards are in the last element only; `assume`
+    is a file counted as present (a drop-in about to be written)."""
     directory, name = os.path.split(pattern)
     if any(c in directory for c in "*?["):
         import glob
 
         return sorted(glob.glob(pattern, include_hidden=True))
     try:
-        entries = os.listdir(directory or ".")
+        entries = set(os.listdir(directory or "."))
     except OSError:
-        return []
+        entries = set()
+    if assume is not None and os.path.dirname(assume) == os.path.normpath(directory or "."):
+        entries.add(os.path.basename(assume))
     return [os.path.join(directory, e) for e in sorted(entries) if fnmatch.fnmatchcase(e, name)]
 
 
-def resolve(parent: str, imports: Iterable[str]) -> list[str]:
-    """Absolute paths of the files an `imports` list names (containerd's resolveImports)."""
+def resolve(parent: str, imports: Iterable[str], assume: str | None = None) -> list[str]:
+    """Absolute paths of the files an `imports` list names (containerd's resolveImports);
+    `assume`: an absolute path that globs match as if it existed."""
     out: list[str] = []
     for entry in imports:
         path = os.path.normpath(entry)
         if not os.path.isabs(path):
             path = os.path.join(os.path.dirname(os.path.abspath(parent)), path)
         if "*" in path:
-            out.extend(_glob(path))
+            out.extend(_glob(path, assume))
         else:
             out.append(path)
     return out
@@ -96,15 +102,21 @@ def _merge_top(out: Table, new: Table, mode: MergeMode) -> None:
 
 
 def load(
-    main: str, mode: MergeMode, exclude: str | None = None, main_data: Table | None = None
+    main: str,
+    mode: MergeMode,
+    exclude: str | None = None,
+    main_data: Table | None = None,
+    also_exclude: Iterable[str] = (),
 ) -> LoadedConfig:
-    """Load `main` and its imports the way containerd does, leaving out the file `exclude`.
+    """Load `main` and its imports the way containerd does, leaving out the file `exclude`
+    (and the files `also_exclude`: other drop-ins configure is about to disable).
 
     `main_data` stands in for the main file's content (None: read it; a missing main file is
     an empty config, as for containerd started without one).
     """
     main_path = tomlfiles.abspath(main)
-    skip = tomlfiles.abspath(exclude) if exclude else None
+    skips = {tomlfiles.abspath(p) for p in (exclude, *also_exclude) if p}
+    skips_first = tomlfiles.abspath(exclude) if exclude else None  # globs match it: `order`
     out: Table = {}
     loaded: list[str] = []
     pending = [main_path]
@@ -113,7 +125,7 @@ def load(
         if path in loaded:
             continue
         loaded.append(path)
-        if path == skip:
+        if path in skips:
             continue
         if path == main_path:
             data = main_data if main_data is not None else (tomlfiles.load(path) or {})
@@ -123,8 +135,9 @@ def load(
                 raise InputError(f"{path}: imported by the containerd config but missing")
             data = found
         _merge_top(out, {k: v for k, v in data.items() if k != "imports"}, mode)
-        pending.extend(resolve(path, string_list(data.get("imports"), path, "imports")))
-    return LoadedConfig(out, tuple(p for p in loaded if p != skip))
+        entries = string_list(data.get("imports"), path, "imports")
+        pending.extend(resolve(path, entries, skips_first))
+    return LoadedConfig(out, tuple(p for p in loaded if p not in skips), tuple(loaded))
 
 
 def versions(files: Iterable[str]) -> dict[str, int | None]:

@@ -58,6 +58,7 @@ class Options:
     cdi_spec_dirs: tuple[str, ...] = field(default=DEFAULT_CDI_SPEC_DIRS)
     config_source: Source = "auto"
     executable_path: str | None = None
+    take_over: bool = False  # containerd: disable other files that set the handler after ours
 
 
 def make(
@@ -109,6 +110,8 @@ def validate(opts: Options) -> None:
             raise UsageError("Docker has no drop-in folder: daemon.json itself is edited")
         if opts.mode == "hook":
             raise UsageError("Docker needs a runtime: --mode hook is for containerd and podman")
+    if opts.take_over and opts.engine != "containerd":
+        raise UsageError("--take-over is for containerd (its conf.d drop-ins)")
     if opts.engine != "podman" and not opts.config:
         raise UsageError("--config must not be empty")
     if opts.engine != "docker" and not opts.drop_in:

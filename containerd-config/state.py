@@ -2,7 +2,8 @@
 
 The drop-in's header has one line `# gpuctk-state: {json}`: which top-level keys configure added
 to the main config, whether it created the main config, and the other files it wrote (the base
-spec of --mode hook). unconfigure reads it to undo exactly that. A file without the line is not
+spec of --mode hook), and the other tools' drop-ins that `--take-over` disabled (renamed to
+`<file>.gpuctk-disabled`). unconfigure reads it to undo exactly that. A file without the line is not
 gpuctk's, and neither command overwrites or removes it.
 """
 
@@ -22,6 +23,7 @@ class State:
     created: bool = False
     files: tuple[str, ...] = field(default=())
     dirs: tuple[str, ...] = field(default=())
+    disabled: tuple[str, ...] = field(default=())  # drop-ins --take-over renamed away
 
     def line(self) -> str:
         data = {
@@ -30,13 +32,16 @@ class State:
             "dirs": list(self.dirs),
             "files": list(self.files),
         }
+        if self.disabled:  # only then: drop-ins written before stay byte for byte the same
+            data["disabled"] = list(self.disabled)
         return MARKER[2:] + json.dumps(data, sort_keys=True)
 
     def merged(self, newer: State) -> State:
         """What is recorded after a re-run: earlier additions stay ours."""
         added = tuple(dict.fromkeys((*self.added, *newer.added)))
         dirs = tuple(dict.fromkeys((*self.dirs, *newer.dirs)))
-        return State(added, self.created or newer.created, newer.files, dirs)
+        disabled = tuple(dict.fromkeys((*self.disabled, *newer.disabled)))
+        return State(added, self.created or newer.created, newer.files, dirs, disabled)
 
 
 def parse(text: str) -> State | None:
@@ -50,6 +55,7 @@ def parse(text: str) -> State | None:
                     bool(data.get("created", False)),
                     tuple(str(f) for f in data.get("files", [])),
                     tuple(str(d) for d in data.get("dirs", [])),
+                    tuple(str(d) for d in data.get("disabled", [])),
                 )
             except (ValueError, AttributeError, TypeError):
                 return None

@@ -144,9 +144,20 @@ def check_present(ctx: Context, found: Findings, registry: Any) -> tuple[Result,
     held = registry.devices.get(f"{ctx.kind}=all")
     active = held[0] if held is not None else ours[-1]
     count = sum(1 for name in registry.devices if name.startswith(f"{ctx.kind}="))
-    return ok(
-        "cdi.spec", title, f"{active.path} ({writer(active.doc)}): {count} devices in {dirs}"
-    ), active
+    by = writer(active.doc)
+    if by == "nvidia-ctk" and refresh_fix(ctx, active.path).startswith("systemctl"):
+        # gpuctk's refresh unit writes this file and refuses to replace nvidia-ctk's spec
+        evidence = [
+            f"{active.path} was written by nvidia-ctk (nvidia-container-toolkit-base's "
+            f"nvidia-cdi-refresh.service writes it): {REFRESH_SERVICE} refuses to replace it "
+            "and fails, so the spec is not gpuctk's",
+        ]
+        fix = (
+            "systemctl disable --now nvidia-cdi-refresh.path nvidia-cdi-refresh.service; "
+            + generate_fix(ctx, active.path, ("--force",))
+        )
+        return warning("cdi.spec", title, evidence, fix), active
+    return ok("cdi.spec", title, f"{active.path} ({by}): {count} devices in {dirs}"), active
 
 
 def check_valid(ctx: Context, registry: Any) -> Result:

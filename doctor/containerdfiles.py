@@ -11,13 +11,19 @@
 
 Both name the file that holds the problem, whoever wrote it: gpuctk's own drop-in is fixed by
 running configure again, any other file by the one line to change.
+
+- engine.containerd.binary, when the handler runs another program than gpuctk-runtime
+  (`check_handler_owner`): which file sets it, last in containerd's load order. NVIDIA's
+  `conf.d/99-nvidia.toml` sorts after `99-gpuctk.toml` and wins; configure refuses to leave it
+  winning, so the fix is `configure --take-over` (it disables that file), never plain
+  configure again. A handler set only by the main config is fixed by plain configure.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpuctk.doctor.report import Result, failed, ok, skipped
+from gpuctk.doctor.report import Result, failed, ok, skipped, warning
 from gpuctk.errors import GpuctkError
 
 VERSIONS = ("engine.containerd.versions", "no containerd config file is newer than it may be")
@@ -145,3 +151,61 @@ def check_runtime_types(
     if not fix:
         fix = f'set runtime_type = "{RUNC_V2}" for {missing[0]!r} in {config} && {RESTART}'
     return failed(id_, title, evidence, fix)
+
+
+def _sets_handler(path: str, name: str) -> bool:
+    from gpuctk.containerd import tomlfiles, versions
+
+    try:
+        data = tomlfiles.load(path) or {}
+    except GpuctkError:
+        return False
+    return any(
+        tomlfiles.get_table(data, "plugins", plugin, "containerd", "runtimes", name) is not None
+        for plugin in dict.fromkeys(versions.CRI_PLUGIN.values())
+    )
+
+
+def check_handler_owner(
+    id_: str,
+    title: str,
+    config: str,
+    name: str,
+    binary: str,
+    fixes: tuple[str, str],
+) -> Result:
+    """engine.containerd.binary for a handler whose BinaryName is not gpuctk-runtime: the file
+    that sets it and the command that makes gpuctk's drop-in win. `fixes`: (plain configure,
+    configure --take-over)."""
+    import os
+    import shutil
+
+    from gpuctk.containerd import tomlfiles
+
+    resolved = binary if os.path.isabs(binary) else shutil.which(binary)
+    missing = resolved is None or not (os.path.isfile(resolved) and os.access(resolved, os.X_OK))
+    what = (
+        "missing or not executable: every container of the handler fails to start"
+        if missing
+        else "not gpuctk-runtime (another toolkit's runtime)"
+    )
+    evidence = [f"BinaryName = {binary!r}: {what}"]
+    try:
+        files = _loaded_files(config)
+    except GpuctkError:
+        files = ()
+    setter = ours = None
+    for path in files:
+        if _sets_handler(path, name):
+            setter = path
+        if ours is None and path != tomlfiles.abspath(config) and _is_gpuctk(path):
+            ours = path
+    fix = fixes[0]
+    if setter is not None and not _is_gpuctk(setter):
+        if setter == tomlfiles.abspath(config):
+            evidence.append(f"set in the main config {setter}; no gpuctk drop-in overrides it")
+        else:
+            after = f", loaded after gpuctk's {ours}, so it wins" if ours else ""
+            evidence.append(f"{setter} sets handler {name!r}{after}")
+            fix = fixes[1]
+    return (failed if missing or ours else warning)(id_, title, evidence, fix)

@@ -141,7 +141,15 @@ def check_containerd(ctx: Context, found: Findings) -> list[Result]:
     binary_name = options.get("BinaryName")
     base_spec = handler.get("base_runtime_spec")
     mode = "shim" if binary_name else "hook" if base_spec else "plain"
-    results.append(_handler_binary(ids[1], titles[1], mode, binary_name, base_spec, fix))
+    if mode == "shim" and not _is_gpuctk(str(binary_name)):  # whose file sets it, and the fix
+        take_over = _configure_fix(ctx, "containerd", config, restart, ("--take-over",))
+        results.append(
+            containerdfiles.check_handler_owner(
+                ids[1], titles[1], config, ctx.runtime_name, str(binary_name), (fix, take_over)
+            )
+        )
+    else:
+        results.append(_handler_binary(ids[1], titles[1], mode, binary_name, base_spec, fix))
     results.append(_containerd_cdi(ctx, ids[2], titles[2], mode, cri, binary, config, restart))
     results.append(check_containerd_loaded(ctx, config))
     return [*results, *files]

@@ -46,6 +46,8 @@ REPO = PACKAGING.parent
 PREFIX = "/opt/gpuctk"
 MULTIARCH = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
 UNITS = ("gpuctk-cdi-refresh.service", "gpuctk-cdi-refresh.path", "gpuctk-cdi-refresh.timer")
+# NVIDIA's packages that do what gpuctk does (runtime, spec refresh unit): Conflicts + Replaces
+NVIDIA_PACKAGES = "nvidia-container-toolkit, nvidia-container-toolkit-base"
 UDEV_RULES = ("71-gpuctk.rules", "71-gpuctk-dev-char.rules")
 MAN_PAGES = {  # page -> argv of the installed launcher that prints the text
     "gpuctk": ["gpuctk", "--help"],
@@ -277,7 +279,10 @@ def control(version: str, arch: str, size_kib: int, python: str) -> str:
         f"Depends: python{pyver.strip()}, libc6\n"
         "Recommends: runc | crun\n"
         "Suggests: containerd, podman\n"
-        "Conflicts: nvidia-container-toolkit\n"
+        # Both write /var/run/cdi/nvidia.yaml (nvidia-cdi-refresh.service is in -base) and
+        # register an `nvidia` runtime: never both. Replaces lets `dpkg -i` remove them.
+        f"Conflicts: {NVIDIA_PACKAGES}\n"
+        f"Replaces: {NVIDIA_PACKAGES}\n"
         "Section: admin\n"
         "Priority: optional\n"
         "Homepage: https://example.invalid/gpuctk\n"

@@ -127,6 +127,8 @@ def test_contents(deb: Path) -> None:
         ["dpkg-deb", "-f", str(deb)], capture_output=True, text=True, check=True
     ).stdout
     assert "Depends: python3.11" in fields
+    for field in ("Conflicts", "Replaces"):  # both write /var/run/cdi/nvidia.yaml
+        assert f"{field}: nvidia-container-toolkit, nvidia-container-toolkit-base" in fields
     listing = subprocess.run(
         ["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True
     ).stdout
