@@ -144,7 +144,12 @@ def cdi() -> None:
     multiple=True,
     type=click.Choice((*HOOK_ACTIONS, "all")),
     metavar="NAME",
-    help="Leave this hook action out; repeatable (all: no hook).",
+    help="Skip a hook action (repeatable; all).",
+)
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Overwrite nvidia-ctk's spec at --output.",
 )
 @nic_options
 def generate(
@@ -171,6 +176,7 @@ def generate(
     mode: str,
     additional_gids: bool,
     disable_hooks: tuple[str, ...],
+    force: bool,
     **nic: Any,
 ) -> None:
     """\b
@@ -185,6 +191,6 @@ def generate(
             hook_path, library_mode, staging_dir, prune_stages, keep_spec_dir,
             loader_folders, driver_capabilities,
             Roots(driver_root, dev_root, proc_root, sys_root), nvml_library, simulate, nic,
-            mode, additional_gids=additional_gids, disable_hooks=disable_hooks,
+            mode, additional_gids=additional_gids, disable_hooks=disable_hooks, force=force,
         )
     )  # fmt: skip

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from gpuctk.cdi.generate import NodeLookup
-from gpuctk.cdi.node.driverfiles import DriverFiles, discover_driver_files
+from gpuctk.cdi.node.driverfiles import DriverFiles, discover_driver_files, resolve_in_root
+from gpuctk.cdi.node.driverpaths import PREFIXES
 from gpuctk.cdi.node.machine import Machine
 from gpuctk.errors import InputError
 from gpuctk.records import record
 
-# Where libnvidia-ml.so.1 sits under a driver root (Debian's nvidia/current layout included).
+NVML_NAME = "libnvidia-ml.so.1"
+# Where libnvidia-ml.so.1 sits under a driver root (Debian's nvidia/current layout included, and
+# the driver prefixes of GKE and COS: <prefix>/lib64), after the root's own ld cache.
 NVML_DIRS = (
     "usr/lib/x86_64-linux-gnu",
     "usr/lib/x86_64-linux-gnu/nvidia/current",
@@ -21,7 +25,15 @@ NVML_DIRS = (
     "lib",
     "usr/lib/aarch64-linux-gnu",
     "usr/lib/aarch64-linux-gnu/nvidia/current",
+    *(f"{p.lstrip('/')}/lib64" for p in PREFIXES),
 )
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: --simulate runs never import typing here
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 
 @record
@@ -39,21 +51,95 @@ def check_dir(path: str, what: str, flag: str) -> None:
         raise InputError(f"{what} {path} is not readable (check {flag} and permissions)")
 
 
+def find_nvml(driver_root: str) -> tuple[str | None, tuple[str, ...]]:
+    """(the host path of the driver root's libnvidia-ml.so.1, or None; where it looked).
+
+    The root's own ld cache first (<root>/etc/ld.so.cache, its paths resolved inside the root,
+    as the root's loader would), then NVML_DIRS. Only a real file of this process's word size
+    counts (a 32-bit compat NVML cannot be loaded here); symlinks are followed inside the root.
+    """
+    from gpuctk.cdi.node.elf import elf_info
+    from gpuctk.cdi.node.ldcache import read_ld_cache
+
+    root = os.path.abspath(driver_root)
+    prefix = "" if root == "/" else root.rstrip("/")
+    bits = 64 if sys.maxsize > 2**32 else 32
+
+    def usable(path: str) -> str | None:
+        real = resolve_in_root(root, path)
+        if real is None:
+            return None
+        info = elf_info(prefix + real)
+        return prefix + real if info is not None and info.elf_class == bits else None
+
+    cache_path = f"{prefix}/etc/ld.so.cache"
+    looked = [cache_path]
+    cache = resolve_in_root(root, "/etc/ld.so.cache")
+    try:
+        entries = read_ld_cache(prefix + cache) if cache is not None else ()
+    except (OSError, ValueError):
+        entries = ()
+    for entry in entries:
+        if entry.key == NVML_NAME:
+            found = usable(entry.value)
+            if found is not None:
+                return found, tuple(looked)
+    for folder in NVML_DIRS:
+        looked.append(f"{prefix}/{folder}")
+        found = usable(f"/{folder}/{NVML_NAME}")
+        if found is not None:
+            return found, tuple(looked)
+    return None, tuple(looked)
+
+
 def nvml_library_under(driver_root: str) -> str | None:
-    """The NVML library inside a driver root other than /, for a containerised driver."""
+    """The NVML library inside a driver root other than /, for a containerised or prefixed
+    driver (find_nvml); None for / (the loader's own search comes first there)."""
     if os.path.realpath(driver_root) == "/":
         return None
-    for d in NVML_DIRS:
-        candidate = os.path.join(driver_root, d, "libnvidia-ml.so.1")
-        if os.path.exists(candidate):
-            return candidate
-    return None
+    return find_nvml(driver_root)[0]
+
+
+def load_nvml(roots: Roots, nvml_library: str | None,
+              read: Callable[[str | None], T]) -> tuple[T, str]:  # fmt: skip
+    """(`read(library)`, the library's name): `read` gets the NVML library for the driver root.
+
+    --nvml-library when given; else, for a root other than /, the root's own (find_nvml); else
+    the one this process's loader finds; else, for /, a driver prefix's (find_nvml: a GKE or
+    COS node whose loader does not list the prefix's lib64). NvmlError saying where it looked,
+    and what to pass, when there is none anywhere.
+    """
+    from gpuctk.cdi.node.nvml import LIBRARY_NAME, LibraryNotFound
+
+    if nvml_library:
+        return read(nvml_library), nvml_library
+    host = os.path.realpath(roots.driver_root) == "/"
+    looked: tuple[str, ...] = ()
+    if not host:
+        found, looked = find_nvml(roots.driver_root)
+        if found is not None:
+            return read(found), found
+    try:
+        return read(None), LIBRARY_NAME
+    except LibraryNotFound:
+        pass
+    if host:
+        found, looked = find_nvml("/")
+        if found is not None:
+            return read(found), found
+    where = f"{looked[0]}, the folders {', '.join(looked[1:])}" if looked else "nowhere"
+    hint = "use --driver-root for a containerised driver (/run/nvidia/driver), or " if host else ""
+    raise LibraryNotFound(
+        f"NVML library {NVML_NAME} not found: is the NVIDIA driver installed? looked in "
+        f"{where} and the loader's own paths; {hint}pass --nvml-library PATH (the driver's "
+        f"{NVML_NAME})"
+    )
 
 
 def machine_from_nvml(roots: Roots, nvml_library: str | None) -> Machine:
     from gpuctk.cdi.node import nvml
 
-    return nvml.discover(nvml_library or nvml_library_under(roots.driver_root))
+    return load_nvml(roots, nvml_library, nvml.discover)[0]
 
 
 def driver_files(roots: Roots, machine: Machine) -> DriverFiles:

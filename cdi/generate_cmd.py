@@ -42,6 +42,7 @@ class GenerateArgs:
     mode: str = "nvml"  # one of MODES
     additional_gids: bool = False  # gpuctk.cdi.generate.group_gids
     disable_hooks: tuple[str, ...] = ()  # gpuctk.cdi.generate.HOOK_ACTIONS, "all"
+    force: bool = False  # replace another tool's spec at --output (gpuctk.cdi.foreignspec)
 
 
 MODES = ("nvml", "management", "imex")  # --mode (gpuctk.cdi.management, gpuctk.cdi.imex)
@@ -115,6 +116,22 @@ def same_file(path: str, data: bytes, mode: int) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def check_foreign(output: str, force: bool) -> None:
+    """Refuse to replace another tool's spec at `output` (nvidia-ctk's, which its refresh unit
+    writes again): OutputError naming the file, its writer and the fix. With `force`, or when
+    the programs its hooks run are gone (a removed toolkit's leftover), replace it with a note."""
+    from gpuctk.cdi.foreignspec import owner
+
+    found = owner(output)
+    if found is None:
+        return
+    if force or not found.installed:
+        why = "--force" if force else f"{', '.join(found.programs)} no longer exists"
+        say(f"gpuctk: note: replacing {output}, written by {found.writer} ({why})")
+        return
+    raise OutputError(found.refusal())
 
 
 def output_format(fmt: str | None, output: str | None) -> str:
@@ -209,6 +226,7 @@ def run(a: GenerateArgs) -> None:
             ) from None
         if not os.access(folder, os.W_OK):
             raise OutputError(f"cannot write {output}: folder {folder} is not writable")
+        check_foreign(output, a.force)
     roots = a.roots
     driver_root, dev_root = roots.driver_root, roots.dev_root
     if a.mode == "imex":

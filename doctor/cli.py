@@ -34,6 +34,7 @@ def run_checks(ctx: Context) -> list[Result]:
     done["driver"] = _guarded("driver", driver.driver_checks, ctx, found)
     done["driver"] += _guarded("driver", devchar.devchar_checks, ctx, found)
     done["nvml"] = _guarded("nvml", driver.nvml_checks, ctx, found)
+    done["driver"] += _guarded("driver", driver.persistence_checks, ctx, found)  # NVML's answer
     # The runtime config names the spec dirs the shim reads, so it is read before the CDI layer.
     done["runtime"] = _guarded("runtime", runtime.runtime_checks, ctx, found)
     done["runtime"] += _guarded("runtime", policy.runtime_policy_checks, ctx, found)

@@ -67,6 +67,7 @@ class Findings:
     char_majors: dict[str, int] = field(default_factory=dict)  # /proc/devices
     machine: Machine | None = None
     machine_source: str = ""  # "NVML (<library>)" or "profile <name>"
+    persistence: tuple[bool | None, ...] = ()  # NVML's persistence mode per GPU (None: unknown)
     settings: Settings | None = None
     settings_source: str = ""
     spec_dirs: tuple[str, ...] = ()

@@ -2,7 +2,9 @@
 
 Driver: the module is loaded (`<proc>/driver/nvidia/version`), the user-space libraries under
 the driver root carry the module's version, the device nodes exist with the majors that
-`<proc>/devices` gives, and persistence mode is on (nvidia-persistenced's socket).
+`<proc>/devices` gives (nvidia-modeset only where a display driver needs it: a headless
+compute node has none, as NVIDIA's spec), and persistence mode is on (NVML's answer, read after
+the NVML layer; the daemon's socket only where NVML cannot tell).
 NVML: it loads (or a `--simulate` profile stands in), counts GPUs, reports MIG mode and devices,
 and every GPU and MIG device it names has its device nodes.
 """
@@ -21,6 +23,7 @@ from gpuctk.errors import GpuctkError
 _KERNEL_VERSION = re.compile(r"Kernel Module(?: for [A-Za-z0-9_]+)?\s+(\d+(?:\.\d+)+)")
 NVIDIA_MAJOR = 195
 PERSISTENCED_SOCKET = "/var/run/nvidia-persistenced/socket"
+MODESET = "/dev/nvidia-modeset"  # only the display driver (nvidia-modeset.ko) serves it
 MAX_PROC_FILE = 1 << 20
 
 
@@ -156,7 +159,7 @@ def check_nodes(ctx: Context, found: Findings) -> Result:
         ("/dev/nvidiactl", nv, 255, True, "nvidia-modprobe -c=0"),
         ("/dev/nvidia-uvm", uvm, 0, True, "nvidia-modprobe -u -c=0"),
         ("/dev/nvidia-uvm-tools", uvm, 1, True, "nvidia-modprobe -u -c=0"),
-        ("/dev/nvidia-modeset", nv, 254, False, "nvidia-modprobe -m"),
+        (MODESET, nv, 254, False, "nvidia-modprobe -m"),
     ]
     for name in sorted(_listdir(ctx.dev("/dev"))):
         if name.startswith("nvidia") and name[6:].isdigit():
@@ -167,6 +170,7 @@ def check_nodes(ctx: Context, found: Findings) -> Result:
     bad: list[str] = []
     fixes: list[str] = []
     warn: list[str] = []
+    info: list[str] = []
     good = 0
     for path, major, minor, required, tool in expected:
         host = ctx.dev(path)
@@ -174,6 +178,10 @@ def check_nodes(ctx: Context, found: Findings) -> Result:
         if major is None:
             if got is not None or required:
                 warn.append(f"{host}: the driver has no major for it in {devices}")
+            continue
+        if got is None and path == MODESET:  # no display driver: normal on a compute node
+            info.append(f"{host}: absent: normal on a headless node (only a display driver "
+                        "uses it; NVIDIA's spec has none either)")  # fmt: skip
             continue
         if got is None:
             (bad if required else warn).append(f"{host}: missing or not a character device")
@@ -184,7 +192,7 @@ def check_nodes(ctx: Context, found: Findings) -> Result:
             fixes.append(mknod_fix(host, major, minor or 0))
         else:
             good += 1
-    evidence = [*bad, *warn, f"{good} node(s) correct under {ctx.dev('/dev')}"]
+    evidence = [*bad, *warn, f"{good} node(s) correct under {ctx.dev('/dev')}", *info]
     if bad:
         return failed("driver.device-nodes", title, evidence, join_fixes(fixes))
     if warn:
@@ -193,7 +201,10 @@ def check_nodes(ctx: Context, found: Findings) -> Result:
 
 
 def check_persistence(ctx: Context, found: Findings) -> Result:
-    title = "persistence mode (nvidia-persistenced)"
+    """Persistence mode as NVML reports it: the kernel driver's state, whoever set it
+    (nvidia-persistenced, or `nvidia-smi -pm 1`, with no daemon and so no socket). Only where
+    NVML cannot tell (a --simulate profile, NVML unavailable) does the daemon's socket stand in."""
+    title = "persistence mode on"
     if found.kernel_version is None:
         return skipped("driver.persistence", title, "kernel module not loaded")
     socket = ctx.host(PERSISTENCED_SOCKET)
@@ -201,14 +212,35 @@ def check_persistence(ctx: Context, found: Findings) -> Result:
         is_socket = stat.S_ISSOCK(os.stat(socket).st_mode)
     except OSError:
         is_socket = False
+    daemon = (f"{socket}: nvidia-persistenced is running" if is_socket else
+              f"no {socket}: nvidia-persistenced is not running (optional: the mode is the "
+              "kernel driver's)")  # fmt: skip
+    modes = found.persistence
+    m = found.machine
+    if m is not None and m.gpus and modes and all(v is not None for v in modes):
+        off = [g for g, on in zip(m.gpus, modes, strict=False) if not on]
+        if not off:
+            on = f"NVML: persistence mode enabled on all {len(m.gpus)} GPU(s)"
+            return ok("driver.persistence", title, on, daemon)
+        ids = ",".join(str(g.index) for g in off)
+        return warning(
+            "driver.persistence",
+            title,
+            [
+                f"NVML: persistence mode disabled on GPU(s) {ids}: each is re-initialised for "
+                "every first user (slow starts, lost state between containers)",
+                daemon,
+            ],
+            "systemctl enable --now nvidia-persistenced   # or: nvidia-smi -pm 1",
+        )
     if is_socket:
-        return ok("driver.persistence", title, f"{socket}: nvidia-persistenced is running")
+        return ok("driver.persistence", title, daemon)
     return warning(
         "driver.persistence",
         title,
         [
-            f"{socket}: absent: GPUs are re-initialised for every first user (slow starts, "
-            "lost state between containers)"
+            f"{socket}: absent, and NVML did not report the mode: GPUs may be re-initialised "
+            "for every first user (slow starts, lost state between containers)"
         ],
         "systemctl enable --now nvidia-persistenced   # or: nvidia-smi -pm 1",
     )
@@ -225,7 +257,12 @@ def driver_checks(ctx: Context, found: Findings) -> list[Result]:
     root = [failed("driver.root", "driver root is a folder", [why], ROOT_FIX)] if why else []
     module = check_module(ctx, found)
     libraries = skipped("driver.libraries", title, why) if why else check_libraries(ctx, found)
-    return [*root, module, libraries, check_nodes(ctx, found), check_persistence(ctx, found)]
+    return [*root, module, libraries, check_nodes(ctx, found)]
+
+
+def persistence_checks(ctx: Context, found: Findings) -> list[Result]:
+    """The driver layer's last check, run after the NVML layer (whose answer it reads)."""
+    return [check_persistence(ctx, found)]
 
 
 # --- NVML -------------------------------------------------------------------------------------
@@ -242,18 +279,18 @@ def check_nvml(ctx: Context, found: Findings) -> Result:
             return failed("nvml.load", title, [exc.message], "gpuctk cdi generate --help")
         found.machine_source = f"profile {ctx.simulate} (--simulate)"
         return ok("nvml.load", title, f"machine from {found.machine_source}")
-    from gpuctk.cdi.discover import Roots, machine_from_nvml, nvml_library_under
+    from gpuctk.cdi.discover import Roots, load_nvml
+    from gpuctk.cdi.node import nvml
 
     roots = Roots(ctx.driver_root, ctx.dev_root, ctx.proc_root, ctx.sys_root)
-    library = ctx.nvml_library or nvml_library_under(ctx.driver_root) or "libnvidia-ml.so.1"
     try:
-        found.machine = machine_from_nvml(roots, ctx.nvml_library)
+        (machine, found.persistence), library = load_nvml(roots, ctx.nvml_library, nvml.survey)
     except GpuctkError as exc:
         return failed(
             "nvml.load", title, [_nvml_evidence(ctx, exc.message)], _nvml_fix(ctx, exc.message)
         )
     found.machine_source = f"NVML ({library})"
-    m = found.machine
+    m = found.machine = machine
     evidence = [f"{library}: driver {m.driver_version}, CUDA {m.cuda_driver_version}"]
     if found.kernel_version and found.kernel_version != m.driver_version:
         evidence.append(f"kernel module is {found.kernel_version}, NVML {m.driver_version}")

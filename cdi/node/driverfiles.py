@@ -40,9 +40,11 @@ from gpuctk.cdi.node.driverpaths import (
     DEV_LINKS,
     EXTRA_SONAMES,
     FIRMWARE_DIRS,
+    FIRMWARE_PATH,
     LIBRARY_DIRS,
     LOADER_LINKS,
     PATH_DIRS,
+    PREFIXES,
     SOCKETS,
     is_driver_library_name,
 )
@@ -287,22 +289,65 @@ def _first_found(r: _Root, paths: tuple[str, ...], want: int) -> tuple[str, str]
     return None
 
 
-def _binaries(r: _Root) -> list[DriverFile]:
+def _beside(folders: tuple[str, ...] | dict[str, None]) -> tuple[str, ...]:
+    """The driver prefixes the library folders name: /opt/drv for /opt/drv/lib64 (a driver
+    somewhere else that the root's ld cache names), whose bin/ and firmware/ are searched after
+    the usual places."""
+    return tuple(dict.fromkeys(
+        posixpath.dirname(d) for d in folders
+        if posixpath.basename(d) in ("lib64", "lib")
+        and posixpath.dirname(d) not in ("", "/", "/usr", "/usr/local")
+    ))  # fmt: skip
+
+
+def _binaries(r: _Root, prefixes: tuple[str, ...] = ()) -> list[DriverFile]:
+    """Each driver program: the first ELF file of its name in BINARY_DIRS, then in the bin/ of
+    `prefixes` (_beside: the libraries' own prefix). A file that is not
+    ELF (a wrapper script at /usr/bin/nvidia-smi that execs the prefix's binary: in a container
+    that path is not there) gives way to a later folder's ELF, mounted at the wrapper's path;
+    with no ELF anywhere the program is left out, with one warning."""
     out = []
     for name in BINARIES:
-        hit = _first_found(r, tuple(f"{d}/{name}" for d in BINARY_DIRS), stat.S_IFREG)
-        if hit is None:
+        wrappers: list[str] = []  # container paths of the non-ELF files of this name
+        found: tuple[str, str] | None = None  # (listed, real)
+        for folder in dict.fromkeys((*BINARY_DIRS, *(f"{p}/bin" for p in prefixes))):
+            listed = f"{folder}/{name}"
+            hit = r.stat(listed)
+            if hit is None or not stat.S_ISREG(hit[1].st_mode) or not r.trusted(hit[0]):
+                continue
+            if elf_info(r.host(hit[0])) is None:
+                wrappers.append(listed)
+                continue
+            found = listed, hit[0]
+            break
+        if found is None:
+            if wrappers:
+                r.left_out.setdefault(
+                    r.host(wrappers[0]),
+                    f"not an ELF program (a wrapper script?), and no ELF {name} is in the "
+                    f"usual folders nor in a driver prefix's bin/ ({', '.join(PREFIXES)}); "
+                    "fix: pass the root that holds the driver's programs as --driver-root",
+                )
             continue
-        listed, real = hit
+        listed, real = found
         container = listed if posixpath.dirname(listed) in PATH_DIRS else f"/usr/bin/{name}"
+        if wrappers:
+            container = wrappers[0] if posixpath.dirname(wrappers[0]) in PATH_DIRS else container
+            log.debug(f"{name}: took the driver's ELF {r.host(real)} for {container}, not the "
+                      f"wrapper {r.host(wrappers[0])}")  # fmt: skip
         out.append(DriverFile(r.host(real), container, "binary", caps.capability_of(name)))
     return out
 
 
-def _firmware(r: _Root, version: str) -> list[DriverFile]:
-    out: dict[str, DriverFile] = {}
-    for template in FIRMWARE_DIRS:
-        folder = template.format(version=version)
+def _firmware(r: _Root, version: str, prefixes: tuple[str, ...] = ()) -> list[DriverFile]:
+    """The GSP firmware (gsp*.bin) of `version`: /lib/firmware/nvidia/<version>, and a
+    prefix's firmware/nvidia/<version> (FIRMWARE_DIRS, then `prefixes`) mounted there. The
+    first file of a container path wins."""
+    out: dict[str, DriverFile] = {}  # container path -> file
+    seen: set[str] = set()  # real paths
+    beside = tuple((f"{p}/firmware/nvidia/{{version}}", FIRMWARE_PATH) for p in prefixes)
+    for template, target in dict.fromkeys((*FIRMWARE_DIRS, *beside)):
+        folder, into = template.format(version=version), target.format(version=version)
         real_dir = r.resolve(folder)
         if real_dir is None:
             continue
@@ -314,12 +359,14 @@ def _firmware(r: _Root, version: str) -> list[DriverFile]:
             continue
         for name in names:
             hit = r.stat(f"{real_dir}/{name}")
-            if hit is None or not stat.S_ISREG(hit[1].st_mode) or hit[0] in out:
+            container = f"{into}/{name}"
+            if hit is None or not stat.S_ISREG(hit[1].st_mode) or hit[0] in seen:
+                continue
+            if container in out:
                 continue
             if r.trusted(hit[0]):
-                out[hit[0]] = DriverFile(
-                    r.host(hit[0]), f"{folder}/{name}", "firmware", caps.UTILITY
-                )
+                seen.add(hit[0])
+                out[container] = DriverFile(r.host(hit[0]), container, "firmware", caps.UTILITY)
     return list(out.values())
 
 
@@ -369,8 +416,8 @@ def discover_driver_files(driver_root: str, driver_version: str) -> DriverFiles:
         folders = dict.fromkeys(posixpath.dirname(f.container_path) for f in libraries)
         files = DriverFiles(
             libraries=tuple(libraries),
-            binaries=tuple(_binaries(r)),
-            firmware=tuple(_firmware(r, driver_version)),
+            binaries=tuple(_binaries(r, _beside(folders))),
+            firmware=tuple(_firmware(r, driver_version, _beside(folders))),
             configs=tuple(_listed(r, CONFIGS, "config", driver_version)),
             sockets=tuple(_listed(r, SOCKETS, "socket", driver_version)),
             symlinks=tuple(_links(libraries)),

@@ -3,7 +3,10 @@
 Plain data, in container terms (no driver root). Layouts covered: NVIDIA's .run installer and
 CUDA repo packages (files in /usr/lib/x86_64-linux-gnu or /usr/lib64), Debian's packages (files
 in /usr/lib/<triplet>/nvidia/current and /usr/lib/nvidia/current, linked into place by
-update-alternatives), and containerised drivers (the same layouts under /run/nvidia/driver).
+update-alternatives), containerised drivers (the same layouts under /run/nvidia/driver), and
+drivers kept whole under one prefix (PREFIXES: GKE and COS nodes, images built for them), with
+bin/, lib64/ and firmware/nvidia/<version>/ below it, where /usr/bin/nvidia-smi may be a shell
+wrapper that execs the prefix's binary.
 """
 
 from __future__ import annotations
@@ -14,6 +17,10 @@ from gpuctk.cdi.node.capabilities import COMPUTE, DISPLAY, GRAPHICS, UTILITY
 
 _TRIPLETS = ("x86_64-linux-gnu", "aarch64-linux-gnu", "powerpc64le-linux-gnu")
 
+# Folders that hold a whole driver: <prefix>/bin, <prefix>/lib64 and
+# <prefix>/firmware/nvidia/<version> (GKE's and COS's installers, and images made for them).
+PREFIXES = ("/usr/local/nvidia", "/home/kubernetes/bin/nvidia")
+
 # Folders scanned for libraries whose file name ends with .so.<driver version>, in order.
 # 32-bit libraries are recognised by their ELF class, wherever they are found.
 LIBRARY_DIRS: tuple[str, ...] = (
@@ -22,6 +29,7 @@ LIBRARY_DIRS: tuple[str, ...] = (
     "/usr/lib64", "/lib64", "/usr/lib64/vdpau", "/usr/lib", "/lib", "/usr/local/lib",
     "/usr/lib/i386-linux-gnu", "/usr/lib/i386-linux-gnu/nvidia/current", "/lib/i386-linux-gnu",
     "/usr/lib/i386-linux-gnu/vdpau", "/usr/lib32", "/lib32", "/usr/lib/vdpau",
+    *(f"{p}/{d}" for p in PREFIXES for d in ("lib64", "lib")),
 )  # fmt: skip
 
 # Libraries that do not carry the driver version in their name but belong to the driver's
@@ -56,15 +64,25 @@ BINARIES = (
     "nvidia-imex-ctl",
 )
 # A binary found in one of these is mounted where it was found; elsewhere, at /usr/bin/<name>.
+# Only the driver's ELF programs count: a shell wrapper standing at /usr/bin/nvidia-smi (it
+# execs the prefix's binary, a path a container does not have) gives way to the ELF found in a
+# later folder, mounted at the wrapper's path.
 PATH_DIRS = frozenset(
     {"/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin", "/usr/local/sbin"}
 )
 BINARY_DIRS = (
     "/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin", "/usr/local/sbin",
-    "/usr/lib/nvidia/current", "/usr/lib/nvidia",
+    "/usr/lib/nvidia/current", "/usr/lib/nvidia", *(f"{p}/bin" for p in PREFIXES),
 )  # fmt: skip
 
-FIRMWARE_DIRS = ("/lib/firmware/nvidia/{version}", "/usr/lib/firmware/nvidia/{version}")
+# Where the GSP firmware is mounted in a container: where the kernel and NVIDIA's spec put it.
+FIRMWARE_PATH = "/lib/firmware/nvidia/{version}"
+# (folder in the driver root, folder in the container), the first of a name wins.
+FIRMWARE_DIRS: tuple[tuple[str, str], ...] = (
+    (FIRMWARE_PATH, FIRMWARE_PATH),
+    ("/usr/lib/firmware/nvidia/{version}", "/usr/lib/firmware/nvidia/{version}"),
+    *((f"{p}/firmware/nvidia/{{version}}", FIRMWARE_PATH) for p in PREFIXES),
+)
 
 _REG = stat.S_IFREG
 # (alternative locations, the first found wins; capability; file type)

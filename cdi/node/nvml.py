@@ -11,7 +11,8 @@ that `import gpuctk.cdi.node.nvml` stays cheap; the tests drive it with a fake l
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from gpuctk.cdi.node.machine import Gpu, Machine, MigDevice
 from gpuctk.cdi.node.profile import mig_profile_name
@@ -19,6 +20,7 @@ from gpuctk.errors import NvmlError
 from gpuctk.records import record, replace
 
 LIBRARY_NAME = "libnvidia-ml.so.1"
+T = TypeVar("T")
 
 # NVML return codes (nvml.h) that discovery tells apart.
 UNINITIALIZED = 1
@@ -40,6 +42,10 @@ ARCHITECTURES: dict[int, str] = {
 }  # fmt: skip
 
 _OPTIONAL = (NOT_SUPPORTED, FUNCTION_NOT_FOUND)  # the answer is "unknown", not a failure
+
+
+class LibraryNotFound(NvmlError):
+    """No NVML library by the default name: gpuctk.cdi.discover then looks elsewhere."""
 
 
 class NvmlCallError(Exception):
@@ -85,6 +91,7 @@ class NvmlAdapter(Protocol):
     def gpu_instance_id(self, mig: object) -> int: ...
     def compute_instance_id(self, mig: object) -> int: ...
     def mig_attributes(self, mig: object) -> MigAttributes: ...
+    def persistence_mode(self, device: object) -> int: ...  # 1 enabled
 
 
 def discover(library_path: str | None = None) -> Machine:
@@ -94,12 +101,41 @@ def discover(library_path: str | None = None) -> Machine:
 
 def discover_with(adapter: NvmlAdapter, library: str = LIBRARY_NAME) -> Machine:
     """Initialise NVML through `adapter`, read the machine, and always shut NVML down."""
+    return _session(adapter, library, read_machine)
+
+
+def survey(library_path: str | None = None) -> tuple[Machine, tuple[bool | None, ...]]:
+    """`discover`, and each GPU's persistence mode (in GPU order; None: NVML cannot tell), in
+    one NVML session: what `gpuctk doctor` reads. Persistence mode is the kernel driver's
+    state, whoever turned it on (nvidia-persistenced, `nvidia-smi -pm 1`)."""
+    return survey_with(PynvmlAdapter(library_path), library_path or LIBRARY_NAME)
+
+
+def survey_with(
+    adapter: NvmlAdapter, library: str = LIBRARY_NAME
+) -> tuple[Machine, tuple[bool | None, ...]]:
+    def read(a: NvmlAdapter) -> tuple[Machine, tuple[bool | None, ...]]:
+        machine = read_machine(a)
+        return machine, tuple(_persistence(a, position) for position in range(len(machine.gpus)))
+
+    return _session(adapter, library, read)
+
+
+def _persistence(adapter: NvmlAdapter, position: int) -> bool | None:
+    try:
+        return adapter.persistence_mode(adapter.device_handle(position)) == 1
+    except NvmlCallError:
+        return None  # unknown: the caller looks elsewhere
+
+
+def _session(adapter: NvmlAdapter, library: str, read: Callable[[NvmlAdapter], T]) -> T:
+    """Initialise NVML through `adapter`, `read`, and always shut NVML down."""
     try:
         adapter.init()
     except NvmlCallError as exc:
         raise nvml_error(exc, library=library) from None
     try:
-        return read_machine(adapter)
+        return read(adapter)
     finally:
         with contextlib.suppress(NvmlCallError):
             adapter.shutdown()  # a failure here changes nothing: the answer or the error stands
@@ -203,7 +239,7 @@ def nvml_error(exc: NvmlCallError, *, where: str = "", library: str = LIBRARY_NA
     """One line for the user: what failed and what to do about it."""
     fn, code, at = exc.function, exc.code, f" ({where})" if where else ""
     if code == LIBRARY_NOT_FOUND and library == LIBRARY_NAME:
-        return NvmlError(
+        return LibraryNotFound(
             f"NVML library {LIBRARY_NAME} not found: is the NVIDIA driver installed? use "
             "--driver-root for a containerised driver, or --nvml-library PATH"
         )
@@ -363,6 +399,9 @@ class PynvmlAdapter:
 
     def compute_instance_id(self, mig: object) -> int:
         return int(self._call("nvmlDeviceGetComputeInstanceId", mig))
+
+    def persistence_mode(self, device: object) -> int:
+        return int(self._call("nvmlDeviceGetPersistenceMode", device))
 
     def mig_attributes(self, mig: object) -> MigAttributes:
         a = self._call("nvmlDeviceGetAttributes", mig)

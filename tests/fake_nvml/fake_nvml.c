@@ -14,7 +14,8 @@
  *
  * (a gpu record is one line; `name=` must come last and takes the rest of the line).
  * GPUs are listed in index order. `numa=-` (or no numa key) makes nvmlDeviceGetNumaNodeId
- * return NVML_ERROR_NOT_SUPPORTED. `mig_capable=0` makes the MIG calls return
+ * return NVML_ERROR_NOT_SUPPORTED; `persistence=1` (or 0) is what nvmlDeviceGetPersistenceMode
+ * answers (no persistence key: NVML_ERROR_NOT_SUPPORTED). `mig_capable=0` makes the MIG calls return
  * NOT_SUPPORTED (an L4, say). `mig` lines belong to the gpu line above them; `slot` is the MIG
  * handle index (slots left out answer NVML_ERROR_NOT_FOUND).
  *
@@ -62,6 +63,7 @@ struct fake_device {
     struct fake_device *parent;
     unsigned index, minor, arch, max_mig;
     int cc_major, cc_minor, numa, numa_supported, mig_capable, mig_mode;
+    int persistence, persistence_supported;
     unsigned domain, bus, dev;
     unsigned long long memory_mib;
     char uuid[96], name[96];
@@ -180,6 +182,9 @@ static int set_gpu(struct fake_device *d, const char *k, const char *v) {
     else if (!strcmp(k, "numa")) {
         d->numa_supported = strcmp(v, "-") != 0;
         d->numa = atoi(v);
+    } else if (!strcmp(k, "persistence")) {
+        d->persistence_supported = 1;
+        d->persistence = atoi(v);
     } else if (!strcmp(k, "mig"))
         d->mig_mode = atoi(v);
     else if (!strcmp(k, "mig_capable"))
@@ -625,6 +630,15 @@ nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t d, unsigned *node) {
     if (d->kind == KIND_MIG || !d->numa_supported)
         return NVML_ERROR_NOT_SUPPORTED;
     *node = (unsigned)d->numa;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t d, int *mode) {
+    ENTER_DEVICE(d);
+    NEED(mode);
+    if (d->kind == KIND_MIG || !d->persistence_supported)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *mode = d->persistence ? 1 : 0;
     return NVML_SUCCESS;
 }
 

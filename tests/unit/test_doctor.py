@@ -377,6 +377,64 @@ def test_handler_pointing_at_a_missing_binary(make_node: NodeFactory) -> None:
         assert f"--runtime-path {BIN / 'gpuctk-runtime'}" in check["fix"]
 
 
+def test_nvidia_drop_in_that_wins_names_its_file_and_the_take_over(
+    make_node: NodeFactory,
+) -> None:
+    """NVIDIA's conf.d/99-nvidia.toml loads after gpuctk's drop-in and wins:
+    doctor names it, and its fix is configure --take-over, not plain configure again."""
+    node = make_node()
+    main = node.containerd_config
+    conf_d = main.parent / "conf.d"
+    nvidia = conf_d / "99-nvidia.toml"
+    nvidia.write_text(
+        "version = 2\n"
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+        '  runtime_type = "io.containerd.runc.v2"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
+        '  BinaryName = "/usr/bin/nvidia-container-runtime"\n'
+    )
+    config = main.read_text()
+    ours = f'"{conf_d / "99-gpuctk.toml"}"'
+    assert ours in config
+    main.write_text(config.replace(ours, f'{ours}, "{conf_d}/*.toml"'))  # nvidia-ctk's import
+    for source in ("command", "file"):
+        _, report, _ = node.doctor("--config-source", source)
+        check = node.check(report, "engine.containerd.binary")
+        assert check["status"] == "failed", (source, check)
+        assert f"{nvidia} sets handler 'nvidia', loaded after gpuctk's" in text(check)
+        assert check["fix"].startswith(
+            f"gpuctk runtime configure --runtime containerd --config {main} --take-over"
+        )
+    node.configure("--take-over")
+    _, report, _ = node.doctor()
+    assert node.check(report, "engine.containerd.binary")["status"] == "ok"
+    assert not nvidia.exists() and nvidia.with_name("99-nvidia.toml.gpuctk-disabled").exists()
+
+
+def test_main_config_handler_of_nvidia_ctk_is_fixed_by_plain_configure(
+    make_node: NodeFactory,
+) -> None:
+    """nvidia-ctk wrote the handler into config.toml itself and gpuctk is not configured: the
+    main config is loaded first, so plain configure wins (no --take-over needed)."""
+    node = make_node()
+    main = node.containerd_config
+    shutil.rmtree(main.parent / "conf.d")
+    main.write_text(
+        "version = 2\n"
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]\n'
+        '  runtime_type = "io.containerd.runc.v2"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]\n'
+        '  BinaryName = "/usr/bin/nvidia-container-runtime"\n'
+    )
+    _, report, _ = node.doctor("--config-source", "file")
+    check = node.check(report, "engine.containerd.binary")
+    assert check["status"] == ("warning" if os.path.exists("/usr/bin/nvidia-container-runtime")
+                               else "failed"), check  # fmt: skip
+    assert f"set in the main config {main}" in text(check)
+    assert "--take-over" not in check["fix"]
+    assert check["fix"].startswith(f"gpuctk runtime configure --runtime containerd --config {main}")
+
+
 def test_hook_mode_without_cdi_is_a_warning(make_node: NodeFactory) -> None:
     node = make_node()
     node.configure("--mode", "hook", "--hook-path", str(BIN / "gpuctk-hook"))
@@ -650,6 +708,35 @@ def test_stale_spec_fix_names_the_refresh_unit_that_writes_it(make_node: NodeFac
     assert code == 2 and check["status"] == "failed"
     assert check["fix"].startswith("systemctl start gpuctk-cdi-refresh.service   # or: gpuctk ")
     assert check["fix"].endswith(f"--output {spec}")
+
+
+def test_nvidia_ctk_spec_where_the_refresh_unit_writes(make_node: NodeFactory) -> None:
+    """nvidia-container-toolkit-base's refresh wrote the spec gpuctk's refresh unit writes:
+    the unit refuses it, and doctor says so with the way out."""
+    import yaml
+
+    node = make_node("l4")
+    spec = node.host / "var/run/cdi/nvidia.yaml"
+    spec.parent.mkdir(parents=True)
+    doc = yaml.safe_load(node.spec.read_text())
+    node.spec.unlink()
+    for block in [doc.get("containerEdits") or {}, *(d["containerEdits"] for d in doc["devices"])]:
+        for hook in block.get("hooks") or []:
+            hook["path"], hook["args"] = "/usr/bin/nvidia-cdi-hook", ["nvidia-cdi-hook", "x"]
+    spec.write_text(yaml.safe_dump(doc, explicit_start=True))
+    config = f'spec-dirs = ["{spec.parent}"]\n'
+    node.runtime_config.write_text(node.runtime_config.read_text().splitlines()[0] + "\n" + config)
+    _, report, _ = node.doctor()
+    assert node.check(report, "cdi.spec")["status"] == "ok"  # no gpuctk refresh unit here
+    unit = node.host / "usr/lib/systemd/system/gpuctk-cdi-refresh.service"
+    unit.parent.mkdir(parents=True)
+    unit.write_text("[Service]\nType=oneshot\n")
+    _, report, _ = node.doctor()
+    check = node.check(report, "cdi.spec")
+    assert check["status"] == "warning", check
+    assert f"{spec} was written by nvidia-ctk" in check["evidence"][0]
+    assert check["fix"].startswith("systemctl disable --now nvidia-cdi-refresh.path")
+    assert "--force" in check["fix"] and check["fix"].endswith(f"--output {spec}")
 
 
 def test_an_unknown_profile_is_a_usage_error() -> None:

@@ -269,7 +269,7 @@ def test_binaries_firmware_sockets(tmp_path: Path) -> None:
     for path in ("/usr/lib/nvidia/current/nvidia-smi", "/usr/sbin/nvidia-imex"):
         p = root / path.lstrip("/")
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text("#!/bin/sh\n")
+        p.write_bytes(make_elf(None))  # a program counts only as ELF (never a wrapper script)
         p.chmod(0o755)
     (root / "usr/bin").mkdir()
     (root / "usr/bin/nvidia-debugdump").mkdir()  # a folder is not a binary
