@@ -6,8 +6,9 @@ import os
 import sys
 
 from gpuctk.cdi.generate import NodeLookup
-from gpuctk.cdi.node.driverfiles import DriverFiles, discover_driver_files, resolve_in_root
+from gpuctk.cdi.node.driverfiles import DriverFiles, discover_driver_files
 from gpuctk.cdi.node.driverpaths import PREFIXES
+from gpuctk.cdi.node.driverroot import resolve_in_root
 from gpuctk.cdi.node.machine import Machine
 from gpuctk.errors import InputError
 from gpuctk.records import record

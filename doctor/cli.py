@@ -1,7 +1,7 @@
 """`gpuctk doctor`: diagnose a GPU node layer by layer, each finding with its evidence and fix.
 
-The layers, in order (each in its own module of gpuctk.doctor): driver and NVML (driver), CDI
-(cdi), runtime (runtime), engine (engine), Kubernetes hints (k8s) and the optional live probe
+The layers, in order (each in its own module of gpuctk.doctor): driver (driver), NVML (nvml),
+CDI (cdi), runtime (runtime), engine (engine), Kubernetes hints (k8s) and the optional live probe
 (probe). Results and output: report.
 
 Every root and file a check reads comes from an option, so tests and containerised installs can
@@ -27,13 +27,13 @@ LAYER_ORDER = ("driver", "nvml", "cdi", "runtime", "engine", "kubernetes", "prob
 
 def run_checks(ctx: Context) -> list[Result]:
     """Every check, reported in LAYER_ORDER."""
-    from gpuctk.doctor import cdi, devchar, driver, engine, k8s, policy, probe, runtime
+    from gpuctk.doctor import cdi, devchar, driver, engine, k8s, nvml, policy, probe, runtime
 
     found = Findings()
     done: dict[str, list[Result]] = {}
     done["driver"] = _guarded("driver", driver.driver_checks, ctx, found)
     done["driver"] += _guarded("driver", devchar.devchar_checks, ctx, found)
-    done["nvml"] = _guarded("nvml", driver.nvml_checks, ctx, found)
+    done["nvml"] = _guarded("nvml", nvml.nvml_checks, ctx, found)
     done["driver"] += _guarded("driver", driver.persistence_checks, ctx, found)  # NVML's answer
     # The runtime config names the spec dirs the shim reads, so it is read before the CDI layer.
     done["runtime"] = _guarded("runtime", runtime.runtime_checks, ctx, found)

@@ -3,11 +3,11 @@
 Paths have two forms. A container path is where a file sits in the driver's own filesystem and
 where it is mounted in the container ("/usr/lib/x86_64-linux-gnu/libcuda.so.535.309.01"); the
 host path is the same file seen from the node, the driver root prefixed
-("/run/nvidia/driver/usr/lib/..."). Every symlink is followed INSIDE the driver root: an
-absolute target is taken relative to the root and ".." stops at it, as if chrooted (a
-containerised driver's /usr/lib/libcuda.so.1 -> /etc/alternatives/... must not escape to the
-node's /etc). Host paths always name the final real file, so a bind mount never follows a
-symlink on the node.
+("/run/nvidia/driver/usr/lib/..."). Every symlink is followed INSIDE the driver root
+(gpuctk.cdi.node.driverroot): an absolute target is taken relative to the root and ".." stops
+at it, as if chrooted (a containerised driver's /usr/lib/libcuda.so.1 -> /etc/alternatives/...
+must not escape to the node's /etc). Host paths always name the final real file, so a bind
+mount never follows a symlink on the node.
 
 Every host path recorded, and every symlink followed on the way to one, must be one that root
 alone can have made (gpuctk.cdi.specs.hostpaths.source_problem, the gpuctk.fs trusted-path rules): a
@@ -48,9 +48,9 @@ from gpuctk.cdi.node.driverpaths import (
     SOCKETS,
     is_driver_library_name,
 )
+from gpuctk.cdi.node.driverroot import DriverRoot
 from gpuctk.cdi.node.elf import elf_info
 from gpuctk.cdi.node.ldcache import read_ld_cache
-from gpuctk.cdi.specs.hostpaths import close_folders, folder_fd, source_problem
 from gpuctk.errors import InputError
 from gpuctk.records import record
 
@@ -63,11 +63,9 @@ __all__ = [
     "gpu_nodes",
     "mig_nodes",
     "parse_mig_minors",
-    "resolve_in_root",
 ]
 
 
-MAX_SYMLINKS = 40  # as the kernel's MAXSYMLINKS
 MPS_PIPE_DIR = "/tmp/nvidia-mps"  # nvidia-cuda-mps-control's default CUDA_MPS_PIPE_DIRECTORY
 MPS_FIX = (
     "; fix: remove it, and start nvidia-cuda-mps-control as root, which makes it root's "
@@ -102,101 +100,6 @@ class DriverFiles:
     ld_folders: tuple[str, ...] = ()  # container folders holding libraries
 
 
-class _Root:
-    """Path resolution confined to a root, memoised for one discovery run."""
-
-    def __init__(self, root: str) -> None:
-        self.prefix = "" if root == "/" else root.rstrip("/")
-        self._memo: dict[str, str | None] = {}
-        self._folders: dict[
-            str, int
-        ] = {}  # trusted folders (gpuctk.cdi.specs.hostpaths.source_problem)
-        self.left_out: dict[str, str] = {}  # host path -> why it is not recorded
-
-    def close(self) -> None:
-        close_folders(self._folders)
-
-    def trusted(self, real: str) -> bool:
-        """Whether the real container path `real` may be recorded as a mount source; if not,
-        why is kept in `left_out`."""
-        host = self.host(real)
-        problem = source_problem(host, self._folders)
-        if problem:
-            self.left_out.setdefault(host, problem)
-        return problem is None
-
-    def _link_problem(self, child: str, st: os.stat_result) -> str | None:
-        """Why the symlink at `child` must not be followed: only out of a trusted folder."""
-        folder = self.host(posixpath.dirname(child))
-        if folder_fd(folder, self._folders) >= 0:
-            return None
-        if st.st_uid != 0 and st.st_uid != os.geteuid():
-            return (
-                f"the symlink is owned by uid {st.st_uid}, in {folder}, which others can "
-                "write; fix: remove it, and make the path it stands for as root"
-            )
-        return f"the symlink is in {folder}, which others can write or swap; fix: move it"
-
-    def host(self, path: str) -> str:
-        return self.prefix + path if path != "/" else (self.prefix or "/")
-
-    def resolve(self, path: str, depth: int = 0) -> str | None:
-        """The real container path `path` leads to, or None if it does not exist."""
-        cur = "/"
-        for name in path.split("/"):
-            if name in ("", "."):
-                continue
-            if name == "..":
-                cur = posixpath.dirname(cur)
-                continue
-            child = cur + name if cur == "/" else f"{cur}/{name}"
-            if child in self._memo:
-                real = self._memo[child]
-            else:
-                real = self._memo[child] = self._step(child, depth)
-            if real is None:
-                return None
-            cur = real
-        return cur
-
-    def _step(self, child: str, depth: int) -> str | None:
-        try:
-            st = os.lstat(self.host(child))
-            if not stat.S_ISLNK(st.st_mode):
-                return child
-            problem = self._link_problem(child, st)
-            if problem:
-                self.left_out.setdefault(self.host(child), problem)
-                return None
-            if depth >= MAX_SYMLINKS:
-                return None
-            target = os.readlink(self.host(child))
-        except (OSError, ValueError):
-            return None
-        base = target if target.startswith("/") else f"{posixpath.dirname(child)}/{target}"
-        return self.resolve(base, depth + 1)
-
-    def stat(self, path: str) -> tuple[str, os.stat_result] | None:
-        """(real path, stat) of `path` resolved in the root, or None."""
-        real = self.resolve(path)
-        if real is None:
-            return None
-        try:
-            return real, os.stat(self.host(real), follow_symlinks=False)
-        except OSError:
-            return None
-
-
-def resolve_in_root(root: str, path: str) -> str | None:
-    """The real path (container form) that `path` resolves to inside `root`, or None (also
-    when a symlink on the way is in a folder others can write)."""
-    r = _Root(os.path.abspath(root))
-    try:
-        return r.resolve(path)
-    finally:
-        r.close()
-
-
 def _check_root(root: str) -> str:
     absolute = os.path.abspath(root)
     try:
@@ -218,7 +121,7 @@ def _check_version(version: str) -> None:
         raise InputError(f"unusable driver version {version!r}")
 
 
-def _libraries(r: _Root, version: str) -> dict[str, DriverFile]:
+def _libraries(r: DriverRoot, version: str) -> dict[str, DriverFile]:
     """Driver libraries by real container path: ld.so.cache first, then the library folders."""
     candidates: list[str] = []
     cache = r.resolve("/etc/ld.so.cache")
@@ -279,9 +182,9 @@ def _links(libraries: list[DriverFile]) -> list[tuple[str, str]]:
     return [(target, link) for link, target in links.items()]
 
 
-def _first_found(r: _Root, paths: tuple[str, ...], want: int) -> tuple[str, str] | None:
+def _first_found(r: DriverRoot, paths: tuple[str, ...], want: int) -> tuple[str, str] | None:
     """(container path as listed, real path) of the first of `paths` of file type `want` that
-    may be recorded (_Root.trusted)."""
+    may be recorded (DriverRoot.trusted)."""
     for path in paths:
         hit = r.stat(path)
         if hit is not None and stat.S_IFMT(hit[1].st_mode) == want and r.trusted(hit[0]):
@@ -300,7 +203,7 @@ def _beside(folders: tuple[str, ...] | dict[str, None]) -> tuple[str, ...]:
     ))  # fmt: skip
 
 
-def _binaries(r: _Root, prefixes: tuple[str, ...] = ()) -> list[DriverFile]:
+def _binaries(r: DriverRoot, prefixes: tuple[str, ...] = ()) -> list[DriverFile]:
     """Each driver program: the first ELF file of its name in BINARY_DIRS, then in the bin/ of
     `prefixes` (_beside: the libraries' own prefix). A file that is not
     ELF (a wrapper script at /usr/bin/nvidia-smi that execs the prefix's binary: in a container
@@ -339,7 +242,7 @@ def _binaries(r: _Root, prefixes: tuple[str, ...] = ()) -> list[DriverFile]:
     return out
 
 
-def _firmware(r: _Root, version: str, prefixes: tuple[str, ...] = ()) -> list[DriverFile]:
+def _firmware(r: DriverRoot, version: str, prefixes: tuple[str, ...] = ()) -> list[DriverFile]:
     """The GSP firmware (gsp*.bin) of `version`: /lib/firmware/nvidia/<version>, and a
     prefix's firmware/nvidia/<version> (FIRMWARE_DIRS, then `prefixes`) mounted there. The
     first file of a container path wins."""
@@ -370,7 +273,7 @@ def _firmware(r: _Root, version: str, prefixes: tuple[str, ...] = ()) -> list[Dr
     return list(out.values())
 
 
-def _listed(r: _Root, table: tuple[tuple[tuple[str, ...], str, int], ...], kind: str,
+def _listed(r: DriverRoot, table: tuple[tuple[tuple[str, ...], str, int], ...], kind: str,
             version: str) -> list[DriverFile]:  # fmt: skip
     out: dict[str, DriverFile] = {}
     for paths, capability, want in table:
@@ -407,7 +310,7 @@ def discover_driver_files(driver_root: str, driver_version: str) -> DriverFiles:
     """
     root = _check_root(os.fspath(driver_root))
     _check_version(driver_version)
-    r = _Root(root)
+    r = DriverRoot(root)
     try:
         libraries = sorted(
             _libraries(r, driver_version).values(),

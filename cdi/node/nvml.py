@@ -3,9 +3,10 @@
 Two layers. `NvmlAdapter` is the one place that touches NVML: a thin facade, one method per
 NVML query, that raises `NvmlCallError(function, code)` and decides nothing. `read_machine`
 holds the policy (what an unsupported query means, which MIG slots are empty) and turns NVML
-failures into one-line `gpuctk.errors.NvmlError`s that say what to do. `PynvmlAdapter` is the
-production adapter over the official bindings (`pynvml` from nvidia-ml-py), imported lazily so
-that `import gpuctk.cdi.node.nvml` stays cheap; the tests drive it with a fake libnvidia-ml.so.1.
+failures into one-line `gpuctk.errors.NvmlError`s that say what to do. `PynvmlAdapter`
+(gpuctk.cdi.node.nvmlbindings) is the production adapter over the official bindings (`pynvml`
+from nvidia-ml-py); it is imported only when NVML is read, so that `import gpuctk.cdi.node.nvml`
+stays cheap. The tests drive it with a fake libnvidia-ml.so.1.
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ class NvmlAdapter(Protocol):
 
 def discover(library_path: str | None = None) -> Machine:
     """Read the machine through NVML, loading `library_path` (default libnvidia-ml.so.1)."""
+    from gpuctk.cdi.node.nvmlbindings import PynvmlAdapter
+
     return discover_with(PynvmlAdapter(library_path), library_path or LIBRARY_NAME)
 
 
@@ -108,6 +111,8 @@ def survey(library_path: str | None = None) -> tuple[Machine, tuple[bool | None,
     """`discover`, and each GPU's persistence mode (in GPU order; None: NVML cannot tell), in
     one NVML session: what `gpuctk doctor` reads. Persistence mode is the kernel driver's
     state, whoever turned it on (nvidia-persistenced, `nvidia-smi -pm 1`)."""
+    from gpuctk.cdi.node.nvmlbindings import PynvmlAdapter
+
     return survey_with(PynvmlAdapter(library_path), library_path or LIBRARY_NAME)
 
 
@@ -274,144 +279,3 @@ def nvml_error(exc: NvmlCallError, *, where: str = "", library: str = LIBRARY_NA
             "check the driver with nvidia-smi"
         )
     return NvmlError(text)
-
-
-def _pynvml() -> Any:
-    """The pynvml module, imported without `ctypes.util`.
-
-    pynvml does `from ctypes.util import find_library` at import and never calls it; importing
-    ctypes.util pulls in subprocess, shutil, tempfile, bz2, lzma and random (a twentieth of
-    the generator's budget). A stand-in module whose `find_library` loads the real one on
-    first use serves the import and is removed from sys.modules at once, so any other importer
-    of ctypes.util gets the real module.
-    """
-    import sys
-
-    module = sys.modules.get("pynvml")
-    if module is not None:
-        return module
-    if "ctypes.util" in sys.modules:
-        import pynvml
-
-        return pynvml
-    import types
-
-    def find_library(name: str) -> str | None:
-        sys.modules.pop("ctypes.util", None)
-        from ctypes import util
-
-        return util.find_library(name)
-
-    stand_in = types.ModuleType("ctypes.util", "gpuctk's stand-in, see gpuctk.cdi.node.nvml")
-    stand_in.find_library = find_library  # type: ignore[attr-defined]
-    sys.modules["ctypes.util"] = stand_in
-    try:
-        import pynvml
-    finally:
-        if sys.modules.get("ctypes.util") is stand_in:
-            del sys.modules["ctypes.util"]
-    return pynvml
-
-
-class PynvmlAdapter:
-    """NvmlAdapter over pynvml, with the library loaded from a path of our choosing."""
-
-    def __init__(self, library_path: str | None = None) -> None:
-        self.library_path = library_path or LIBRARY_NAME
-
-    def _call(self, function: str, *args: Any) -> Any:
-        pynvml = _pynvml()
-        try:
-            return getattr(pynvml, function)(*args)
-        except pynvml.NVMLError as exc:
-            raise NvmlCallError(function, int(exc.value), _error_text(exc)) from None
-
-    def init(self) -> None:
-        import ctypes
-
-        pynvml = _pynvml()
-        try:
-            lib = ctypes.CDLL(self.library_path)
-        except OSError as exc:
-            raise NvmlCallError("dlopen", LIBRARY_NOT_FOUND, str(exc)) from None
-        with pynvml.libLoadLock:
-            pynvml.nvmlLib = lib
-            pynvml._nvmlGetFunctionPointer_cache.clear()  # pointers into a previous library
-        self._call("nvmlInitWithFlags", 0)
-
-    def shutdown(self) -> None:
-        self._call("nvmlShutdown")
-
-    def driver_version(self) -> str:
-        return str(self._call("nvmlSystemGetDriverVersion"))
-
-    def cuda_driver_version(self) -> int:
-        return int(self._call("nvmlSystemGetCudaDriverVersion"))
-
-    def device_count(self) -> int:
-        return int(self._call("nvmlDeviceGetCount"))
-
-    def device_handle(self, index: int) -> object:
-        return self._call("nvmlDeviceGetHandleByIndex", index)
-
-    def index(self, device: object) -> int:
-        return int(self._call("nvmlDeviceGetIndex", device))
-
-    def minor_number(self, device: object) -> int:
-        return int(self._call("nvmlDeviceGetMinorNumber", device))
-
-    def uuid(self, device: object) -> str:
-        return str(self._call("nvmlDeviceGetUUID", device))
-
-    def pci_bus_id(self, device: object) -> str:
-        info = self._call("nvmlDeviceGetPciInfo", device)
-        bus_id = info.busId or info.busIdLegacy
-        return bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)
-
-    def name(self, device: object) -> str:
-        return str(self._call("nvmlDeviceGetName", device))
-
-    def architecture(self, device: object) -> int:
-        return int(self._call("nvmlDeviceGetArchitecture", device))
-
-    def compute_capability(self, device: object) -> tuple[int, int]:
-        major, minor = self._call("nvmlDeviceGetCudaComputeCapability", device)
-        return int(major), int(minor)
-
-    def memory_total(self, device: object) -> int:
-        return int(self._call("nvmlDeviceGetMemoryInfo", device).total)
-
-    def numa_node(self, device: object) -> int:
-        return int(self._call("nvmlDeviceGetNumaNodeId", device))
-
-    def mig_mode(self, device: object) -> int:
-        current, _pending = self._call("nvmlDeviceGetMigMode", device)
-        return int(current)
-
-    def max_mig_device_count(self, device: object) -> int:
-        return int(self._call("nvmlDeviceGetMaxMigDeviceCount", device))
-
-    def mig_device_handle(self, device: object, index: int) -> object:
-        return self._call("nvmlDeviceGetMigDeviceHandleByIndex", device, index)
-
-    def gpu_instance_id(self, mig: object) -> int:
-        return int(self._call("nvmlDeviceGetGpuInstanceId", mig))
-
-    def compute_instance_id(self, mig: object) -> int:
-        return int(self._call("nvmlDeviceGetComputeInstanceId", mig))
-
-    def persistence_mode(self, device: object) -> int:
-        return int(self._call("nvmlDeviceGetPersistenceMode", device))
-
-    def mig_attributes(self, mig: object) -> MigAttributes:
-        a = self._call("nvmlDeviceGetAttributes", mig)
-        return MigAttributes(
-            int(a.gpuInstanceSliceCount), int(a.computeInstanceSliceCount), int(a.memorySizeMB)
-        )
-
-
-def _error_text(exc: Exception) -> str:
-    try:
-        return str(exc)  # pynvml asks the library's nvmlErrorString for unknown codes
-    except Exception:
-        return ""

@@ -4,7 +4,7 @@ runc follows links in a mount source and runs each hook as root, so every mount 
 device-node host path and hook file must be one root alone can have made: every folder above
 it root's (or this euid's) and not group/world-writable, the entry itself looked at once from
 its folder without following a link (gpuctk.fs trusted-path rules). gpuctk.cdi.specs.apply refuses
-edits these functions find a problem with; gpuctk.cdi.node.driverfiles holds the generator's
+edits these functions find a problem with; gpuctk.cdi.node.driverroot holds the generator's
 sources to the same rule (source_problem, one folder memo per run).
 """
 

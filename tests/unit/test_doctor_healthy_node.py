@@ -1,4 +1,4 @@
-"""`gpuctk doctor` on a healthy node the way real ones are (issue 36, the H200): persistence mode
+"""`gpuctk doctor` on a healthy node the way real ones are (an H200 node, say): persistence mode
 on without nvidia-persistenced, and no /dev/nvidia-modeset on a headless compute node, are no
 warnings. Persistence mode is what NVML says (the fake NVML answers it here)."""
 

@@ -1,4 +1,4 @@
-"""A driver under a prefix (GKE, COS, the H200 of issue 36): NVML found through the driver
+"""A driver under a prefix (GKE, COS, an H200 node among them): NVML found through the driver
 root's own ld cache and the known prefixes; the driver's ELF programs (never the wrapper script
 at /usr/bin/nvidia-smi) and its GSP firmware in the spec, in hook and folder mode."""
 
@@ -84,7 +84,7 @@ def _no_system_nvml(env: dict[str, str]) -> dict[str, str]:
 @pytest.mark.parametrize(
     ("folder", "ld_cache"),
     [
-        (f"{PREFIX}/lib64", True),  # GKE, the H200 of issue 36
+        (f"{PREFIX}/lib64", True),  # GKE, an H200 node among them
         ("/opt/driver-580/lib", True),  # anywhere at all: the root's ld cache names it
         ("/home/kubernetes/bin/nvidia/lib64", False),  # COS, no cache: the known prefix
     ],

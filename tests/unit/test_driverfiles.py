@@ -1,5 +1,6 @@
 """gpuctk.cdi.node.driverfiles: driver files under a root (Debian's real packages and synthetic
-roots), and gpuctk.cdi.node.devnodes: device nodes made with mknod."""
+roots; paths resolved by gpuctk.cdi.node.driverroot), and gpuctk.cdi.node.devnodes: device nodes
+made with mknod."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from fixtures.devroot import CAPS_MAJOR, UVM_MAJOR, NodeRoots, ci_minor, gi_mino
 from fixtures.driver_root import make_elf
 
 from gpuctk.cdi.node import driverfiles as df
+from gpuctk.cdi.node.driverroot import resolve_in_root
 from gpuctk.cdi.node.machine import Machine
 from gpuctk.cdi.node.profile import load_profile
 from gpuctk.errors import InputError
@@ -208,7 +210,7 @@ def test_relative_and_absolute_links_stay_in_root(tmp_path: Path) -> None:
         f"/opt/nv/libcfg.so.{V}": f"{root}/opt/nv/libcfg.so.{V}",
     }
     assert ("libcuda.so.1", "/opt/nv/libcuda.so") in files.symlinks
-    assert df.resolve_in_root(str(root), f"/lib64/libnvidia-cfg.so.{V}") == f"/opt/nv/libcfg.so.{V}"
+    assert resolve_in_root(str(root), f"/lib64/libnvidia-cfg.so.{V}") == f"/opt/nv/libcfg.so.{V}"
 
 
 def test_absolute_link_to_a_host_only_path_is_missing(tmp_path: Path) -> None:
@@ -216,7 +218,7 @@ def test_absolute_link_to_a_host_only_path_is_missing(tmp_path: Path) -> None:
     host_target = tmp_path / f"host-libcuda.so.{V}"
     host_target.write_bytes(make_elf("libcuda.so.1"))
     link(root, f"{T}/libcuda.so.{V}", str(host_target))  # exists on the host only
-    assert df.resolve_in_root(str(root), f"{T}/libcuda.so.{V}") is None
+    assert resolve_in_root(str(root), f"{T}/libcuda.so.{V}") is None
     assert df.discover_driver_files(str(root), V).libraries == ()
 
 
@@ -225,7 +227,7 @@ def test_symlink_loop_terminates(tmp_path: Path) -> None:
     link(root, f"{T}/libcuda.so.{V}", f"libnvidia-ml.so.{V}")
     link(root, f"{T}/libnvidia-ml.so.{V}", f"/{T}/libcuda.so.{V}")
     link(root, "/usr/bin/nvidia-smi", "/usr/bin/nvidia-smi")
-    assert df.resolve_in_root(str(root), f"{T}/libcuda.so.{V}") is None
+    assert resolve_in_root(str(root), f"{T}/libcuda.so.{V}") is None
     assert df.discover_driver_files(str(root), V) == df.DriverFiles()
 
 

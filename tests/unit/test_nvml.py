@@ -22,12 +22,12 @@ from fixtures.fake_nvml import (
 from gpuctk.cdi.node.machine import Machine
 from gpuctk.cdi.node.nvml import (
     LIBRARY_NAME,
-    PynvmlAdapter,
     architecture_name,
     cuda_version_str,
     discover,
     normalize_bus_id,
 )
+from gpuctk.cdi.node.nvmlbindings import PynvmlAdapter
 from gpuctk.cdi.node.profile import available_profiles, load_profile
 from gpuctk.errors import EXIT_NVML, NvmlError
 from gpuctk.records import replace
@@ -99,7 +99,7 @@ def test_discovery_does_not_import_ctypes_util_and_pynvml_still_finds_libraries(
     fake_nvml_env: FakeNvmlEnv,
 ) -> None:
     # pynvml imports ctypes.util (subprocess, shutil, tempfile, bz2, lzma: ~5 ms) and never
-    # uses it: gpuctk.cdi.node.nvml serves that import with a stand-in.
+    # uses it: gpuctk.cdi.node.nvmlbindings serves that import with a stand-in.
     code = (
         "import sys; from gpuctk.cdi.node.nvml import discover; discover(sys.argv[1]);"
         "print(sorted({'ctypes.util', 'subprocess', 'tempfile'} & set(sys.modules)));"
