@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from gpuctk.cdi import cliopts
+from gpuctk.cdi import cliopts, nvctk
 from gpuctk.cdi.discover import Roots
 from gpuctk.cdi.generate import HOOK_ACTIONS, LIBRARY_MODES, NAME_STRATEGIES
 from gpuctk.cdi.nicspec import nic_options
@@ -49,9 +49,10 @@ def cdi() -> None:
 
 
 @cdi.command("generate")
+@nvctk.generate_spellings  # nvidia-ctk's flags, values and NVIDIA_CTK_* variables (hidden)
 @click.option(
     "--mode",
-    type=click.Choice(["nvml", "management", "imex"]),
+    type=nvctk.Choice(("nvml", "management", "imex"), nvctk.SAME_MODES, nvctk.REFUSED_MODES),
     default="nvml",
     show_default=True,
     help="GPUs, monitoring or IMEX.",
@@ -142,7 +143,7 @@ def cdi() -> None:
     "--disable-hook",
     "disable_hooks",
     multiple=True,
-    type=click.Choice((*HOOK_ACTIONS, "all")),
+    type=nvctk.Choice((*HOOK_ACTIONS, "all"), noop=nvctk.NVIDIA_ONLY_HOOKS),
     metavar="NAME",
     help="Skip a hook action (repeatable; all).",
 )
@@ -177,6 +178,7 @@ def generate(
     additional_gids: bool,
     disable_hooks: tuple[str, ...],
     force: bool,
+    ldconfig_path: str = "",  # nvidia-ctk's --ldconfig-path (gpuctk.cdi.nvctk)
     **nic: Any,
 ) -> None:
     """\b
@@ -192,5 +194,6 @@ def generate(
             loader_folders, driver_capabilities,
             Roots(driver_root, dev_root, proc_root, sys_root), nvml_library, simulate, nic,
             mode, additional_gids=additional_gids, disable_hooks=disable_hooks, force=force,
+            ldconfig_path=ldconfig_path,
         )
     )  # fmt: skip

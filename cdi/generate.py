@@ -53,6 +53,7 @@ class Options:
     loader_folders: tuple[str, ...] = FAMILIES  # mounts and folder modes (gpuctk.cdi.libmounts)
     additional_gids: bool = False  # --additional-gids: group_gids on each device (CDI 0.7.0)
     disabled_hooks: tuple[str, ...] = ()  # --disable-hook: HOOK_ACTIONS names, or "all"
+    ldconfig_path: str = ""  # the host ldconfig the hook runs, not its own cache merge
 
 
 @record
@@ -190,6 +191,7 @@ def _hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
         args += ["--link", f"{target}::{link}"]
     for folder in files.ld_folders if "update-ldcache" not in off else ():
         args += ["--folder", folder]
+    args += _ldconfig_args(opts)
     for name in (n for n in HOOK_ACTIONS if n in off):
         args += ["--disable-hook", name]
     facts_env = facts.encode(
@@ -209,6 +211,13 @@ def _hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
         )
     )
     return Hook("createContainer", opts.hook_path, tuple(args), (HOOK_ENV_PATH, *facts_env))
+
+
+def _ldconfig_args(opts: Options) -> list[str]:
+    """`--ldconfig-path P`: gpuctk-hook runs that host ldconfig (nvidia-ctk's flag)."""
+    if not opts.ldconfig_path or "update-ldcache" in opts.disabled_hooks:
+        return []
+    return ["--ldconfig-path", opts.ldconfig_path]
 
 
 def _stage_hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
@@ -239,7 +248,7 @@ def _stage_hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
     if "update-ldcache" not in opts.disabled_hooks:
         for sub in folders:
             args += ["--folder", f"{STAGE_PATH}/{sub}"]
-        args += ["--ld-cache", f"{opts.stage_path}/{STAGE_CACHE}"]
+        args += ["--ld-cache", f"{opts.stage_path}/{STAGE_CACHE}", *_ldconfig_args(opts)]
     for name in (n for n in HOOK_ACTIONS if n in opts.disabled_hooks):
         args += ["--disable-hook", name]
     hook = _hook(machine, files, opts)
@@ -284,6 +293,9 @@ def check_options(opts: Options) -> None:
             "hook; gpuctk-runtime's config key disable-device-node-modification turns its "
             "guard off)"
         )
+    if opts.library_mode == "mounts" and opts.ldconfig_path:
+        raise UsageError("--ldconfig-path goes with --library-mode hook or folder (mounts "
+                         "mode runs no hook, so no ldconfig)")  # fmt: skip
     if opts.library_mode == "hook" and set(opts.loader_folders) != set(FAMILIES):
         raise UsageError(
             "--loader-folders applies to --library-mode mounts and folder only (hook mode adds "

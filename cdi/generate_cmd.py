@@ -43,6 +43,7 @@ class GenerateArgs:
     additional_gids: bool = False  # gpuctk.cdi.generate.group_gids
     disable_hooks: tuple[str, ...] = ()  # gpuctk.cdi.generate.HOOK_ACTIONS, "all"
     force: bool = False  # replace another tool's spec at --output (gpuctk.cdi.foreignspec)
+    ldconfig_path: str = ""  # the host ldconfig the hook runs (nvidia-ctk's --ldconfig-path)
 
 
 MODES = ("nvml", "management", "imex")  # --mode (gpuctk.cdi.management, gpuctk.cdi.imex)
@@ -289,6 +290,7 @@ def run(a: GenerateArgs) -> None:
         ),
         additional_gids=a.additional_gids,
         disabled_hooks=tuple(dict.fromkeys(a.disable_hooks)),
+        ldconfig_path=a.ldconfig_path,
     )
     check_options(opts)
     if prune_stages and library_mode != "folder":

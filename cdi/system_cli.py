@@ -8,6 +8,7 @@ import click
 
 from gpuctk.cdi import cliopts
 from gpuctk.cdi.node.devchar import DEV_CHAR, Change, Node
+from gpuctk.cdi.system_nodes import create_device_nodes
 
 
 @click.group("system", context_settings={"help_option_names": ["-h", "--help"]})
@@ -16,7 +17,21 @@ def system() -> None:
 
     \b
       gpuctk system create-dev-char-symlinks     # /dev/char links for the NVIDIA nodes
+      gpuctk system create-device-nodes --control-devices   # nvidiactl, nvidia-uvm, ...
     """
+
+
+system.add_command(create_device_nodes)
+
+
+def _refuse_watch(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        raise click.UsageError(
+            "--watch is nvidia-ctk's: gpuctk keeps no watch loop; its udev rule "
+            "(71-gpuctk-dev-char.rules) runs this command with --create-all when the driver "
+            "loads, and running it again is safe"
+        )
+    return value
 
 
 def _report(changes: list[Change], made: list[str], dev: str, dev_char: str) -> None:
@@ -84,6 +99,10 @@ def _json(changes: list[Change], made: list[str], dev: str, dev_char: str) -> No
 )
 @cliopts.sys_root("Where /sys is.")
 @cliopts.table_or_json("json: every link.")
+@click.option("--load-kernel-modules", is_flag=True, envvar="LOAD_KERNEL_MODULES", hidden=True)
+@click.option("--create-device-nodes", is_flag=True, envvar="CREATE_DEVICE_NODES", hidden=True)
+@click.option("--watch", is_flag=True, envvar="WATCH", hidden=True, expose_value=False,
+              callback=_refuse_watch)  # fmt: skip
 def create_dev_char_symlinks(
     dev_char_path: str,
     driver_root: str,
@@ -92,6 +111,8 @@ def create_dev_char_symlinks(
     proc_root: str,
     sys_root: str,
     fmt: str,
+    load_kernel_modules: bool,
+    create_device_nodes: bool,
 ) -> None:
     """Link /dev/char/MAJOR:MINOR to every NVIDIA device node.
 
@@ -120,6 +141,16 @@ def create_dev_char_symlinks(
     wanted: list[devchar_all.Wanted] = []
     problems: list[str] = []  # the nodes that exist are linked all the same, then they are told
     error: type[GpuctkError] = OutputError
+    for flag, on in (("--load-kernel-modules", load_kernel_modules),
+                     ("--create-device-nodes", create_device_nodes)):  # fmt: skip
+        if on and not create_all:  # nvidia-ctk's hidden flags: as it does, ignored
+            click.echo(f"gpuctk: note: {flag} applies with --create-all only: ignored", err=True)
+    if create_all and load_kernel_modules:
+        if dry_run:
+            click.echo("\n".join(f"would run {' '.join(c)}"
+                                 for c in devchar_all.modprobe_commands(driver_root)))  # fmt: skip
+        else:
+            devchar_all.load_modules(driver_root)
     if create_all:
         try:
             wanted = devchar_all.wanted_nodes(proc_root, sys_root)

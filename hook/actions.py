@@ -252,15 +252,15 @@ def update_loader(
         done = merge_cache(root_fd, present, *merge, compat=compat)
         if done is not None:
             return done
-    from gpuctk.hook import ldconfig
+    from gpuctk.hook import ldconfig, ldrebuild
 
     exe_fd, exe = ldconfig.open_host_ldconfig(ldconfig_path)
     try:
         first = [compat.folder] if compat is not None else []  # ldconfig: the first folder wins
-        args = ["-C", "/etc/ld.so.cache", "-f", inroot.LD_SO_CONF, *first, *present]
+        args = ["-f", inroot.LD_SO_CONF, *first, *present]
         if "create-symlinks" in disabled:
             args.insert(0, "-X")  # ldconfig makes no SONAME links either
-        output = ldconfig.run_confined(root_fd, root_path, exe_fd, args)
+        output = ldrebuild.rebuild_cache(root_fd, root_path, exe_fd, args)
     finally:
         os.close(exe_fd)
     for line in output.splitlines():

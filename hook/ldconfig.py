@@ -16,6 +16,17 @@ Ubuntu's ldconfig.real, RHEL, SUSE). A dynamic one would need a loader and libra
 only ones inside the chroot are the image's: it is refused with a message naming the fix
 (GPUCTK_LDCONFIG / --ldconfig-path pointing at a static ldconfig). Running it from outside with
 `-r ROOT` is not used either: ldconfig resolves links under ROOT with path strings, which races.
+
+Where the kernel allows it, the child then also leaves host root behind: it is forked as the
+first process of a new pid namespace (it can name no host process) and, after the mount work
+above and before the chroot, enters a new user namespace whose only mapping is the unprivileged
+host id 65534 (uid and gid) as 0 inside, with no supplementary groups and an empty bounding set.
+It keeps no capability over anything of the host (no open_by_handle_at, no signal to host root's
+processes, no write to a file host root owns), so it cannot write the root's files either:
+gpuctk.hook.ldrebuild hands it a scratch folder and installs its cache and SONAME links. Where
+user namespaces are refused (user.max_user_namespaces=0, a seccomp filter, a hook that is not
+host root), the child runs as host root with the three capabilities above, as before, and the
+hook logs that at debug level.
 """
 
 from __future__ import annotations
@@ -28,7 +39,8 @@ import time
 
 from gpuctk import libc
 from gpuctk.errors import GpuctkError
-from gpuctk.hook import mounts
+from gpuctk.hook import mounts, namespaces
+from gpuctk.log import hook as hooklog
 
 CANDIDATES = ("/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig")
 KEEP_CAPS = (1, 2, 3)  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER
@@ -38,6 +50,8 @@ _PT_INTERP = 3
 _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS, _PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL = 24, 38, 47, 4
 _CAP_V3 = 0x20080522  # _LINUX_CAPABILITY_VERSION_3: two 32-bit words per set
 _SIGKILL = 9  # not signal.SIGKILL: `import signal` pulls in enum at every hook start
+LISTING_LIMIT = 32 << 20  # the most of `ldconfig -v` (stdout) read for SONAME links
+OUTPUT_LIMIT = 1 << 20  # the most of its messages (stderr) kept for the log
 
 
 class LdconfigError(GpuctkError):
@@ -111,9 +125,19 @@ def open_host_ldconfig(path: str | None = None) -> tuple[int, str]:
 
 
 def _child(
-    root: tuple[int, str], exe_fd: int, argv: list[str], out_fd: int, null_fd: int, last_cap: int
+    root: tuple[int, str],
+    exe_fd: int,
+    argv: list[str],
+    fds: tuple[int, int, int],
+    sync: tuple[int, int],
+    last_cap: int,
+    userns: bool = True,
 ) -> None:
-    """In the forked child: confine, then exec. Never returns."""
+    """In the forked child: confine, then exec. Never returns. `fds`: stdin, stdout, stderr of
+    ldconfig; `sync`: the pipe ends to tell the parent about the user namespace (4 bytes: 0 or
+    the errno that refused it) and to wait for its uid map (one byte)."""
+    null_fd, list_fd, out_fd = fds
+    ready_fd, go_fd = sync
     step, err_fd = "start", out_fd
     try:
         step = "unshare the mount namespace"
@@ -123,18 +147,35 @@ def _child(
         step = "make the other mounts below the root read-only"
         for warning in mounts.seal_submounts(new_root):
             os.write(out_fd, f"{WARNING}{warning}\n".encode("utf-8", "replace"))
-        step = "chroot into the container root"
+        step = "enter the container root"
         os.fchdir(new_root)
         os.close(new_root)
+        step = "detach /proc and /sys"  # relative to the root: a user namespace cannot unmount
+        mounts.detach("proc")
+        mounts.detach("sys")
+        step = "drop supplementary groups"
+        os.setgroups([])
+        step = "enter a user namespace"  # before chroot: unshare refuses it in a chroot
+        proc_pid = namespaces.proc_pid() if userns else 0
+        refused = namespaces.new_user_namespace() if proc_pid else -1
+        os.write(ready_fd, struct.pack("=ii", refused, proc_pid))
+        if not refused and os.read(go_fd, 1) != b"g":
+            raise OSError("no uid map came from the hook")
+        os.close(ready_fd)
+        os.close(go_fd)
+        step = "chroot into the container root"
         os.chroot(".")
         os.chdir("/")
-        step = "detach /proc and /sys"
-        mounts.detach("/proc")
-        mounts.detach("/sys")
+        keep: tuple[int, ...] = KEEP_CAPS
+        if not refused:
+            step = "become the mapped unprivileged user"
+            os.setresgid(0, 0, 0)
+            os.setresuid(0, 0, 0)
+            keep = ()  # what they allow in the namespace covers no file of the root
         step = "drop capabilities"
         prctl = libc.function("prctl")
         for cap in range(last_cap + 1):
-            if cap not in KEEP_CAPS and prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            if cap not in keep and prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
                 raise OSError(libc.get_errno(), "PR_CAPBSET_DROP")
         prctl(_PR_CAP_AMBIENT, _AMBIENT_CLEAR_ALL, 0, 0, 0)
         header = libc.buffer(struct.pack("=Ii", _CAP_V3, 0))  # struct __user_cap_header_struct
@@ -142,14 +183,15 @@ def _child(
         if libc.function("capget")(header, data) != 0:
             raise OSError(libc.get_errno(), "capget")
         eff0, perm0, _, eff1, perm1, _ = struct.unpack("=6I", data.raw)
-        data = libc.buffer(struct.pack("=6I", eff0, perm0, 0, eff1, perm1, 0))  # no inheritable
+        caps = struct.pack("=6I", eff0, perm0, 0, eff1, perm1, 0) if keep else bytes(24)
+        data = libc.buffer(caps)  # no inheritable; in the namespace, none at all
         if libc.function("capset")(header, data) != 0:
             raise OSError(libc.get_errno(), "capset")
         if prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(libc.get_errno(), "PR_SET_NO_NEW_PRIVS")
         step = "set up descriptors"
         os.dup2(null_fd, 0)
-        os.dup2(out_fd, 1)
+        os.dup2(list_fd, 1)
         os.dup2(out_fd, 2)
         err_fd = 2
         os.closerange(3, exe_fd)
@@ -177,26 +219,65 @@ def _reopen(root_fd: int, root_path: str) -> int:
 
 
 def run_confined(
-    root_fd: int, root_path: str, exe_fd: int, args: list[str], timeout: float = TIMEOUT
-) -> str:
+    root_fd: int,
+    root_path: str,
+    exe_fd: int,
+    args: list[str],
+    timeout: float = TIMEOUT,
+    userns: bool = True,
+) -> tuple[str, bytes]:
     """Run the opened host ldconfig with `args` confined to the root (`root_fd`, whose trusted
-    host path is `root_path`); returns its output."""
+    host path is `root_path`); returns its stderr (and the confining steps' warnings) and its
+    stdout. Unprivileged where user namespaces are allowed: see the module's docstring."""
     with open("/proc/sys/kernel/cap_last_cap", "rb") as f:
         last_cap = int(f.read())
-    null_fd = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
-    read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+    mine: list[int] = []  # the ends this process keeps; the child's are closed after fork
+    child: list[int] = []
     try:
-        pid = os.fork()
+        child.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+        for _ in range(3):  # ldconfig's stdout (the listing), its stderr, "ready"
+            r, w = os.pipe2(os.O_CLOEXEC)
+            mine.append(r)
+            child.append(w)
+        go_r, go_w = os.pipe2(os.O_CLOEXEC)
+        mine.append(go_w)
+        child.append(go_r)
+        list_r, out_r, ready_r, _ = mine
+        null_fd, list_w, out_w, ready_w, _ = child
+        deadline = time.monotonic() + timeout
+        pid = namespaces.fork_in_new_pid_namespace()
         if pid == 0:
-            os.close(read_fd)
-            _child((root_fd, root_path), exe_fd, ["ldconfig", *args], write_fd, null_fd, last_cap)
-        os.close(write_fd)
-        write_fd = -1
-        output, status = _collect(pid, read_fd, time.monotonic() + timeout)
-    finally:
-        for fd in (null_fd, read_fd, write_fd):
-            if fd >= 0:
+            for fd in mine:
                 os.close(fd)
+            _child((root_fd, root_path), exe_fd, ["ldconfig", *args],
+                   (null_fd, list_w, out_w), (ready_w, go_r), last_cap, userns)  # fmt: skip
+        for fd in child:
+            os.close(fd)
+        child.clear()
+        refused = ""
+        try:
+            namespaces.map_user(ready_r, go_w, deadline)
+        except BaseException as exc:
+            os.kill(pid, _SIGKILL)
+            os.waitpid(pid, 0)
+            if not isinstance(exc, namespaces.MapRefused):
+                raise
+            refused = str(exc) or "refused"
+        if not refused:
+            (listing, output), status = _collect(
+                pid, [(list_r, LISTING_LIMIT), (out_r, OUTPUT_LIMIT)], deadline
+            )
+    finally:
+        for fd in mine + child:
+            os.close(fd)
+    if refused:  # not host root (the hook in a user namespace): as before, once more
+        hooklog.log(
+            "debug",
+            f"the host ldconfig's user namespace could not be mapped "
+            f"({refused}): it runs as host root, confined as before",
+            to_stderr=False,
+        )
+        return run_confined(root_fd, root_path, exe_fd, args, timeout, userns=False)
     text = output.decode("utf-8", "replace").strip()
     if status is None:
         raise LdconfigError(
@@ -206,32 +287,40 @@ def run_confined(
     if code != 0:
         last = text.splitlines()[-1] if text else f"exit status {code}"
         raise LdconfigError(f"host ldconfig failed in the container root: {last}")
-    return text
+    return text, listing
 
 
-def _collect(pid: int, read_fd: int, deadline: float) -> tuple[bytes, int | None]:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
+def _collect(
+    pid: int, limits: list[tuple[int, int]], deadline: float
+) -> tuple[list[bytes], int | None]:
+    """Read each (descriptor, most bytes kept) to its end, then reap the child; all bounded
+    by `deadline` (the child is killed past it: status None)."""
+    chunks: dict[int, list[bytes]] = {fd: [] for fd, _ in limits}
+    sizes = {fd: [0, limit] for fd, limit in limits}
+    open_fds = [fd for fd, _ in limits]
+
+    def joined() -> list[bytes]:
+        return [b"".join(chunks[fd]) for fd, _ in limits]
+
+    while open_fds:
         left = deadline - time.monotonic()
         if left <= 0:
             os.kill(pid, _SIGKILL)
             os.waitpid(pid, 0)
-            return b"".join(chunks), None
-        ready, _, _ = select.select([read_fd], [], [], left)
-        if not ready:
-            continue
-        chunk = os.read(read_fd, 65536)
-        if not chunk:
-            break
-        if size < 1 << 20:
-            chunks.append(chunk)
-            size += len(chunk)
+            return joined(), None
+        ready, _, _ = select.select(open_fds, [], [], left)
+        for fd in ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                open_fds.remove(fd)
+            elif sizes[fd][0] < sizes[fd][1]:
+                chunks[fd].append(chunk)
+                sizes[fd][0] += len(chunk)
     while time.monotonic() < deadline:  # output closed: wait for the exit, still bounded
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            return b"".join(chunks), status
+            return joined(), status
         time.sleep(0.001)
     os.kill(pid, _SIGKILL)
     os.waitpid(pid, 0)
-    return b"".join(chunks), None
+    return joined(), None

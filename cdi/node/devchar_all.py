@@ -85,21 +85,21 @@ def _cap_proc_path(cap: str) -> str:
     return f"mig/{cap}" if not sep else f"{gpu}/mig/{rest}"
 
 
-def wanted_nodes(proc_root: str, sys_root: str) -> list[Wanted]:
-    """Every node the loaded driver serves now. InputError when no nvidia driver is loaded, or
-    when its params forbid making nodes."""
+def wanted_nodes(proc_root: str, sys_root: str, flag: str = "--create-all") -> list[Wanted]:
+    """Every node the loaded driver serves now. InputError (its message names `flag`) when no
+    nvidia driver is loaded, or when its params forbid making nodes."""
     majors = read_char_majors(proc_root)
     nv = majors.get("nvidia", majors.get("nvidia-frontend"))
     if nv is None:
         raise InputError(
-            f"--create-all: {proc_root}/devices names no nvidia driver: load it first "
-            "(modprobe nvidia), or leave out --create-all"
+            f"{flag}: {proc_root}/devices names no nvidia driver: load it first "
+            f"(modprobe nvidia), or leave out {flag}"
         )
     params = _fields(_read(os.path.join(proc_root, "driver/nvidia/params")))
     if params.get("ModifyDeviceFiles", 1) == 0:
         raise InputError(
-            f"--create-all: {proc_root}/driver/nvidia/params says ModifyDeviceFiles: 0 (no "
-            "tool may make device nodes): make them as the admin intends, or leave out --create-all"
+            f"{flag}: {proc_root}/driver/nvidia/params says ModifyDeviceFiles: 0 (no "
+            f"tool may make device nodes): make them as the admin intends, or leave out {flag}"
         )
     mode = params.get("DeviceFileMode", 0o666) & 0o7777
     owner = {"uid": params.get("DeviceFileUID", 0), "gid": params.get("DeviceFileGID", 0)}
@@ -202,3 +202,28 @@ def _mknod(fd: int, path: str, name: str, node: Wanted) -> str | None:
         why = f"{exc.strerror or exc}"
         return f"cannot make {path} (c {node.major}:{node.minor}): {why} (mknod needs CAP_MKNOD)"
     return None
+
+
+MODULES = ("nvidia", "nvidia-uvm", "nvidia-modeset")  # nvidia-ctk's --load-kernel-modules
+MODPROBE = "/sbin/modprobe"
+
+
+def modprobe_commands(root: str) -> list[list[str]]:
+    """The commands that load the NVIDIA kernel modules: the modprobe of `root` (chrooted into
+    it when it is not /), one module each, as nvidia-ctk runs them."""
+    chroot = ["chroot", root] if os.path.realpath(root) != "/" else []
+    return [[*chroot, MODPROBE, module] for module in MODULES]
+
+
+def load_modules(root: str) -> None:
+    """Run modprobe_commands; InputError naming the first module that did not load."""
+    import subprocess
+
+    for cmd in modprobe_commands(root):
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise InputError(f"cannot run {' '.join(cmd)}: {exc}") from None
+        if done.returncode != 0:
+            why = " ".join(done.stderr.split()) or f"exit status {done.returncode}"
+            raise InputError(f"{' '.join(cmd)} failed: {why}")

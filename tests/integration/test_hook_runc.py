@@ -50,7 +50,15 @@ def _hook(*extra: str) -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def _run(runtime: str, tmp_path: Path, rootfs: Path, libfoo: Path, script: str, **kw: Any) -> str:
+def _run(
+    runtime: str,
+    tmp_path: Path,
+    rootfs: Path,
+    libfoo: Path,
+    script: str,
+    hook_args: tuple[str, ...] = (),
+    **kw: Any,
+) -> str:
     mount = {
         "destination": f"{FOLDER}/libfoo.so.1.2.3",
         "type": "bind",
@@ -58,7 +66,12 @@ def _run(runtime: str, tmp_path: Path, rootfs: Path, libfoo: Path, script: str, 
         "options": ["rbind", "ro", "nosuid", "nodev"],
     }
     bundle = make_bundle(
-        tmp_path / "bundle", rootfs, ["/bin/sh", "-c", script], hooks=_hook(), mounts=[mount], **kw
+        tmp_path / "bundle",
+        rootfs,
+        ["/bin/sh", "-c", script],
+        hooks=_hook(*hook_args),
+        mounts=[mount],
+        **kw,
     )
     done = run_container(runtime_argv(runtime), bundle, unique_name(f"gpuctk-hook-{runtime}"))
     assert done.returncode == 0, f"{runtime} failed:\n{done.stdout}\n{done.stderr}"
@@ -129,6 +142,48 @@ def test_image_without_ldconfig_uses_the_host_one(
     ).stdout
     assert f"=> {FOLDER}/libfoo.so.1" in listing
     assert not (rootfs / "sbin/ldconfig").exists()
+
+
+PROBE_C = r"""
+#include <fcntl.h>
+#include <unistd.h>
+int main(void) {  /* stands in for ldconfig: leaves a file its host uid and gid own */
+    return open("/tmp/probe-made", O_WRONLY | O_CREAT | O_EXCL, 0644) < 0;
+}
+"""
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_the_host_ldconfig_runs_unprivileged_in_a_real_container(
+    runtime: str, tmp_path: Path, fresh_rootfs: Any, libfoo: Path
+) -> None:
+    """Run by runc and crun (the hook in the container's pid and mount namespaces, with the
+    host's /proc), the named host ldconfig builds the cache the container uses and makes the
+    SONAME link, as host uid/gid 65534 in its own user namespace: a probe in its place makes
+    a file that 65534 owns."""
+    _need(runtime)
+    rootfs = fresh_rootfs("debian")
+    (rootfs / FOLDER.lstrip("/")).mkdir(parents=True, exist_ok=True)
+    shutil.copy(libfoo, rootfs / FOLDER.lstrip("/") / "libfoo.so.1.2.3")  # no link, no entry
+    named = ("--ldconfig-path", "/sbin/ldconfig")
+    out = _run(runtime, tmp_path, rootfs, libfoo, "ldconfig -p; dlopen-test libfoo.so.1", named)
+    assert f"libfoo.so.1 (libc6,x86-64) => {FOLDER}/libfoo.so.1" in out
+    assert "OK libfoo.so.1" in out
+    assert os.readlink(rootfs / FOLDER.lstrip("/") / "libfoo.so.1") == "libfoo.so.1.2.3"
+    assert (rootfs / "etc/ld.so.cache").stat().st_uid == 0
+    assert not [p for p in (rootfs / "etc").iterdir() if "gpuctk-ldconfig" in p.name]
+
+    source, probe = tmp_path / "probe.c", tmp_path / "probe"
+    source.write_text(PROBE_C)
+    if subprocess.run(["gcc", "-static", "-o", str(probe), str(source)], check=False).returncode:
+        pytest.skip("gcc -static unavailable (libc6-dev's libc.a)")
+    rootfs = fresh_rootfs("debian")
+    (rootfs / "tmp").mkdir(exist_ok=True)
+    (rootfs / "tmp").chmod(0o1777)
+    (tmp_path / "second").mkdir()
+    _run(runtime, tmp_path / "second", rootfs, libfoo, "true", ("--ldconfig-path", str(probe)))
+    made = (rootfs / "tmp/probe-made").stat()
+    assert (made.st_uid, made.st_gid) == (65534, 65534), "ldconfig ran as host root"
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

@@ -9,6 +9,7 @@ stays empty; an error is one line on stderr and exit 1.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -231,6 +232,11 @@ def test_image_without_ld_so_conf_gets_one(tmp_path: Path, fresh_rootfs: Any, li
     assert done.returncode == 0, done.stderr
     assert (rootfs / "etc/ld.so.conf").read_text() == "include /etc/ld.so.conf.d/*.conf\n"
     assert f"=> {FOLDER}/libfoo.so.1" in cache_listing(rootfs)  # ldconfig made the SONAME link
+    # ldconfig, unprivileged, could make neither: the hook installed its cache and link
+    assert os.readlink(rootfs / FOLDER.lstrip("/") / "libfoo.so.1") == "libfoo.so.1.2.3"
+    cache = (rootfs / "etc/ld.so.cache").stat()
+    assert (cache.st_uid, cache.st_gid, stat.S_IMODE(cache.st_mode)) == (0, 0, 0o644)
+    assert not [p.name for p in (rootfs / "etc").iterdir() if "gpuctk-ldconfig" in p.name]
 
 
 @pytest.mark.parametrize("path_file", ["debian's", "none"])
@@ -359,7 +365,10 @@ def test_folders_linked_outside_stay_in_root(
     args = ["createContainer", "--link", LINK, "--folder", FOLDER, "--folder", "/lib"]
     bundle = bundle_for(tmp_path, rootfs)
     done = hook(
-        [*args, "--mode", "700", "--path", lib], state(bundle), {"GPUCTK_ROOTFS_WALK": walk}
+        # 744: ldconfig runs as an unprivileged host user, and indexes what others may read
+        [*args, "--mode", "744", "--path", lib],
+        state(bundle),
+        {"GPUCTK_ROOTFS_WALK": walk},
     )
     assert snapshot(outside) == before, "the hook changed something outside the root"
     if not mirror:
@@ -372,7 +381,7 @@ def test_folders_linked_outside_stay_in_root(
     assert done.returncode == 0, done.stderr
     inner = rootfs / str(outside).lstrip("/")
     assert os.readlink(inner / "nvidia/current/libfoo.so.1") == "libfoo.so.1.2.3"
-    assert stat.S_IMODE((inner / "nvidia/current/libfoo.so.1.2.3").stat().st_mode) == 0o700
+    assert stat.S_IMODE((inner / "nvidia/current/libfoo.so.1.2.3").stat().st_mode) == 0o744
     assert FOLDER in (inner / "ld.so.conf.d/00-gpuctk.conf").read_text()
     assert f"=> {FOLDER}/libfoo.so.1" in cache_listing(rootfs)
 
@@ -441,26 +450,34 @@ int main(void) {
     for (int c = 0; c < 64; c++) if (prctl(PR_CAPBSET_READ, c, 0, 0, 0) == 1) bset |= 1ULL << c;
     int fds = 0;
     for (int fd = 0; fd < 4096; fd++) if (fcntl(fd, F_GETFD) != -1) fds++;
-    printf("eff=%x perm=%x inh=%x bset=%llx nnp=%d uid=%d fds=%d env=%d\n", d[0].effective,
-           d[0].permitted, d[0].inheritable, bset, prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0),
-           (int)getuid(), fds, environ[0] != NULL);
-    printf("proc1=%d marker=%d\n", access("/proc/1", F_OK) == 0,
-           access("/image-marker", F_OK) == 0);
+    fprintf(stderr, "eff=%x perm=%x inh=%x bset=%llx nnp=%d uid=%d fds=%d env=%d\n",
+            d[0].effective, d[0].permitted, d[0].inheritable, bset,
+            prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0), (int)getuid(), fds, environ[0] != NULL);
+    fprintf(stderr, "proc1=%d marker=%d pid=%d\n", access("/proc/1", F_OK) == 0,
+            access("/image-marker", F_OK) == 0, (int)getpid());
+    /* who it is on the host: the owner of a file it makes in the root's world-writable /tmp */
+    int made = open("/tmp/probe-made", O_WRONLY | O_CREAT | O_EXCL, 0644);
+    fprintf(stderr, "made=%d\n", made >= 0);
     return 0;
 }
 """
 
 
 def test_ldconfig_child_is_confined(tmp_path: Path, fresh_rootfs: Any) -> None:
-    """A static probe stands in for ldconfig and reports what it can do."""
+    """A static probe stands in for ldconfig and reports what it can do: no capability, in a
+    user namespace where it is host uid/gid 65534 (what it creates belongs to them), the only
+    process of a new pid namespace, chrooted in the image root with its /proc detached."""
     rootfs = fresh_rootfs("debian")
     (rootfs / "image-marker").write_text("")
     (rootfs / "proc").mkdir(exist_ok=True)
+    (rootfs / "tmp").mkdir(exist_ok=True)
+    (rootfs / "tmp").chmod(0o1777)
     source, probe = tmp_path / "probe.c", tmp_path / "probe"
     source.write_text(PROBE_C)
     built = subprocess.run(["gcc", "-static", "-O2", "-o", str(probe), str(source)], check=False)
     if built.returncode:
         pytest.skip("gcc -static unavailable (libc6-dev's libc.a)")
+    cache = (rootfs / "etc/ld.so.cache").read_bytes()
     subprocess.run(["mount", "-t", "proc", "proc", str(rootfs / "proc")], check=True)
     try:
         log = tmp_path / "hook.log"
@@ -471,8 +488,78 @@ def test_ldconfig_child_is_confined(tmp_path: Path, fresh_rootfs: Any) -> None:
         subprocess.run(["umount", "-l", str(rootfs / "proc")], check=False)
     assert done.returncode == 0, done.stderr
     text = log.read_text()
-    assert "eff=e perm=e inh=0 bset=e nnp=1 uid=0 fds=3 env=0" in text  # DAC caps + FOWNER only
-    assert "proc1=0 marker=1" in text  # chrooted in the image root, its /proc detached
+    assert "eff=0 perm=0 inh=0 bset=0 nnp=1 uid=0 fds=3 env=0" in text  # uid 0 inside only
+    assert "proc1=0 marker=1 pid=1" in text  # chrooted in the image root, /proc detached
+    assert "made=1" in text
+    made = (rootfs / "tmp/probe-made").stat()
+    assert (made.st_uid, made.st_gid) == (65534, 65534), "ldconfig ran as host root"
+    # the probe wrote no cache: the image's is left as it was, and no scratch folder stays
+    assert "wrote no ld cache" in done.stderr
+    assert (rootfs / "etc/ld.so.cache").read_bytes() == cache
+    assert not [p.name for p in (rootfs / "etc").iterdir() if "gpuctk-ldconfig" in p.name]
+
+
+def test_ldconfig_runs_as_host_root_where_user_namespaces_are_refused(
+    tmp_path: Path, fresh_rootfs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel that refuses the user namespace (user.max_user_namespaces=0, a seccomp filter:
+    here the call made to fail, as such a kernel would) keeps the confinement of before: host
+    root with the three DAC capabilities, one debug line saying so, the cache still written."""
+    from gpuctk import rootfs as rootfs_mod
+    from gpuctk.hook import ldconfig, ldrebuild, namespaces
+    from gpuctk.log import hook as hooklog
+
+    rootfs = fresh_rootfs("debian")
+    (rootfs / "tmp").mkdir(exist_ok=True)
+    (rootfs / "tmp").chmod(0o1777)
+    source, probe = tmp_path / "probe.c", tmp_path / "probe"
+    source.write_text(PROBE_C)
+    built = subprocess.run(["gcc", "-static", "-O2", "-o", str(probe), str(source)], check=False)
+    if built.returncode:
+        pytest.skip("gcc -static unavailable (libc6-dev's libc.a)")
+    monkeypatch.setattr(namespaces, "new_user_namespace", lambda: errno.EPERM)
+    log = tmp_path / "hook.log"
+    hooklog.configure({"GPUCTK_HOOK_LOG": str(log), "GPUCTK_HOOK_LOG_LEVEL": "debug"})
+    root_fd = rootfs_mod.open_root(str(rootfs))
+    try:
+        exe_fd, _ = ldconfig.open_host_ldconfig(str(probe))
+        try:
+            output = ldrebuild.rebuild_cache(root_fd, str(rootfs), exe_fd, ["/lib"])
+        finally:
+            os.close(exe_fd)
+        real_fd, _ = ldconfig.open_host_ldconfig("/sbin/ldconfig")
+        try:
+            (rootfs / "etc/ld.so.cache").unlink()
+            ldrebuild.rebuild_cache(root_fd, str(rootfs), real_fd, ["-f", "/etc/ld.so.conf"])
+        finally:
+            os.close(real_fd)
+    finally:
+        os.close(root_fd)
+        hooklog.configure({})
+    assert "eff=e perm=e inh=0 bset=e nnp=1 uid=0 fds=3 env=0" in output
+    assert (rootfs / "tmp/probe-made").stat().st_uid == 0
+    assert "no user namespace for the host ldconfig (Operation not permitted)" in log.read_text()
+    assert "libc.so.6 (libc6,x86-64)" in cache_listing(rootfs)
+
+
+def test_skipped_links_are_read_from_the_listing() -> None:
+    from gpuctk.hook.ldrebuild import skipped_links
+
+    listing = (
+        b"/usr/lib/x: (from <cmdline>:0)\n"
+        b"\tlibfoo.so.1 -> libfoo.so.1.2.3 (SKIPPED)\n"
+        b"\tlibok.so.1 -> libok.so.1.0 (changed)\n"
+        b"\tlibsame.so.1 -> libsame.so.1.0\n"
+        b"/lib:\n"
+        b"\tlibold.so.2 -> libold.so.2.0 (SKIPPED)\n"
+        b"\tlib/evil.so -> x (SKIPPED)\n"
+        b"relative: (from a:1)\n"
+        b"\tlibrel.so.1 -> librel.so.1.0 (SKIPPED)\n"
+    )
+    assert skipped_links(listing) == [
+        ("libfoo.so.1.2.3", "/usr/lib/x/libfoo.so.1"),
+        ("libold.so.2.0", "/lib/libold.so.2"),
+    ]
 
 
 def test_folders_absent_from_the_image_leave_the_loader_alone(
