@@ -152,6 +152,12 @@ def cdi() -> None:
     is_flag=True,
     help="Overwrite nvidia-ctk's spec at --output.",
 )
+@click.option(  # the refresh unit's (docs/commands.md); hidden: --help stays one screen
+    "--if-exists",
+    is_flag=True,
+    hidden=True,
+    help="Only refresh an existing --output; remove it when no device is left.",
+)
 @nic_options
 def generate(
     output: str | None,
@@ -178,6 +184,7 @@ def generate(
     additional_gids: bool,
     disable_hooks: tuple[str, ...],
     force: bool,
+    if_exists: bool,
     ldconfig_path: str = "",  # nvidia-ctk's --ldconfig-path (gpuctk.cdi.nvctk)
     **nic: Any,
 ) -> None:
@@ -195,5 +202,6 @@ def generate(
             Roots(driver_root, dev_root, proc_root, sys_root), nvml_library, simulate, nic,
             mode, additional_gids=additional_gids, disable_hooks=disable_hooks, force=force,
             ldconfig_path=ldconfig_path,
+            if_exists=if_exists,
         )
     )  # fmt: skip

@@ -13,7 +13,7 @@ from gpuctk.cdi.discover import Roots
 from gpuctk.cdi.generate import DEFAULT_STRATEGIES, Options
 from gpuctk.cdi.node.facts import PACKAGED_HOOK
 from gpuctk.cdi.specs.spec import Spec
-from gpuctk.errors import OutputError, UsageError
+from gpuctk.errors import NoDevicesError, OutputError, UsageError
 from gpuctk.records import record
 
 
@@ -44,6 +44,7 @@ class GenerateArgs:
     disable_hooks: tuple[str, ...] = ()  # gpuctk.cdi.generate.HOOK_ACTIONS, "all"
     force: bool = False  # replace another tool's spec at --output (gpuctk.cdi.foreignspec)
     ldconfig_path: str = ""  # the host ldconfig the hook runs (nvidia-ctk's --ldconfig-path)
+    if_exists: bool = False  # refresh only an existing --output; remove it when no device is left
 
 
 MODES = ("nvml", "management", "imex")  # --mode (gpuctk.cdi.management, gpuctk.cdi.imex)
@@ -183,7 +184,28 @@ def mode_defaults(a: GenerateArgs) -> tuple[str, str]:
 
 
 def run(a: GenerateArgs) -> None:
-    """Generate the spec `a` asks for; UsageError, OutputError and the discovery errors."""
+    """Generate the spec `a` asks for; UsageError, OutputError and the discovery errors.
+    With `if_exists` (a refresh unit's run): nothing when --output does not exist, and when
+    no device is left (an IMEX driver reloaded without channels, or with another major), the
+    file is removed: a spec must not outlive its devices, whose numbers another device may
+    take."""
+    if not a.if_exists:
+        _run(a)
+        return
+    if not a.output or a.output == "-":
+        raise UsageError("--if-exists needs --output FILE (the spec to refresh)")
+    if not os.path.lexists(a.output):
+        say(f"gpuctk: {a.output} does not exist: nothing to refresh")
+        return
+    try:
+        _run(a)
+    except NoDevicesError as exc:
+        check_foreign(a.output, a.force)
+        os.unlink(a.output)
+        say(f"gpuctk: removed {a.output}, no device left: {exc.message}")
+
+
+def _run(a: GenerateArgs) -> None:
     output, fmt = (None if a.output == "-" else a.output), a.fmt  # "-": standard output
     vendor, device_class = mode_defaults(a)
     strategies, no_all_device, device_ids = a.strategies, a.no_all_device, a.device_ids

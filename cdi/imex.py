@@ -3,7 +3,8 @@
 IMEX channels (/dev/nvidia-caps-imex-channels/channelN) let containers on several nodes of a
 multi-node NVLink domain share GPU memory. The spec's kind is `nvidia.com/imex-channel`; each
 channel node found under --dev-root is a device named by its number, plus `all`. A node whose
-major is not the one /proc/devices gives `nvidia-caps-imex-channels` is not a channel.
+major is not the one /proc/devices gives `nvidia-caps-imex-channels` is not a channel, nor is
+any node when /proc/devices names no such driver (left over from an earlier load).
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ def channel_nodes(dev_root: str, proc_root: str) -> dict[int, DeviceNode]:
     """Channel number -> its node, for every channel node under `dev_root`."""
     from gpuctk.cdi.node.devchar import read_char_majors
 
-    major = read_char_majors(proc_root).get(DRIVER)
+    majors = read_char_majors(proc_root)
+    major = majors.get(DRIVER)
+    if majors and major is None:  # read, without the IMEX driver: any node there is stale
+        return {}
     folder = os.path.join(dev_root, FOLDER.lstrip("/"))
     try:
         names = os.listdir(folder)

@@ -9,7 +9,9 @@
   re-partition or a driver upgrade), and its device nodes exist; a stale spec's fix is the
   package's refresh unit (gpuctk-cdi-refresh.service) where it writes that file;
 - conflicts: no other spec file (another tool's, an old copy) defines the same devices;
-- stages: every folder-mode spec's driver stage exists (gpuctk.doctor.stages).
+- stages: every folder-mode spec's driver stage exists (gpuctk.doctor.stages);
+- imex: every IMEX channel node a spec names has the major /proc/devices gives the IMEX driver
+  now (gpuctk.doctor.imexspec): a stale one grants whatever device holds the old number.
 """
 
 from __future__ import annotations
@@ -341,6 +343,7 @@ def _doc(specs: list[Any], path: str) -> dict[str, Any]:
 
 def cdi_checks(ctx: Context, found: Findings) -> list[Result]:
     from gpuctk.cdi.specs import registry as registrymod
+    from gpuctk.doctor.imexspec import check_imex_majors
     from gpuctk.doctor.stages import check_stages
 
     registry = registrymod.load(found.spec_dirs)
@@ -353,4 +356,5 @@ def cdi_checks(ctx: Context, found: Findings) -> list[Result]:
         check_layout(ctx, found, spec),
         check_conflicts(ctx, found, registry, spec),
         check_stages(ctx, registry),
+        check_imex_majors(ctx, registry),
     ]
