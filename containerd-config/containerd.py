@@ -5,9 +5,12 @@ version `config dump` prints), in that version's CRI plugin table. How container
 with the rest:
 
 - version 2 (plugin `io.containerd.grpc.v1.cri`) read by containerd 1.x: an imported file
-  REPLACES each plugin table it names, so the drop-in carries the complete CRI table as
-  containerd currently sees it (`config dump`, or the same merge re-done from the files) plus
-  the new handler: runc and every other CRI setting survive.
+  REPLACES each plugin table it names, so the drop-in carries the CRI table the files set (the
+  main config and the imports before it; never `config dump`'s defaults) plus the new handler
+  (and the built-in runc when no file names a runtimes table): runc and every other CRI
+  setting survive, and a key the main config sets later takes effect. A key the main config
+  already set is pinned by the copy: changing it needs configure again, and
+  `gpuctk doctor` (engine.containerd.shadowed) fails naming each such key.
 - version 3 or 4 (plugin `io.containerd.cri.v1.runtime`), or any version read by containerd
   2.x: imported files are deep-merged, so the drop-in holds only what gpuctk adds.
 
@@ -85,18 +88,25 @@ def _effective_cri(
     binary: engine.Binary | None,
     disabled: tuple[str, ...] = (),
 ) -> tuple[Table, int]:
-    """The CRI plugin table containerd sees without our drop-in, and the version of its layout.
+    """The CRI plugin table the drop-in starts from, and the version of its layout.
 
-    The dump's version is the newest the binary knows, whatever the files say: it picks the
-    table to read here and nothing else. `disabled`: files --take-over is about to disable.
+    containerd 2.x (deep): the table containerd sees without our drop-in (`config dump` when
+    the binary is there), whose runtimes the handler is built from. containerd 1.x (replace):
+    the table the FILES set (main config and the imports before ours), never the dump's
+    defaults: the drop-in then pins only the keys the admin wrote, and a key added to the main
+    config later takes effect. The dump still tells the version of the layout it reads. The
+    dump's version is the newest the binary knows, whatever the files say: it picks the table
+    to read here and nothing else. `disabled`: files --take-over is about to disable.
     """
+    layout = version
     if binary is not None:
         dumped = engine.dump(binary.path, opts.config, data, opts.drop_in, version, disabled)
         layout = dumped.get("version", version)
         layout = layout if layout in versions.CRI_PLUGIN else version
-        return copy.deepcopy(
-            tomlfiles.get_table(dumped, "plugins", versions.CRI_PLUGIN[layout]) or {}
-        ), layout
+        if merge == "deep":
+            return copy.deepcopy(
+                tomlfiles.get_table(dumped, "plugins", versions.CRI_PLUGIN[layout]) or {}
+            ), layout
     loaded = imports.load(
         opts.config, merge, exclude=opts.drop_in, main_data=data or {}, also_exclude=disabled
     )
@@ -107,7 +117,7 @@ def _effective_cri(
         # containerd 1.x keeps its built-in runc only while no file names a runtimes table;
         # the drop-in names one, so it must carry runc too.
         tomlfiles.set_path(cri, ["containerd", "runtimes", "runc"], copy.deepcopy(DEFAULT_RUNC))
-    return cri, version
+    return cri, layout
 
 
 def _header(opts: Options, merge: imports.MergeMode, record: state.State) -> list[str]:
@@ -119,8 +129,8 @@ def _header(opts: Options, merge: imports.MergeMode, record: state.State) -> lis
     if merge == "replace":
         lines += [
             "containerd 1.x replaces a whole plugin table from an imported file, so this file",
-            "carries the complete CRI plugin table as containerd saw it: after changing CRI",
-            "settings in the main config, run `gpuctk runtime configure` again.",
+            "carries a copy of the CRI table the main config sets: after changing CRI settings",
+            "there, run `gpuctk runtime configure` again (`gpuctk doctor` names a stale key).",
         ]
     else:
         lines.append(

@@ -5,8 +5,10 @@ and `--config-source` allows, else the files merged as containerd does, by gpuct
 own loader) has the handler (`--runtime-name`, default `nvidia`), the handler's BinaryName
 (shim mode) or base_runtime_spec (hook mode) exists, and `enable_cdi` is set where the mode
 needs it; no config file is newer than containerd reads and every handler has runtime_type
-(gpuctk.doctor.containerdfiles). CRI-O (crio.conf + crio.conf.d) and Docker (daemon.json): the
-same handler with an existing runtime path, checked when the engine is present.
+(gpuctk.doctor.containerdfiles); on containerd 1.x no main-config CRI key is shadowed by the
+drop-in's copy of the table (gpuctk.doctor.shadowed). CRI-O (crio.conf + crio.conf.d) and
+Docker (daemon.json): the same handler with an existing runtime path, checked when the engine
+is present.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from gpuctk.doctor import containerdfiles
 from gpuctk.doctor.context import Context, Findings
 from gpuctk.doctor.daemon import LOADED_TITLE, check_containerd_loaded
 from gpuctk.doctor.report import Result, failed, ok, skipped, warning
+from gpuctk.doctor.shadowed import SHADOWED, check_shadowed
 from gpuctk.errors import GpuctkError
 
 SHIM_NAMES = ("gpuctk-runtime",)
@@ -87,6 +90,7 @@ def check_containerd(ctx: Context, found: Findings) -> list[Result]:
         "engine.containerd.loaded",
         containerdfiles.VERSIONS[0],
         containerdfiles.RUNTIME_TYPE[0],
+        SHADOWED[0],
     )
     titles = (
         f"containerd has the {ctx.runtime_name!r} handler",
@@ -95,6 +99,7 @@ def check_containerd(ctx: Context, found: Findings) -> list[Result]:
         LOADED_TITLE,
         containerdfiles.VERSIONS[1],
         containerdfiles.RUNTIME_TYPE[1],
+        SHADOWED[1],
     )
     if binary is None and not os.path.exists(config):
         return [
@@ -116,10 +121,15 @@ def check_containerd(ctx: Context, found: Findings) -> list[Result]:
             ),
             versions,
             skipped(ids[5], titles[5], "config unreadable"),
+            skipped(ids[6], titles[6], "config unreadable"),
         ]
     _, cri, runtimes = _handlers(data)
     found.handlers["containerd"] = set(runtimes)
-    files = [versions, containerdfiles.check_runtime_types(config, runtimes, source, fix)]
+    files = [
+        versions,
+        containerdfiles.check_runtime_types(config, runtimes, source, fix),
+        check_shadowed(config, binary, ctx.runtime_name, fix),
+    ]
     handler = runtimes.get(ctx.runtime_name)
     if not isinstance(handler, dict):
         known = ", ".join(sorted(runtimes)) or "none"
