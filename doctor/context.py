@@ -25,7 +25,7 @@ class Context:
     dev_root: str = "/"
     proc_root: str = "/proc"
     sys_root: str = "/sys"
-    host_root: str = "/"  # prefix of /etc, /var/run, /var/lib/kubelet (not of the paths below)
+    host_root: str = "/"  # prefix of /etc, /var/run, /var/lib/kubelet, /dev/char (not below)
     spec_dirs: tuple[str, ...] = ()  # empty: the runtime config's spec-dirs
     kind: str = "nvidia.com/gpu"
     nvml_library: str | None = None

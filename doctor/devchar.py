@@ -4,6 +4,11 @@ runc's systemd cgroup driver allows a container's devices as `DeviceAllow=/dev/c
 a node without that link works until the next `systemctl daemon-reload`, when systemd re-applies
 the policy without it and running GPU containers lose their GPUs. So a missing or wrong link is
 a warning (it bites later), fixed by `gpuctk system create-dev-char-symlinks`.
+
+The links are looked for where runc and systemd look, the host's /dev/char (under --host-root),
+whatever the dev root: with a driver container's /run/nvidia/driver as the dev root the nodes
+are found there, and each link must lead (from the host) to a node of the same numbers. The fix
+writes there too: --driver-root only says where the nodes are.
 """
 
 from __future__ import annotations
@@ -17,12 +22,15 @@ from gpuctk.errors import GpuctkError
 CHECK = "driver.dev-char"
 TITLE = "/dev/char links for the NVIDIA device nodes (systemd cgroup driver)"
 MAX_SHOWN = 6
+DEV_CHAR = "/dev/char"
 
 
 def fix_command(ctx: Context) -> str:
     argv = ["gpuctk", "system", "create-dev-char-symlinks"]
     if ctx.dev_root != "/":
-        argv += ["--driver-root", ctx.dev_root, "--dev-char-path", ctx.dev("/dev/char")]
+        argv += ["--driver-root", ctx.dev_root]
+    if ctx.host(DEV_CHAR) != DEV_CHAR:
+        argv += ["--dev-char-path", ctx.host(DEV_CHAR)]
     if ctx.proc_root != "/proc":
         argv += ["--proc-root", ctx.proc_root]
     return shlex.join(argv)
@@ -31,7 +39,7 @@ def fix_command(ctx: Context) -> str:
 def check_dev_char(ctx: Context, found: Findings) -> Result:
     from gpuctk.cdi.node import devchar
 
-    dev, dev_char = ctx.dev("/dev"), ctx.dev("/dev/char")
+    dev, dev_char = ctx.dev("/dev"), ctx.host(DEV_CHAR)
     majors = found.char_majors or devchar.read_char_majors(ctx.proc_root)
     try:
         nodes = devchar.find_nodes(dev, devchar.nvidia_majors(majors))

@@ -143,11 +143,27 @@ def find_nodes(dev: str, majors: frozenset[int]) -> list[Node]:
     return [unique[k] for k in sorted(unique)]
 
 
+def _is_node(path: str, node: Node) -> bool:
+    """Whether `path` (links followed) is a character device of the node's numbers."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(node.major, node.minor)
+
+
 def link_target(dev: str, dev_char: str, node: Node) -> str:
     """The link's text: the node's path relative to the link folder (`../nvidia0` for /dev and
-    /dev/char), so that it also resolves where the host root is mounted elsewhere."""
+    /dev/char), so that it also resolves where the host root is mounted elsewhere. With a dev
+    root other than the link folder's parent (a driver container's /run/nvidia/driver/dev),
+    the host's own node of the same numbers beside the link folder is named when there is one
+    (the path udev would link), else the dev root's node as the host sees it."""
+    real_char = os.path.realpath(dev_char)
+    beside = os.path.join(os.path.dirname(real_char), node.name)
+    if _is_node(beside, node):
+        return os.path.relpath(beside, real_char)
     real_dev = os.path.realpath(dev)
-    return os.path.relpath(os.path.join(real_dev, node.name), os.path.realpath(dev_char))
+    return os.path.relpath(os.path.join(real_dev, node.name), real_char)
 
 
 def _open_link_folder(dev_char: str, create: bool) -> int | None:
@@ -207,6 +223,8 @@ def _one(fd: int | None, node: Node, link: str, target: str, dry_run: bool) -> C
             return Change(node, link, target, "not-a-link")  # a file or folder: left alone
     if current == target:
         return Change(node, link, target, "unchanged")
+    if current is not None and fd is not None and _resolves(fd, link, node):
+        return Change(node, link, current, "unchanged")  # a correct link (udev's) is kept
     status = "created" if current is None else "replaced"
     if dry_run or fd is None:
         return Change(node, link, target, f"would-{status.removesuffix('d')}", current or "")
@@ -218,6 +236,16 @@ def _one(fd: int | None, node: Node, link: str, target: str, dry_run: bool) -> C
     else:
         _replace_link(fd, name, target)
     return Change(node, link, target, status, current or "")
+
+
+def _resolves(fd: int, link: str, node: Node) -> bool:
+    """Whether the link `link` (in the folder `fd`) leads to a char device of the node's
+    numbers: what runc's systemd driver needs, whichever path it names."""
+    try:
+        st = os.stat(os.path.basename(link), dir_fd=fd)
+    except OSError:
+        return False
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(node.major, node.minor)
 
 
 def update_links(dev: str, dev_char: str, nodes: list[Node], dry_run: bool = False) -> list[Change]:

@@ -37,7 +37,7 @@ HEALTHY_OK = {
     "runtime.shim", "runtime.hook", "runtime.config", "runtime.low-level",
     "runtime.envvar-unprivileged",
     "engine.containerd", "engine.containerd.binary", "engine.containerd.cdi",
-    "engine.containerd.versions", "engine.containerd.runtime-type",
+    "engine.containerd.versions", "engine.containerd.runtime-type", "engine.containerd.shadowed",
     "kubernetes.device-plugins", "kubernetes.device-plugin", "kubernetes.runtimeclass",
 }  # fmt: skip
 
@@ -659,16 +659,17 @@ def test_probe_verdict_ld_cache_or_loader_folder() -> None:
 
 def test_nvidia_node_without_its_dev_char_link(make_node: NodeFactory) -> None:
     node = make_node("a100-mig")
-    char = node.roots.dev_root / "dev/char"
+    char = node.host / "dev/char"  # the host's, where runc looks; the nodes: the dev root's
+    ctl = os.path.relpath(node.roots.dev_root / "dev/nvidiactl", char)
     os.unlink(char / "195:0")
     (char / f"{UVM_MAJOR}:0").unlink()
-    (char / f"{UVM_MAJOR}:0").symlink_to("../nvidiactl")  # leads to another node
+    (char / f"{UVM_MAJOR}:0").symlink_to(ctl)  # leads to another node
     code, report, _ = node.doctor()
     assert code == 1, bad(report)
     check = node.check(report, "driver.dev-char")
     assert check["status"] == "warning"
     assert f"{char}/195:0 is missing" in check["evidence"]
-    assert f"{char}/{UVM_MAJOR}:0 -> ../nvidiactl is not nvidia-uvm" in check["evidence"]
+    assert f"{char}/{UVM_MAJOR}:0 -> {ctl} is not nvidia-uvm" in check["evidence"]
     assert "systemctl daemon-reload" in text(check)
     dev_root, proc = node.roots.dev_root, node.roots.proc_root
     assert check["fix"] == (
