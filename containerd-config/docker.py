@@ -1,8 +1,10 @@
 """`--runtime docker`: a `runtimes` entry in daemon.json (JSON edited, other keys kept).
 
 Docker has no drop-in folder, so daemon.json itself is edited. configure keeps a byte copy of
-the original next to it (daemon.json.gpuctk-backup); unconfigure removes what configure adds and,
-when the result equals that copy, puts the original bytes back (formatting included).
+the original next to it (daemon.json.gpuctk-backup); unconfigure removes what configure adds,
+puts back the values it replaced (the admin's own `default-runtime` after --set-as-default, a
+same-named runtime, `features.cdi`), restores the original bytes (formatting included) when the
+result equals that copy, and removes the copy.
 """
 
 from __future__ import annotations
@@ -70,40 +72,61 @@ def plan_configure(opts: Options) -> Plan:
     return Plan(tuple(changes), tuple(notes))
 
 
-def plan_unconfigure(opts: Options) -> Plan:
-    text = tomlfiles.read_text(opts.config)
-    if text is None:
-        return Plan(())
-    data = _load(opts.config, text)
-    backup = opts.config + BACKUP_SUFFIX
-    backup_text = tomlfiles.read_text(backup)
-    original = _load(backup, backup_text) if backup_text is not None else {}
-    new = copy.deepcopy(data)
+def _table(data: dict[str, Any], key: str) -> dict[str, Any]:
+    value = data.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _restore(new: dict[str, Any], original: dict[str, Any], name: str) -> None:
+    """Take out what configure added to `new`, putting back the values it replaced (as the
+    backup has them): the admin's own `default-runtime`, a `runtimes` entry or `features.cdi`
+    of the same name."""
     runtimes = new.get("runtimes")
+    before: dict[str, Any] = _table(original, "runtimes")
     if isinstance(runtimes, dict):
-        runtimes.pop(opts.runtime_name, None)
+        if name in before:
+            runtimes[name] = copy.deepcopy(before[name])
+        else:
+            runtimes.pop(name, None)
         if not runtimes and "runtimes" not in original:
             del new["runtimes"]
-    if new.get("default-runtime") == opts.runtime_name:
-        del new["default-runtime"]
+    if new.get("default-runtime") == name:
+        if "default-runtime" in original:
+            new["default-runtime"] = original["default-runtime"]
+        else:
+            del new["default-runtime"]
     features = new.get("features")
-    if isinstance(features, dict) and "cdi" not in (original.get("features") or {}):
-        features.pop("cdi", None)
+    if isinstance(features, dict):
+        old = _table(original, "features")
+        if "cdi" in old:
+            features["cdi"] = old["cdi"]
+        else:
+            features.pop("cdi", None)
         if not features and "features" not in original:
             del new["features"]
+
+
+def plan_unconfigure(opts: Options) -> Plan:
+    """Take out what configure added, put back what it replaced, and remove the backup: the
+    original bytes when nothing else changed since, else the current file without gpuctk's
+    keys (the admin's later edits kept)."""
+    text = tomlfiles.read_text(opts.config)
+    backup = opts.config + BACKUP_SUFFIX
+    backup_text = tomlfiles.read_text(backup)
+    if text is None:
+        return Plan(() if backup_text is None else (FileChange(backup, None, "backup"),))
+    data = _load(opts.config, text)
+    original = _load(backup, backup_text) if backup_text is not None else {}
+    new = copy.deepcopy(data)
+    _restore(new, original, opts.runtime_name)
     changes: list[FileChange] = []
+    target = planmod.write_target(opts.config)
     if backup_text is not None and new == original:
-        changes.append(
-            FileChange(
-                planmod.write_target(opts.config),
-                backup_text.encode(),
-                "Docker daemon.json (restored)",
-            )
-        )
-        changes.append(FileChange(backup, None, "backup of daemon.json"))
+        changes.append(FileChange(target, backup_text.encode(), "Docker daemon.json (restored)"))
     elif backup_text is None and not new:
         changes.append(FileChange(opts.config, None, "Docker daemon.json (created by gpuctk)"))
     elif new != data:
-        target = planmod.write_target(opts.config)
         changes.append(FileChange(target, _dumps(new), "Docker daemon.json"))
+    if backup_text is not None:
+        changes.append(FileChange(backup, None, "backup of daemon.json"))
     return Plan(tuple(changes))

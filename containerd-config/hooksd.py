@@ -19,7 +19,8 @@ import json
 import os
 from typing import Any
 
-from gpuctk.containerd import ocispec, tomlfiles
+from gpuctk.containerd import ocispec, state, tomlfiles
+from gpuctk.containerd import plan as planmod
 from gpuctk.containerd.options import Options
 from gpuctk.containerd.plan import FileChange, Plan
 from gpuctk.errors import OutputError
@@ -58,13 +59,39 @@ def owned(path: str) -> bool:
     return True
 
 
+def state_path(drop_in: str) -> str:
+    """The record of the folders configure made for the hooks file: beside it, not `.json`,
+    so podman and CRI-O (which read only `*.json` there) never read it."""
+    return os.path.splitext(drop_in)[0] + ".gpuctk-state"
+
+
 def plan_configure(opts: Options, what: str, notes: tuple[str, ...] = ()) -> Plan:
     owned(opts.drop_in)
     data = ocispec.dumps(hooks_json(opts.hook_path, opts.hook_config))
-    return Plan((FileChange(opts.drop_in, data, what),), notes)
+    changes = [FileChange(opts.drop_in, data, what)]
+    record = state_path(opts.drop_in)
+    made = planmod.missing_dirs(opts.drop_in)
+    if made or os.path.exists(record):  # a re-run keeps what the first run made
+        previous = _recorded(record)
+        dirs = tuple(dict.fromkeys((*previous.dirs, *made)))
+        text = state.State(dirs=dirs).line() + "\n"
+        changes.append(FileChange(record, ("# " + text).encode(), "folders gpuctk made"))
+    return Plan(tuple(changes), notes)
+
+
+def _recorded(path: str) -> state.State:
+    text = tomlfiles.read_text(path)
+    return (state.parse(text) if text is not None else None) or state.State()
 
 
 def plan_unconfigure(opts: Options, what: str) -> Plan:
-    if not os.path.lexists(opts.drop_in) or not owned(opts.drop_in):
-        return Plan(())
-    return Plan((FileChange(opts.drop_in, None, what),))
+    """Remove the hooks file, its record and the folders configure made (when empty)."""
+    record = state_path(opts.drop_in)
+    changes: list[FileChange] = []
+    if os.path.lexists(opts.drop_in) and owned(opts.drop_in):
+        changes.append(FileChange(opts.drop_in, None, what))
+    if os.path.lexists(record):
+        changes.append(FileChange(record, None, "record of the folders gpuctk made"))
+    removed = [c.path for c in changes]
+    changes += planmod.removable_dirs(_recorded(record).dirs, removed)
+    return Plan(tuple(changes))

@@ -237,6 +237,7 @@ def test_docker_usage_errors(
 
 def test_podman_hooks_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     hooks = tmp_path / "hooks.d" / "99-gpuctk.json"
+    hooks.parent.mkdir()  # podman's own folder (one configure makes goes with unconfigure)
     argv = ["runtime", "configure", "--runtime", "podman", "--drop-in", str(hooks)]
     assert gpuctk(capsys, *argv, "--hook-path", "/opt/gpuctk-hook")[0] == 0
     assert json.loads(hooks.read_text()) == {
