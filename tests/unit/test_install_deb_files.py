@@ -3,8 +3,8 @@
 - config.toml: parses as shipped (every key commented out: the defaults), and with every
   commented key uncommented gives exactly hook/config.py's DEFAULTS, with every key shown;
 - the refresh units and the udev rule name the same service, the launcher and the spec path;
-- the maintainer scripts are POSIX sh that `sh -n` accepts, and never exit non-zero by design
-  (each ends in `exit 0`);
+- the maintainer scripts are POSIX sh that `sh -n` accepts, and end in `exit 0` (only prerm
+  exits 1, to refuse a removal whose engine unconfigure failed: tests/unit/test_deb_prerm.py);
 - nothing the package ships stays resident: its units are the refresh oneshot and the path
   unit and timer that start it, the only ones build.py installs and postinst starts;
 - the timer restarts the oneshot within a minute (MIG re-partitions), and the oneshot and a
