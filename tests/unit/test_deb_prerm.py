@@ -1,5 +1,5 @@
 """packaging/deb/prerm on `dpkg -r`: gpuctk leaves the engines it was configured for before its
-binaries go (issue 36, item 12), run against a fake root through DPKG_ROOT.
+binaries go, run against a fake root through DPKG_ROOT.
 
 A containerd drop-in (with --set-as-default) and a Docker daemon.json edit are undone exactly;
 an upgrade touches nothing; an unconfigure that fails refuses the removal (exit 1) with the

@@ -1,4 +1,4 @@
-"""`gpuctk runtime unconfigure` puts back exactly what was there (issue 36, item 11).
+"""`gpuctk runtime unconfigure` puts back exactly what was there.
 
 Docker: the values configure replaced (the admin's own `"default-runtime": "runc"` after
 --set-as-default, a same-named runtime, `features.cdi`) come back, and the backup goes, also
