@@ -1279,3 +1279,43 @@ def test_link_with_a_control_byte_is_gpuctk_hooks(front: Front, bundle: Bundle) 
     handover(front, bundle, "a --link only gpuctk-hook reads",
              [*ARGS, "--link", f"{FILES}{ICD}::/etc/a\nb"])  # fmt: skip
     assert not (bundle.root / "etc/a\nb").exists()
+
+
+OTHER_MOUNT_SCRIPT = r"""set -e
+root=$1 vol=$2; shift 2
+mkdir -p "$root/mnt/vol" "$root/proc"
+mount --bind "$vol" "$root/mnt/vol"
+mount -t proc proc "$root/proc"
+set +e
+"$@"
+"""
+
+
+@guarded
+@pytest.mark.parametrize("target", ["/mnt/vol/cache", "/proc/self/stat", "/proc/version"])
+def test_a_cache_on_another_mount_is_never_read(
+    front: Front, bundle: Bundle, tmp_path: Path, target: str
+) -> None:
+    """An image whose /etc/ld.so.cache leads to a volume's file or into the container's own
+    procfs (as /proc/kmsg would): host root reads none of it; gpuctk-hook gets the image, and
+    the volume's cache, a valid one with an entry of its own, reaches no merged cache."""
+    vol = tmp_path / "volume"
+    vol.mkdir()
+    marker = LdCacheEntry("libvolume.so.1", "/mnt/vol/libvolume.so.1", X86_64)
+    (vol / "cache").write_bytes(build_ld_cache([*IMAGE_ENTRIES, marker]))
+    (bundle.root / "etc/ld.so.cache").unlink()
+    link(bundle.root, "/etc/ld.so.cache", target)
+    script = tmp_path / "other.sh"
+    script.write_text(OTHER_MOUNT_SCRIPT)
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "GPUCTK_DRIVER_VERSION": DRIVER,
+           "GPUCTK_HOOK_FRONT_TRACE": "1",
+           "ASAN_OPTIONS": os.environ.get("ASAN_OPTIONS", "detect_leaks=0")}  # fmt: skip
+    cmd = ["unshare", "-m", "--propagation", "private", "sh", str(script), str(bundle.root),
+           str(vol), str(front.exe), *ARGS]  # fmt: skip
+    done = subprocess.run(cmd, env=env, input=state_for(bundle.path), capture_output=True,
+                          timeout=TIMEOUT, check=False)  # fmt: skip
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode == 0, err
+    assert f"gpuctk-cdi-hook: gpuctk-hook: {WHY_CACHE}" in err, err
+    assert (bundle.root / "etc/ld.so.cache").is_symlink()  # nothing written in its place
+    assert not (bundle.root / "etc/ld.so.conf.d/00-gpuctk.conf").exists()
