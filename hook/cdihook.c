@@ -200,22 +200,16 @@ static int in_root(int root, const char *path, int flags)
 	return (int)syscall(SYS_openat2, root, path, &how, sizeof how);
 }
 
-/* A regular file of the root, read whole, when it lies on the mount `mnt` (0: any mount; the
- * image's files: the root's own, so that no link of the image leads this host-root reader to
- * another mount's file, such as /proc/kmsg): 0, -1 with errno (ENOENT, ENOTDIR, ELOOP: absent;
- * EXDEV: on another mount). */
-static int own_mount(int fd, unsigned long long want);
-static int read_in_root(int root, const char *path, unsigned long long mnt, size_t limit,
-			char **out, size_t *len)
+/* The regular file behind the O_PATH descriptor `at` (closed here), read whole: looked at
+ * through `at` first (opening a device or FIFO can act), read through that same inode once it
+ * is known to be a regular file under `limit` bytes. 0, -1 with errno (EINVAL: not a regular
+ * file; EFBIG: too large). */
+static int read_opened(int at, size_t limit, char **out, size_t *len)
 {
-	/* looked at through an O_PATH descriptor first (opening a device or FIFO can act), read
-	 * through that same file once it is known to be a regular file of the mount */
-	int at = in_root(root, path, O_PATH), fd = -1, rc = -1;
-	if (at < 0)
-		return -1;
+	int fd = -1, rc = -1;
 	struct stat st;
 	char self[64];
-	if ((mnt && own_mount(at, mnt) != 0) || fstat(at, &st) != 0)
+	if (fstat(at, &st) != 0)
 		;
 	else if (!S_ISREG(st.st_mode))
 		errno = EINVAL;
@@ -233,6 +227,26 @@ static int read_in_root(int root, const char *path, unsigned long long mnt, size
 	close(at);
 	errno = saved;
 	return rc;
+}
+
+/* A regular file of the root, read whole (read_opened), when it lies on the mount `mnt` (0: any
+ * mount; the image's files: the root's own, so that no link of the image leads this host-root
+ * reader to another mount's file, such as /proc/kmsg): 0, -1 with errno (ENOENT, ENOTDIR,
+ * ELOOP: absent; EXDEV: on another mount). */
+static int own_mount(int fd, unsigned long long want);
+static int read_in_root(int root, const char *path, unsigned long long mnt, size_t limit,
+			char **out, size_t *len)
+{
+	int at = in_root(root, path, O_PATH);
+	if (at < 0)
+		return -1;
+	if (mnt && own_mount(at, mnt) != 0) {
+		int saved = errno;
+		close(at);
+		errno = saved;
+		return -1;
+	}
+	return read_opened(at, limit, out, len);
 }
 
 static int absent(void) { return errno == ENOENT || errno == ENOTDIR; }
@@ -698,29 +712,18 @@ static int write_in_root(int root, unsigned long long mnt, const char *folder, c
  * the last part not followed, before it is opened): 0, -1 with errno. */
 static int read_host_file(const char *path, size_t limit, char **out, size_t *len)
 {
-	int at = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC), fd = -1, rc = -1;
+	int at = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
 	if (at < 0)
 		return -1;
 	struct stat st;
-	char self[64];
-	if (fstat(at, &st) != 0)
-		;
-	else if (!S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022))
-		errno = EPERM;
-	else if ((unsigned long long)st.st_size > limit)
-		errno = EFBIG;
-	else {
-		snprintf(self, sizeof self, "/proc/self/fd/%d", at);
-		fd = open(self, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-		if (fd >= 0)
-			rc = read_all(fd, limit, out, len);
+	int stated = fstat(at, &st) == 0;
+	if (!stated || st.st_uid != 0 || (st.st_mode & 022)) {
+		int saved = stated ? EPERM : errno;
+		close(at);
+		errno = saved;
+		return -1;
 	}
-	int saved = errno;
-	if (fd >= 0)
-		close(fd);
-	close(at);
-	errno = saved;
-	return rc;
+	return read_opened(at, limit, out, len);
 }
 
 /* The image's ld cache with the stage's libraries (hook/ldcache.c), and the stage's folders in

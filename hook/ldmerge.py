@@ -26,7 +26,7 @@ import posixpath
 import stat
 
 from gpuctk import rootfs
-from gpuctk.fs import stat_identity
+from gpuctk.fs import read_limited, stat_identity
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
@@ -147,14 +147,7 @@ def read_stage_cache(path: str) -> list[LdCacheEntry]:
             raise ValueError(f"{path} is over the {MAX_CACHE}-byte limit")
         fd = os.open(f"/proc/self/fd/{at}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            chunks, size = [], 0
-            while size <= MAX_CACHE:
-                chunk = os.read(fd, MAX_CACHE + 1 - size)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            data = b"".join(chunks)
+            data = read_limited(fd, MAX_CACHE)
         finally:
             os.close(fd)
     finally:
