@@ -141,3 +141,9 @@ def _rev_front(src: Path, bindir: Path) -> None:
     built = src / "hook" / "gpuctk-cdi-hook"
     if built.is_file():
         shutil.copy2(built, front)
+
+
+def paired(times: dict[str, list[float]], case: str, base: str) -> list[float]:
+    """Per round, case's time less base's (ms): the rounds alternate the cases, so each
+    difference is of two starts made side by side."""
+    return [1e3 * (a - b) for a, b in zip(times[case], times[base], strict=True)]

@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import CACHE, installed_bin
+from common import CACHE, installed_bin, paired
 from fixtures import appimages, sidengines
 from fixtures.cri import EXITED, Cri
 from fixtures.devroot import make_node_roots
@@ -160,13 +160,11 @@ def summarize(times: dict[str, list[float]]) -> dict[str, float]:
         ms = [t * 1e3 for t in samples]
         line = f"  {case:13s} median {statistics.median(ms):6.1f} ms  min {min(ms):6.1f} ms"
         if case != NONE:
-            diffs = [1e3 * (a - b) for a, b in zip(samples, times[NONE], strict=True)]
-            out[f"{case} adds ms"] = statistics.median(diffs)
+            out[f"{case} adds ms"] = statistics.median(paired(times, case, NONE))
             line += f"  adds {out[f'{case} adds ms']:+6.1f} ms (paired median)"
         print(line)
     if NVIDIA in times:
-        nv = [a - b for a, b in zip(times[NVIDIA], times[NONE], strict=True)]
-        ours = [a - b for a, b in zip(times[BASE], times[NONE], strict=True)]
+        nv, ours = paired(times, NVIDIA, NONE), paired(times, BASE, NONE)
         ratios = [o / n for o, n in zip(ours, nv, strict=True) if n > 0]
         out["ratio_of_medians"] = statistics.median(ours) / statistics.median(nv)
         out["median_ratio"] = statistics.median(ratios) if ratios else float("nan")

@@ -64,7 +64,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import CACHE, installed_bin, installed_bin_at
+from common import CACHE, installed_bin, installed_bin_at, paired
 from fixtures import appimages
 from fixtures.devroot import make_node_roots
 from fixtures.driver_root import build_driver_root
@@ -240,11 +240,6 @@ def summarize(times: dict[str, list[float]]) -> dict[str, float]:
     if NVIDIA in times:
         against_nvidia(times)
     return added
-
-
-def paired(times: dict[str, list[float]], case: str, base: str) -> list[float]:
-    """Per round, case's start less base's (ms)."""
-    return [1e3 * (a - b) for a, b in zip(times[case], times[base], strict=True)]
 
 
 def against_nvidia(times: dict[str, list[float]], show: bool = True) -> dict[str, dict[str, float]]:
