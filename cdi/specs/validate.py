@@ -11,7 +11,8 @@ Layers, in order (each reports everything it finds; later layers skip values of 
 5. names    -- kind (vendor/class), device names, duplicate device names, at least one device,
                annotation keys (Kubernetes qualified names, 256 KiB in all)
 6. edits    -- gpuctk.cdi.specs.validate_edits: env, paths, device nodes, hooks, mounts, conflicts
-7. cross-spec (validate_files) -- one fully qualified device name defined in two files
+7. cross-spec (validate_files) -- one fully qualified device name defined in two files of one
+               folder; across folders the later one overrides (a note, not a problem)
 
 Problems are strings "<location>: <message>", e.g.
 `devices[2].containerEdits.deviceNodes[0].path: must be absolute, not 'dev/nvidia0'`.
@@ -197,18 +198,48 @@ def qualified_devices(doc: Any) -> list[tuple[int, str]]:
     return found
 
 
-def _cross_spec(docs: dict[str, Any], problems: dict[str, list[str]]) -> None:
+def _cross_spec(docs: dict[str, Any], problems: dict[str, list[str]]) -> list[str]:
+    """Devices defined in more than one file. Two files of one folder: a problem in each
+    (requests for the name fail, as in gpuctk.cdi.specs.registry). Files of different
+    folders: CDI's override, the later folder's file wins (folders ordered as first given),
+    returned as one note per overridden file."""
+    folders: dict[str, int] = {}
+    for path in docs:
+        folders.setdefault(os.path.dirname(os.path.abspath(path)), len(folders))
     owners: dict[str, list[tuple[str, int]]] = {}
     for path, doc in docs.items():
         for index, qualified in qualified_devices(doc):
             owners.setdefault(qualified, []).append((path, index))
+    overridden: dict[tuple[str, str], list[str]] = {}  # (loser, winner) -> names
     for qualified, places in owners.items():
-        files = {path for path, _ in places}
-        if len(files) < 2:
-            continue  # duplicates inside one file are reported by the names layer
+        by_folder: dict[int, list[tuple[str, int]]] = {}
         for path, index in places:
-            others = ", ".join(sorted(files - {path}))
-            problems[path].append(f"devices[{index}].name: {qualified} is also defined in {others}")
+            by_folder.setdefault(folders[os.path.dirname(os.path.abspath(path))], []).append(
+                (path, index)
+            )
+        for group in by_folder.values():
+            files = {path for path, _ in group}
+            if len(files) < 2:
+                continue  # duplicates inside one file are reported by the names layer
+            for path, index in group:
+                others = ", ".join(sorted(files - {path}))
+                problems[path].append(
+                    f"devices[{index}].name: {qualified} is also defined in {others}"
+                )
+        last = max(by_folder)
+        winner = ", ".join(dict.fromkeys(path for path, _ in by_folder[last]))
+        for folder, group in by_folder.items():
+            if folder != last:
+                for loser in dict.fromkeys(path for path, _ in group):
+                    overridden.setdefault((loser, winner), []).append(qualified)
+    notes = []
+    for (loser, winner), names_ in overridden.items():
+        shown = ", ".join(names_[:3]) + (", ..." if len(names_) > 3 else "")
+        notes.append(
+            f"{winner} overrides {loser} for {len(names_)} device(s) ({shown}): "
+            "a later spec folder wins over an earlier one"
+        )
+    return notes
 
 
 def check_files(
@@ -217,7 +248,8 @@ def check_files(
     *,
     use_schema: bool = True,
 ) -> ValidationReport:
-    """Validate spec files together: each on its own, then across them (duplicate devices)."""
+    """Validate spec files together: each on its own, then across them (a device defined
+    twice in one folder; a later folder overriding an earlier one is a note)."""
     notes: list[str] = []
     checker = schema_checker(schema_dir) if use_schema else None
     if use_schema and checker is None:
@@ -249,7 +281,7 @@ def check_files(
             continue
         docs[path] = doc
         problems[path] += validate_spec_dict(doc, path, schema=checker)
-    _cross_spec(docs, problems)
+    notes += _cross_spec(docs, problems)
     schema = checker.path if checker else None
     return ValidationReport(problems, tuple(notes), schema, tuple(unreadable))
 

@@ -470,3 +470,39 @@ def test_name_rules() -> None:
     assert names.class_name_problem("gpu.mig") is None
     assert names.kind_problem("nvidia.com/gpu") is None
     assert names.parse_device("gpu=0") == ("", "", "gpu=0")
+
+
+def test_a_later_folder_overrides_an_earlier_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs' `gpuctk cdi validate /etc/cdi /var/run/cdi` on a node whose spec is in both: CDI's
+    later spec folder wins, a legal setup, so one note names the winner and the exit is 0;
+    two files of ONE folder defining a device stay a problem (requests for it fail)."""
+    from fixtures.containerd import gpuctk
+
+    etc, run_dir = tmp_path / "etc-cdi", tmp_path / "run-cdi"
+    etc.mkdir()
+    run_dir.mkdir()
+    code, _, _ = gpuctk(capsys, "cdi", "generate", "--simulate", "h100-8",
+                        "--library-mode", "hook", "--output", str(etc / "nvidia.yaml"))  # fmt: skip
+    assert code == 0
+    (run_dir / "nvidia.yaml").write_bytes((etc / "nvidia.yaml").read_bytes())
+    code, out, err = gpuctk(capsys, "cdi", "validate", str(etc), str(run_dir))
+    assert code == 0, out + err
+    assert out.splitlines() == [f"{etc}/nvidia.yaml: valid", f"{run_dir}/nvidia.yaml: valid"]
+    notes = err.splitlines()
+    assert len(notes) == 1 and notes[0].startswith(
+        f"gpuctk: note: {run_dir}/nvidia.yaml overrides {etc}/nvidia.yaml for 17 device(s) "
+        "(nvidia.com/gpu=0, "
+    ), notes
+    report = check_files([run_dir / "nvidia.yaml", etc / "nvidia.yaml"])  # order is priority
+    assert report.ok and len(report.notes) == 1
+    assert report.notes[0].startswith(f"{etc}/nvidia.yaml overrides {run_dir}/nvidia.yaml")
+
+    (run_dir / "again.yaml").write_bytes((etc / "nvidia.yaml").read_bytes())
+    code, out, err = gpuctk(capsys, "cdi", "validate", str(etc), str(run_dir))
+    assert code == 7
+    assert f"{run_dir}/nvidia.yaml: devices[0].name: nvidia.com/gpu=0 is also defined in " \
+        f"{run_dir}/again.yaml" in out.splitlines()  # fmt: skip
+    assert not [line for line in out.splitlines() if line.startswith(f"{etc}/") and
+                not line.endswith(": valid")]  # fmt: skip
