@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from gpuctk import log
 from gpuctk.errors import ValidationError
 
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
@@ -152,7 +153,7 @@ def list_cmd(spec_dirs: tuple[str, ...], fmt: str, strict: bool) -> None:
     listing = scan_spec_dirs(dirs)
     for path, found in listing.problems.items():
         for problem in found:
-            click.echo(f"gpuctk: warning: {path}: {problem}", err=True)
+            log.warning(f"{path}: {problem}")
     if fmt == "json":
         body = {
             "specDirs": dirs,
@@ -168,10 +169,9 @@ def list_cmd(spec_dirs: tuple[str, ...], fmt: str, strict: bool) -> None:
             click.echo(device.name)
     if not listing.files:
         output = os.path.join(dirs[-1], "nvidia.yaml")
-        click.echo(
+        log.say(
             f"gpuctk: no CDI spec files in {', '.join(dirs)}: "
-            f"run gpuctk cdi generate --output {output}",
-            err=True,
+            f"run gpuctk cdi generate --output {output}"
         )
     bad = sum(1 for path in listing.problems if path not in dirs)
     if listing.problems and (strict or (listing.files and not listing.devices and bad)):
@@ -245,7 +245,7 @@ def validate_cmd(files: tuple[str, ...], schema_dir: str | None, no_schema: bool
         raise InputError(f"no spec files in {', '.join(files)}")
     report = check_files(paths, schema_dir, use_schema=not no_schema)
     for note in report.notes:
-        click.echo(f"gpuctk: note: {note}", err=True)
+        log.say(f"gpuctk: note: {note}")
     if fmt == "json":
         body = {
             "valid": report.ok,

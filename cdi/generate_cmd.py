@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any
 
+from gpuctk import log
 from gpuctk.cdi.discover import Roots
 from gpuctk.cdi.generate import DEFAULT_STRATEGIES, Options
 from gpuctk.cdi.node.facts import PACKAGED_HOOK
@@ -72,7 +73,7 @@ def front_beside(hook_path: str) -> str:
 
 
 def say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    log.say(line)
 
 
 def simulation_comment(profile: str, install: str) -> str:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from gpuctk import log
 from gpuctk.cdi.node import facts
 from gpuctk.cdi.specs.spec import ContainerEdits, Device, DeviceNode, Hook, NetDevice, Spec
 
@@ -220,11 +221,11 @@ class NicOutput:
 
         if self.path:
             atomic_write(self.path, self.data, 0o644)
-            click.echo(f"gpuctk: wrote {self.path}: {self.summary}", err=True)
+            log.say(f"gpuctk: wrote {self.path}: {self.summary}")
         else:
             sys.stdout.buffer.write(self.data)
             sys.stdout.flush()
-            click.echo(f"gpuctk: {self.summary}", err=True)
+            log.say(f"gpuctk: {self.summary}")
 
 
 def build(
@@ -258,24 +259,20 @@ def build(
     found = usable(everything)
     skipped = [n.name for n in everything if n not in found]
     if skipped:
-        click.echo(
-            f"gpuctk: warning: --nics: {', '.join(skipped)}: no device nodes and no network "
-            "interfaces: left out",
-            err=True,
+        log.warning(
+            f"--nics: {', '.join(skipped)}: no device nodes and no network interfaces: left out"
         )
     if not found:
-        click.echo(
-            f"gpuctk: warning: --nics: no usable RDMA device under "
-            f"{roots.sys_root}/class/infiniband; no NIC spec written",
-            err=True,
+        log.warning(
+            f"--nics: no usable RDMA device under "
+            f"{roots.sys_root}/class/infiniband; no NIC spec written"
         )
         return None
     if nic["nic_mode"] == "hook" and nic_discovery.exclusive_netns_mode(roots.sys_root):
-        click.echo(
-            "gpuctk: warning: the RDMA subsystem is in exclusive network-namespace mode "
+        log.warning(
+            "the RDMA subsystem is in exclusive network-namespace mode "
             "(`rdma system set netns exclusive`): gpuctk-hook will refuse to move a netdev "
-            "away from its RDMA device; use `rdma system set netns shared`",
-            err=True,
+            "away from its RDMA device; use `rdma system set netns shared`"
         )
     doc = build_doc(
         machine,

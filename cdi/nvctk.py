@@ -18,6 +18,8 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from gpuctk import log
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -201,10 +203,7 @@ def _hooks(kw: dict[str, Any], ctx: click.Context) -> None:
     disabled = [n for n in disabled if n not in enabled and not (n == "all" and enabled)]
     dropped = [n for n in disabled if n in NVIDIA_ONLY_HOOKS]
     if dropped:
-        click.echo(
-            f"gpuctk: note: gpuctk's spec has no {', '.join(dropped)} hook: nothing to disable",
-            err=True,
-        )
+        log.say(f"gpuctk: note: gpuctk's spec has no {', '.join(dropped)} hook: nothing to disable")
     kw["disable_hooks"] = tuple(n for n in disabled if n not in NVIDIA_ONLY_HOOKS)
 
 

@@ -6,6 +6,7 @@ import os
 
 import click
 
+from gpuctk import log
 from gpuctk.cdi import cliopts
 from gpuctk.cdi.node.devchar import DEV_CHAR, Change, Node
 from gpuctk.cdi.system_nodes import create_device_nodes
@@ -46,7 +47,7 @@ def _report(changes: list[Change], made: list[str], dev: str, dev_char: str) -> 
     for c in changes:
         counts[c.status] = counts.get(c.status, 0) + 1
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    click.echo(f"gpuctk: {dev_char}: {summary} ({len(changes)} NVIDIA nodes in {dev})", err=True)
+    log.say(f"gpuctk: {dev_char}: {summary} ({len(changes)} NVIDIA nodes in {dev})")
 
 
 def _json(changes: list[Change], made: list[str], dev: str, dev_char: str) -> None:
@@ -144,7 +145,7 @@ def create_dev_char_symlinks(
     for flag, on in (("--load-kernel-modules", load_kernel_modules),
                      ("--create-device-nodes", create_device_nodes)):  # fmt: skip
         if on and not create_all:  # nvidia-ctk's hidden flags: as it does, ignored
-            click.echo(f"gpuctk: note: {flag} applies with --create-all only: ignored", err=True)
+            log.say(f"gpuctk: note: {flag} applies with --create-all only: ignored")
     if create_all and load_kernel_modules:
         if dry_run:
             click.echo("\n".join(f"would run {' '.join(c)}"
@@ -171,7 +172,7 @@ def create_dev_char_symlinks(
         nodes = sorted({(n.major, n.minor): n for n in [*planned, *nodes]}.values(),
                        key=lambda n: (n.major, n.minor))  # fmt: skip
     if not nodes and fmt != "json":
-        click.echo(f"gpuctk: no NVIDIA device nodes in {dev}: nothing to link", err=True)
+        log.say(f"gpuctk: no NVIDIA device nodes in {dev}: nothing to link")
     else:
         changes = devchar.update_links(dev, dev_char, nodes, dry_run)
         (_json if fmt == "json" else _report)(changes, made, dev, dev_char)

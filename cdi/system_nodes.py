@@ -14,6 +14,7 @@ import os
 
 import click
 
+from gpuctk import log
 from gpuctk.cdi import cliopts
 
 CONTROL = ("nvidiactl", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools")
@@ -69,10 +70,9 @@ def create_device_nodes(
         if not os.path.isabs(value):
             raise UsageError(f"{flag} must be an absolute path, got {value!r}")
     if not control_devices and not load_kernel_modules:
-        click.echo(
+        log.say(
             "gpuctk: nothing asked: --control-devices makes the nodes, --load-kernel-modules "
-            "loads the modules",
-            err=True,
+            "loads the modules"
         )
         return
     if load_kernel_modules:
@@ -91,7 +91,7 @@ def create_device_nodes(
     for w in made:
         click.echo(f"{verb} node {dev}/{w.name} c {w.major}:{w.minor} {w.mode:04o} {w.uid}:{w.gid}")
     kept = len(wanted) - len(made) - len(problems)
-    click.echo(f"gpuctk: {dev}: {len(made)} {verb}, {kept} there already", err=True)
+    log.say(f"gpuctk: {dev}: {len(made)} {verb}, {kept} there already")
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise OutputError(f"{problems[0]}{more}")

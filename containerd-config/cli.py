@@ -13,9 +13,11 @@ from typing import Any, TypeVar
 
 import click
 
+from gpuctk import log
 from gpuctk.containerd import options as optmod
 from gpuctk.containerd import plan as planmod
 from gpuctk.containerd.options import ENGINES, Options
+from gpuctk.errors import UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -78,7 +80,7 @@ def runtime() -> None:
 def _run(opts: Options, planned: planmod.Plan, dry_run: bool, restart: bool) -> None:
     done = [] if dry_run else planmod.apply(planned.changes)
     for note in planned.notes:
-        click.echo(f"gpuctk: note: {note}", err=True)
+        log.say(f"gpuctk: note: {note}")
     if dry_run:
         click.echo(planmod.render(planned), nl=False)
         return
@@ -136,6 +138,7 @@ def _run(opts: Options, planned: planmod.Plan, dry_run: bool, restart: bool) -> 
     "--cdi-enabled",
     "--enable-cdi",
     "--cdi.enabled",
+    "--cdi.enable",
     "cdi_enabled",
     is_flag=True,
     help="Turn on the engine's own CDI support.",
@@ -168,6 +171,18 @@ def _run(opts: Options, planned: planmod.Plan, dry_run: bool, restart: bool) -> 
     is_flag=True,
     help="Disable other drop-ins that set the handler after ours (unconfigure restores).",
 )
+@click.option(
+    "--config-mode",
+    type=click.Choice(["toml", "oci-hook"]),
+    hidden=True,
+    help="nvidia-ctk's spelling: oci-hook is --mode hook, toml the engine's own config.",
+)
+@click.option(
+    "--oci-hook-path",
+    metavar="PATH",
+    hidden=True,
+    help="nvidia-ctk's spelling: the hooks.d file of --mode hook (gpuctk's --drop-in).",
+)
 def configure(
     engine: optmod.Engine,
     config: str | None,
@@ -176,6 +191,8 @@ def configure(
     restart: bool,
     cdi_spec_dirs: tuple[str, ...],
     create: bool,
+    config_mode: str | None,
+    oci_hook_path: str | None,
     **kwargs: Any,
 ) -> None:
     """Add the gpuctk runtime handler to a container engine's configuration.
@@ -186,11 +203,28 @@ def configure(
     """
     if cdi_spec_dirs:
         kwargs["cdi_spec_dirs"] = tuple(cdi_spec_dirs)
+    drop_in = _nvidia_ctk_mode(config_mode, oci_hook_path, drop_in, kwargs)
     if engine == "podman":
         kwargs["mode"] = "hook"
     opts = optmod.make(engine, config, drop_in, **kwargs)
     optmod.check_folders(opts, create)
     _run(opts, _planner(engine).plan_configure(opts), dry_run, restart)
+
+
+def _nvidia_ctk_mode(
+    config_mode: str | None, oci_hook_path: str | None, drop_in: str | None, kwargs: Any
+) -> str | None:
+    """nvidia-ctk's `--config-mode oci-hook` and `--oci-hook-path` in gpuctk's terms: --mode
+    hook and the hooks.d file as --drop-in. Returns the drop-in; sets kwargs["mode"]."""
+    if config_mode == "oci-hook" or oci_hook_path:
+        if config_mode == "toml":
+            raise UsageError("--oci-hook-path needs --config-mode oci-hook (gpuctk: --mode hook)")
+        kwargs["mode"] = "hook"
+    if oci_hook_path:
+        if drop_in and drop_in != oci_hook_path:
+            raise UsageError("--oci-hook-path and --drop-in name two files: give one")
+        return oci_hook_path
+    return drop_in
 
 
 @runtime.command("unconfigure")

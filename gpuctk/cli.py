@@ -7,6 +7,7 @@ Subcommand groups live in their own packages and are imported only when invoked,
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -14,6 +15,10 @@ import click
 
 from gpuctk import __version__, log
 from gpuctk.errors import EXIT_FAILURE, EXIT_USAGE, GpuctkError, UsageError
+
+# the root flags' environment variables: nvidia-ctk's, so that an operator's settings carry over
+DEBUG_ENV = ("GPUCTK_DEBUG", "NVIDIA_CTK_DEBUG")
+QUIET_ENV = ("GPUCTK_QUIET", "NVIDIA_CTK_QUIET")
 
 # name -> ("module", "attribute", "one-line help")
 _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
@@ -73,10 +78,22 @@ class LazyGroup(click.Group):
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--debug", is_flag=True, help="Log debug detail and show tracebacks on errors.")
+@click.option(
+    "--debug",
+    "-d",
+    is_flag=True,
+    envvar=DEBUG_ENV,
+    help="Log debug detail and show tracebacks on errors.",
+)
+@click.option(
+    "--quiet",
+    is_flag=True,
+    envvar=QUIET_ENV,
+    help="Print errors only (no notes, warnings or debug lines); wins over --debug.",
+)
 @click.version_option(__version__, prog_name="gpuctk", message="%(prog)s version %(version)s")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, quiet: bool) -> None:
     """gpuctk gives containers NVIDIA GPUs.
 
     \b
@@ -89,6 +106,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
     log.set_debug(debug)
+    log.set_quiet(quiet)
 
 
 def command_path(args: list[str]) -> str:
@@ -120,11 +138,23 @@ def usage_error(message: str, path: str) -> None:
     sys.exit(EXIT_USAGE)
 
 
+def _wants_debug(args: list[str]) -> bool:
+    """Whether the root's --debug/-d (before the first command name) or its variables ask for
+    tracebacks; a subcommand's own -d is not the root's."""
+    for arg in args:
+        if arg in ("--debug", "-d"):
+            return "--quiet" not in args
+        if not arg.startswith("-"):
+            break
+    on = any(os.environ.get(name, "").lower() in ("1", "true", "yes", "on") for name in DEBUG_ENV)
+    return on and not any(os.environ.get(name) for name in QUIET_ENV)
+
+
 def main(argv: list[str] | None = None) -> Any:
     """Entry point: run the CLI and turn errors into one stderr line and an exit code. Usage
     errors, click's and gpuctk's, get a second line: `Try 'gpuctk COMMAND --help'.`"""
     args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args
+    debug = _wants_debug(args)
     try:
         return cli.main(args=args, prog_name="gpuctk", standalone_mode=False)
     except click.exceptions.UsageError as exc:

@@ -1,7 +1,8 @@
 """Every log line gpuctk writes: the `gpuctk` command's, the shim's and the hook's.
 
-- The command (`warning`, `debug`): `gpuctk: LEVEL: message` on stderr; the root command's
-  `--debug` (set_debug) turns debug lines on.
+- The command (`say`, `warning`, `debug`): status lines and `gpuctk: LEVEL: message` on stderr;
+  the root command's `--debug`/`-d` (set_debug) turns debug lines on, its `--quiet` (set_quiet)
+  leaves only errors.
 - The shim (RuncLog): runc's format, to the engine's `--log` file in its `--log-format`. runc
   (logrus) writes, per line:
 
@@ -46,6 +47,7 @@ SHIM_PREFIX = "gpuctk-runtime: "
 # --- the command ---------------------------------------------------------------------------
 
 _debug = False
+_quiet = False
 
 
 def set_debug(enabled: bool) -> None:
@@ -54,12 +56,26 @@ def set_debug(enabled: bool) -> None:
     _debug = enabled
 
 
+def set_quiet(enabled: bool) -> None:
+    """Show errors only: no warning or debug lines (the root command's `--quiet`, which wins
+    over `--debug` as in nvidia-ctk)."""
+    global _quiet
+    _quiet = enabled
+
+
+def say(line: str) -> None:
+    """A status line on stderr (what was written, a note): errors only under `--quiet`."""
+    if not _quiet:
+        print(line, file=sys.stderr, flush=True)
+
+
 def warning(message: str) -> None:
-    print(f"gpuctk: warning: {message}", file=sys.stderr)
+    if not _quiet:
+        print(f"gpuctk: warning: {message}", file=sys.stderr)
 
 
 def debug(message: str) -> None:
-    if _debug:
+    if _debug and not _quiet:
         print(f"gpuctk: debug: {message}", file=sys.stderr)
 
 

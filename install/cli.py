@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 
 import click
 
+from gpuctk import log
 from gpuctk.containerd.plan import restart_service
 from gpuctk.errors import GpuctkError, InputError, OutputError, UsageError
 from gpuctk.install import host as host_mod
@@ -211,7 +212,7 @@ def _wait_for_signal(every: float, tick: Callable[[], None]) -> int:
     """Block until SIGTERM or SIGINT (they were blocked before install, so none is lost),
     calling `tick` each `every` seconds meanwhile (never when `every` is 0)."""
     also = f" (refreshing every {every:g} s)" if every > 0 else ""
-    click.echo(f"gpuctk: installed; waiting for SIGTERM{also}", err=True)
+    log.say(f"gpuctk: installed; waiting for SIGTERM{also}")
     while True:
         sys.stderr.flush()
         sys.stdout.flush()
@@ -351,7 +352,7 @@ def install(
             click.echo(f"gpuctk: {line}", err=line.startswith("warning:"))
 
     sig = _wait_for_signal(refresh_interval, tick)
-    click.echo(f"gpuctk: {signal.Signals(sig).name} received", err=True)
+    log.say(f"gpuctk: {signal.Signals(sig).name} received")
     if uninstall_on_exit:
         do_uninstall(host, restart, restart_command)
 

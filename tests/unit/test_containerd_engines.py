@@ -161,6 +161,26 @@ def test_crio_hook_mode_writes_a_hooks_file(
     assert hooks.read_text() == '{"hook": {"path": "/x", "args": ["x"]}}'
 
 
+def test_crio_nvidia_ctk_s_oci_hook_spelling(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """nvidia-ctk's `--config-mode oci-hook --oci-hook-path P` writes what gpuctk's
+    `--mode hook --drop-in P` writes; a contradiction is a usage error that writes nothing."""
+    (tmp_path / "hooks.d").mkdir()
+    hooks = tmp_path / "hooks.d" / "99-gpuctk.json"
+    conf = ["runtime", "configure", "--runtime", "crio", "--config", str(tmp_path / "crio.conf")]
+    theirs = [*conf, "--config-mode", "oci-hook", "--oci-hook-path", str(hooks)]
+    assert gpuctk(capsys, *theirs)[0] == 0
+    written = hooks.read_bytes()
+    hooks.unlink()
+    assert gpuctk(capsys, *conf, "--mode", "hook", "--drop-in", str(hooks))[0] == 0
+    assert hooks.read_bytes() == written
+    hooks.unlink()
+    code, _, err = gpuctk(capsys, *conf, "--config-mode", "toml", "--oci-hook-path", str(hooks))
+    assert code == 2 and "--config-mode oci-hook" in err
+    assert snapshot(tmp_path) == {"hooks.d": None}
+
+
 def test_crio_hook_mode_default_path() -> None:
     from gpuctk.containerd import options
 

@@ -278,3 +278,25 @@ def test_dev_char_module_flags_need_create_all(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "--load-kernel-modules applies with --create-all only: ignored" in done.stderr
     assert "--create-device-nodes applies with --create-all only: ignored" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [(["--quiet"], {}), ([], {"NVIDIA_CTK_QUIET": "true"}), (["--quiet", "-d"], {})],
+)  # fmt: skip
+def test_quiet_leaves_only_errors(args: list[str], env: dict[str, str]) -> None:
+    loud = gpuctk("cdi", "generate", *SIM, "--disable-hooks", "chmod")
+    done = gpuctk(*args, "cdi", "generate", *SIM, "--disable-hooks", "chmod", **env)
+    assert loud.stderr and "nothing to disable" in loud.stderr
+    assert (done.returncode, done.stderr, done.stdout) == (0, "", loud.stdout)
+    failed = gpuctk(*args, "cdi", "generate", "--driver-root", "/nonexistent", **env)
+    assert failed.returncode != 0 and failed.stderr.startswith("gpuctk: error: ")
+
+
+@pytest.mark.parametrize(("args", "env"), [(["-d"], {}), ([], {"NVIDIA_CTK_DEBUG": "1"})])
+def test_the_debug_spellings_give_tracebacks(args: list[str], env: dict[str, str]) -> None:
+    # a failed write shows its traceback only with debug
+    plain = gpuctk("cdi", "generate", *SIM, "--output", "/proc/version")
+    debug = gpuctk(*args, "cdi", "generate", *SIM, "--output", "/proc/version", **env)
+    assert plain.returncode == debug.returncode != 0
+    assert "Traceback" not in plain.stderr and "Traceback" in debug.stderr, debug.stderr
