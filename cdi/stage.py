@@ -59,9 +59,14 @@ Staging (host side, as root):
   files, so a mounted stage is never removed: it goes at a later prune, once its containers
   are gone. Mounts are found in every mount namespace's /proc/<pid>/mountinfo, matched by
   filesystem and path inside it (gpuctk.cdi.stagemounts says why not by host path).
-- Disk: across filesystems a stage is a full copy of the plan's files (the libraries,
+- Disk: across filesystems a stage holds a copy of the plan's files (the libraries,
   binaries, firmware and configs the spec can mount, nothing else; the one line stage_driver
-  reports gives the MiB copied). What a prune keeps is the current stage, every stage a spec
+  reports gives the MiB copied). A file an older stage already copied from the same source
+  (the same identity as in the digest) is hard-linked from that stage instead, so a new stage
+  (a changed capability selection, one replaced file) copies only what changed. What each
+  stage copied, from where, is recorded beside it in `.<stage name>.sources` (outside the
+  stage: containers mount the stage, and the host paths are not theirs to read).
+  What a prune keeps is the current stage, every stage a spec
   names and every stage a container mounts; none of those can go without breaking a spec or
   a container, so no count is enforced on them: more than KEEP_OTHERS besides the current
   one gets a warning line naming each and why it stays.
@@ -70,7 +75,9 @@ Staging (host side, as root):
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
+import json
 import os
 import posixpath
 import re
@@ -83,6 +90,7 @@ from gpuctk.cdi.node import capabilities as caps
 from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles
 from gpuctk.errors import InputError, OutputError
 from gpuctk.fs import private_folder, stat_identity
+from gpuctk.writes import atomic_write
 
 LAYOUT = "gpuctk-stage-3"  # bump when the layout below changes
 
@@ -180,17 +188,65 @@ def _check_staging_dir(staging_dir: str) -> None:
         )
 
 
-def _place(host: str, dest: str) -> int:
-    """Hard-link `host` at `dest`, or copy it (contents and mode) across filesystems: the
-    bytes copied (0 for a link)."""
+SOURCES_MAX = 4 << 20  # a `.<stage>.sources` record larger than this is not read
+
+
+def _sources_path(stage: str) -> str:
+    return os.path.join(os.path.dirname(stage), f".{os.path.basename(stage)}.sources")
+
+
+def _identity(host: str) -> list[int]:
+    return list(stat_identity(os.stat(host))[:4])
+
+
+def sources_records(staging_dir: str) -> list[tuple[str, str]]:
+    """(stage folder, its record) for every `.<stage name>.sources` in `staging_dir`."""
+    out = []
+    for entry in os.scandir(staging_dir):
+        match = SOURCES_NAME.fullmatch(entry.name)
+        if match:
+            out.append((os.path.join(staging_dir, match.group(1)), entry.path))
+    return out
+
+
+def _copied_before(staging_dir: str) -> dict[tuple[str, str], str]:
+    """{(stage-relative path, identity of its source as JSON): the file in an older stage}
+    for every file an older stage copied, read from the stages' `.sources` records (written
+    by this module into a folder root alone can write); a record that cannot be read, or
+    whose stage is gone, offers nothing."""
+    found: dict[tuple[str, str], str] = {}
+    for stage, source in sources_records(staging_dir):
+        if not os.path.isdir(stage):
+            continue
+        try:
+            with open(source, "rb") as f:
+                record = json.loads(f.read(SOURCES_MAX + 1)[:SOURCES_MAX])
+            for path, (host, identity) in record.items():
+                found[(path, json.dumps([host, identity]))] = os.path.join(stage, path)
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+    return found
+
+
+def _place(host: str, dest: str, older_of: Callable[[str], str | None]) -> int:
+    """Hard-link `host` at `dest`; across filesystems, hard-link the copy an older stage made
+    of the same source (`older_of(host)`), else copy it (contents and mode): the bytes copied
+    (0 for a link, -1 for a link to an older stage's copy)."""
     try:
         os.link(host, dest)
         return 0
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
             raise
-        shutil.copy2(host, dest, follow_symlinks=False)
-        return os.path.getsize(dest)
+    older = older_of(host)
+    if older is not None:
+        try:
+            os.link(older, dest)
+            return -1
+        except OSError:
+            pass  # that stage went meanwhile: copy
+    shutil.copy2(host, dest, follow_symlinks=False)
+    return os.path.getsize(dest)
 
 
 def stage_driver(
@@ -212,14 +268,25 @@ def stage_driver(
             report(f"driver stage {final} is current (reused)")
         return final
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=staging_dir)
-    copied = linked = size = 0
+    copied = linked = shared = size = 0
+    record: dict[str, tuple[str, list[int]]] = {}
+    before: list[dict[tuple[str, str], str]] = []  # read at the first file to copy
+
+    def older_of(path: str, host: str) -> str | None:
+        if not before:
+            before.append(_copied_before(staging_dir))
+        return before[0].get((path, json.dumps([host, _identity(host)])))
+
     try:
         os.chmod(tmp, 0o755)
         for path, host in sorted(copies.items()):
             dest = os.path.join(tmp, path)
             os.makedirs(os.path.dirname(dest), 0o755, exist_ok=True)
-            n = _place(host, dest)
-            copied, linked, size = copied + bool(n), linked + (not n), size + n
+            n = _place(host, dest, functools.partial(older_of, path))
+            if n:
+                record[path] = (host, _identity(host))
+            copied, shared = copied + (n > 0), shared + (n < 0)
+            linked, size = linked + (n == 0), size + max(n, 0)
         for link, target in sorted(links.items()):
             dest = os.path.join(tmp, link)
             os.makedirs(os.path.dirname(dest), 0o755, exist_ok=True)
@@ -233,9 +300,17 @@ def stage_driver(
             if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not os.path.isdir(final):
                 raise
             shutil.rmtree(tmp)  # a concurrent run placed the same stage first
+        if record:
+            atomic_write(_sources_path(final), json.dumps(record).encode(), 0o600)
         if report:
-            how = f"{linked} hard-linked" + (
-                f", {copied} copied ({size / 2**20:.0f} MiB: another filesystem)" if copied else ""
+            how = (
+                f"{linked} hard-linked"
+                + (f", {shared} shared with an older stage" if shared else "")
+                + (
+                    f", {copied} copied ({size / 2**20:.0f} MiB: another filesystem)"
+                    if copied
+                    else ""
+                )
             )
             report(f"driver staged in {final}: {how}, {len(links)} links")
     except OSError as exc:
@@ -248,5 +323,6 @@ def stage_driver(
 
 
 STAGE_NAME = re.compile(r"(\d+(?:\.\d+)+)-[0-9a-f]{16}")  # group 1: the driver version
+SOURCES_NAME = re.compile(rf"\.({STAGE_NAME.pattern})\.sources")  # group 1: the stage's name
 STALE_TMP_S = 3600  # a `.tmp-` folder this old is a run that died halfway
 DEFAULT_STAGING_DIR = "/var/lib/gpuctk/driver"  # --staging-dir's default (gpuctk.cdi.cli)

@@ -10,7 +10,7 @@ import shutil
 import time
 from collections.abc import Callable
 
-from gpuctk.cdi.stage import STAGE_NAME, STALE_TMP_S
+from gpuctk.cdi.stage import STAGE_NAME, STALE_TMP_S, sources_records
 
 KEEP_OTHERS = 2  # older stages a prune keeps without a word; more kept gets a warning line
 
@@ -87,6 +87,9 @@ def prune_stages(
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
         report(f"removed {path}: no CDI spec in {', '.join(spec_dirs)} names it")
+    for stage, source in sources_records(staging_dir):  # the records of stages gone
+        if not os.path.isdir(stage):
+            os.unlink(source)
     kept = [*(f"{p} (named by {s})" for p, s in named.items()),
             *(f"{p} (mounted)" for p in candidates if p in in_use)]  # fmt: skip
     if len(kept) > KEEP_OTHERS:
