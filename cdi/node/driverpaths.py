@@ -5,8 +5,9 @@ CUDA repo packages (files in /usr/lib/x86_64-linux-gnu or /usr/lib64), Debian's 
 in /usr/lib/<triplet>/nvidia/current and /usr/lib/nvidia/current, linked into place by
 update-alternatives), containerised drivers (the same layouts under /run/nvidia/driver), and
 drivers kept whole under one prefix (PREFIXES: GKE and COS nodes, images built for them), with
-bin/, lib64/ and firmware/nvidia/<version>/ below it, where /usr/bin/nvidia-smi may be a shell
-wrapper that execs the prefix's binary.
+bin/, lib64/ (VDPAU's in lib64/vdpau/) and firmware/nvidia/<version>/ below it, where
+/usr/bin/nvidia-smi may be a shell wrapper that execs the prefix's binary; such a prefix may
+also be the driver root itself.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ PREFIXES = ("/usr/local/nvidia", "/home/kubernetes/bin/nvidia")
 LIBRARY_DIRS: tuple[str, ...] = (
     *(d for t in _TRIPLETS for d in (f"/usr/lib/{t}", f"/usr/lib/{t}/nvidia/current",
                                      f"/lib/{t}", f"/usr/lib/{t}/vdpau")),
-    "/usr/lib64", "/lib64", "/usr/lib64/vdpau", "/usr/lib", "/lib", "/usr/local/lib",
+    "/usr/lib64", "/lib64", "/usr/lib64/vdpau", "/lib64/vdpau", "/usr/lib", "/lib",
+    "/usr/local/lib",
     "/usr/lib/i386-linux-gnu", "/usr/lib/i386-linux-gnu/nvidia/current", "/lib/i386-linux-gnu",
     "/usr/lib/i386-linux-gnu/vdpau", "/usr/lib32", "/lib32", "/usr/lib/vdpau",
-    *(f"{p}/{d}" for p in PREFIXES for d in ("lib64", "lib")),
+    *(f"{p}/{d}" for p in PREFIXES for d in ("lib64", "lib64/vdpau", "lib")),
 )  # fmt: skip
 
 # Libraries that do not carry the driver version in their name but belong to the driver's
@@ -77,11 +79,13 @@ BINARY_DIRS = (
 
 # Where the GSP firmware is mounted in a container: where the kernel and NVIDIA's spec put it.
 FIRMWARE_PATH = "/lib/firmware/nvidia/{version}"
-# (folder in the driver root, folder in the container), the first of a name wins.
+# (folder in the driver root, folder in the container), the first of a name wins. A prefix may
+# itself be the driver root (the GPU Operator on COS: --driver-root /home/kubernetes/bin/nvidia).
 FIRMWARE_DIRS: tuple[tuple[str, str], ...] = (
     (FIRMWARE_PATH, FIRMWARE_PATH),
     ("/usr/lib/firmware/nvidia/{version}", "/usr/lib/firmware/nvidia/{version}"),
     *((f"{p}/firmware/nvidia/{{version}}", FIRMWARE_PATH) for p in PREFIXES),
+    ("/firmware/nvidia/{version}", FIRMWARE_PATH),
 )
 
 _REG = stat.S_IFREG
