@@ -46,12 +46,6 @@ class InRootError(GpuctkError):
 _openat2_state: bool | None = None  # None: not probed yet
 
 
-def use_openat2(enabled: bool | None) -> None:
-    """Force the descriptor walk (False), openat2 (True) or auto-detection (None). For tests."""
-    global _openat2_state
-    _openat2_state = enabled
-
-
 def _raw_openat2(dirfd: int, path: bytes, flags: int, mode: int, resolve: int) -> int:
     how = struct.pack("=QQQ", flags, mode, resolve)  # struct open_how, passed by address
     syscall, long = libc.function("syscall", "l"), libc.long_arg
@@ -66,12 +60,10 @@ def _raw_openat2(dirfd: int, path: bytes, flags: int, mode: int, resolve: int) -
 
 
 def have_openat2() -> bool:
-    """Whether openat2 is usable here (probed once; GPUCTK_ROOTFS_WALK=1 says no, for tests)."""
+    """Whether openat2 is usable here (probed once: kernels before 5.6 lack it, and seccomp
+    profiles may refuse it)."""
     global _openat2_state
     if _openat2_state is None:
-        if os.environ.get("GPUCTK_ROOTFS_WALK") == "1":
-            _openat2_state = False
-            return False
         try:
             os.close(_raw_openat2(-100, b"/", os.O_PATH | _CLOEXEC, 0, 0))
             _openat2_state = True

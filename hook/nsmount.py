@@ -60,7 +60,7 @@ _FDS = os.O_CLOEXEC
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
-_new_api: bool | None = None  # None: probe on first use; tests force False for the fallback
+_new_api: bool | None = None  # None: probe on first use (kernels before 5.2 lack it)
 
 
 class NamespaceError(GpuctkError):
@@ -77,12 +77,6 @@ def _sys(number: int, *args: object) -> int:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
     return int(rc)
-
-
-def use_new_api(enabled: bool | None) -> None:
-    """Force the new mount API (True), the fallback (False) or detection (None). For tests."""
-    global _new_api
-    _new_api = enabled
 
 
 def options_attr(options: list[str]) -> tuple[MountAttr, bool]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.nosyscall import without
 from snapshot import HostSnapshot
 
 from gpuctk.hook import launchers
@@ -170,10 +171,12 @@ def run_tool(
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
     timeout: float = 60,
+    missing: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """Run one of the launchers; the hook never writes stdout."""
+    """Run one of the launchers, `missing` system calls failing with ENOSYS (an older kernel:
+    fixtures.nosyscall); the hook never writes stdout."""
     done = subprocess.run(
-        [str(exe), *args],
+        without(missing, [str(exe), *args]),
         input=stdin.decode("latin-1"),
         capture_output=True,
         text=True,
