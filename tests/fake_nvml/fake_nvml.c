@@ -12,7 +12,11 @@
  *       numa=0 mig=1 mig_capable=1 max_mig=7 name=NVIDIA H100 80GB HBM3
  *   mig slot=0 gi=7 ci=0 uuid=MIG-... gi_slices=1 ci_slices=1 memory_mib=9856
  *
+ *   nvlink gpu=0 peer=1 count=12         NVLink: `count` active links from GPU 0 to GPU 1
+ *   nvlink gpu=0 peer=switch count=18    ... or to the NVSwitch fabric (HGX/DGX)
+ *
  * (a gpu record is one line; `name=` must come last and takes the rest of the line).
+ * A GPU with no nvlink line answers NOT_SUPPORTED to the NVLink calls (a PCIe-only card).
  * GPUs are listed in index order. `numa=-` (or no numa key) makes nvmlDeviceGetNumaNodeId
  * return NVML_ERROR_NOT_SUPPORTED; `persistence=1` (or 0) is what nvmlDeviceGetPersistenceMode
  * answers (no persistence key: NVML_ERROR_NOT_SUPPORTED). `mig_capable=0` makes the MIG calls return
@@ -25,6 +29,14 @@
  *   FAKE_NVML_INIT_ERROR  an NVML return code that init returns instead of succeeding
  *   FAKE_NVML_FAIL        "fn=code[,fn@gpu=code...]": the named entry point returns that code
  *                         (for every device, or only for GPU index `gpu` and its MIG devices)
+ *   FAKE_NVML_EVENTS      a control file the test appends lines to while the process runs;
+ *                         read on every device call and while nvmlEventSetWait_v2 waits:
+ *                           xid gpu=3 code=79 [gi=N ci=N]   an XID event (nvmlEventTypeXidCriticalError)
+ *                           lost gpu=3                      every call on GPU 3 (and its MIG
+ *                                                           devices, and its handle lookups)
+ *                                                           returns NVML_ERROR_GPU_IS_LOST
+ *                           found gpu=3                     ... and answers again
+ *                         unset: no events ever arrive (nvmlEventSetWait_v2 times out)
  */
 #include <ctype.h>
 #include <pthread.h>
@@ -32,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 typedef int nvmlReturn_t;
 enum {
@@ -43,6 +56,7 @@ enum {
     NVML_ERROR_NOT_FOUND = 6,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
     NVML_ERROR_LIBRARY_NOT_FOUND = 12,
     NVML_ERROR_FUNCTION_NOT_FOUND = 13,
     NVML_ERROR_GPU_IS_LOST = 15,
@@ -55,6 +69,12 @@ enum {
 #define MAX_MIG 16
 #define MAX_FAILURES 32
 #define ARCH_UNKNOWN 0xffffffffu
+#define MAX_LINKS 36 /* NVML_NVLINK_MAX_LINKS */
+#define MAX_EVENTS 1024
+#define NO_ID 0xffffffffu
+#define EVENT_XID 0x8ull /* nvmlEventTypeXidCriticalError */
+#define EVENT_SUPPORTED 0xfull /* single/double bit ECC, P-state, XID */
+#define SWITCH_PEER -1
 
 enum kind { KIND_GPU = 1, KIND_MIG = 2 };
 
@@ -69,6 +89,9 @@ struct fake_device {
     char uuid[96], name[96];
     struct fake_device *slots[MAX_MIG];
     unsigned gi, ci, gi_slices, ci_slices; /* MIG devices only */
+    unsigned n_links;
+    int link_peer[MAX_LINKS]; /* a GPU index, or SWITCH_PEER */
+    int lost;                 /* FAKE_NVML_EVENTS: `lost gpu=N` */
 };
 typedef struct fake_device *nvmlDevice_t;
 
@@ -238,6 +261,20 @@ static int add_mig(const char *path, int ln, char *rest) {
     return 0;
 }
 
+static int add_nvlink(const char *path, int ln, const char *rest) {
+    unsigned gpu, count;
+    char peer[16];
+    if (sscanf(rest, "gpu=%u peer=%15s count=%u", &gpu, peer, &count) != 3 || gpu >= n_gpus)
+        return parse_error(path, ln, "bad nvlink line (gpu=N peer=M|switch count=C, after gpu N)");
+    struct fake_device *g = &gpus[gpu];
+    int to = strcmp(peer, "switch") == 0 ? SWITCH_PEER : atoi(peer);
+    if (g->n_links + count > MAX_LINKS || (to != SWITCH_PEER && (unsigned)to == gpu))
+        return parse_error(path, ln, "too many NVLinks, or a link to itself");
+    for (unsigned i = 0; i < count; i++)
+        g->link_peer[g->n_links++] = to;
+    return 0;
+}
+
 static int load_profile(void) {
     const char *path = getenv("FAKE_NVML_PROFILE");
     if (!path || !*path)
@@ -290,11 +327,18 @@ static int load_profile(void) {
             n_gpus++;
         } else if (!strcmp(p, "mig")) {
             rc = add_mig(path, ln, rest);
+        } else if (!strcmp(p, "nvlink")) {
+            rc = add_nvlink(path, ln, rest);
         } else {
-            rc = parse_error(path, ln, "unknown record (expected driver, cuda, nvml, gpu, mig)");
+            rc = parse_error(path, ln,
+                             "unknown record (expected driver, cuda, nvml, gpu, mig, nvlink)");
         }
     }
     fclose(f);
+    for (unsigned i = 0; rc == 0 && i < n_gpus; i++)
+        for (unsigned l = 0; l < gpus[i].n_links; l++)
+            if (gpus[i].link_peer[l] != SWITCH_PEER && (unsigned)gpus[i].link_peer[l] >= n_gpus)
+                rc = parse_error(path, 0, "nvlink peer is not a GPU of the profile");
     if (rc == 0 && !driver_version[0])
         rc = parse_error(path, 0, "no driver line");
     if (rc == 0 && !nvml_version[0])
@@ -328,6 +372,52 @@ static void load_failures(void) {
     }
 }
 
+/* ---- FAKE_NVML_EVENTS: the control file ------------------------------------------------ */
+
+struct fake_event {
+    struct fake_device *device;
+    unsigned long long type, data;
+    unsigned gi, ci;
+};
+
+static pthread_mutex_t control_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct fake_event events[MAX_EVENTS];
+static unsigned n_events;
+static long control_offset;
+
+/* Apply the control file's lines appended since the last call (whole lines only). */
+static void poll_control(void) {
+    const char *path = getenv("FAKE_NVML_EVENTS");
+    if (!path || !*path)
+        return;
+    pthread_mutex_lock(&control_lock);
+    FILE *f = fopen(path, "r");
+    if (f && fseek(f, control_offset, SEEK_SET) == 0) {
+        char line[256];
+        while (fgets(line, sizeof line, f) && strchr(line, '\n')) {
+            control_offset += (long)strlen(line);
+            unsigned gpu = 0, code = 0, gi = NO_ID, ci = NO_ID;
+            char verb[16];
+            if (sscanf(line, "%15s gpu=%u", verb, &gpu) != 2 || gpu >= n_gpus)
+                continue;
+            if (!strcmp(verb, "lost") || !strcmp(verb, "found")) {
+                gpus[gpu].lost = !strcmp(verb, "lost");
+            } else if (!strcmp(verb, "xid") && n_events < MAX_EVENTS) {
+                char *p = strstr(line, "code=");
+                code = p ? (unsigned)atoi(p + 5) : 0;
+                if ((p = strstr(line, "gi=")))
+                    gi = (unsigned)atoi(p + 3);
+                if ((p = strstr(line, "ci=")))
+                    ci = (unsigned)atoi(p + 3);
+                events[n_events++] = (struct fake_event){&gpus[gpu], EVENT_XID, code, gi, ci};
+            }
+        }
+    }
+    if (f)
+        fclose(f);
+    pthread_mutex_unlock(&control_lock);
+}
+
 /* ---- entry-point helpers --------------------------------------------------------------- */
 
 static int valid(nvmlDevice_t d) {
@@ -341,9 +431,12 @@ static nvmlReturn_t enter(const char *fn, nvmlDevice_t d, int check_device) {
         return NVML_ERROR_UNINITIALIZED;
     if (check_device && !valid(d))
         return NVML_ERROR_INVALID_ARGUMENT;
+    poll_control();
     int gpu = -1;
     if (check_device)
         gpu = (int)(d->kind == KIND_MIG ? d->parent->index : d->index);
+    if (check_device && (d->kind == KIND_MIG ? d->parent : d)->lost)
+        return NVML_ERROR_GPU_IS_LOST;
     for (unsigned i = 0; i < n_failures; i++)
         if (!strcmp(failures[i].fn, fn) && (failures[i].gpu < 0 || failures[i].gpu == gpu))
             return failures[i].code;
@@ -422,6 +515,7 @@ const char *nvmlErrorString(nvmlReturn_t r) {
     case NVML_ERROR_NOT_FOUND: return "Not Found";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_TIMEOUT: return "Timeout";
     case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
     case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
     case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
@@ -471,6 +565,8 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned index, nvmlDevice_t *device)
     NEED(device);
     if (index >= n_gpus)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (gpus[index].lost)
+        return NVML_ERROR_GPU_IS_LOST;
     *device = &gpus[index];
     return NVML_SUCCESS;
 }
@@ -484,10 +580,11 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     NEED(uuid && device);
     for (unsigned i = 0; i < n_gpus; i++)
         if (!strcmp(gpus[i].uuid, uuid))
-            return *device = &gpus[i], NVML_SUCCESS;
+            return gpus[i].lost ? NVML_ERROR_GPU_IS_LOST : (*device = &gpus[i], NVML_SUCCESS);
     for (unsigned i = 0; i < n_migs; i++)
         if (!strcmp(migs[i].uuid, uuid))
-            return *device = &migs[i], NVML_SUCCESS;
+            return migs[i].parent->lost ? NVML_ERROR_GPU_IS_LOST
+                                        : (*device = &migs[i], NVML_SUCCESS);
     return NVML_ERROR_NOT_FOUND;
 }
 
@@ -733,4 +830,125 @@ nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t d, nvmlDeviceAttributes_t *
 
 nvmlReturn_t nvmlDeviceGetAttributes(nvmlDevice_t d, nvmlDeviceAttributes_t *attrs) {
     return nvmlDeviceGetAttributes_v2(d, attrs);
+}
+
+/* ---- NVLink ---------------------------------------------------------------------------- */
+
+static nvmlReturn_t nvlink_of(nvmlDevice_t d, unsigned link) {
+    if (d->kind == KIND_MIG || !d->n_links)
+        return NVML_ERROR_NOT_SUPPORTED;
+    return link < MAX_LINKS ? NVML_SUCCESS : NVML_ERROR_INVALID_ARGUMENT;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned link, unsigned *active) {
+    ENTER_DEVICE(d);
+    NEED(active);
+    nvmlReturn_t rc = nvlink_of(d, link);
+    if (rc == NVML_SUCCESS)
+        *active = link < d->n_links;
+    return rc;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t d, unsigned link,
+                                                 nvmlPciInfo_t *pci) {
+    ENTER_DEVICE(d);
+    NEED(pci);
+    nvmlReturn_t rc = nvlink_of(d, link);
+    if (rc != NVML_SUCCESS)
+        return rc;
+    if (link >= d->n_links)
+        return NVML_ERROR_NOT_SUPPORTED; /* an inactive link has no remote end */
+    if (d->link_peer[link] != SWITCH_PEER) {
+        fill_pci(&gpus[d->link_peer[link]], pci);
+        return NVML_SUCCESS;
+    }
+    struct fake_device nvswitch = {.domain = 0, .bus = 0xc5, .dev = 0}; /* not a GPU's bus */
+    fill_pci(&nvswitch, pci);
+    pci->pciDeviceId = 0x22a310de; /* an NVSwitch */
+    return NVML_SUCCESS;
+}
+
+/* ---- events ---------------------------------------------------------------------------- */
+
+typedef struct {
+    unsigned long long mask[MAX_GPUS]; /* registered event types per GPU */
+    unsigned next;                     /* the next event of the log to look at */
+} fake_event_set;
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned gpuInstanceId, computeInstanceId;
+} nvmlEventData_t;
+
+nvmlReturn_t nvmlEventSetCreate(fake_event_set **set) {
+    ENTER();
+    NEED(set);
+    poll_control(); /* events from before the set was made are not its events */
+    *set = calloc(1, sizeof **set);
+    if (!*set)
+        return NVML_ERROR_UNKNOWN;
+    pthread_mutex_lock(&control_lock);
+    (*set)->next = n_events;
+    pthread_mutex_unlock(&control_lock);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlEventSetFree(fake_event_set *set) {
+    ENTER();
+    free(set);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types) {
+    ENTER_DEVICE(d);
+    NEED(types);
+    if (d->kind == KIND_MIG)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *types = EVENT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types,
+                                      fake_event_set *set) {
+    ENTER_DEVICE(d);
+    NEED(set);
+    if (d->kind == KIND_MIG)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (types & ~EVENT_SUPPORTED)
+        return NVML_ERROR_NOT_SUPPORTED;
+    set->mask[d->index] |= types;
+    return NVML_SUCCESS;
+}
+
+static int next_event(fake_event_set *set, nvmlEventData_t *data) {
+    int found = 0;
+    pthread_mutex_lock(&control_lock);
+    while (!found && set->next < n_events) {
+        struct fake_event *e = &events[set->next++];
+        if (set->mask[e->device->index] & e->type) {
+            *data = (nvmlEventData_t){e->device, e->type, e->data, e->gi, e->ci};
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&control_lock);
+    return found;
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(fake_event_set *set, nvmlEventData_t *data, unsigned timeout_ms) {
+    ENTER();
+    NEED(set && data);
+    for (unsigned waited = 0;; waited += 10) {
+        poll_control();
+        if (next_event(set, data))
+            return NVML_SUCCESS;
+        if (waited >= timeout_ms)
+            return NVML_ERROR_TIMEOUT;
+        struct timespec step = {0, 10 * 1000 * 1000};
+        nanosleep(&step, NULL);
+    }
+}
+
+nvmlReturn_t nvmlEventSetWait(fake_event_set *set, nvmlEventData_t *data, unsigned timeout_ms) {
+    return nvmlEventSetWait_v2(set, data, timeout_ms);
 }
