@@ -62,7 +62,8 @@ front=$(mktemp -d)
 .venv/bin/python -m gpuctk.hook.launchers "$front" >/dev/null
 shellcheck -s sh "$front/gpuctk-runtime"
 rm -rf "$front"
-shellcheck .ci/run tests/run.sh packaging/deb/postinst packaging/deb/postrm packaging/deb/prerm
+shellcheck .ci/run tests/run.sh tests/fixtures/stray_nvidiactl.sh packaging/deb/postinst \
+    packaging/deb/postrm packaging/deb/prerm
 
 log "mypy (strict)"
 # mypy cannot follow setuptools' folder mapping (cdi/ -> gpuctk/cdi, ...), so it checks the
