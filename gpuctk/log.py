@@ -21,6 +21,10 @@
   stderr when it fails); with GPUCTK_HOOK_LOG, every line at or above GPUCTK_HOOK_LOG_LEVEL
   (debug, info, warning or error; default info) is also appended in runc's text format.
 
+A bug (an internal error) in the shim or the hook writes its traceback, as one escaped line
+before the one-line reason, to every log file there is (the engine's `--log` file, `log-file`,
+GPUCTK_HOOK_LOG whatever its level); stderr gets the traceback only with `--debug`.
+
 Nothing is ever written to stdout (engines parse runc's stdout for some verbs). Each file line
 is one O_APPEND write on a freshly opened descriptor; the `log-file` and GPUCTK_HOOK_LOG files
 are opened by gpuctk.fs.append_trusted (an absolute path, no link followed, never blocking, a
@@ -141,6 +145,13 @@ def _append_trusted(path: str, line: str, mode: int) -> str | None:
     return append_trusted(path, line.encode("utf-8", "backslashreplace"), mode)
 
 
+def traceback_text(exc: BaseException) -> str:
+    """`exc`'s traceback as one message (the log files keep it on one line, escaped)."""
+    import traceback  # only here: its import (linecache, tokenize) costs every start
+
+    return "traceback: " + "".join(traceback.format_exception(exc)).rstrip()
+
+
 # --- the shim ------------------------------------------------------------------------------
 
 
@@ -224,6 +235,20 @@ class RuncLog:
         if self.engine_path not in _STDERR_PATHS:
             self._write_stderr(msg + "\n")
 
+    def internal_error(self, msg: str, exc: BaseException, debug: bool) -> None:
+        """A bug: its traceback goes to the log files always (before the error line, so that
+        the engine still reads the one-line reason last), to stderr only with `debug`."""
+        text = traceback_text(exc)
+        if self.engine_path not in _STDERR_PATHS:
+            _append(self.engine_path, format_line("error", text, self.engine_format))
+        if self.extra_path:
+            _append_trusted(
+                self.extra_path, format_line("error", SHIM_PREFIX + text, "text"), 0o644
+            )
+        if debug:
+            self._write_stderr(text + "\n")
+        self.error(msg)
+
 
 # --- the hook ------------------------------------------------------------------------------
 
@@ -264,6 +289,20 @@ class HookLog:
 
     def warning(self, message: str) -> None:
         self.log("warning", message)
+
+    def internal_error(self, message: str, exc: BaseException, debug: bool) -> None:
+        """A bug: the traceback and the line to the log file always (whatever its level),
+        `message` on stderr, the traceback there too only with `debug`."""
+        text = traceback_text(exc)
+        if debug:
+            sys.stderr.write(text + "\n")
+        sys.stderr.write(f"gpuctk-hook: {message}\n")
+        level, self.level = self.level, LEVELS["debug"]
+        try:
+            self.log("error", text, to_stderr=False)
+            self.log("error", message, to_stderr=False)
+        finally:
+            self.level = level
 
 
 hook = HookLog()

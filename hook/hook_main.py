@@ -86,8 +86,7 @@ Options:
   --version    the version
 
 An unknown verb or a verb's unknown option is ignored with a warning.
-Details: docs/commands.md#gpuctk-hook
-"""
+"""  # + details_line
 
 
 def parse(verb: str, argv: list[str]) -> tuple[dict[str, list[str]], list[str]]:
@@ -142,7 +141,9 @@ def _request(verb: str, values: dict[str, list[str]]) -> Request:
 def _run(argv: list[str]) -> int:
     words = [a for a in argv if a not in ("--debug",)]
     if words and words[0] in ("-h", "--help", "help"):
-        sys.stdout.write(USAGE)
+        from gpuctk.helpdoc import details_line
+
+        sys.stdout.write(f"{USAGE}{details_line('gpuctk-hook')}\n")
         return 0
     if words and words[0] in ("--version", "version"):
         sys.stdout.write(f"gpuctk-hook version {__version__}\n")
@@ -190,12 +191,7 @@ def main(argv: list[str] | None = None, *, exit: Callable[[int], object] = sys.e
         sys.stderr.write(f"gpuctk-hook: error: {exc.message}\n")
         code = EXIT_FAILURE
     except Exception as exc:  # the edge of the program
-        if "--debug" in args:
-            import traceback  # only here: its import is costly
-
-            traceback.print_exc()
         message = f"internal error: {exc.__class__.__name__}: {exc}"
-        hooklog.log("error", message, to_stderr=False)
-        sys.stderr.write(f"gpuctk-hook: {message}\n")
+        hooklog.internal_error(message, exc, "--debug" in args)
         code = EXIT_FAILURE
     exit(code)

@@ -12,11 +12,10 @@ Any error: message in the engine's log (runc's format) and on stderr, exit 1, co
 was. Flags are read as runc (Go flag + urfave/cli) reads them: `--bundle X`, `--bundle=X`,
 `-b X`, `-b=X`, `-bundle X`, flags after the container id; crun's `-bX` too.
 
-Arguments the shim itself cannot read are a usage error (two lines on stderr, exit 2): no verb,
-or a create/run whose --bundle/--config has no value. Every other argument, unknown flags
-included, goes to the runtime untouched, and runc's conventions hold there. `--help` (no verb)
-prints the shim's help (HELP); `--version` (no verb) prints `gpuctk-runtime version X` first,
-then the runtime's own `--version` lines follow.
+Arguments the shim itself cannot read are a usage error (two lines on stderr, exit 2): no verb, or
+a create/run whose --bundle/--config has no value. Every other argument, unknown flags included,
+goes to the runtime untouched, under runc's conventions. `--help` (no verb) prints HELP and a
+Details line; `--version` (no verb), `gpuctk-runtime version X`, then the runtime's own.
 
 Imports at start: os, sys, time and gpuctk.errors; the rest only on `create`/`run`. config.json
 is read and written with the C scanner and encoder of the stdlib `_json` module directly
@@ -65,8 +64,7 @@ Options (before the verb; every other flag is the runtime's own):
   --version           gpuctk-runtime's version, then the runtime's
 
 Configuration: /etc/gpuctk/config.toml (GPUCTK_CONFIG names another).
-Details: docs/commands.md#gpuctk-runtime-the-shim
-"""
+"""  # + details_line
 
 
 class Invocation:
@@ -353,11 +351,8 @@ def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
         log.error(f"gpuctk-runtime: {exc.message}")
         return 1, runtime, log
     except Exception as exc:  # a bug: say so, keep the engine's error path working
-        log.error(f"gpuctk-runtime: internal error: {type(exc).__name__}: {exc}")
-        if inv.debug:
-            import traceback
-
-            traceback.print_exc(file=sys.stderr)
+        message = f"gpuctk-runtime: internal error: {type(exc).__name__}: {exc}"
+        log.internal_error(message, exc, inv.debug)
         return 1, runtime, log
     return 0, runtime, log
 
@@ -376,7 +371,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     front = os.environ.pop(FRONT_RUNTIME_ENV, "")
     inv = parse_argv(args)
     if not inv.verb and ("help" in inv.globals or "h" in inv.globals):
-        sys.stdout.write(HELP)
+        from gpuctk.helpdoc import details_line
+
+        sys.stdout.write(f"{HELP}{details_line('gpuctk-runtime')}\n")
         sys.exit(0)
     if not inv.verb and "version" in inv.globals:
         sys.stdout.write(f"gpuctk-runtime version {__version__}\n")
