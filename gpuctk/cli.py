@@ -23,10 +23,20 @@ QUIET_ENV = ("GPUCTK_QUIET", "NVIDIA_CTK_QUIET")
 # name -> ("module", "attribute", "one-line help")
 _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "cdi": ("gpuctk.cdi.cli", "cdi", "Generate, list and validate CDI specs for NVIDIA GPUs."),
+    "migrate": (
+        "gpuctk.hook.config_cli",
+        "migrate",
+        "Carry nvidia-ctk's config.toml over to gpuctk's.",
+    ),
     "runtime": (
         "gpuctk.containerd.cli",
         "runtime",
         "Register gpuctk-runtime with containerd, CRI-O, Docker or podman.",
+    ),
+    "config": (
+        "gpuctk.hook.config_cli",
+        "config_group",
+        "Show, set and print the defaults of gpuctk's config.toml.",
     ),
     "doctor": (
         "gpuctk.doctor.cli",

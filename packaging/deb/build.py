@@ -239,7 +239,8 @@ def static_files(arch: str) -> dict[str, str]:
     refresh units, the udev rules, the docs. No engine's configuration: no hooks.d file (a
     hooks.d hook runs for every podman and CRI-O container its `when` matches; it is written
     only by `gpuctk runtime configure --runtime podman|crio --mode hook`), no drop-in."""
-    files = {"/etc/gpuctk/config.toml": (HERE / "config.toml").read_text()}
+    # the one text of the defaults, also `gpuctk config default` (keys commented out here)
+    files = {"/etc/gpuctk/config.toml": (REPO / "hook" / "config.toml").read_text()}
     for unit in UNITS:
         files[f"/usr/lib/systemd/system/{unit}"] = _render(unit, arch)
     for rule in UDEV_RULES:

@@ -42,7 +42,7 @@ def _build() -> Any:
 
 
 def test_shipped_config_is_the_defaults() -> None:
-    text = (DEB / "config.toml").read_text()
+    text = _build().static_files("amd64")["/etc/gpuctk/config.toml"]
     assert config.parse(text, "config.toml").source == "config.toml"
     uncommented = re.sub(r"(?m)^#(?=[a-z-]+ = )", "", text)
     settings = config.parse(uncommented, "config.toml")
