@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from gpuctk import helpdoc
 from gpuctk.cdi import cliopts, nvctk
 from gpuctk.cdi.discover import Roots
 from gpuctk.cdi.generate import HOOK_ACTIONS, LIBRARY_MODES, NAME_STRATEGIES
@@ -25,13 +26,13 @@ class _InspectCommands(click.Group):
         if cmd_name == "transform":
             from gpuctk.cdi.transform import transform
 
-            return transform
+            return helpdoc.attach(transform, helpdoc.command_path(ctx, cmd_name))
         if cmd_name in self._lazy:
             from gpuctk.cdi import cli_inspect
 
             command = getattr(cli_inspect, self._lazy[cmd_name])
             assert isinstance(command, click.Command)
-            return command
+            return helpdoc.attach(command, helpdoc.command_path(ctx, cmd_name))
         return super().get_command(ctx, cmd_name)
 
 
@@ -105,7 +106,7 @@ def cdi() -> None:
 @click.option(
     "--prune-stages",
     is_flag=True,
-    help="Remove the stages no spec names and no running container mounts.",
+    help="Remove stages that no spec or container uses.",
 )
 @click.option(
     "--keep-spec-dir",
@@ -137,7 +138,7 @@ def cdi() -> None:
 @click.option(
     "--additional-gids",
     is_flag=True,
-    help="Group-only nodes for non-root containers (cdiVersion 0.7.0).",
+    help="Node groups for non-root users (CDI 0.7.0).",
 )
 @click.option(
     "--disable-hook",
@@ -190,7 +191,6 @@ def generate(
 ) -> None:
     """\b
     Write a CDI spec for every GPU and MIG device on this node.
-    Details: docs/commands.md#gpuctk-cdi-generate
     """
     from gpuctk.cdi.generate_cmd import GenerateArgs, run
 

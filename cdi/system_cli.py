@@ -121,7 +121,6 @@ def create_dev_char_symlinks(
     runc's systemd cgroup driver needs these links: without them a `systemctl
     daemon-reload` takes the GPUs from running containers. Running it again
     changes nothing.
-    Details: docs/commands.md#gpuctk-system-create-dev-char-symlinks
 
     \b
     Examples:

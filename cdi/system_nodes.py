@@ -54,7 +54,6 @@ def create_device_nodes(
 
     \b
     Running it again changes nothing; nodes already there are kept.
-    Details: docs/commands.md#gpuctk-system-create-device-nodes
 
     \b
     Examples:

@@ -199,7 +199,6 @@ def configure(
 
     \b
     Nothing is written when anything is wrong. Running it again changes nothing.
-    Details: docs/commands.md#gpuctk-runtime-configure
     """
     if cdi_spec_dirs:
         kwargs["cdi_spec_dirs"] = tuple(cdi_spec_dirs)

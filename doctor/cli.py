@@ -149,7 +149,6 @@ def doctor(
     Diagnose this GPU node layer by layer: driver, nvml, cdi, runtime, engine,
     kubernetes, probe; each finding with its evidence and fix.
     Exit status: 0 every check ok, 1 warnings, 2 a check failed (or a bad option).
-    Details: docs/commands.md#gpuctk-doctor
     """
     if options["simulate"]:  # an unknown profile is the user's mistake, not an NVML failure
         from gpuctk.cdi.node.profile import load_profile_document

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from gpuctk import __version__, log
+from gpuctk import __version__, helpdoc, log
 from gpuctk.errors import EXIT_FAILURE, EXIT_USAGE, GpuctkError, UsageError
 
 # the root flags' environment variables: nvidia-ctk's, so that an operator's settings carry over
@@ -124,6 +124,9 @@ def command_path(args: list[str]) -> str:
     ctx = cli.make_context("gpuctk", list(args), resilient_parsing=True)
     command: click.Command = cli
     while isinstance(command, click.Group):
+helpdoc.attach(cli, "gpuctk")  # the root's Details line; subcommands get theirs as loaded
+
+
         protected = getattr(ctx, "_protected_args", None)  # click 8.2+; 8.1: protected_args
         rest = [*(ctx.protected_args if protected is None else protected), *ctx.args]
         name, sub, rest = command.resolve_command(ctx, rest) if rest else (None, None, [])

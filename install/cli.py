@@ -315,7 +315,6 @@ def install(
     \b
     Paths are as the node sees them. In a DaemonSet (node's / at /host):
       gpuctk install --host-root /host --restart --uninstall-on-exit
-    Details: docs/install.md#gpuctk-install-on-a-node
     """
     if wait or uninstall_on_exit:
         signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)

@@ -14,9 +14,10 @@ What goes in (see packaging/deb/README in the project README, "Install"):
 - /usr/bin/gpuctk, gpuctk-runtime, gpuctk-hook: isolated-mode launchers (`#!/opt/gpuctk/bin/python3
   -I`, hook/launchers.py), so PYTHONPATH and friends never reach the shim or the hook.
 - /etc/gpuctk/config.toml (conffile), the systemd refresh units (path, timer, oneshot service),
-  the udev rules (CDI refresh, /dev/char links), man pages made from `--help`, the maintainer
-  scripts in packaging/deb/. No engine's configuration: no hooks.d file, no drop-in (`gpuctk
-  runtime configure` writes those, on the admin's command).
+  the udev rules (CDI refresh, /dev/char links), a man page per command (manpages.py, from the
+  click tree), docs/*.md in /usr/share/doc/gpuctk (each --help's Details line names them there),
+  the maintainer scripts in packaging/deb/. No engine's configuration: no hooks.d file, no
+  drop-in (`gpuctk runtime configure` writes those, on the admin's command).
 
 Only the standard library is used here, so any python3 runs it. pip needs PyPI (or a pip cache /
 PIP_INDEX_URL mirror). Set GPUCTK_DEB_CACHE to a folder to reuse the dependency venv between
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gzip
 import hashlib
 import json
 import os
@@ -49,18 +49,7 @@ UNITS = ("gpuctk-cdi-refresh.service", "gpuctk-cdi-refresh.path", "gpuctk-cdi-re
 # NVIDIA's packages that do what gpuctk does (runtime, spec refresh unit): Conflicts + Replaces
 NVIDIA_PACKAGES = "nvidia-container-toolkit, nvidia-container-toolkit-base"
 UDEV_RULES = ("71-gpuctk.rules", "71-gpuctk-dev-char.rules")
-MAN_PAGES = {  # page -> argv of the installed launcher that prints the text
-    "gpuctk": ["gpuctk", "--help"],
-    "gpuctk-cdi-generate": ["gpuctk", "cdi", "generate", "--help"],
-    "gpuctk-runtime-configure": ["gpuctk", "runtime", "configure", "--help"],
-    "gpuctk-install": ["gpuctk", "install", "--help"],
-    "gpuctk-system-create-dev-char-symlinks": [
-        "gpuctk",
-        "system",
-        "create-dev-char-symlinks",
-        "--help",
-    ],
-}
+MANPAGES = HERE / "manpages.py"  # a page per command, from the click tree (run in the venv)
 
 
 def run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
@@ -250,24 +239,6 @@ def static_files(arch: str) -> dict[str, str]:
     return files
 
 
-def man_page(name: str, text: str, version: str) -> bytes:
-    """A minimal man(7) page around a `--help` text (shown verbatim, no formatting lost)."""
-    lines = [
-        f'.TH {name.upper()} 1 "" "gpuctk {version}" "gpuctk"',
-        ".SH NAME",
-        f"{name} \\- " + text.strip().splitlines()[2].strip().replace("-", "\\-")
-        if len(text.strip().splitlines()) > 2
-        else f"{name}",
-        ".SH DESCRIPTION",
-        ".nf",
-        *(("\\&" + line.replace("\\", "\\e")) for line in text.rstrip().splitlines()),
-        ".fi",
-        ".SH SEE ALSO",
-        "The project README (/usr/share/doc/gpuctk/README.md).",
-    ]
-    return gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
-
-
 def control(version: str, arch: str, size_kib: int, python: str) -> str:
     pyver = run([python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).stdout
     meta = project()
@@ -320,18 +291,9 @@ def build_deb(out_dir: Path, python: str) -> Path:
         )
         for path, text in static_files(arch).items():
             _put(root, path, text)
-        for page, argv in MAN_PAGES.items():
-            text = run(
-                [
-                    str(venv_py),
-                    "-I",
-                    "-c",
-                    "import sys; from gpuctk.cli import main; main(sys.argv[1:])",
-                    *argv[1:],
-                ],
-                env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"},
-            ).stdout
-            _put(root, f"/usr/share/man/man1/{page}.1.gz", man_page(page, text, version))
+        mandir = root / "usr" / "share" / "man" / "man1"
+        env = {"PATH": "/usr/bin:/bin"}
+        run([str(venv_py), "-I", str(MANPAGES), str(mandir), version], env=env)
         debian = root / "DEBIAN"
         debian.mkdir()
         for script in ("postinst", "prerm", "postrm"):
