@@ -1,51 +1,80 @@
-"""Builds the one compiled part, hook/cdihook.c (`gpuctk-cdi-hook`, the spec hook's front; it
-includes hook/shimfront.c, the shim's compiled create), with the host's C compiler; everything
-else is in pyproject.toml.
+"""Builds the one compiled part, `gpuctk-cdi-hook` (hook/cdihook.c, the spec hook's front; it
+includes hook/shimfront.c, the shim's compiled create), with the host's C compiler through the
+one recipe, hook/cbuild.py; everything else is in pyproject.toml.
 
-The binary goes into the venv's bin/ beside gpuctk-hook (as data: setuptools' build_scripts
-would read it as text; an editable install skips data, so tests/run.sh copies it there) and into
-the package (gpuctk/hook/gpuctk-cdi-hook), from where gpuctk.hook.launchers copies it beside the
-launchers it writes. Without a compiler (or with GPUCTK_NO_FRONT=1) nothing is built and specs name
-gpuctk-hook itself: slower container starts, the same result.
+`build_front`, a step of `build`, compiles it into setuptools' build folder (never the source
+tree) and puts it in the package (gpuctk/hook/gpuctk-cdi-hook, from where
+gpuctk.hook.launchers copies it beside the launchers it writes) and in the data files: the
+venv's bin/, beside gpuctk-hook (as data: build_scripts would read it as text). An editable
+install has neither (setuptools installs no data for it): tests/run.sh builds it into the venv's
+bin/ with the same recipe, where gpuctk.hook.launchers also looks. With no compiler,
+or a source that does not compile, the build fails with one line saying what to install
+(`apt install gcc libc6-dev`). GPUCTK_NO_FRONT=1 builds without it, on purpose: specs then name
+gpuctk-hook itself (slower container starts, the same result).
 """
 
+import importlib.util
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from setuptools import setup
+from setuptools import Command, setup
+from setuptools.command.build import build
 
 HERE = Path(__file__).resolve().parent
-SOURCE = HERE / "hook" / "cdihook.c"
-BINARY = HERE / "hook" / "gpuctk-cdi-hook"
-FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong"]
 
 
-def build_front() -> list[str]:
-    if os.environ.get("GPUCTK_NO_FRONT") == "1" or not SOURCE.is_file():
-        return []
-    newest = max(p.stat().st_mtime for p in SOURCE.parent.glob("*.c"))  # shimfront.c too
-    if BINARY.is_file() and BINARY.stat().st_mtime >= newest:
-        return [str(BINARY.relative_to(HERE))]
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        print("gpuctk: no C compiler: gpuctk-cdi-hook not built", file=sys.stderr)
-        return []
-    tmp = BINARY.with_name(f".{BINARY.name}.{os.getpid()}")
-    for link in (["-static"], []):  # static: it runs on any node a venv is copied to
-        argv = [cc, *FLAGS, *link, "-o", str(tmp), str(SOURCE)]
-        done = subprocess.run(argv, check=False, capture_output=bool(link))
-        if done.returncode == 0:
-            break
-    if done.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        print("gpuctk: gpuctk-cdi-hook did not compile: not built", file=sys.stderr)
-        return []
-    tmp.chmod(0o755)
-    tmp.replace(BINARY)
-    return [str(BINARY.relative_to(HERE))]
+def _cbuild() -> Any:
+    """hook/cbuild.py, loaded by path: the package is not importable while it is being built."""
+    spec = importlib.util.spec_from_file_location("_gpuctk_cbuild", HERE / "hook" / "cbuild.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-setup(data_files=[("bin", build_front())])  # bin/: the venv's, beside gpuctk-hook
+class BuildFront(Command):
+    description = "compile gpuctk-cdi-hook (hook/cdihook.c) into the build folder"
+    user_options: list[tuple[str, str | None, str]] = []
+
+    def initialize_options(self) -> None:
+        self.build_lib = None
+        self.build_temp = None
+        self.editable_mode = False
+
+    def finalize_options(self) -> None:
+        self.set_undefined_options(
+            "build", ("build_lib", "build_lib"), ("build_temp", "build_temp")
+        )
+
+    def run(self) -> None:
+        cbuild = _cbuild()
+        if cbuild.opted_out():
+            print(f"gpuctk: {cbuild.OPT_OUT}=1: {cbuild.NAME} not built", file=sys.stderr)
+            return
+        if self.editable_mode:  # its package is the source folder, and it installs no data
+            print(
+                f"gpuctk: an editable install leaves {cbuild.NAME} out: build it into the "
+                f"venv with `python -m gpuctk.hook.cbuild VENV/bin/{cbuild.NAME}`",
+                file=sys.stderr,
+            )
+            return
+        out = Path(self.build_temp, "front", cbuild.NAME)
+        try:
+            cbuild.build(out)
+        except cbuild.BuildError as exc:
+            raise SystemExit(f"gpuctk: error: {exc}") from None
+        package = Path(self.build_lib, "gpuctk", "hook")
+        package.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(out, package / cbuild.NAME)
+        # install_data reads the list when it runs, after the build
+        self.distribution.data_files.append(("bin", [os.path.relpath(out)]))
+
+
+class Build(build):
+    sub_commands = [*build.sub_commands, ("build_front", None)]
+
+
+setup(cmdclass={"build": Build, "build_front": BuildFront}, data_files=[])

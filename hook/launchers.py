@@ -260,6 +260,17 @@ exec {python} -IS -c "$pycode" "$0" "$@"
 """
 
 
+def built_front() -> str:
+    """The compiled gpuctk-cdi-hook this install has: the package's copy (setup.py's build),
+    else the one beside the interpreter (an editable install's, built by hook/cbuild.py into
+    the venv's bin/); "" where there is none."""
+    for folder in (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(sys.executable)):
+        path = os.path.join(folder, FRONT)
+        if os.path.isfile(path):
+            return path
+    return ""
+
+
 def write_launchers(bindir: str, python: str | None = None, installed: str = "") -> list[str]:
     """Write every launcher into `bindir` (mode 0755, atomically), and the package's
     gpuctk-cdi-hook where it was built; returns their paths. `installed`: the folder they will
@@ -269,8 +280,8 @@ def write_launchers(bindir: str, python: str | None = None, installed: str = "")
     interpreter = python or sys.executable
     _check_interpreter(interpreter)  # before anything is written
     paths = []
-    front = os.path.join(os.path.dirname(os.path.abspath(__file__)), FRONT)
-    beside = os.path.join(os.path.abspath(bindir), FRONT) if os.path.isfile(front) else ""
+    front = built_front()
+    beside = os.path.join(os.path.abspath(bindir), FRONT) if front else ""
     if beside:  # the compiled front goes beside gpuctk-hook (the spec hook, the shim's create)
         with open(front, "rb") as f:
             atomic_write(beside, f.read(), mode=0o755)

@@ -47,10 +47,12 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 log "installing gpuctk and test tools into .venv"
+# an editable install leaves out setup.py's gpuctk-cdi-hook (setuptools installs no data for
+# it): the one recipe (hook/cbuild.py) builds it beside gpuctk-hook, as a regular install puts
+# it, into a temp file renamed into place; no compiler, or a compile error, stops here
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
-# an editable install leaves out setup.py's data files: the compiled hook front goes beside
-# gpuctk-hook as a regular install puts it
-if [ -x hook/gpuctk-cdi-hook ]; then install -m 0755 hook/gpuctk-cdi-hook .venv/bin/; fi
+log "building gpuctk-cdi-hook into .venv/bin"
+.venv/bin/python -m gpuctk.hook.cbuild .venv/bin/gpuctk-cdi-hook
 
 log "ruff"
 .venv/bin/ruff check .
@@ -85,6 +87,8 @@ done <<<"$layout"
 (cd "$tree" && "$ROOT/.venv/bin/mypy" --config-file "$ROOT/pyproject.toml" -p gpuctk)
 
 log "pytest"
-# In CI the Debian driver root must be built: fail, do not skip, if it cannot be.
-export GPUCTK_REQUIRE_DRIVER_ROOT=1 GPUCTK_REQUIRE_IMAGES=1
+# In CI the Debian driver root must be built: fail, do not skip, if it cannot be. So must the
+# sanitized build of gpuctk-cdi-hook (tests/fixtures/cfront): the C tests' hostile cases run
+# through it as well as through the product's build.
+export GPUCTK_REQUIRE_DRIVER_ROOT=1 GPUCTK_REQUIRE_IMAGES=1 GPUCTK_REQUIRE_SANITIZERS=1
 exec .venv/bin/pytest "$@"

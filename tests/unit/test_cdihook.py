@@ -11,7 +11,10 @@ passed on byte for byte. A served image's cache is compared with what gpuctk-hoo
 no case may hang, crash, or read outside the root. The device node guard is tried only as root
 and only inside a private mount namespace of its own (`unshare -m --propagation private`).
 
-CDIHOOK_BIN names another build to test (e.g. one with -fsanitize=address,undefined);
+Each case runs twice: on the build setup.py installs and on one with
+-fsanitize=address,undefined -fno-sanitize-recover=all (tests/fixtures/cfront, both from the
+checkout's sources by gpuctk.hook.cbuild); a sanitizer report fails the case. CDIHOOK_BIN names
+another build to test in place of the first;
 CDIHOOK_FUZZ_RUNS sets how many mutated config.json files the fuzz case tries.
 """
 
@@ -27,13 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures import cfront
 
 from gpuctk.cdi.node.ldcache import LdCacheEntry, build_ld_cache, parse_ld_cache
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCE = REPO / "hook" / "cdihook.c"
-BUILT = REPO / "hook" / "gpuctk-cdi-hook"
-FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong"]
 TIMEOUT = 20  # seconds: only to catch a hang, never a timed assertion
 
 DRIVER = "535.309.01"
@@ -82,19 +83,15 @@ def stage_part() -> Path:
     return PART
 
 
-@pytest.fixture(scope="session")
-def front_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    named = os.environ.get("CDIHOOK_BIN")
-    if named:
-        return Path(named)
-    if BUILT.is_file():
-        return BUILT
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        pytest.skip("no C compiler and no hook/gpuctk-cdi-hook")
-    out = tmp_path_factory.mktemp("cdihook") / "gpuctk-cdi-hook"
-    subprocess.run([cc, *FLAGS, "-o", str(out), str(SOURCE)], check=True)
-    return out
+@pytest.fixture(scope="session", params=["plain", "sanitized"])
+def front_binary(request: pytest.FixtureRequest) -> Path:
+    """Every case runs on the product's build and on the sanitized one (tests/fixtures/cfront):
+    a hostile config, state, argument list or image that makes the C read out of bounds,
+    overflow or use freed memory fails the case even where the plain build survives it."""
+    built = cfront.binary(request.param)
+    if built is None:
+        pytest.skip(f"no {request.param} build of gpuctk-cdi-hook here (no gcc, or no libasan)")
+    return built
 
 
 @dataclass

@@ -14,7 +14,6 @@ CDIHOOK_FUZZ_RUNS sets how many mutated caches each binary tries.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -23,14 +22,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fixtures import cfront
 
 from gpuctk.cdi.node.ldcache import LdCacheEntry, build_ld_cache, parse_ld_cache
 
-REPO = Path(__file__).resolve().parents[2]
-SOURCE = REPO / "hook" / "cdihook.c"
-BUILT = REPO / "hook" / "gpuctk-cdi-hook"
-FLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong"]
-SANITIZE = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 STAGE = "/usr/local/nvidia/lib64"
 X86_64 = 0x0303
 STAGE_ENTRIES = [
@@ -51,28 +46,13 @@ NAMES = [
 TIMEOUT = 20
 
 
-def build(cc: str, out: Path, flags: list[str]) -> Path:
-    subprocess.run([cc, *flags, "-o", str(out), str(SOURCE)], check=True, capture_output=True)
-    return out
-
-
 @pytest.fixture(scope="module")
-def binaries(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The hook as built, and as built with the sanitizers where gcc has them."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    out: dict[str, Path] = {}
-    work = tmp_path_factory.mktemp("ldcache-bin")
-    if os.environ.get("CDIHOOK_BIN"):
-        out["named"] = Path(os.environ["CDIHOOK_BIN"])
-    elif BUILT.is_file():
-        out["built"] = BUILT
-    elif cc:
-        out["built"] = build(cc, work / "plain", FLAGS)
-    if cc:
-        with contextlib.suppress(subprocess.CalledProcessError):  # no libasan: plain alone
-            out["sanitized"] = build(cc, work / "sanitized", SANITIZE)
+def binaries() -> dict[str, Path]:
+    """The hook as built, and as built with the sanitizers where gcc has them
+    (tests/fixtures/cfront)."""
+    out = {kind: exe for kind in ("plain", "sanitized") if (exe := cfront.binary(kind))}
     if not out:
-        pytest.skip("no C compiler and no hook/gpuctk-cdi-hook")
+        pytest.skip("no C compiler to build gpuctk-cdi-hook")
     return out
 
 

@@ -9,6 +9,10 @@ already holds (same env keys, the same device paths once or twice, the same moun
 destinations, uncleaned destinations, missing lists). Anything it does not fully understand,
 or may not trust, goes to Python with the reason (GPUCTK_SHIM_FRONT_TRACE), the front having
 changed nothing. The specs and the config are left to settle (SETTLE_NS) once per module.
+
+The cases on the module's node run twice: on the build setup.py installs and on one with
+-fsanitize=address,undefined -fno-sanitize-recover=all (tests/fixtures/cfront), so that its JSON
+reader meets the hostile configs, arguments and plans under the sanitizers too.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import random
 import shutil
 import stat
 import subprocess
@@ -26,13 +31,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures import cfront
 
 from gpuctk.cdi.specs import apply, speccache
 from gpuctk.errors import ValidationError
 from gpuctk.hook import frontplan
 
 REPO = Path(__file__).resolve().parents[2]
-BUILT = REPO / "hook" / "gpuctk-cdi-hook"
 TIMEOUT = 30  # seconds: only to catch a hang
 VISIBLE = "NVIDIA_VISIBLE_DEVICES=0"
 BASE_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", VISIBLE]
@@ -84,6 +89,7 @@ class Node:
             "GPUCTK_CONFIG": str(self.conf),
             "GPUCTK_STATE_DIR": str(self.state),
             "GPUCTK_SHIM_FRONT_TRACE": "1",
+            **cfront.SANITIZER_ENV,
             **extra,
         }
 
@@ -102,7 +108,13 @@ class Node:
             argv, env=self.env(**extra), capture_output=True, text=True, timeout=TIMEOUT,
             check=False, cwd=bundle,
         )  # fmt: skip
-        return done, bundle / "config.json"
+        return clean(done), bundle / "config.json"
+
+
+def clean(done: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    """`done`, which no sanitizer reported on (the sanitized build stops at its first report)."""
+    assert "Sanitizer" not in done.stderr and "runtime error" not in done.stderr, done.stderr
+    return done
 
 
 def spec(node_hook: Path, files: Path) -> dict[str, Any]:
@@ -184,11 +196,15 @@ def spec(node_hook: Path, files: Path) -> dict[str, Any]:
     }
 
 
-def make_node(work: Path, numberless: str = "", conf: str = "", nodes: bool = True) -> Node:
+def make_node(
+    work: Path, numberless: str = "", conf: str = "", nodes: bool = True, build: str = "plain"
+) -> Node:
     """Launchers, a spec and a config in `work`, left to settle; `numberless`: a host node
-    for a device 2 whose spec entry gives no type or numbers (they come from the host)."""
-    if not BUILT.is_file():
-        pytest.skip("hook/gpuctk-cdi-hook not built (no C compiler)")
+    for a device 2 whose spec entry gives no type or numbers (they come from the host);
+    `build`: which build of gpuctk-cdi-hook the launchers' front runs (tests/fixtures/cfront)."""
+    built = cfront.binary(build)
+    if built is None:
+        pytest.skip(f"no {build} build of gpuctk-cdi-hook here (no gcc, or no libasan)")
     work.chmod(0o755)
     bindir = work / "bin"
     bindir.mkdir()
@@ -196,6 +212,12 @@ def make_node(work: Path, numberless: str = "", conf: str = "", nodes: bool = Tr
         [sys.executable, "-m", "gpuctk.hook.launchers", str(bindir), "--python", sys.executable],
         check=True, capture_output=True,
     )  # fmt: skip
+    if not (bindir / "gpuctk-cdi-hook").is_file():  # the sh front names it only where it is
+        pytest.skip("this install has no gpuctk-cdi-hook: python -m gpuctk.hook.cbuild "
+                    f"{Path(sys.executable).parent}/gpuctk-cdi-hook")  # fmt: skip
+    shutil.copyfile(built, bindir / ".front")  # the build under test, in the launchers' place
+    (bindir / ".front").chmod(0o755)
+    (bindir / ".front").rename(bindir / "gpuctk-cdi-hook")
     files = work / "files"
     (files / "lib").mkdir(parents=True)
     (files / "icd.json").write_text("{}")
@@ -217,9 +239,9 @@ def make_node(work: Path, numberless: str = "", conf: str = "", nodes: bool = Tr
     return Node(bindir, spec_dir, toml, work / "state", work, bindir / "gpuctk-cdi-hook")
 
 
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Node:
-    return make_node(tmp_path_factory.mktemp("shimfront"))
+@pytest.fixture(scope="module", params=["plain", "sanitized"])
+def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Node:
+    return make_node(tmp_path_factory.mktemp("shimfront"), build=request.param)
 
 
 def expected(node: Node, doc: dict[str, Any]) -> dict[str, Any]:
@@ -377,7 +399,7 @@ def direct(
     done = subprocess.run(
         argv, env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False, cwd=bundle
     )
-    return done, before, target.read_bytes()
+    return clean(done), before, target.read_bytes()
 
 
 @pytest.fixture
@@ -485,6 +507,31 @@ def test_a_config_the_front_does_not_read_goes_to_python(
     handed_over(*direct(node, mutated(planned, change)), why)
 
 
+def test_mutated_configs_are_served_as_apply_or_go_to_python(
+    node: Node, planned: dict[str, Any]
+) -> None:
+    """Random byte mutations of a planned config.json (SHIMFRONT_FUZZ_RUNS, default 60): the
+    front never crashes or hangs; it either serves the create, with apply's result on that
+    document, or hands it to Python with config.json untouched."""
+    rnd = random.Random(0x73686D)
+    seed = json.dumps(planned).encode()
+    alphabet = b'{}[]":,\\ \t\nu0eE+-.1trfalsn\x00\x7f\xc3\xa9Rr'
+    for _ in range(int(os.environ.get("SHIMFRONT_FUZZ_RUNS", "60"))):
+        data = bytearray(seed)
+        for _ in range(rnd.randint(1, 3)):
+            at = rnd.randrange(len(data))
+            if rnd.randrange(3) == 0:
+                del data[at : at + rnd.randint(1, 3)]
+            else:
+                data[at : at + rnd.randrange(2)] = bytes([rnd.choice(alphabet)])
+        done, before, after = direct(node, data.decode("latin-1"))
+        assert done.returncode in (0, 42), done.stderr
+        if done.returncode == 42:
+            assert after == before and "front: python: " in done.stderr, done.stderr
+        else:
+            assert json.loads(after) == expected(node, json.loads(before)), data
+
+
 @pytest.mark.parametrize(
     ("args", "why"),
     [
@@ -521,7 +568,7 @@ def _with_args(
         argv, env=node.env(GPUCTK_FRONT_RUNTIME="/bin/true"), capture_output=True, text=True,
         timeout=TIMEOUT, check=False,
     )  # fmt: skip
-    return done, before, (bundle / "config.json").read_bytes()
+    return clean(done), before, (bundle / "config.json").read_bytes()
 
 
 @pytest.mark.parametrize(
@@ -763,8 +810,10 @@ def shim_run(node: Node, doc: dict[str, Any], *flags: str) -> subprocess.Complet
     bundle.mkdir()
     (bundle / "config.json").write_text(json.dumps(doc))
     argv = [str(node.bin / "gpuctk-runtime"), *flags, "create", "--bundle", str(bundle), "c1"]
-    return subprocess.run(
-        argv, env=node.env(), capture_output=True, text=True, timeout=TIMEOUT, check=False
+    return clean(
+        subprocess.run(
+            argv, env=node.env(), capture_output=True, text=True, timeout=TIMEOUT, check=False
+        )
     )
 
 
