@@ -1,0 +1,5 @@
+"""`python -m gpuctk ...`: the `gpuctk` command."""
+
+from gpuctk.cli import main
+
+main()
