@@ -73,7 +73,7 @@ class LazyGroup(click.Group):
             module, attr, _ = _SUBCOMMANDS[cmd_name]
             command = getattr(importlib.import_module(module), attr)
             assert isinstance(command, click.Command)
-            return command
+            return helpdoc.attach(command, helpdoc.command_path(ctx, cmd_name))
         return super().get_command(ctx, cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -119,14 +119,14 @@ def cli(ctx: click.Context, debug: bool, quiet: bool) -> None:
     log.set_quiet(quiet)
 
 
+helpdoc.attach(cli, "gpuctk")  # the root's Details line; subcommands get theirs as loaded
+
+
 def command_path(args: list[str]) -> str:
     """The command that `args` name ("gpuctk cdi generate"), read as click reads them."""
     ctx = cli.make_context("gpuctk", list(args), resilient_parsing=True)
     command: click.Command = cli
     while isinstance(command, click.Group):
-helpdoc.attach(cli, "gpuctk")  # the root's Details line; subcommands get theirs as loaded
-
-
         protected = getattr(ctx, "_protected_args", None)  # click 8.2+; 8.1: protected_args
         rest = [*(ctx.protected_args if protected is None else protected), *ctx.args]
         name, sub, rest = command.resolve_command(ctx, rest) if rest else (None, None, [])
