@@ -235,6 +235,8 @@ def static_files(arch: str) -> dict[str, str]:
     for rule in UDEV_RULES:
         files[f"/usr/lib/udev/rules.d/{rule}"] = _render(rule, arch)
     files["/usr/share/doc/gpuctk/README.md"] = (REPO / "README.md").read_text()
+    for doc in sorted((REPO / "docs").glob("*.md")):  # what each --help's Details line names
+        files[f"/usr/share/doc/gpuctk/{doc.name}"] = doc.read_text()
     files["/usr/share/doc/gpuctk/copyright"] = (HERE / "copyright").read_text()
     return files
 
