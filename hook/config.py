@@ -168,7 +168,10 @@ def check(values: Mapping[str, Any]) -> list[str]:
 
 
 def _unknown_key(key: str) -> str:
-    """The problem line of an unknown key, with the known key it is likely a typo of."""
+    """The problem line of an unknown key, with the known key it is likely a typo of; one of
+    nvidia-ctk's (its tables, its accept-nvidia-* keys) names `gpuctk migrate`."""
+    if key.startswith(("nvidia-", "accept-nvidia-")):
+        return f"{key}: nvidia-ctk's setting, not gpuctk's (carry its file over: gpuctk migrate)"
     from difflib import get_close_matches  # only for a broken file
 
     close = get_close_matches(key, list(DEFAULTS), n=1, cutoff=0.75)

@@ -16,6 +16,7 @@ import pytest
 from test_config_cmd import MINE, gpuctk, snapshot
 from test_shim import Env, base_config, device_paths
 
+from gpuctk.errors import ValidationError
 from gpuctk.hook import config, config_edit, nvctk_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -214,3 +215,16 @@ def test_a_create_runs_with_the_carried_settings(
     assert create(doc) == ["/dev/nvidiactl", "/dev/nvidia1"]
     assert log.stat().st_size > 0 and "ctr1" in log.read_text()
     assert os.path.getsize(env.tmp / "config.toml") > 0
+
+
+def test_the_runtime_names_migrate_for_nvidia_s_keys(tmp_path: Path) -> None:
+    """NVIDIA's file named as gpuctk's (GPUCTK_CONFIG) fails, as any bad file, with a line that
+    says what to run: the shim and gpuctk doctor show it."""
+    with pytest.raises(ValidationError) as exc:
+        config.parse(NVIDIA.read_text(), str(NVIDIA))
+    assert any(
+        p.startswith("nvidia-container-runtime: nvidia-ctk's setting, not gpuctk's")
+        and p.endswith("(carry its file over: gpuctk migrate)")
+        for p in exc.value.problems
+    ), exc.value.problems
+    assert "accept-nvidia-visible-devices-as-volume-mounts: nvidia-ctk's" in exc.value.message
