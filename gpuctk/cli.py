@@ -38,6 +38,11 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "config_group",
         "Show, set and print the defaults of gpuctk's config.toml.",
     ),
+    "device-plugin": (
+        "gpuctk.deviceplugin.cli",
+        "device_plugin",
+        "Advertise the GPUs to the kubelet (Device Plugin API) as gpuctk's CDI devices.",
+    ),
     "doctor": (
         "gpuctk.doctor.cli",
         "doctor",
@@ -101,9 +106,15 @@ class LazyGroup(click.Group):
     envvar=QUIET_ENV,
     help="Print errors only (no notes, warnings or debug lines); wins over --debug.",
 )
+@click.option(
+    "--config",
+    "config_file",
+    metavar="PATH",
+    help="gpuctk's config.toml for the commands that read it (sets GPUCTK_CONFIG).",
+)
 @click.version_option(__version__, prog_name="gpuctk", message="%(prog)s version %(version)s")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool, quiet: bool) -> None:
+def cli(ctx: click.Context, debug: bool, quiet: bool, config_file: str | None) -> None:
     """gpuctk gives containers NVIDIA GPUs.
 
     \b
@@ -117,6 +128,26 @@ def cli(ctx: click.Context, debug: bool, quiet: bool) -> None:
     ctx.obj["debug"] = debug
     log.set_debug(debug)
     log.set_quiet(quiet)
+    if config_file is not None:
+        _use_config(config_file)
+
+
+def _use_config(path: str) -> None:
+    """The root's --config: gpuctk's config file for every command that reads one (doctor,
+    config, the hooks a command runs), as GPUCTK_CONFIG names it; nvidia-ctk's config.toml
+    (what nvidia-ctk's --config names) is refused with the command that carries it over."""
+    from gpuctk.hook import config_edit
+
+    text = config_edit.read_text(path)
+    if text is None:
+        raise UsageError(f"--config {path}: no such file")
+    if any(f"[{name}" in text for name in config_edit.NVIDIA_TABLES):
+        import contextlib
+        import tomllib
+
+        with contextlib.suppress(tomllib.TOMLDecodeError):  # not TOML: its reader says so
+            config_edit.refuse_nvidia(tomllib.loads(text), path)
+    os.environ["GPUCTK_CONFIG"] = os.path.abspath(path)
 
 
 helpdoc.attach(cli, "gpuctk")  # the root's Details line; subcommands get theirs as loaded

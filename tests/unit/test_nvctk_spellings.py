@@ -300,3 +300,19 @@ def test_the_debug_spellings_give_tracebacks(args: list[str], env: dict[str, str
     debug = gpuctk(*args, "cdi", "generate", *SIM, "--output", "/proc/version", **env)
     assert plain.returncode == debug.returncode != 0
     assert "Traceback" not in plain.stderr and "Traceback" in debug.stderr, debug.stderr
+
+
+def test_the_root_config_flag_names_gpuctk_s_file(tmp_path: Path) -> None:
+    own = tmp_path / "config.toml"
+    own.write_text('log-level = "debug"\n')
+    done = gpuctk("--config", str(own), "config", "show", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    assert '"log-level": "debug"' in done.stdout.replace("\n", " ").replace("  ", " ")
+    theirs = tmp_path / "nvidia.toml"
+    theirs.write_text('[nvidia-container-runtime]\nlog-level = "info"\n')
+    done = gpuctk("--config", str(theirs), "config", "show")
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.strip() == (
+        f"gpuctk: error: {theirs} is nvidia-ctk's config; carry it over with: "
+        f"gpuctk migrate --from {theirs}"
+    )
