@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
+from gpuctk import log
 from gpuctk.cdi.generate import NodeLookup
 from gpuctk.cdi.node.driverfiles import DriverFiles, discover_driver_files
 from gpuctk.cdi.node.driverpaths import PREFIXES
@@ -113,20 +114,24 @@ def load_nvml(roots: Roots, nvml_library: str | None,
     from gpuctk.cdi.node.nvml import LIBRARY_NAME, LibraryNotFound
 
     if nvml_library:
+        log.debug(f"NVML: loading {nvml_library} (--nvml-library)")
         return read(nvml_library), nvml_library
     host = os.path.realpath(roots.driver_root) == "/"
     looked: tuple[str, ...] = ()
     if not host:
         found, looked = find_nvml(roots.driver_root)
         if found is not None:
+            log.debug(f"NVML: loading {found} (found under the driver root {roots.driver_root})")
             return read(found), found
     try:
+        log.debug(f"NVML: loading {LIBRARY_NAME} (the loader's search: ld cache, system folders)")
         return read(None), LIBRARY_NAME
     except LibraryNotFound:
         pass
     if host:
         found, looked = find_nvml("/")
         if found is not None:
+            log.debug(f"NVML: loading {found} (the loader has none; found in a driver prefix)")
             return read(found), found
     where = f"{looked[0]}, the folders {', '.join(looked[1:])}" if looked else "nowhere"
     hint = "use --driver-root for a containerised driver (/run/nvidia/driver), or " if host else ""
@@ -141,6 +146,19 @@ def machine_from_nvml(roots: Roots, nvml_library: str | None) -> Machine:
     from gpuctk.cdi.node import nvml
 
     return load_nvml(roots, nvml_library, nvml.discover)[0]
+
+
+def trace(roots: Roots, machine: Machine, source: str) -> None:
+    """--debug: the roots used and each device found (`source`: NVML or a profile)."""
+    log.debug(f"driver root {roots.driver_root}, dev root {roots.dev_root}, proc root "
+              f"{roots.proc_root}, sys root {roots.sys_root}")  # fmt: skip
+    log.debug(f"{source}: driver {machine.driver_version}, CUDA {machine.cuda_driver_version}, "
+              f"{len(machine.gpus)} GPU(s)")  # fmt: skip
+    for g in machine.gpus:
+        mig = f", MIG on ({len(g.mig_devices)} device(s))" if g.mig_enabled else ""
+        log.debug(f"GPU {g.index}: {g.name} {g.uuid} /dev/nvidia{g.minor} {g.pci_bus_id}{mig}")
+        for m in g.mig_devices:
+            log.debug(f"MIG device {m.name}: {m.profile} {m.uuid} gi {m.gi} ci {m.ci}")
 
 
 def driver_files(roots: Roots, machine: Machine) -> DriverFiles:

@@ -151,6 +151,7 @@ def emit(spec: Spec, fmt: str, output: str | None, summary: str,
     from gpuctk.writes import atomic_write
 
     data = render(spec, fmt, comment)
+    log.debug(f"{len(data)} bytes of {fmt} for {output or 'standard output'}")
     if output:
         if same_file(output, data, 0o644):
             say(f"gpuctk: {output} unchanged: {summary}")
@@ -278,6 +279,7 @@ def _run(a: GenerateArgs) -> None:
     else:
         machine = discover.machine_from_nvml(roots, nvml_library)
         nodes = discover.real_nodes(roots)
+    discover.trace(roots, machine, f"profile {simulate}" if simulate else "NVML")
     from gpuctk.cdi.node.driverfiles import select_capabilities
 
     discovered, simulated = discover.driver_files(roots, machine), None
@@ -299,6 +301,8 @@ def _run(a: GenerateArgs) -> None:
     if library_mode == "auto":  # folder where its stage can be built from real files
         real = simulated is None and files.libraries and a.mode == "nvml"
         library_mode = "folder" if real else "hook"
+    log.debug(f"--mode {a.mode}, library mode {library_mode} (asked: {a.library_mode}); "
+              f"{len(files.libraries)} libraries of {driver_capabilities}")  # fmt: skip
     if not selected & DRM_USERS:
         nodes = without_drm(nodes)
     opts = Options(
@@ -330,6 +334,7 @@ def _run(a: GenerateArgs) -> None:
 
         if not os.path.isabs(staging_dir):
             raise UsageError(f"--staging-dir must be an absolute path, got {staging_dir!r}")
+        log.debug(f"staging the driver in {staging_dir} (an identical stage is reused)")
         try:
             stage_path = stage_driver(files, machine.driver_version, staging_dir, report)
         except OutputError as exc:
