@@ -204,7 +204,7 @@ def migrate(source: str, config_file: str | None, dry_run: bool, fmt: str) -> No
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise ValidationError(f"{source}: {problems[0]}{more}; nothing written", problems)
-    if not rows:
+    if all(nvctk_config.row_of(r.nvidia).nvidia == "*" for r in rows):  # none of NVIDIA's keys
         raise ValidationError(f"{source}: no nvidia-ctk settings in it (is it NVIDIA's file?)")
     target = config_file or default_path()
     result = config_edit.apply_sets(
@@ -222,7 +222,7 @@ def migrate(source: str, config_file: str | None, dry_run: bool, fmt: str) -> No
             "settings": [r._asdict() for r in rows],
             "config": result,
         }
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json.dumps(doc, indent=2, default=str))  # TOML dates as text
         return
     for line in nvctk_config.text_table(rows):
         click.echo(line)

@@ -124,6 +124,7 @@ def test_dev_null_debug_is_no_log_file(tmp_path: Path, capsys: pytest.CaptureFix
         (None, 4, "no such file"),
         ("[nvidia-container-runtime\n", 7, "invalid TOML"),
         ("# nothing\n", 7, "no nvidia-ctk settings in it"),
+        (MINE, 7, "no nvidia-ctk settings in it"),  # gpuctk's own file
         (
             '[nvidia-container-runtime]\nlog-level = "loud"\n',
             7,
