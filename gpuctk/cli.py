@@ -112,7 +112,9 @@ class LazyGroup(click.Group):
     metavar="PATH",
     help="gpuctk's config.toml for the commands that read it (sets GPUCTK_CONFIG).",
 )
-@click.version_option(__version__, prog_name="gpuctk", message="%(prog)s version %(version)s")
+@click.version_option(
+    __version__, "--version", "-v", prog_name="gpuctk", message="%(prog)s version %(version)s"
+)
 @click.pass_context
 def cli(ctx: click.Context, debug: bool, quiet: bool, config_file: str | None) -> None:
     """gpuctk gives containers NVIDIA GPUs.
@@ -151,6 +153,25 @@ def _use_config(path: str) -> None:
 
 
 helpdoc.attach(cli, "gpuctk")  # the root's Details line; subcommands get theirs as loaded
+
+
+@cli.command(
+    "hook",
+    hidden=True,
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
+@click.pass_context
+def nvidia_ctk_hook(ctx: click.Context) -> None:
+    """Refused: nvidia-ctk's `hook` verbs are run by the specs nvidia-ctk writes.
+
+    gpuctk's specs run gpuctk-cdi-hook and gpuctk-hook.
+    """
+    given = " ".join(["hook", *ctx.args])
+    raise UsageError(
+        f"`{given}`: `hook` is nvidia-ctk's, run by the specs it writes: gpuctk's specs run "
+        "gpuctk-cdi-hook and gpuctk-hook; regenerate the spec with `gpuctk cdi generate` (a spec "
+        "nvidia-ctk wrote needs nvidia-ctk's own binaries)"
+    )
 
 
 def command_path(args: list[str]) -> str:

@@ -35,6 +35,7 @@ ANCHORS = {
     "gpuctk uninstall": "gpuctk-install-and-gpuctk-uninstall",
     "gpuctk config default": "gpuctk-config",
     "gpuctk config show": "gpuctk-config",
+    "gpuctk hook": "nvidia-ctks-spellings",
     "gpuctk-runtime": "gpuctk-runtime-the-shim",
 }
 

@@ -316,3 +316,10 @@ def test_the_root_config_flag_names_gpuctk_s_file(tmp_path: Path) -> None:
         f"gpuctk: error: {theirs} is nvidia-ctk's config; carry it over with: "
         f"gpuctk migrate --from {theirs}"
     )
+
+
+def test_the_version_and_hook_spellings() -> None:
+    assert gpuctk("-v").stdout == gpuctk("--version").stdout == "gpuctk version 0.1.0\n"
+    done = gpuctk("hook", "update-ldcache", "--folder", "/usr/lib64")
+    line = refused(done, "`hook update-ldcache --folder /usr/lib64`", "gpuctk cdi generate")
+    assert "gpuctk-cdi-hook" in line
