@@ -8,6 +8,7 @@ install on containerd; the doctor on top of them all.
     gpuctk.hook         the spine and gpuctk.cdi
     gpuctk.containerd   the spine
     gpuctk.install      the spine, gpuctk.containerd and gpuctk.hook (the launchers it writes)
+    gpuctk.deviceplugin the spine and gpuctk.cdi (the kubelet's device plugin: discovery, NVML)
     gpuctk.doctor       every layer (it diagnoses them all); no other package imports it: the
                         CLI (gpuctk.cli) reaches it by name, through its lazy command table
 
@@ -44,6 +45,7 @@ ALLOWED = {
     "gpuctk.hook": {"gpuctk", *CDI, "gpuctk.hook"},
     "gpuctk.containerd": {"gpuctk", "gpuctk.containerd"},
     "gpuctk.install": {"gpuctk", "gpuctk.containerd", "gpuctk.hook", "gpuctk.install"},
+    "gpuctk.deviceplugin": {"gpuctk", *CDI, "gpuctk.deviceplugin"},
     TOP: set(LAYERS),
 }
 # import names that would reach a package's folder without the gpuctk. prefix
