@@ -136,19 +136,10 @@ def cli(ctx: click.Context, debug: bool, quiet: bool, config_file: str | None) -
 
 def _use_config(path: str) -> None:
     """The root's --config: gpuctk's config file for every command that reads one (doctor,
-    config, the hooks a command runs), as GPUCTK_CONFIG names it; nvidia-ctk's config.toml
-    (what nvidia-ctk's --config names) is refused with the command that carries it over."""
-    from gpuctk.hook import config_edit
-
-    text = config_edit.read_text(path)
-    if text is None:
+    config, the hooks a command runs), as GPUCTK_CONFIG names it. Each reader refuses
+    nvidia-ctk's config.toml (what nvidia-ctk's --config names) with `gpuctk migrate`."""
+    if not os.path.isfile(path):
         raise UsageError(f"--config {path}: no such file")
-    if any(f"[{name}" in text for name in config_edit.NVIDIA_TABLES):
-        import contextlib
-        import tomllib
-
-        with contextlib.suppress(tomllib.TOMLDecodeError):  # not TOML: its reader says so
-            config_edit.refuse_nvidia(tomllib.loads(text), path)
     os.environ["GPUCTK_CONFIG"] = os.path.abspath(path)
 
 
