@@ -111,7 +111,7 @@ static int g_more; /* stdin holds more of the state than g_state: gpuctk-hook ge
 
 /* ---- hand over to gpuctk-hook ------------------------------------------------------------ */
 
-static void python(const char *why)
+__attribute__((noreturn)) static void python(const char *why)
 {
 	char exe[PATH_MAX], hook[PATH_MAX + 16];
 	ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -1017,25 +1017,60 @@ out:
 
 /* ---- the verbs ----------------------------------------------------------------------------- */
 
-int main(int argc, char **argv)
-{
-	if (argc > 1 && strcmp(argv[1], "shim-create") == 0)
-		return shim_create(argc, argv);
-	g_argv = argv;
-	if (argc < 2)
-		python("no verb");
-	const char *verb = argv[1];
-	int create = strcmp(verb, "createContainer") == 0;
-	if (!create && strcmp(verb, "disable-device-node-modification") != 0)
-		python("another verb");
-	const char *front = getenv("GPUCTK_HOOK_FRONT");
-	if (front && strcmp(front, "off") == 0)
-		python("GPUCTK_HOOK_FRONT=off");
-	const char *folders[16], *targets[MAX_LINKS], *part = NULL;
+/* What the arguments ask for; each one this program does not read goes to gpuctk-hook. */
+struct hook_args {
+	int create; /* createContainer, else disable-device-node-modification */
+	const char *folders[16], *targets[MAX_LINKS], *part;
 	char *paths[MAX_LINKS];
 	int needs[MAX_LINKS]; /* a --link-for's capability bit, -1 for a --link */
-	int nfolders = 0, nlinks = 0, nlinks_for = 0, off_ld = 0, off_compat = 0, off_guard = 0;
-	int off_links = 0;
+	int nfolders, nlinks, nlinks_for, off_ld, off_compat, off_guard, off_links;
+};
+
+/* A --link TARGET::LINK or --link-for CAPABILITY:TARGET::LINK value, kept in `a`. */
+static void parse_link(char *v, int link_for, struct hook_args *a)
+{
+	if (link_for) { /* CAPABILITY:TARGET::LINK */
+		char *colon = strchr(v, ':');
+		int bit = colon ? cap_bit(v, (size_t)(colon - v)) : -1;
+		if (bit < 0 || colon[1] == ':')
+			python("a --link-for only gpuctk-hook reads");
+		v = colon + 1;
+		a->needs[a->nlinks] = bit;
+		a->nlinks_for++;
+	} else {
+		a->needs[a->nlinks] = -1;
+	}
+	char *sep = strstr(v, "::");
+	if (!sep)
+		python("a --link only gpuctk-hook reads");
+	*sep = 0;
+	int plain = plain_path(v) && plain_path(sep + 2);
+	if (plain &&
+	    (!(a->targets[a->nlinks] = strdup(v)) || !(a->paths[a->nlinks] = strdup(sep + 2))))
+		plain = 0;
+	*sep = ':'; /* argv as it came, for gpuctk-hook */
+	if (!plain)
+		python("a --link only gpuctk-hook reads");
+	a->nlinks++;
+}
+
+/* A --disable-hook NAME. */
+static void parse_disable(const char *v, struct hook_args *a)
+{
+	if (strcmp(v, "update-ldcache") == 0)
+		a->off_ld = 1;
+	else if (strcmp(v, "enable-cuda-compat") == 0)
+		a->off_compat = 1;
+	else if (strcmp(v, "disable-device-node-modification") == 0)
+		a->off_guard = 1;
+	else if (strcmp(v, "create-symlinks") == 0)
+		a->off_links = 1;
+	else
+		python("a --disable-hook name only gpuctk-hook knows");
+}
+
+static void parse_args(int argc, char **argv, struct hook_args *a)
+{
 	for (int i = 2; i < argc; i++) {
 		int folder = strcmp(argv[i], "--folder") == 0, link = strcmp(argv[i], "--link") == 0;
 		int link_for = strcmp(argv[i], "--link-for") == 0;
@@ -1045,51 +1080,28 @@ int main(int argc, char **argv)
 		    i + 1 >= argc)
 			python("an argument only gpuctk-hook reads");
 		char *v = argv[++i];
-		if ((link || link_for) && (!create || nlinks == MAX_LINKS))
+		if ((link || link_for) && (!a->create || a->nlinks == MAX_LINKS))
 			python("a --link only gpuctk-hook reads");
-		if (link_for) { /* CAPABILITY:TARGET::LINK */
-			char *colon = strchr(v, ':');
-			int bit = colon ? cap_bit(v, (size_t)(colon - v)) : -1;
-			if (bit < 0 || colon[1] == ':')
-				python("a --link-for only gpuctk-hook reads");
-			v = colon + 1;
-			needs[nlinks] = bit;
-			nlinks_for++;
-			link = 1;
-		} else if (link) {
-			needs[nlinks] = -1;
-		}
-		if (link) {
-			char *sep = strstr(v, "::");
-			if (!sep)
-				python("a --link only gpuctk-hook reads");
-			*sep = 0;
-			int plain = plain_path(v) && plain_path(sep + 2);
-			if (plain && (!(targets[nlinks] = strdup(v)) || !(paths[nlinks] = strdup(sep + 2))))
-				plain = 0;
-			*sep = ':'; /* argv as it came, for gpuctk-hook */
-			if (!plain)
-				python("a --link only gpuctk-hook reads");
-			nlinks++;
+		if (link || link_for) {
+			parse_link(v, link_for, a);
 		} else if (cache) {
-			if (!create || part || !plain_path(v))
+			if (!a->create || a->part || !plain_path(v))
 				python("an --ld-cache only gpuctk-hook reads");
-			part = v;
+			a->part = v;
 		} else if (folder) {
-			if (!create || nfolders == 16 || v[0] != '/')
+			if (!a->create || a->nfolders == 16 || v[0] != '/')
 				python("a --folder only gpuctk-hook reads");
-			folders[nfolders++] = v;
-		} else if (strcmp(v, "update-ldcache") == 0)
-			off_ld = 1;
-		else if (strcmp(v, "enable-cuda-compat") == 0)
-			off_compat = 1;
-		else if (strcmp(v, "disable-device-node-modification") == 0)
-			off_guard = 1;
-		else if (strcmp(v, "create-symlinks") == 0)
-			off_links = 1;
-		else
-			python("a --disable-hook name only gpuctk-hook knows");
+			a->folders[a->nfolders++] = v;
+		} else {
+			parse_disable(v, a);
+		}
 	}
+}
+
+/* The container root named by the state's bundle's config.json, as an O_PATH descriptor; the
+ * config's text in *doc. */
+static int open_root(char **doc, size_t *doclen)
+{
 	read_state();
 	char *bundle = lookup(g_state, g_state_len, "bundle", NULL);
 	if (!bundle || bundle[0] != '/' || strstr(bundle, "/../") || strlen(bundle) > PATH_MAX - 16)
@@ -1098,13 +1110,11 @@ int main(int argc, char **argv)
 	snprintf(config, sizeof config, "%s/config.json", bundle);
 	int cfd = open(config, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 	struct stat st;
-	char *doc;
-	size_t doclen;
 	if (cfd < 0 || fstat(cfd, &st) != 0 || !S_ISREG(st.st_mode) ||
-	    read_all(cfd, MAX_CONFIG, &doc, &doclen) != 0)
+	    read_all(cfd, MAX_CONFIG, doc, doclen) != 0)
 		python("config.json could not be read");
 	close(cfd);
-	char *rootpath = lookup(doc, doclen, "root", "path");
+	char *rootpath = lookup(*doc, *doclen, "root", "path");
 	if (!rootpath || strlen(rootpath) > PATH_MAX - 16 || !no_dots(rootpath) || !no_dots(bundle))
 		python("config.json's root.path is not plain");
 	char rootbuf[2 * PATH_MAX + 2];
@@ -1115,41 +1125,74 @@ int main(int argc, char **argv)
 	int root = open(rootbuf, O_PATH | O_DIRECTORY | O_CLOEXEC);
 	if (root < 0)
 		python("the container root could not be opened");
-	if (create && !off_ld) {
-		int served = loader_served(root);
-		if (served != 1)
-			python(served < 0 ? "the image's loader could not be read"
-					  : "not an x86-64 glibc image alone");
-		if (nfolders == 0 || !part)
-			python("no --folder or no --ld-cache");
-		if (!off_compat) {
-			const char *ver = getenv("GPUCTK_DRIVER_VERSION");
-			long host[4];
-			if (!ver || parse_version(ver, host) != 0)
-				python("no GPUCTK_DRIVER_VERSION");
-			int newer = compat_newer(root, host);
-			if (newer != 0)
-				python(newer < 0 ? "/usr/local/cuda/compat could not be read"
-						 : "a newer CUDA compat libcuda");
+	return root;
+}
+
+/* The stage in the image's ld cache, where the image is one this program serves. */
+static void serve_ld_cache(int root, struct hook_args *a)
+{
+	int served = loader_served(root);
+	if (served != 1)
+		python(served < 0 ? "the image's loader could not be read"
+				  : "not an x86-64 glibc image alone");
+	if (a->nfolders == 0 || !a->part)
+		python("no --folder or no --ld-cache");
+	if (!a->off_compat) {
+		const char *ver = getenv("GPUCTK_DRIVER_VERSION");
+		long host[4];
+		if (!ver || parse_version(ver, host) != 0)
+			python("no GPUCTK_DRIVER_VERSION");
+		int newer = compat_newer(root, host);
+		if (newer != 0)
+			python(newer < 0 ? "/usr/local/cuda/compat could not be read"
+					 : "a newer CUDA compat libcuda");
+	}
+	unsigned long long mnt;
+	if (mount_id(root, &mnt) != 0 ||
+	    merge_cache(root, mnt, a->part, a->folders, a->nfolders) != 0)
+		python("the image's ld cache is gpuctk-hook's to write");
+}
+
+/* A --link-for of a capability the container did not ask for is left out. */
+static void keep_asked_links(const char *doc, size_t doclen, struct hook_args *a)
+{
+	int caps = container_caps(doc, doclen), kept = 0;
+	if (caps < 0)
+		python("NVIDIA_DRIVER_CAPABILITIES could not be read");
+	for (int i = 0; i < a->nlinks; i++)
+		if (a->needs[i] < 0 || (caps >> a->needs[i] & 1)) {
+			a->targets[kept] = a->targets[i];
+			a->paths[kept++] = a->paths[i];
 		}
-		unsigned long long mnt;
-		if (mount_id(root, &mnt) != 0 || merge_cache(root, mnt, part, folders, nfolders) != 0)
-			python("the image's ld cache is gpuctk-hook's to write");
-	}
-	if (nlinks_for && !off_links) { /* a --link-for of a capability not asked for: left out */
-		int caps = container_caps(doc, doclen), kept = 0;
-		if (caps < 0)
-			python("NVIDIA_DRIVER_CAPABILITIES could not be read");
-		for (int i = 0; i < nlinks; i++)
-			if (needs[i] < 0 || (caps >> needs[i] & 1)) {
-				targets[kept] = targets[i];
-				paths[kept++] = paths[i];
-			}
-		nlinks = kept;
-	}
-	if (!off_links && make_links(root, targets, paths, nlinks) != 0)
+	a->nlinks = kept;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc > 1 && strcmp(argv[1], "shim-create") == 0)
+		return shim_create(argc, argv);
+	g_argv = argv;
+	if (argc < 2)
+		python("no verb");
+	const char *verb = argv[1];
+	static struct hook_args a; /* zero; static: its arrays stay off the stack */
+	a.create = strcmp(verb, "createContainer") == 0;
+	if (!a.create && strcmp(verb, "disable-device-node-modification") != 0)
+		python("another verb");
+	const char *front = getenv("GPUCTK_HOOK_FRONT");
+	if (front && strcmp(front, "off") == 0)
+		python("GPUCTK_HOOK_FRONT=off");
+	parse_args(argc, argv, &a);
+	char *doc;
+	size_t doclen;
+	int root = open_root(&doc, &doclen);
+	if (a.create && !a.off_ld)
+		serve_ld_cache(root, &a);
+	if (a.nlinks_for && !a.off_links)
+		keep_asked_links(doc, doclen, &a);
+	if (!a.off_links && make_links(root, a.targets, a.paths, a.nlinks) != 0)
 		python("a --link gpuctk-hook makes");
-	if (!off_guard && guard(root) != 0)
+	if (!a.off_guard && guard(root) != 0)
 		python("the device node guard");
 	return 0;
 }

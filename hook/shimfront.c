@@ -1004,63 +1004,25 @@ static void shape(struct member *top, size_t ntop, struct member *proc, size_t n
 	}
 }
 
-static int shim_create(int argc, char **argv)
-{
-	sf_argc = argc;
-	sf_argv = argv;
-	if (argc < 5) {
-		fprintf(stderr, "usage: gpuctk-cdi-hook shim-create PYTHON PYCODE SHIM ARGS...\n"
-				"(run by gpuctk-runtime's front: see gpuctk.hook.launchers)\n");
-		exit(2);
-	}
-	const char *off = getenv("GPUCTK_SHIM_FRONT");
-	need(!off || strcmp(off, "off") != 0, "GPUCTK_SHIM_FRONT=off");
-	const char *cache = getenv("GPUCTK_SPEC_CACHE");
-	need(!cache || strcmp(cache, "0") != 0, "GPUCTK_SPEC_CACHE=0");
-	const char *runtime = getenv("GPUCTK_FRONT_RUNTIME");
-	need(runtime && runtime[0] == '/', "no runtime from the memo");
-	struct call call;
-	need(parse_create(argc - 5, argv + 5, &call) == 0, "arguments only the shim reads");
-	const char *bundle = call.bundle;
-	const char *conf = getenv("GPUCTK_CONFIG");
-	if (!conf || !*conf)
-		conf = SF_DEFAULT_CONFIG;
+/* ---- the create, step by step: each need() that fails hands the create to Python ----------- */
 
-	/* config.json, read through the bundle's descriptor */
-	int bfd = open(bundle ? bundle : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
-	need(bfd >= 0, "the bundle could not be opened");
+/* config.json, read through the bundle's descriptor `bfd`: ASCII, strict JSON. */
+static void read_config(int bfd, struct stat *cst, char **doc, size_t *len)
+{
 	int cfd = openat(bfd, "config.json", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-	struct stat cst;
-	char *doc;
-	size_t len;
-	need(cfd >= 0 && fstat(cfd, &cst) == 0 && S_ISREG(cst.st_mode) && cst.st_size <= SF_MAX_CONFIG &&
-		     read_all(cfd, SF_MAX_CONFIG, &doc, &len) == 0,
+	need(cfd >= 0 && fstat(cfd, cst) == 0 && S_ISREG(cst->st_mode) && cst->st_size <= SF_MAX_CONFIG &&
+		     read_all(cfd, SF_MAX_CONFIG, doc, len) == 0,
 	     "config.json is not a regular file that could be read");
 	close(cfd);
-	for (size_t i = 0; i < len; i++)
-		need((unsigned char)doc[i] < 0x80, "config.json is not ASCII");
-	struct json whole = { doc, doc + len, 0 };
+	for (size_t i = 0; i < *len; i++)
+		need((unsigned char)(*doc)[i] < 0x80, "config.json is not ASCII");
+	struct json whole = { *doc, *doc + *len, 0 };
 	need(compound(&whole, NULL, NULL) >= 0 && whole.p == whole.end, "config.json is not plain JSON");
-	struct span all = { doc, doc + len };
-	struct member *top;
-	size_t ntop, nproc, nenv, nm;
-	need(sf_kind(all) == '{' && sf_items(all, 1, &top, &ntop) == 0, "config.json is not plain JSON");
-	struct member *proc = object_of(sf_get(top, ntop, "process"), "no process object", &nproc);
-	struct member *envm = sf_get(proc, nproc, "env");
-	struct member *env = array_of(envm, "no process.env list", &nenv);
+}
 
-	/* the key */
-	struct span *keys = calloc(nenv + 4, sizeof *keys);
-	need(keys != NULL, "out of memory");
-	size_t nkeys = 0;
-	for (size_t i = 0; i < nenv; i++) {
-		struct span s;
-		size_t sn;
-		need(sf_plain(env[i].val, &s.p, &sn) == 0, "an env entry that is not a plain string");
-		s.end = s.p + sn;
-		if (starts(s, "NVIDIA_") || starts(s, "CUDA_VERSION"))
-			keys[nkeys++] = s;
-	}
+/* Whether CAP_SYS_ADMIN is in the process's bounding set. */
+static int privileged_of(struct member *proc, size_t nproc)
+{
 	int privileged = 0;
 	struct member *caps = sf_get(proc, nproc, "capabilities");
 	if (caps && sf_kind(caps->val) == '{') {
@@ -1079,6 +1041,26 @@ static int shim_create(int argc, char **argv)
 			}
 		}
 	}
+	return privileged;
+}
+
+/* The request's key (gpuctk.hook.frontplan.key_of): the env entries that start with NVIDIA_ or
+ * CUDA_VERSION, in order, then privileged=, uid= and gid= (their text in `extra`). */
+static struct span *request_key(struct member *proc, size_t nproc, struct member *env, size_t nenv,
+				char extra[3][32], size_t *nkeys)
+{
+	struct span *keys = calloc(nenv + 4, sizeof *keys);
+	need(keys != NULL, "out of memory");
+	*nkeys = 0;
+	for (size_t i = 0; i < nenv; i++) {
+		struct span s;
+		size_t sn;
+		need(sf_plain(env[i].val, &s.p, &sn) == 0, "an env entry that is not a plain string");
+		s.end = s.p + sn;
+		if (starts(s, "NVIDIA_") || starts(s, "CUDA_VERSION"))
+			keys[(*nkeys)++] = s;
+	}
+	int privileged = privileged_of(proc, nproc);
 	unsigned long long uid = 0, gid = 0;
 	struct member *user = sf_get(proc, nproc, "user");
 	if (user) {
@@ -1089,43 +1071,54 @@ static int shim_create(int argc, char **argv)
 		f = sf_get(u, nu, "gid");
 		need(!f || sf_uint(f->val, &gid) == 0, "process.user.gid is not a plain number");
 	}
-	char kp[16], ku[32], kg[32];
-	snprintf(kp, sizeof kp, "privileged=%d", privileged);
-	snprintf(ku, sizeof ku, "uid=%llu", uid);
-	snprintf(kg, sizeof kg, "gid=%llu", gid);
-	const char *extra[] = { kp, ku, kg };
+	snprintf(extra[0], 32, "privileged=%d", privileged);
+	snprintf(extra[1], 32, "uid=%llu", uid);
+	snprintf(extra[2], 32, "gid=%llu", gid);
 	for (int i = 0; i < 3; i++) {
-		keys[nkeys].p = extra[i];
-		keys[nkeys++].end = extra[i] + strlen(extra[i]);
+		keys[*nkeys].p = extra[i];
+		keys[(*nkeys)++].end = extra[i] + strlen(extra[i]);
 	}
+	return keys;
+}
 
-	/* the plan for it */
-	size_t plen, nplan;
+/* The front plan for `keys`, written for the config file `conf`, whose world still holds. */
+static struct member *front_plan(const struct span *keys, size_t nkeys, const char *conf,
+				 size_t *nplan)
+{
+	size_t plen;
 	char *text = read_plan(keys, nkeys, &plen);
 	need(text != NULL, "no front plan for this request");
 	struct span ps = { text, text + plen };
 	struct member *plan;
-	need(sf_kind(ps) == '{' && sf_items(ps, 1, &plan, &nplan) == 0, "the front plan is not plain");
+	need(sf_kind(ps) == '{' && sf_items(ps, 1, &plan, nplan) == 0, "the front plan is not plain");
 	const char *s;
 	size_t sn, nk;
-	struct member *f = sf_get(plan, nplan, "format");
+	struct member *f = sf_get(plan, *nplan, "format");
 	need(f && sf_plain(f->val, &s, &sn) == 0 && sn == strlen(SF_PLAN_FORMAT) &&
 		     memcmp(s, SF_PLAN_FORMAT, sn) == 0,
 	     "the front plan is of another format");
-	struct member *pk = array_of(sf_get(plan, nplan, "key"), "the front plan has no key", &nk);
+	struct member *pk = array_of(sf_get(plan, *nplan, "key"), "the front plan has no key", &nk);
 	need(nk == nkeys, "the front plan is another request's");
 	for (size_t i = 0; i < nk; i++)
 		need(sf_plain(pk[i].val, &s, &sn) == 0 && sn == (size_t)(keys[i].end - keys[i].p) &&
 			     memcmp(s, keys[i].p, sn) == 0,
 		     "the front plan is another request's");
-	f = sf_get(plan, nplan, "config");
+	f = sf_get(plan, *nplan, "config");
 	need(f && sf_plain(f->val, &s, &sn) == 0 && sn == strlen(conf) && memcmp(s, conf, sn) == 0,
 	     "the front plan is another config file's");
-	f = sf_get(plan, nplan, "world");
+	f = sf_get(plan, *nplan, "world");
 	need(f && world_holds(f->val), "the config, the specs or gpuctk changed since the front plan");
+	return plan;
+}
 
-	/* what only the Python shim reads */
-	size_t npre;
+/* What only the Python shim reads: a CDI annotation, a field apply refuses, a device-list mount,
+ * a file or runtime not trusted here. Returns the config's mounts. */
+static struct member *python_only(struct member *top, size_t ntop, struct member *proc,
+				  size_t nproc, struct member *plan, size_t nplan, const char *runtime,
+				  size_t *nm)
+{
+	const char *s;
+	size_t sn, npre;
 	struct member *pre = array_of(sf_get(plan, nplan, "prefixes"), "the front plan has no prefixes",
 				      &npre);
 	struct member *ann = sf_get(top, ntop, "annotations");
@@ -1141,8 +1134,8 @@ static int shim_create(int argc, char **argv)
 			}
 	}
 	shape(top, ntop, proc, nproc);
-	struct member *mounts = array_of(sf_get(top, ntop, "mounts"), "no mounts list", &nm);
-	for (size_t i = 0; i < nm; i++) {
+	struct member *mounts = array_of(sf_get(top, ntop, "mounts"), "no mounts list", nm);
+	for (size_t i = 0; i < *nm; i++) {
 		struct span d;
 		size_t dn;
 		need(member_string(mounts[i].val, "destination", &d.p, &dn) == 0 &&
@@ -1154,146 +1147,184 @@ static int shim_create(int argc, char **argv)
 	need(sources && all_trusted(sources->val, T_SOURCE),
 	     "a mount source or device node not trusted here");
 	need(trusted(runtime, T_EXEC, NULL) == 0, "the runtime is not trusted here");
+	return mounts;
+}
 
-	/* the edits, as patches of the text (a list the plan leaves empty: untouched, as apply) */
+/* The edits, as patches of config.json's text (a list the plan leaves empty: untouched, as
+ * apply). */
+struct edits {
+	struct span all; /* the whole document */
+	struct member *top, *env, *envm, *mounts;
+	size_t ntop, nenv, nm;
+	struct member *penv, *pmounts, *devs, *rules, *phooks; /* the plan's */
 	struct patch patches[16];
-	memset(patches, 0, sizeof patches);
-	size_t np = 0;
-	struct member *penv = sf_get(plan, nplan, "env"), *pmounts = sf_get(plan, nplan, "mounts");
-	struct member *devs = sf_get(plan, nplan, "devices"), *rules = sf_get(plan, nplan, "rules");
-	struct member *phooks = sf_get(plan, nplan, "hooks");
-	need(penv && pmounts && devs && rules && phooks && list_len(penv->val) >= 0 &&
-		     list_len(pmounts->val) >= 0 && list_len(devs->val) >= 0 &&
-		     list_len(rules->val) >= 0,
-	     "the front plan is not plain");
-	if (list_len(penv->val) > 0) {
-		patches[np].at = envm->val.p;
-		patches[np].end = envm->val.end;
-		need(edit_env(env, nenv, penv->val, &patches[np++].text) == 0, "the env edit");
+	size_t np;
+};
+
+static void edit_env_and_mounts(struct edits *e)
+{
+	if (list_len(e->penv->val) > 0) {
+		e->patches[e->np].at = e->envm->val.p;
+		e->patches[e->np].end = e->envm->val.end;
+		need(edit_env(e->env, e->nenv, e->penv->val, &e->patches[e->np++].text) == 0,
+		     "the env edit");
 	}
-	if (list_len(pmounts->val) > 0) {
-		struct member *mm = sf_get(top, ntop, "mounts");
-		patches[np].at = mm->val.p;
-		patches[np].end = mm->val.end;
-		need(edit_keyed(mounts, nm, pmounts->val, "destination", 1, &patches[np++].text) == 0,
+	if (list_len(e->pmounts->val) > 0) {
+		struct member *mm = sf_get(e->top, e->ntop, "mounts");
+		e->patches[e->np].at = mm->val.p;
+		e->patches[e->np].end = mm->val.end;
+		need(edit_keyed(e->mounts, e->nm, e->pmounts->val, "destination", 1,
+				&e->patches[e->np++].text) == 0,
 		     "the mounts edit");
 	}
-	size_t nl, nr;
-	struct member *lin = sf_get(top, ntop, "linux");
-	struct member *linux_ = object_of(lin, "no linux object", &nl);
-	struct buf into_linux = { 0 };
-	struct member *ld = sf_get(linux_, nl, "devices");
-	if (list_len(devs->val) > 0 && ld) {
-		size_t nd;
-		struct member *d = array_of(ld, "linux.devices is not a list", &nd);
-		patches[np].at = ld->val.p;
-		patches[np].end = ld->val.end;
-		need(edit_keyed(d, nd, devs->val, "path", 0, &patches[np++].text) == 0,
-		     "the device edit");
-	} else if (list_len(devs->val) > 0) {
-		puts_(&into_linux, "\"devices\":");
-		put_span(&into_linux, devs->val);
-	}
+}
+
+/* The rules appended to linux.resources.devices, made where missing (into `into_linux` where
+ * linux.resources is). */
+static void edit_rules(struct edits *e, struct member *linux_, size_t nl, struct buf *into_linux)
+{
+	size_t nr;
 	struct member *res = sf_get(linux_, nl, "resources");
-	if (list_len(rules->val) > 0 && res) {
+	if (list_len(e->rules->val) > 0 && res) {
 		struct member *r = object_of(res, "linux.resources is not an object", &nr);
 		struct member *rd = sf_get(r, nr, "devices");
 		if (rd) {
 			need(sf_kind(rd->val) == '[', "linux.resources.devices is not a list");
-			patches[np].at = rd->val.p;
-			patches[np].end = rd->val.end;
-			need(edit_append(rd->val, rules->val, &patches[np++].text) == 0, "the rules");
+			e->patches[e->np].at = rd->val.p;
+			e->patches[e->np].end = rd->val.end;
+			need(edit_append(rd->val, e->rules->val, &e->patches[e->np++].text) == 0,
+			     "the rules");
 		} else {
 			struct buf m = { 0 };
 			puts_(&m, "\"devices\":");
-			put_span(&m, rules->val);
+			put_span(&m, e->rules->val);
 			need(!m.bad, "out of memory");
-			insert_members(&patches[np++], res->val, &m);
+			insert_members(&e->patches[e->np++], res->val, &m);
 		}
-	} else if (list_len(rules->val) > 0) {
-		if (into_linux.n)
-			puts_(&into_linux, ",");
-		puts_(&into_linux, "\"resources\":{\"devices\":");
-		put_span(&into_linux, rules->val);
-		puts_(&into_linux, "}");
+	} else if (list_len(e->rules->val) > 0) {
+		if (into_linux->n)
+			puts_(into_linux, ",");
+		puts_(into_linux, "\"resources\":{\"devices\":");
+		put_span(into_linux, e->rules->val);
+		puts_(into_linux, "}");
 	}
+}
+
+static void edit_linux(struct edits *e)
+{
+	size_t nl;
+	struct member *lin = sf_get(e->top, e->ntop, "linux");
+	struct member *linux_ = object_of(lin, "no linux object", &nl);
+	struct buf into_linux = { 0 };
+	struct member *ld = sf_get(linux_, nl, "devices");
+	if (list_len(e->devs->val) > 0 && ld) {
+		size_t nd;
+		struct member *d = array_of(ld, "linux.devices is not a list", &nd);
+		e->patches[e->np].at = ld->val.p;
+		e->patches[e->np].end = ld->val.end;
+		need(edit_keyed(d, nd, e->devs->val, "path", 0, &e->patches[e->np++].text) == 0,
+		     "the device edit");
+	} else if (list_len(e->devs->val) > 0) {
+		puts_(&into_linux, "\"devices\":");
+		put_span(&into_linux, e->devs->val);
+	}
+	edit_rules(e, linux_, nl, &into_linux);
 	if (into_linux.n) {
 		need(!into_linux.bad, "out of memory");
-		insert_members(&patches[np++], lin->val, &into_linux);
+		insert_members(&e->patches[e->np++], lin->val, &into_linux);
 	}
+}
+
+static void edit_hooks(struct edits *e)
+{
 	size_t nh, nstage;
-	struct member *stages = object_of(phooks, "the front plan is not plain", &nstage);
+	struct member *stages = object_of(e->phooks, "the front plan is not plain", &nstage);
 	need(nstage <= 8, "the front plan is not plain");
-	struct member *hooks = sf_get(top, ntop, "hooks");
+	struct member *hooks = sf_get(e->top, e->ntop, "hooks");
 	if (nstage > 0 && !hooks) {
 		struct buf m = { 0 };
 		puts_(&m, "\"hooks\":");
-		put_span(&m, phooks->val);
+		put_span(&m, e->phooks->val);
 		need(!m.bad, "out of memory");
-		insert_members(&patches[np++], all, &m);
-	} else if (nstage > 0) {
-		struct member *h = object_of(hooks, "hooks is not an object", &nh);
-		struct buf m = { 0 };
-		for (size_t i = 0; i < nstage; i++) {
-			char stage[32];
-			size_t sl = (size_t)(stages[i].key.end - stages[i].key.p);
-			need(sl < sizeof stage, "the front plan is not plain");
-			memcpy(stage, stages[i].key.p, sl);
-			stage[sl] = 0;
-			struct member *have = sf_get(h, nh, stage); /* another case: Python */
-			if (have) {
-				need(sf_kind(have->val) == '[', "a hook stage is not a list");
-				patches[np].at = have->val.p;
-				patches[np].end = have->val.end;
-				need(edit_append(have->val, stages[i].val, &patches[np++].text) == 0,
-				     "the hooks");
-				continue;
-			}
-			if (m.n)
-				puts_(&m, ",");
-			puts_(&m, "\"");
-			put(&m, stages[i].key.p, (size_t)(stages[i].key.end - stages[i].key.p));
-			puts_(&m, "\":");
-			put_span(&m, stages[i].val);
-		}
-		if (m.n) {
-			need(!m.bad, "out of memory");
-			insert_members(&patches[np++], hooks->val, &m);
-		}
+		insert_members(&e->patches[e->np++], e->all, &m);
+		return;
 	}
-	for (size_t i = 0; i < np; i++)
-		need(!patches[i].text.bad, "out of memory");
-	qsort(patches, np, sizeof *patches, by_at);
+	if (nstage == 0)
+		return;
+	struct member *h = object_of(hooks, "hooks is not an object", &nh);
+	struct buf m = { 0 };
+	for (size_t i = 0; i < nstage; i++) {
+		char stage[32];
+		size_t sl = (size_t)(stages[i].key.end - stages[i].key.p);
+		need(sl < sizeof stage, "the front plan is not plain");
+		memcpy(stage, stages[i].key.p, sl);
+		stage[sl] = 0;
+		struct member *have = sf_get(h, nh, stage); /* another case: Python */
+		if (have) {
+			need(sf_kind(have->val) == '[', "a hook stage is not a list");
+			e->patches[e->np].at = have->val.p;
+			e->patches[e->np].end = have->val.end;
+			need(edit_append(have->val, stages[i].val, &e->patches[e->np++].text) == 0,
+			     "the hooks");
+			continue;
+		}
+		if (m.n)
+			puts_(&m, ",");
+		puts_(&m, "\"");
+		put(&m, stages[i].key.p, (size_t)(stages[i].key.end - stages[i].key.p));
+		puts_(&m, "\":");
+		put_span(&m, stages[i].val);
+	}
+	if (m.n) {
+		need(!m.bad, "out of memory");
+		insert_members(&e->patches[e->np++], hooks->val, &m);
+	}
+}
+
+/* The new config.json: the document with every patch applied, in the order of the text. */
+static struct buf edited(struct edits *e, struct member *plan, size_t nplan)
+{
+	e->penv = sf_get(plan, nplan, "env");
+	e->pmounts = sf_get(plan, nplan, "mounts");
+	e->devs = sf_get(plan, nplan, "devices");
+	e->rules = sf_get(plan, nplan, "rules");
+	e->phooks = sf_get(plan, nplan, "hooks");
+	need(e->penv && e->pmounts && e->devs && e->rules && e->phooks &&
+		     list_len(e->penv->val) >= 0 && list_len(e->pmounts->val) >= 0 &&
+		     list_len(e->devs->val) >= 0 && list_len(e->rules->val) >= 0,
+	     "the front plan is not plain");
+	edit_env_and_mounts(e);
+	edit_linux(e);
+	edit_hooks(e);
+	for (size_t i = 0; i < e->np; i++)
+		need(!e->patches[i].text.bad, "out of memory");
+	qsort(e->patches, e->np, sizeof *e->patches, by_at);
 	struct buf out = { 0 };
-	const char *at = doc;
-	for (size_t i = 0; i < np; i++) {
-		need(patches[i].at >= at, "overlapping edits");
-		put(&out, at, (size_t)(patches[i].at - at));
-		put(&out, patches[i].text.p, patches[i].text.n);
-		at = patches[i].end; /* an insertion's end is its start */
+	const char *at = e->all.p;
+	for (size_t i = 0; i < e->np; i++) {
+		need(e->patches[i].at >= at, "overlapping edits");
+		put(&out, at, (size_t)(e->patches[i].at - at));
+		put(&out, e->patches[i].text.p, e->patches[i].text.n);
+		at = e->patches[i].end; /* an insertion's end is its start */
 	}
-	put(&out, at, (size_t)(doc + len - at));
+	put(&out, at, (size_t)(e->all.end - at));
 	need(!out.bad, "out of memory");
+	return out;
+}
 
-	char **rargv = calloc((size_t)argc, sizeof *rargv); /* before the write: after it, no Python */
-	need(rargv != NULL, "out of memory");
-
-	/* the log lines Python would write: opened now, written once config.json is */
-	int engine_log = -1, log_file = -1;
-	char line[2 * PATH_MAX + 512];
-	size_t line_len = log_lines(&call, plan, nplan, &engine_log, &log_file, line, sizeof line);
-
-	/* config.json replaced: a new file in the bundle's folder, its mode and owner, renamed */
+/* config.json replaced: a new file in the bundle's folder, its mode and owner, renamed over. */
+static void write_config(int bfd, const struct stat *cst, const struct buf *out)
+{
 	char tmp[64];
 	snprintf(tmp, sizeof tmp, ".config.json.gpuctk-front-%ld", (long)getpid());
 	int fd = openat(bfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	need(fd >= 0, "config.json could not be written");
-	int ok = (cst.st_uid == geteuid() && cst.st_gid == getegid()) ||
-		 fchown(fd, cst.st_uid == geteuid() ? (uid_t)-1 : cst.st_uid,
-			cst.st_gid == getegid() ? (gid_t)-1 : cst.st_gid) == 0;
-	ok = ok && fchmod(fd, cst.st_mode & 07777) == 0;
-	for (size_t o = 0; ok && o < out.n;) {
-		ssize_t w = write(fd, out.p + o, out.n - o);
+	int ok = (cst->st_uid == geteuid() && cst->st_gid == getegid()) ||
+		 fchown(fd, cst->st_uid == geteuid() ? (uid_t)-1 : cst->st_uid,
+			cst->st_gid == getegid() ? (gid_t)-1 : cst->st_gid) == 0;
+	ok = ok && fchmod(fd, cst->st_mode & 07777) == 0;
+	for (size_t o = 0; ok && o < out->n;) {
+		ssize_t w = write(fd, out->p + o, out->n - o);
 		if (w < 0 && errno == EINTR)
 			continue;
 		ok = w > 0;
@@ -1305,6 +1336,55 @@ static int shim_create(int argc, char **argv)
 		unlinkat(bfd, tmp, 0);
 		shim_python("config.json could not be written");
 	}
+}
+
+static int shim_create(int argc, char **argv)
+{
+	sf_argc = argc;
+	sf_argv = argv;
+	if (argc < 5) {
+		fprintf(stderr, "usage: gpuctk-cdi-hook shim-create PYTHON PYCODE SHIM ARGS...\n"
+				"(run by gpuctk-runtime's front: see gpuctk.hook.launchers)\n");
+		exit(2);
+	}
+	const char *off = getenv("GPUCTK_SHIM_FRONT");
+	need(!off || strcmp(off, "off") != 0, "GPUCTK_SHIM_FRONT=off");
+	const char *cache = getenv("GPUCTK_SPEC_CACHE");
+	need(!cache || strcmp(cache, "0") != 0, "GPUCTK_SPEC_CACHE=0");
+	const char *runtime = getenv("GPUCTK_FRONT_RUNTIME");
+	need(runtime && runtime[0] == '/', "no runtime from the memo");
+	struct call call;
+	need(parse_create(argc - 5, argv + 5, &call) == 0, "arguments only the shim reads");
+	const char *conf = getenv("GPUCTK_CONFIG");
+	if (!conf || !*conf)
+		conf = SF_DEFAULT_CONFIG;
+
+	int bfd = open(call.bundle ? call.bundle : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	need(bfd >= 0, "the bundle could not be opened");
+	struct stat cst;
+	char *doc;
+	size_t len, nproc, nplan, nkeys;
+	read_config(bfd, &cst, &doc, &len);
+	static struct edits e; /* zero */
+	e.all = (struct span){ doc, doc + len };
+	need(sf_kind(e.all) == '{' && sf_items(e.all, 1, &e.top, &e.ntop) == 0,
+	     "config.json is not plain JSON");
+	struct member *proc = object_of(sf_get(e.top, e.ntop, "process"), "no process object", &nproc);
+	e.envm = sf_get(proc, nproc, "env");
+	e.env = array_of(e.envm, "no process.env list", &e.nenv);
+	char extra[3][32];
+	struct span *keys = request_key(proc, nproc, e.env, e.nenv, extra, &nkeys);
+	struct member *plan = front_plan(keys, nkeys, conf, &nplan);
+	e.mounts = python_only(e.top, e.ntop, proc, nproc, plan, nplan, runtime, &e.nm);
+	struct buf out = edited(&e, plan, nplan);
+
+	char **rargv = calloc((size_t)argc, sizeof *rargv); /* before the write: after it, no Python */
+	need(rargv != NULL, "out of memory");
+	/* the log lines Python would write: opened now, written once config.json is */
+	int engine_log = -1, log_file = -1;
+	char line[2 * PATH_MAX + 512];
+	size_t line_len = log_lines(&call, plan, nplan, &engine_log, &log_file, line, sizeof line);
+	write_config(bfd, &cst, &out);
 	write_lines(&call, engine_log, log_file, line, line_len);
 	if (getenv("GPUCTK_SHIM_FRONT_TRACE"))
 		fprintf(stderr, "gpuctk-runtime: front: plan %016llx\n", fnv(keys, nkeys));
