@@ -116,6 +116,12 @@ def default(output: str | None) -> None:
     emit(config_edit.default_text(), output)
 
 
+for _alias in ("create-default", "generate-default"):  # nvidia-ctk's other names of `default`
+    config_group.add_command(
+        click.Command(_alias, callback=default.callback, params=default.params, hidden=True)
+    )
+
+
 def _effective(settings: config.Settings) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in config.DEFAULTS:

@@ -249,3 +249,16 @@ def test_flag_misuse_is_a_usage_error(
 ) -> None:
     code, out, err = gpuctk(capsys, *args)
     assert code == 2 and out == "" and needle in err.splitlines()[0], err
+
+
+def test_nvidia_ctk_s_names_of_default() -> None:
+    from click.testing import CliRunner
+
+    from gpuctk.cli import cli
+
+    runner = CliRunner()
+    want = runner.invoke(cli, ["config", "default"])
+    assert want.exit_code == 0 and want.output
+    for name in ("create-default", "generate-default"):
+        done = runner.invoke(cli, ["config", name])
+        assert (done.exit_code, done.output) == (0, want.output), name
