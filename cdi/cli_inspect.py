@@ -149,7 +149,8 @@ def list_cmd(spec_dirs: tuple[str, ...], fmt: str, strict: bool) -> None:
       gpuctk cdi list --spec-dir /var/run/cdi --format json
       podman run --device "$(gpuctk cdi list | head -n1)" ...
     """
-    dirs = list(spec_dirs) or list(DEFAULT_SPEC_DIRS)
+    env = [d for d in os.environ.get("NVIDIA_CTK_CDI_SPEC_DIRS", "").split(",") if d]
+    dirs = list(spec_dirs) or env or list(DEFAULT_SPEC_DIRS)  # nvidia-ctk's variable, too
     listing = scan_spec_dirs(dirs)
     for path, found in listing.problems.items():
         for problem in found:

@@ -119,8 +119,15 @@ def transform() -> None:
     type=click.Choice(["yaml", "json"]),
     help="Output format. Default: the input's.",
 )
+@click.option("--input", "input_", metavar="FILE", hidden=True, help="nvidia-ctk's FILE.")
 def root_cmd(
-    source: str, root: str, target: str, relative_to: str, output: str | None, fmt: str | None
+    source: str,
+    root: str,
+    target: str,
+    relative_to: str,
+    output: str | None,
+    fmt: str | None,
+    input_: str | None,
 ) -> None:
     """Move a spec's host paths from one driver root to another.
 
@@ -133,6 +140,10 @@ def root_cmd(
     """
     from gpuctk.cdi.specs.validate import check_spec_dict
 
+    if input_ is not None:  # nvidia-ctk's spelling of the FILE argument
+        if source not in ("-", input_):
+            raise UsageError(f"--input {input_} and FILE {source}: give one")
+        source = input_
     root, target = _absolute(root, "--from"), _absolute(target, "--to")
     doc, is_json = _read(source)
     name = "<stdin>" if source == "-" else source

@@ -323,3 +323,18 @@ def test_the_version_and_hook_spellings() -> None:
     done = gpuctk("hook", "update-ldcache", "--folder", "/usr/lib64")
     line = refused(done, "`hook update-ldcache --folder /usr/lib64`", "gpuctk cdi generate")
     assert "gpuctk-cdi-hook" in line
+
+
+def test_cdi_list_and_transform_spellings(tmp_path: Path) -> None:
+    spec = tmp_path / "specs" / "nvidia.yaml"
+    spec.parent.mkdir()
+    spec.write_text(generate())
+    own = gpuctk("cdi", "list", "--spec-dir", str(spec.parent))
+    theirs = gpuctk("cdi", "list", NVIDIA_CTK_CDI_SPEC_DIRS=str(spec.parent))
+    assert own.returncode == theirs.returncode == 0 and "nvidia.com/gpu=all" in own.stdout
+    assert theirs.stdout == own.stdout
+    moved = ("cdi", "transform", "root", "--from", "/", "--to", "/host")
+    own = gpuctk(*moved, str(spec))
+    theirs = gpuctk(*moved, "--input", str(spec))
+    assert own.returncode == theirs.returncode == 0 and theirs.stdout == own.stdout
+    refused(gpuctk(*moved, "--input", str(spec), "/other.yaml"), "--input", "give one")
