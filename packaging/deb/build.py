@@ -71,7 +71,8 @@ def project() -> dict[str, object]:
 
 
 def sources() -> list[str]:
-    """What a wheel is built from: pyproject.toml, setup.py (it compiles gpuctk-cdi-hook), the
+    """What a wheel is built from: pyproject.toml, setup.py (it compiles gpuctk-cdi-hook with
+    hook/cbuild.py, the one recipe, and stops the build where it cannot), the
     readme pyproject names, and every package's folder from its [tool.setuptools] package-dir
     (the one map of package to folder)."""
     data = _pyproject()
@@ -82,7 +83,7 @@ def sources() -> list[str]:
 
 def source_copy(dest: Path) -> Path:
     """The files a wheel needs, copied (no build/ or egg-info lands in the shared checkout).
-    A gpuctk-cdi-hook built in the checkout is left out: the wheel's build compiles its own
+    A gpuctk-cdi-hook found in the checkout is left out: the wheel's build compiles its own
     from hook/cdihook.c, so the package never ships a binary of other sources."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "gpuctk-cdi-hook")
     dest.mkdir(parents=True)
