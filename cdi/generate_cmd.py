@@ -11,7 +11,6 @@ from typing import Any
 
 from gpuctk import log
 from gpuctk.cdi.discover import Roots
-from gpuctk.cdi.generate import DEFAULT_STRATEGIES, Options
 from gpuctk.cdi.node.facts import PACKAGED_HOOK
 from gpuctk.cdi.specs.spec import Spec
 from gpuctk.errors import NoDevicesError, OutputError, UsageError
@@ -208,185 +207,51 @@ def run(a: GenerateArgs) -> None:
 
 
 def _run(a: GenerateArgs) -> None:
-    output, fmt = (None if a.output == "-" else a.output), a.fmt  # "-": standard output
-    vendor, device_class = mode_defaults(a)
-    strategies, no_all_device, device_ids = a.strategies, a.no_all_device, a.device_ids
-    hook_path, library_mode, staging_dir = a.hook_path, a.library_mode, a.staging_dir
-    prune_stages, keep_spec_dir, loader_folders = a.prune_stages, a.keep_spec_dir, a.loader_folders
-    driver_capabilities, nvml_library, simulate, nic = (
-        a.driver_capabilities, a.nvml_library, a.simulate, a.nic,
-    )  # fmt: skip
-    from gpuctk.cdi import discover
-    from gpuctk.cdi.generate import build_spec, check_options, without_drm
-    from gpuctk.cdi.specs.names import class_name_problem, vendor_name_problem
-    from gpuctk.records import replace
+    """The steps (gpuctk.cdi.generate_steps), in order: no file is touched before every flag
+    is checked, no discovery is done before the output's folder can be written."""
+    from gpuctk.cdi import generate_steps as step
 
-    for check, value, flag in (
-        (vendor_name_problem, vendor, "--vendor"),
-        (class_name_problem, device_class, "--class"),
-    ):
-        problem = check(value)
-        if problem:
-            raise UsageError(f"{flag}: {problem} (example: --vendor nvidia.com --class gpu)")
-    if hook_path is None:
-        hook_path = default_hook_path(note=library_mode in ("hook", "auto"))
-    elif not os.path.isabs(hook_path):
-        raise UsageError(f"--hook-path must be an absolute path, got {hook_path!r}")
-    from gpuctk.cdi.node.capabilities import DRM_USERS, UTILITY, parse_strict
-
-    try:
-        selected = parse_strict(driver_capabilities)
-    except ValueError as exc:
-        raise UsageError(f"--driver-capabilities: {exc}") from None
-    fmt = output_format(fmt, output)
-    if output:
-        # Fail on an unwritable destination before any discovery work.
-        folder = os.path.dirname(os.path.abspath(output))
-        try:  # made as nvidia-ctk makes it: /var/run/cdi does not exist on a fresh node
-            os.makedirs(folder, 0o755, exist_ok=True)
-        except OSError as exc:
-            raise OutputError(
-                f"cannot create the folder {folder} for {output}: {exc.strerror} (choose "
-                "another --output)"
-            ) from None
-        if not os.access(folder, os.W_OK):
-            raise OutputError(f"cannot write {output}: folder {folder} is not writable")
-        check_foreign(output, a.force)
-    roots = a.roots
-    driver_root, dev_root = roots.driver_root, roots.dev_root
+    checked = step.check_flags(a, *mode_defaults(a))
+    step.prepare_output(checked.output, a.force)
     if a.mode == "imex":
-        from gpuctk.cdi import imex
-
-        discover.check_dir(dev_root, "device root", "--dev-root")
-        channels = imex.channel_nodes(dev_root, roots.proc_root)
-        spec = imex.build(f"{vendor}/{device_class}", channels, device_ids, not no_all_device)
-        summary = f"{len(spec.devices)} devices for {len(channels)} IMEX channel(s)"
-        emit(spec, fmt, output, f"{summary}; cdiVersion {spec.version}")
+        _imex(a, checked)
         return
-    if a.mode == "management" and driver_capabilities == "all":
-        selected = frozenset((UTILITY,))  # NVML and nvidia-smi: what monitoring needs
-    discover.check_dir(driver_root, "driver root", "--driver-root")
-    if simulate:
-        from gpuctk.cdi.node.profile import load_profile
-
-        machine = load_profile(simulate)
-        if dev_root == "/":  # the profile's own nodes: never this host's /dev
-            from gpuctk.cdi.simulate import simulated_nodes
-
-            nodes = simulated_nodes(machine)
-        else:
-            nodes = discover.real_nodes(roots)
-    else:
-        machine = discover.machine_from_nvml(roots, nvml_library)
-        nodes = discover.real_nodes(roots)
-    discover.trace(roots, machine, f"profile {simulate}" if simulate else "NVML")
-    from gpuctk.cdi.node.driverfiles import select_capabilities
-
-    discovered, simulated = discover.driver_files(roots, machine), None
-    # No such driver on this host: a real install's files. Only for the host's own root: a
-    # --driver-root named on purpose gets what it holds, and the warning below.
-    if simulate and not discovered.libraries and os.path.realpath(driver_root) == "/":
-        from gpuctk.cdi.node import manifest
-
-        simulated = manifest.load(machine.driver_version, driver_root)
-        if simulated is not None and library_mode == "folder":
-            raise UsageError(
-                f"--library-mode folder copies the driver's files, and {driver_root} has none "
-                f"of driver {machine.driver_version}: set --driver-root, or pick another mode "
-                "to see the simulated spec"
-            )
-        if simulated is not None:
-            discovered = simulated.files
-    files = select_capabilities(discovered, selected)
-    if library_mode == "auto":  # folder where its stage can be built from real files
-        real = simulated is None and files.libraries and a.mode == "nvml"
-        library_mode = "folder" if real else "hook"
-    log.debug(f"--mode {a.mode}, library mode {library_mode} (asked: {a.library_mode}); "
-              f"{len(files.libraries)} libraries of {driver_capabilities}")  # fmt: skip
-    if not selected & DRM_USERS:
-        nodes = without_drm(nodes)
-    opts = Options(
-        kind=f"{vendor}/{device_class}",
-        name_strategies=tuple(dict.fromkeys(strategies or DEFAULT_STRATEGIES)),
-        all_device=not no_all_device,
-        device_ids=device_ids,
-        hook_path=hook_path,
-        library_mode=library_mode,
-        loader_folders=tuple(
-            dict.fromkeys(w.strip() for w in loader_folders.split(",") if w.strip())
-        ),
-        additional_gids=a.additional_gids,
-        disabled_hooks=tuple(dict.fromkeys(a.disable_hooks)),
-        ldconfig_path=a.ldconfig_path,
-    )
-    check_options(opts)
-    if prune_stages and library_mode != "folder":
-        raise UsageError("--prune-stages goes with --library-mode folder (no other mode stages)")
-    if keep_spec_dir and not prune_stages:
-        raise UsageError("--keep-spec-dir goes with --prune-stages")
-    keep_spec_dir = tuple(os.path.abspath(d) for d in keep_spec_dir)
-
-    def report(line: str) -> None:
-        print(f"gpuctk: {line}", file=sys.stderr, flush=True)
-
-    if library_mode == "folder":
-        from gpuctk.cdi.stage import stage_driver
-
-        if not os.path.isabs(staging_dir):
-            raise UsageError(f"--staging-dir must be an absolute path, got {staging_dir!r}")
-        log.debug(f"staging the driver in {staging_dir} (an identical stage is reused)")
-        try:
-            stage_path = stage_driver(files, machine.driver_version, staging_dir, report)
-        except OutputError as exc:
-            if a.library_mode != "auto":
-                raise
-            say(f"gpuctk: note: {exc.message}: writing a hook-mode spec (--library-mode hook)")
-            opts = replace(opts, library_mode="hook")
-            library_mode = "hook"
-        else:
-            opts = replace(opts, stage_path=stage_path, front_path=front_beside(hook_path))
-    if a.mode == "management":
-        from gpuctk.cdi import management
-        from gpuctk.cdi.simulate import simulated_nodes
-
-        if simulate and dev_root == "/":
-            found = management.lookup_nodes(machine, simulated_nodes(machine))
-        else:
-            found = management.scan_nodes(dev_root)
-        spec = management.build(machine, files, opts, found)
-    else:
-        spec = build_spec(machine, files, opts, nodes)
-    nic_spec = None
-    if nic["nics"]:  # RDMA cards: a second spec (gpuctk.cdi.nicspec)
-        from gpuctk.cdi import nicspec
-
-        nic_spec = nicspec.build(machine, opts, roots, output, fmt, nic)
+    found = step.discover(a, checked.selected)
+    opts = step.stage(a, step.options(a, checked, found), found)
+    spec, nic_spec = step.build(a, opts, found, checked)
+    machine, simulated = found.machine, found.simulated
     simulated_note, comment = "", None
     if simulated is not None:
         simulated_note = f" (simulated: {simulated.install})"
-        comment = simulation_comment(simulate or "", simulated.install)
+        comment = simulation_comment(a.simulate or "", simulated.install)
     summary = (
         f"{len(spec.devices)} devices for {len(machine.gpus)} GPU(s), "
         f"{len(machine.mig_devices)} MIG device(s); driver {machine.driver_version}; "
         f"{len(spec.edits.mounts)} mounts{simulated_note}; cdiVersion {spec.version}"
     )
-    if not files.libraries and simulated is None:
-        say(
-            f"gpuctk: warning: no driver libraries for {machine.driver_version} under "
-            f"{driver_root} (set --driver-root); the spec mounts none"
+    if not found.files.libraries and simulated is None:
+        log.warning(
+            f"no driver libraries for {machine.driver_version} under "
+            f"{a.roots.driver_root} (set --driver-root); the spec mounts none"
         )
-    emit(spec, fmt, output, summary, comment)
+    emit(spec, checked.fmt, checked.output, summary, comment)
     if a.additional_gids and spec.version != "0.5.0":
         say(
             f"gpuctk: note: --additional-gids needs cdiVersion {spec.version}, which older "
             "engines refuse (Debian 12's podman 4.3.1 reads up to 0.5.0): run gpuctk doctor"
         )
-    if prune_stages:
-        from gpuctk.cdi.specs.registry import DEFAULT_SPEC_DIRS
-        from gpuctk.cdi.stageprune import prune_stages as prune
-
-        mine = (os.path.dirname(os.path.abspath(output)),) if output else ()
-        where = tuple(dict.fromkeys(DEFAULT_SPEC_DIRS + mine + keep_spec_dir))
-        prune(os.path.dirname(opts.stage_path), opts.stage_path, where, report)
+    if a.prune_stages and opts.stage_path:
+        step.prune(a, opts, checked.output)
     if nic_spec is not None:
         nic_spec.emit()
+
+
+def _imex(a: GenerateArgs, checked: Any) -> None:
+    """--mode imex: one device per IMEX channel (gpuctk.cdi.imex)."""
+    from gpuctk.cdi import discover, imex
+
+    discover.check_dir(a.roots.dev_root, "device root", "--dev-root")
+    channels = imex.channel_nodes(a.roots.dev_root, a.roots.proc_root)
+    spec = imex.build(checked.kind, channels, a.device_ids, not a.no_all_device)
+    summary = f"{len(spec.devices)} devices for {len(channels)} IMEX channel(s)"
+    emit(spec, checked.fmt, checked.output, f"{summary}; cdiVersion {spec.version}")
