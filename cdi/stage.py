@@ -82,6 +82,7 @@ import os
 import posixpath
 import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable
 
@@ -222,7 +223,8 @@ def _copied_before(staging_dir: str) -> dict[tuple[str, str], str]:
             with open(source, "rb") as f:
                 record = json.loads(f.read(SOURCES_MAX + 1)[:SOURCES_MAX])
             for path, (host, identity) in record.items():
-                found[(path, json.dumps([host, identity]))] = os.path.join(stage, path)
+                if posixpath.normpath(path) == path and not path.startswith(("/", "..")):
+                    found[(path, json.dumps([host, identity]))] = os.path.join(stage, path)
         except (OSError, ValueError, TypeError, AttributeError):
             continue
     return found
@@ -240,9 +242,11 @@ def _place(host: str, dest: str, older_of: Callable[[str], str | None]) -> int:
             raise
     older = older_of(host)
     if older is not None:
-        try:
-            os.link(older, dest)
-            return -1
+        try:  # only a regular file of the source's size, never a link's target
+            st = os.lstat(older)
+            if stat.S_ISREG(st.st_mode) and st.st_size == os.path.getsize(host):
+                os.link(older, dest, follow_symlinks=False)
+                return -1
         except OSError:
             pass  # that stage went meanwhile: copy
     shutil.copy2(host, dest, follow_symlinks=False)

@@ -4,6 +4,7 @@ stages it removes (gpuctk.cdi.stageprune)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -105,3 +106,26 @@ def test_a_damaged_record_only_costs_a_copy(tmp_path: Path, staging: Path) -> No
     second = Path(stage.stage_driver(files, V, str(staging), said.append))
     assert "3 copied" in said[-1] and "shared" not in said[-1]
     assert (second / f"lib64/libcuda.so.{V}").read_text().startswith("libcuda ")
+
+
+def test_a_record_naming_a_path_outside_its_stage_is_not_followed(
+    tmp_path: Path, staging: Path
+) -> None:
+    """The records live in a folder root alone can write; still, a record whose path leaves
+    its stage (`..`, absolute) or names a link is never linked from: the file is copied."""
+    files = driver(tmp_path / "drv")
+    first = Path(stage.stage_driver(files, V, str(staging)))
+    secret = staging / "secret"
+    secret.write_text("x" * len((tmp_path / "drv/usr/bin/nvidia-smi").read_text()))
+    host = str(tmp_path / "drv/usr/bin/nvidia-smi")
+    st = os.stat(host)
+    identity = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+    (first / "bin/nvidia-smi").unlink()
+    (first / "bin/nvidia-smi").symlink_to(secret)
+    record = {"../secret": [host, identity], "bin/nvidia-smi": [host, identity]}
+    (staging / f".{first.name}.sources").write_text(json.dumps(record))
+    (tmp_path / "drv" / LIB.lstrip("/") / f"libcuda.so.{V}").write_text("changed")
+    second = Path(stage.stage_driver(files, V, str(staging)))
+    smi = second / "bin/nvidia-smi"
+    assert not smi.is_symlink() and smi.read_text() == "nvidia-smi"
+    assert smi.stat().st_ino != secret.stat().st_ino
