@@ -78,6 +78,11 @@ def runtime() -> None:
 
 
 def _run(opts: Options, planned: planmod.Plan, dry_run: bool, restart: bool) -> None:
+    differ = planned.effective()
+    for change in planned.changes:
+        verb = "remove" if change.data is None else "write"
+        state = "" if change in differ else ": unchanged, skipped"
+        log.debug(f"plan: {verb} {change.path} ({change.what}){state}")
     done = [] if dry_run else planmod.apply(planned.changes)
     for note in planned.notes:
         log.say(f"gpuctk: note: {note}")
@@ -206,8 +211,17 @@ def configure(
     if engine == "podman":
         kwargs["mode"] = "hook"
     opts = optmod.make(engine, config, drop_in, **kwargs)
+    _trace("configure", opts)
     optmod.check_folders(opts, create)
     _run(opts, _planner(engine).plan_configure(opts), dry_run, restart)
+
+
+def _trace(verb: str, opts: Options) -> None:
+    parts = [f"engine {opts.engine}", f"handler {opts.runtime_name!r} ({opts.mode} mode)"]
+    parts += [f"main config {opts.config}"] * bool(opts.config)
+    parts += [f"drop-in {opts.drop_in}"] * bool(opts.drop_in)
+    parts += [f"config source {opts.config_source}"] * (verb == "configure")
+    log.debug(f"runtime {verb}: {', '.join(parts)}")
 
 
 def _nvidia_ctk_mode(
@@ -248,6 +262,7 @@ def unconfigure(
     if engine == "podman":
         mode = "hook"
     opts = optmod.make(engine, config, drop_in, runtime_name=runtime_name, mode=mode)
+    _trace("unconfigure", opts)
     _run(opts, _planner(engine).plan_unconfigure(opts), dry_run, restart)
 
 

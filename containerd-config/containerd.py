@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import os
 
+from gpuctk import log
 from gpuctk.containerd import (
     engine,
     handler,
@@ -69,6 +70,7 @@ def base_spec_path(drop_in: str) -> str:
 
 def _binary(opts: Options) -> engine.Binary | None:
     if opts.config_source == "file":
+        log.debug("containerd binary: not asked (--config-source file): the files alone count")
         return None
     path = engine.find(opts.executable_path)
     if path is None:
@@ -76,8 +78,11 @@ def _binary(opts: Options) -> engine.Binary | None:
             raise InputError(
                 "containerd not found on PATH: give --executable-path, or use --config-source file"
             )
+        log.debug("containerd binary: none on PATH: the config is read from the files")
         return None
-    return engine.version(path)
+    binary = engine.version(path)
+    log.debug(f"containerd binary: {path}, version {binary.major}.{binary.minor} ({binary.text})")
+    return binary
 
 
 def _effective_cri(
@@ -103,6 +108,7 @@ def _effective_cri(
         dumped = engine.dump(binary.path, opts.config, data, opts.drop_in, version, disabled)
         layout = dumped.get("version", version)
         layout = layout if layout in versions.CRI_PLUGIN else version
+        log.debug(f"`{binary.path} config dump` (the drop-in left out): layout version {layout}")
         if merge == "deep":
             return copy.deepcopy(
                 tomlfiles.get_table(dumped, "plugins", versions.CRI_PLUGIN[layout]) or {}
@@ -113,10 +119,15 @@ def _effective_cri(
     cri = copy.deepcopy(
         tomlfiles.get_table(loaded.data, "plugins", versions.CRI_PLUGIN[version]) or {}
     )
-    if merge == "replace" and tomlfiles.get_table(cri, "containerd", "runtimes") is None:
+    added_runc = merge == "replace" and tomlfiles.get_table(cri, "containerd", "runtimes") is None
+    if added_runc:
         # containerd 1.x keeps its built-in runc only while no file names a runtimes table;
         # the drop-in names one, so it must carry runc too.
         tomlfiles.set_path(cri, ["containerd", "runtimes", "runc"], copy.deepcopy(DEFAULT_RUNC))
+    log.debug(
+        f"CRI table from {len(loaded.files)} file(s) (main config, imports; not the drop-in): "
+        f"{len(cri)} key(s)" + ("; the built-in runc added (no file names runtimes)" * added_runc)
+    )
     return cri, layout
 
 
@@ -160,6 +171,14 @@ def _drop_in_data(
     if opts.cdi_enabled:
         out["enable_cdi"] = True
         out["cdi_spec_dirs"] = list(opts.cdi_spec_dirs)
+    keys = [f"containerd.runtimes.{opts.runtime_name}"]
+    keys += ["containerd.default_runtime_name"] * opts.set_as_default
+    keys += ["enable_cdi", "cdi_spec_dirs"] * opts.cdi_enabled
+    whole = f"a copy of the CRI table ({len(cri)} key(s)) with " if merge == "replace" else ""
+    log.debug(
+        f"drop-in {opts.drop_in}: version {version}, plugins.{versions.CRI_PLUGIN[version]}: "
+        f"{whole}{', '.join(keys)} (options from handler {built.base_name or 'none'!r})"
+    )
     return {"version": version, "plugins": {versions.CRI_PLUGIN[version]: out}}, built.notes
 
 
@@ -189,7 +208,15 @@ def plan_configure(opts: Options) -> Plan:
     binary = _binary(opts)
     version = versions.main_version(opts.config, data, binary)
     merge: imports.MergeMode = "deep" if versions.deep_merges(version, binary) else "replace"
+    how = "deep merge, containerd 2.x" if merge == "deep" else "tables replaced, containerd 1.x"
+    log.debug(
+        f"main config {opts.config}: {'absent' if data is None else 'read'}, version {version}, "
+        f"imports {how}; drop-in {opts.drop_in}: {'absent' if previous is None else 'exists'}"
+    )
     edit = mainconfig.add_import(opts.config, main_text, opts.drop_in, version)
+    keys = f" (new keys: {', '.join(edit.added)})" if edit.added else ""
+    change = "none, it imports the drop-in" if edit.text == main_text else "import the drop-in"
+    log.debug(f"main config edit: {change}{keys}")
     # Files loaded after the drop-in that set the same handler win over it (99-nvidia.toml)
     found = takeover.rivals(
         opts.config,
@@ -198,6 +225,11 @@ def plan_configure(opts: Options) -> Plan:
         opts.runtime_name,
         merge,
     )
+    if found:
+        log.debug(
+            f"files after the drop-in that set {opts.runtime_name!r}: "
+            + ", ".join(r.path for r in found)
+        )
     if found and not opts.take_over:
         raise takeover.refusal(found, opts.runtime_name, opts.drop_in, _command(opts))
     disabled = tuple(r.path for r in found)
@@ -258,9 +290,11 @@ def plan_configure(opts: Options) -> Plan:
 def plan_unconfigure(opts: Options) -> Plan:
     """Everything unconfigure removes or restores for containerd."""
     _, record = state.read_owned(opts.drop_in, "drop-in")
+    log.debug(f"drop-in {opts.drop_in}: " + (record.line() if record else "absent"))
     record = record or state.State()
     changes: list[FileChange] = []
     main_text = tomlfiles.read_text(opts.config)
+    log.debug(f"main config {opts.config}: {'absent' if main_text is None else 'read'}")
     if main_text is not None:
         new = mainconfig.remove_import(opts.config, main_text, opts.drop_in, record.added)
         if record.created and not new.strip():

@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 
+from gpuctk import log
 from gpuctk.containerd import engine, hooksd, state, tomlfiles
 from gpuctk.containerd import plan as planmod
 from gpuctk.containerd.options import Options
@@ -40,9 +41,15 @@ def _drop_ins(directory: str, exclude: str) -> list[str]:
 
 
 def _from_files(opts: Options) -> Table:
-    merged: Table = tomlfiles.load(opts.config) or {}
-    for path in _drop_ins(os.path.dirname(tomlfiles.abspath(opts.drop_in)), opts.drop_in):
+    main = tomlfiles.load(opts.config)
+    merged: Table = main or {}
+    others = _drop_ins(os.path.dirname(tomlfiles.abspath(opts.drop_in)), opts.drop_in)
+    for path in others:
         merged = tomlfiles.deep_merge(merged, tomlfiles.load(path) or {})
+    log.debug(
+        f"CRI-O config from the files: {opts.config} ({'absent' if main is None else 'read'}), "
+        f"{len(others)} other drop-in(s): {', '.join(others) or 'none'}"
+    )
     return merged
 
 
@@ -56,6 +63,7 @@ def _from_command(opts: Options, exe: str) -> Table:
         if os.path.exists(opts.config):
             argv += ["--config", opts.config]
         text = engine.run([*argv, "--config-dir", tmp, "config"])
+    log.debug(f"CRI-O config from `{exe} config` (the drop-in left out)")
     return tomlfiles.parse(text, f"{exe} config")
 
 
@@ -116,6 +124,10 @@ def plan_configure(opts: Options) -> Plan:
     runtime: Table = {}
     if opts.set_as_default:
         runtime["default_runtime"] = opts.runtime_name
+    log.debug(
+        f"drop-in {opts.drop_in}: crio.runtime.runtimes.{opts.runtime_name} "
+        f"({len(table)} key(s))" + (", crio.runtime.default_runtime" * opts.set_as_default)
+    )
     runtime["runtimes"] = {opts.runtime_name: table}
     record = state.State(dirs=tuple(planmod.missing_dirs(opts.drop_in)))
     if previous is not None:

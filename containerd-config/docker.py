@@ -14,6 +14,7 @@ import json
 import os
 from typing import Any
 
+from gpuctk import log
 from gpuctk.containerd import plan as planmod
 from gpuctk.containerd import tomlfiles
 from gpuctk.containerd.options import Options
@@ -55,6 +56,12 @@ def plan_configure(opts: Options) -> Plan:
         new["default-runtime"] = opts.runtime_name
     if opts.cdi_enabled:
         _object(new, "features", opts.config)["cdi"] = True
+    keys = [f"runtimes.{opts.runtime_name}"] + ["default-runtime"] * opts.set_as_default
+    log.debug(
+        f"daemon.json {opts.config}: {'absent' if text is None else 'read'}; sets "
+        f"{', '.join(keys + ['features.cdi'] * opts.cdi_enabled)}"
+        + (" (already set)" if new == data else "")
+    )
     if new == data:
         return Plan(())
     changes = []
@@ -113,6 +120,10 @@ def plan_unconfigure(opts: Options) -> Plan:
     text = tomlfiles.read_text(opts.config)
     backup = opts.config + BACKUP_SUFFIX
     backup_text = tomlfiles.read_text(backup)
+    log.debug(
+        f"daemon.json {opts.config}: {'absent' if text is None else 'read'}; backup {backup}: "
+        f"{'absent' if backup_text is None else 'read'}"
+    )
     if text is None:
         return Plan(() if backup_text is None else (FileChange(backup, None, "backup"),))
     data = _load(opts.config, text)

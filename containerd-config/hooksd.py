@@ -19,6 +19,7 @@ import json
 import os
 from typing import Any
 
+from gpuctk import log
 from gpuctk.containerd import ocispec, state, tomlfiles
 from gpuctk.containerd import plan as planmod
 from gpuctk.containerd.options import Options
@@ -66,7 +67,10 @@ def state_path(drop_in: str) -> str:
 
 
 def plan_configure(opts: Options, what: str, notes: tuple[str, ...] = ()) -> Plan:
-    owned(opts.drop_in)
+    log.debug(
+        f"{what} {opts.drop_in}: {'exists' if owned(opts.drop_in) else 'absent'}; runs "
+        f"{opts.hook_path} {ocispec.HOOK_VERB} when {json.dumps(WHEN)}"
+    )
     data = ocispec.dumps(hooks_json(opts.hook_path, opts.hook_config))
     changes = [FileChange(opts.drop_in, data, what)]
     record = state_path(opts.drop_in)
