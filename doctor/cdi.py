@@ -21,6 +21,7 @@ import re
 import shlex
 from typing import Any
 
+from gpuctk import log
 from gpuctk.cdi.stage import STAGE_NAME
 from gpuctk.doctor.context import Context, Findings
 from gpuctk.doctor.report import Result, failed, ok, skipped, warning
@@ -347,6 +348,8 @@ def cdi_checks(ctx: Context, found: Findings) -> list[Result]:
     from gpuctk.doctor.stages import check_stages
 
     registry = registrymod.load(found.spec_dirs)
+    paths = ", ".join(s.path for s in registry.specs) or "none"
+    log.debug(f"doctor: CDI spec files read: {paths}")
     present, spec = check_present(ctx, found, registry)
     found.active_spec = spec.doc if spec is not None else None
     return [

@@ -2,7 +2,7 @@
 
 The layers, in order (each in its own module of gpuctk.doctor): driver (driver), NVML (nvml),
 CDI (cdi), runtime (runtime), engine (engine), Kubernetes hints (k8s) and the optional live probe
-(probe). Results and output: report.
+(probe). Results and output: report; the --debug lines: trace.
 
 Every root and file a check reads comes from an option, so tests and containerised installs can
 point the doctor at any tree. Imports are lazy: jsonschema only when the CDI layer validates,
@@ -11,13 +11,13 @@ pynvml only when NVML is asked, PyYAML only when a spec or manifest is YAML.
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Callable
 from typing import Any
 
 import click
 
+from gpuctk import log
 from gpuctk.cdi import cliopts
 from gpuctk.doctor.context import Context, Findings
 from gpuctk.doctor.report import Result
@@ -26,39 +26,52 @@ LAYER_ORDER = ("driver", "nvml", "cdi", "runtime", "engine", "kubernetes", "prob
 
 
 def run_checks(ctx: Context) -> list[Result]:
-    """Every check, reported in LAYER_ORDER."""
+    """Every check, reported in LAYER_ORDER. With --debug, each layer's inputs and each
+    check's findings are also traced on stderr (gpuctk.doctor.trace)."""
     from gpuctk.doctor import cdi, devchar, driver, engine, k8s, nvml, policy, probe, runtime
 
     found = Findings()
     done: dict[str, list[Result]] = {}
-    done["driver"] = _guarded("driver", driver.driver_checks, ctx, found)
+    done["driver"] = _guarded("driver", driver.driver_checks, ctx, found, first=True)
     done["driver"] += _guarded("driver", devchar.devchar_checks, ctx, found)
-    done["nvml"] = _guarded("nvml", nvml.nvml_checks, ctx, found)
+    done["nvml"] = _guarded("nvml", nvml.nvml_checks, ctx, found, first=True)
     done["driver"] += _guarded("driver", driver.persistence_checks, ctx, found)  # NVML's answer
     # The runtime config names the spec dirs the shim reads, so it is read before the CDI layer.
-    done["runtime"] = _guarded("runtime", runtime.runtime_checks, ctx, found)
+    done["runtime"] = _guarded("runtime", runtime.runtime_checks, ctx, found, first=True)
     done["runtime"] += _guarded("runtime", policy.runtime_policy_checks, ctx, found)
     found.spec_dirs = ctx.spec_dirs or (found.settings.spec_dirs if found.settings else ())
     found.spec_dirs = found.spec_dirs or ("/etc/cdi", "/var/run/cdi")
-    done["cdi"] = _guarded("cdi", cdi.cdi_checks, ctx, found)
+    done["cdi"] = _guarded("cdi", cdi.cdi_checks, ctx, found, first=True)
     done["cdi"] += _guarded("cdi", policy.cdi_policy_checks, ctx, found)
-    done["engine"] = _guarded("engine", engine.engine_checks, ctx, found)
-    done["kubernetes"] = _guarded("kubernetes", k8s.k8s_checks, ctx, found)
-    done["probe"] = _guarded("probe", lambda c, f: [probe.check_probe(c, f)], ctx, found)
+    done["engine"] = _guarded("engine", engine.engine_checks, ctx, found, first=True)
+    done["kubernetes"] = _guarded("kubernetes", k8s.k8s_checks, ctx, found, first=True)
+    done["probe"] = _guarded(
+        "probe", lambda c, f: [probe.check_probe(c, f)], ctx, found, first=True
+    )
     return [result for layer in LAYER_ORDER for result in done[layer]]
 
 
 def _guarded(
-    layer: str, checks: Callable[[Context, Findings], list[Result]], ctx: Context, found: Findings
+    layer: str,
+    checks: Callable[[Context, Findings], list[Result]],
+    ctx: Context,
+    found: Findings,
+    *,
+    first: bool = False,
 ) -> list[Result]:
-    """The layer's results; a bug in one layer becomes one failed result, not a lost report."""
+    """The layer's results; a bug in one layer becomes one failed result, not a lost report.
+    `first`: the layer's first checks (its inputs are traced before them)."""
+    from gpuctk.doctor import trace
+
+    if first:
+        trace.inputs(layer, ctx, found)
     try:
-        return checks(ctx, found)
+        results = checks(ctx, found)
     except Exception as exc:
         from gpuctk.doctor.report import failed
 
-        logging.getLogger(__name__).debug("doctor: %s layer failed", layer, exc_info=True)
-        return [
+        log.debug(f"doctor: {layer} layer failed: {log.traceback_text(exc)}")
+        results = [
             failed(
                 f"{layer}.internal",
                 f"{layer} checks ran to the end",
@@ -66,6 +79,8 @@ def _guarded(
                 "gpuctk --debug doctor   # and report it: this is a gpuctk bug",
             )
         ]
+    trace.results(results)
+    return results
 
 
 @click.command("doctor", context_settings={"help_option_names": ["-h", "--help"]})

@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from typing import Any
 
+from gpuctk import log
 from gpuctk.doctor import containerdfiles
 from gpuctk.doctor.context import Context, Findings
 from gpuctk.doctor.daemon import LOADED_TITLE, check_containerd_loaded
@@ -64,10 +65,14 @@ def load_containerd(ctx: Context, binary: str | None, config: str) -> tuple[dict
                 with open(empty, "w", encoding="utf-8") as f:
                     f.write("version = 2\n")
                 text = engine.run([binary, "--config", empty, "config", "dump"])
+        log.debug(f"doctor: containerd config from `{binary} config dump` of {config}")
         return tomlfiles.parse(text, f"{binary} config dump"), f"`{binary} config dump`"
     version = (tomlfiles.load(config) or {}).get("version")
     merge: imports.MergeMode = "deep" if isinstance(version, int) and version >= 3 else "replace"
-    return imports.load(config, merge).data, f"{config} and its imports"
+    loaded = imports.load(config, merge)
+    how = "deep merge" if merge == "deep" else "plugin tables replaced"
+    log.debug(f"doctor: containerd config from the files ({how}): {', '.join(loaded.files)}")
+    return loaded.data, f"{config} and its imports"
 
 
 def _handlers(data: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, Any]]:

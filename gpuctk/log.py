@@ -78,6 +78,11 @@ def warning(message: str) -> None:
         print(f"gpuctk: warning: {message}", file=sys.stderr)
 
 
+def debugging() -> bool:
+    """Whether debug lines are shown (to skip work that only feeds them)."""
+    return _debug and not _quiet
+
+
 def debug(message: str) -> None:
     if _debug and not _quiet:
         print(f"gpuctk: debug: {message}", file=sys.stderr)
