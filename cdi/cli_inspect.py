@@ -222,7 +222,9 @@ def validate_cmd(files: tuple[str, ...], schema_dir: str | None, no_schema: bool
     names or hostPath, 0.6.0 for annotations), names (vendor/class,
     devices, duplicates), edits (KEY=VALUE env, absolute paths, device
     node types and numbers, OCI hook names, conflicting edits), and
-    devices defined in more than one of the FILES.
+    devices defined in two files of one folder. A device in files of two
+    folders is CDI's override, not a problem: a note names the file of
+    the folder given later, which wins.
 
     \b
     Output (text): "FILE: valid", or one line per problem:

@@ -506,3 +506,7 @@ def test_a_later_folder_overrides_an_earlier_one(
         f"{run_dir}/again.yaml" in out.splitlines()  # fmt: skip
     assert not [line for line in out.splitlines() if line.startswith(f"{etc}/") and
                 not line.endswith(": valid")]  # fmt: skip
+    code, out, _ = gpuctk(capsys, "cdi", "validate", "--help")  # --help says the same
+    text = " ".join(out.split())
+    assert code == 0 and "devices defined in two files of one folder" in text
+    assert "A device in files of two folders is CDI's override, not a problem" in text
