@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
-from typing import Any
+from typing import Any, NoReturn
 
 from gpuctk import log
 from gpuctk.deviceplugin import wire
@@ -77,23 +77,27 @@ class Plugin:
                 yield wire.list_and_watch(self.devices())
 
     def get_preferred(self, request: bytes, context: Any) -> bytes:
+        try:
+            requests = wire.decode_preferred_request(request)
+        except ValueError as exc:  # UnicodeDecodeError too
+            _refuse(context, f"GetPreferredAllocation: malformed request: {exc}")
         answers = []
-        for r in wire.decode_preferred_request(request):
+        for r in requests:
             answers.append(
                 preferred(self.units, r.available, r.must_include, r.size, self.topo, self.use_nics)
             )
         return wire.preferred_response(answers)
 
     def allocate(self, request: bytes, context: Any) -> bytes:
-        import grpc
-
         try:
             out = [
                 container_allocation(self.units, ids, self.strategies)
                 for ids in wire.decode_allocate_request(request)
             ]
         except GpuctkError as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+            _refuse(context, exc.message)
+        except ValueError as exc:  # UnicodeDecodeError too
+            _refuse(context, f"Allocate: malformed request: {exc}")
         return wire.allocate_response(out)
 
     def prestart(self, request: bytes, context: Any) -> bytes:
@@ -121,6 +125,14 @@ class Plugin:
                 "PreStartContainer": unary(self.prestart),
             },
         )
+
+
+def _refuse(context: Any, message: str) -> NoReturn:
+    """End the call with INVALID_ARGUMENT (grpc's abort raises)."""
+    import grpc
+
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+    raise AssertionError("unreachable: grpc's abort raises")
 
 
 def register(kubelet_socket: str, endpoint: str, resource: str, timeout: float = 10) -> None:

@@ -74,7 +74,9 @@ def message(*fields: tuple[int, object]) -> bytes:
 
 
 def decode(data: bytes) -> Fields:
-    """One message level: field number -> its values (int for varints, bytes otherwise)."""
+    """One message level: field number -> its values (int for varints, bytes otherwise).
+    ValueError for what protobuf refuses: a varint over ten bytes (the work per byte stays
+    bounded, whatever a request holds), a field cut short."""
     out: Fields = {}
     pos = 0
 
@@ -84,12 +86,21 @@ def decode(data: bytes) -> Fields:
         while True:
             if pos >= len(data):
                 raise ValueError("truncated protobuf message")
+            if shift >= 70:
+                raise ValueError("malformed protobuf varint (over ten bytes)")
             byte = data[pos]
             pos += 1
             value |= (byte & 0x7F) << shift
             shift += 7
             if not byte & 0x80:
-                return value
+                return value & ((1 << 64) - 1)
+
+    def take(length: int) -> bytes:
+        nonlocal pos
+        if pos + length > len(data):
+            raise ValueError("truncated protobuf message")
+        pos += length
+        return data[pos - length : pos]
 
     while pos < len(data):
         key = varint()
@@ -98,14 +109,11 @@ def decode(data: bytes) -> Fields:
         if wire == 0:
             value = varint()
         elif wire == 2:
-            length = varint()
-            if pos + length > len(data):
-                raise ValueError("truncated protobuf message")
-            value, pos = data[pos : pos + length], pos + length
+            value = take(varint())
         elif wire == 1:
-            value, pos = data[pos : pos + 8], pos + 8
+            value = take(8)
         elif wire == 5:
-            value, pos = data[pos : pos + 4], pos + 4
+            value = take(4)
         else:
             raise ValueError(f"unsupported protobuf wire type {wire}")
         out.setdefault(field, []).append(value)
