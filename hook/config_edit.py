@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -52,16 +53,33 @@ def refuse_nvidia(table: Any, path: str) -> None:
 
 
 def read_text(path: str) -> str | None:
-    """The text of the file at `path` (None when it does not exist), at most config.MAX_BYTES."""
+    """The text of the file at `path` (None when it does not exist), at most config.MAX_BYTES.
+    Only a regular file is opened (a FIFO would wait for a writer, a device such as /dev/zero
+    or a watchdog acts on open), without blocking; one whose size reads 0 is not read (an
+    empty file; /proc's, where /proc/kmsg would wait for, and take, the kernel's messages)."""
+    from gpuctk.fs import read_limited
+
     try:
-        with open(path, "rb") as f:
-            data = f.read(config.MAX_BYTES + 1)
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            fd = -1
+        else:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not a config file") from None
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd) if fd >= 0 else os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            raise InputError(f"{path}: is a directory, not a config file")
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{path}: not a regular file (a FIFO, device or socket is not read)")
+        data = read_limited(fd, config.MAX_BYTES) if st.st_size else b""
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        if fd >= 0:
+            os.close(fd)
     if len(data) > config.MAX_BYTES:
         raise InputError(f"{path}: larger than {config.MAX_BYTES} bytes")
     try:
@@ -175,14 +193,56 @@ def apply_sets(text: str, updates: dict[str, Any], path: str, given: str = "--se
     return out
 
 
+MAX_LINKS = 40
+
+
+def _resolve(path: str) -> str:
+    """`path` with its links followed, as os.path.realpath, but only links root (or this
+    euid) owns: a link another account made (in /tmp, in its own folder) could point root's
+    write at any file. What does not exist yet is kept as named. OutputError naming the link."""
+    from gpuctk.errors import OutputError
+
+    if not path.startswith("/"):  # not abspath: "a/../b" is not "b" if a is a link
+        path = f"{os.getcwd()}/{path}"
+    todo = [p for p in reversed(path.split("/")) if p and p != "."]
+    done, links = "/", 0
+    while todo:
+        name = todo.pop()
+        if name == "..":
+            done = os.path.dirname(done)
+            continue
+        here = os.path.join(done, name)
+        try:
+            st = os.lstat(here)
+        except OSError:  # missing (made, or refused, by the write)
+            return os.path.join(here, *reversed(todo))
+        if not stat.S_ISLNK(st.st_mode):
+            done = here
+            continue
+        if st.st_uid not in (0, os.geteuid()):
+            raise OutputError(
+                f"refusing to write {path}: {here} is a symlink owned by uid {st.st_uid}; "
+                "fix: name the file it leads to"
+            )
+        links += 1
+        if links > MAX_LINKS:
+            raise OutputError(f"cannot write {path}: too many levels of symbolic links")
+        dest = os.readlink(here)
+        todo += [p for p in reversed(dest.split("/")) if p and p != "."]
+        if dest.startswith("/"):
+            done = "/"
+    return done
+
+
 def write(path: str, text: str) -> None:
     """Write `text` to `path` atomically, mode 0644, keeping the owner of the file it replaces;
-    a missing folder is made (0755), as nvidia-ctk does. A link is followed: its target is
-    written. NVIDIA's config.toml is never written over."""
+    a missing folder is made (0755), as nvidia-ctk does. A link that root (or this euid) owns
+    is followed: its target is written; one another account made is refused (_resolve).
+    NVIDIA's config.toml is never written over."""
     from gpuctk.errors import OutputError
     from gpuctk.writes import atomic_write
 
-    target = os.path.realpath(path)
+    target = _resolve(path)
     uid = gid = -1
     if os.path.isfile(target):
         old = read_text(target) or ""
