@@ -179,7 +179,11 @@ class Servers:
                 os.unlink(path)
             server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
             server.add_generic_rpc_handlers((plugin.handler(),))
-            server.add_insecure_port(f"unix://{path}")
+            old = os.umask(0o077)  # the socket is root's alone (the kubelet runs as root)
+            try:
+                server.add_insecure_port(f"unix://{path}")
+            finally:
+                os.umask(old)
             server.start()
             self.servers.append(server)
             self.sockets.append(path)

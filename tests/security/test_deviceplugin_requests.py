@@ -9,6 +9,9 @@ nothing, and serves the next one.
 
 from __future__ import annotations
 
+import os
+import stat
+from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
@@ -16,7 +19,7 @@ import pytest
 from gpuctk.deviceplugin import wire
 from gpuctk.deviceplugin.health import Health
 from gpuctk.deviceplugin.resources import Unit
-from gpuctk.deviceplugin.server import Plugin
+from gpuctk.deviceplugin.server import Plugin, Servers
 from gpuctk.deviceplugin.topology import Topology
 
 pytest.importorskip("grpc")
@@ -83,3 +86,22 @@ def test_a_malformed_request_is_invalid_argument_and_the_plugin_goes_on(
     assert [a.cdi_devices for a in wire.decode_allocate_response(answer)] == [
         ("nvidia.com/gpu=GPU-0",)
     ]
+
+
+def test_the_plugin_socket_is_root_s_alone_whatever_the_umask(tmp_path: Path) -> None:
+    """A local user who could connect could hold every worker thread with ListAndWatch
+    streams (the kubelet's Allocate then waits) or read the node's device list."""
+    plugin = Plugin("nvidia.com/gpu", [GPU], Health(["GPU-0"]), Topology(), ["cdi-cri"])
+    servers = Servers({"nvidia.com/gpu": plugin}, str(tmp_path))
+    old = os.umask(0)
+    try:
+        servers.start()
+    finally:
+        os.umask(old)
+    try:
+        (sock,) = servers.sockets
+        assert stat.S_ISSOCK(os.stat(sock).st_mode)
+        assert stat.S_IMODE(os.stat(sock).st_mode) & 0o077 == 0
+    finally:
+        servers.stop()
+    assert os.umask(old) == old  # the process's umask is given back
