@@ -5,6 +5,7 @@ spec names and no running container mounts (gpuctk.cdi.stagemounts finds those),
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -89,7 +90,8 @@ def prune_stages(
         report(f"removed {path}: no CDI spec in {', '.join(spec_dirs)} names it")
     for stage, source in sources_records(staging_dir):  # the records of stages gone
         if not os.path.isdir(stage):
-            os.unlink(source)
+            with contextlib.suppress(FileNotFoundError):  # a prune running beside this one
+                os.unlink(source)
     kept = [*(f"{p} (named by {s})" for p, s in named.items()),
             *(f"{p} (mounted)" for p in candidates if p in in_use)]  # fmt: skip
     if len(kept) > KEEP_OTHERS:

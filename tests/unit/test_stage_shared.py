@@ -129,3 +129,24 @@ def test_a_record_naming_a_path_outside_its_stage_is_not_followed(
     smi = second / "bin/nvidia-smi"
     assert not smi.is_symlink() and smi.read_text() == "nvidia-smi"
     assert smi.stat().st_ino != secret.stat().st_ino
+
+
+def test_a_record_another_prune_removed_first_is_no_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two prunes at once (the refresh unit, an operator's run): both find the record of a
+    stage gone; the one that comes second finds it removed and goes on."""
+    staging = tmp_path / "staging"
+    staging.mkdir(mode=0o755)
+    (staging / f".{V}-0123456789abcdef.sources").write_text("{}")
+    found = stage.sources_records
+
+    def raced(folder: str) -> list[tuple[str, str]]:
+        records = found(folder)
+        for _, record in records:
+            os.unlink(record)  # the other prune was quicker
+        return records
+
+    monkeypatch.setattr(stageprune, "sources_records", raced)
+    assert stageprune.prune_stages(str(staging), str(staging / "none"), (), print) == []
+    assert list(staging.iterdir()) == []
