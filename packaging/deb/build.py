@@ -14,6 +14,8 @@ What goes in (see packaging/deb/README in the project README, "Install"):
 - /usr/bin/gpuctk, gpuctk-runtime, gpuctk-hook: isolated-mode launchers (`#!/opt/gpuctk/bin/python3
   -I`, hook/launchers.py), so PYTHONPATH and friends never reach the shim or the hook.
 - /etc/gpuctk/config.toml (conffile), the systemd refresh units (path, timer, oneshot service),
+  gpuctk-device-plugin.service (shipped disabled, for nodes without the plugin's DaemonSet; the
+  venv holds the `device-plugin` extra, grpcio, for it),
   the udev rules (CDI refresh, /dev/char links), a man page per command (manpages.py, from the
   click tree), docs/*.md in /usr/share/doc/gpuctk (each --help's Details line names them there),
   the maintainer scripts in packaging/deb/. No engine's configuration: no hooks.d file, no
@@ -46,6 +48,10 @@ REPO = PACKAGING.parent
 PREFIX = "/opt/gpuctk"
 MULTIARCH = {"amd64": "x86_64-linux-gnu", "arm64": "aarch64-linux-gnu"}
 UNITS = ("gpuctk-cdi-refresh.service", "gpuctk-cdi-refresh.path", "gpuctk-cdi-refresh.timer")
+# shipped, never enabled or started by the package: the admin's `systemctl enable --now`
+OPTIONAL_UNITS = ("gpuctk-device-plugin.service",)
+# the extras the venv holds: `device-plugin` (grpcio) lets the optional unit run
+EXTRAS = ("device-plugin",)
 # NVIDIA's packages that do what gpuctk does (runtime, spec refresh unit): Conflicts + Replaces
 NVIDIA_PACKAGES = "nvidia-container-toolkit, nvidia-container-toolkit-base"
 UDEV_RULES = ("71-gpuctk.rules", "71-gpuctk-dev-char.rules")
@@ -96,9 +102,19 @@ def source_copy(dest: Path) -> Path:
     return dest
 
 
+def dependencies() -> list[str]:
+    """What the venv installs from PyPI: the dependencies and those of EXTRAS."""
+    meta = project()
+    extras: dict[str, list[str]] = meta["optional-dependencies"]  # type: ignore[assignment]
+    deps: list[str] = list(meta["dependencies"])  # type: ignore[call-overload]
+    for extra in EXTRAS:
+        deps += [d for d in extras[extra] if d not in deps]
+    return deps
+
+
 def _deps_key(python: str) -> str:
     version = run([python, "-c", "import sys; print(sys.version)"]).stdout
-    deps = json.dumps(project()["dependencies"])
+    deps = json.dumps(dependencies())
     return hashlib.sha256(f"{python}\n{version}\n{deps}".encode()).hexdigest()[:16]
 
 
@@ -112,7 +128,7 @@ def _make_venv(dest: Path, python: str) -> None:
         "-q",
         "--disable-pip-version-check",
     ]
-    run([*pip, *(str(d) for d in project()["dependencies"])])  # type: ignore[attr-defined]
+    run([*pip, *dependencies()])
 
 
 def build_venv(dest: Path, python: str = "/usr/bin/python3") -> Path:
@@ -226,12 +242,13 @@ def _put(root: Path, path: str, data: str | bytes, mode: int = 0o644) -> None:
 
 def static_files(arch: str) -> dict[str, str]:
     """The package's files taken from the checkout (installed path -> text): the config, the
-    refresh units, the udev rules, the docs. No engine's configuration: no hooks.d file (a
-    hooks.d hook runs for every podman and CRI-O container its `when` matches; it is written
-    only by `gpuctk runtime configure --runtime podman|crio --mode hook`), no drop-in."""
+    refresh units and the device plugin's (disabled), the udev rules, the docs. No engine's
+    configuration: no hooks.d file (a hooks.d hook runs for every podman and CRI-O container
+    its `when` matches; it is written only by `gpuctk runtime configure --runtime podman|crio
+    --mode hook`), no drop-in."""
     # the one text of the defaults, also `gpuctk config default` (keys commented out here)
     files = {"/etc/gpuctk/config.toml": (REPO / "hook" / "config.toml").read_text()}
-    for unit in UNITS:
+    for unit in (*UNITS, *OPTIONAL_UNITS):
         files[f"/usr/lib/systemd/system/{unit}"] = _render(unit, arch)
     for rule in UDEV_RULES:
         files[f"/usr/lib/udev/rules.d/{rule}"] = _render(rule, arch)
@@ -267,6 +284,7 @@ def control(version: str, arch: str, size_kib: int, python: str) -> str:
         " containerd, CRI-O, Docker and podman (gpuctk runtime configure). A systemd unit\n"
         " regenerates /var/run/cdi/nvidia.yaml at boot, when the driver changes and each\n"
         " minute (MIG re-partitions); udev links the NVIDIA nodes in /dev/char.\n"
+        " gpuctk-device-plugin.service (not enabled) advertises the GPUs to the kubelet.\n"
     )
 
 

@@ -7,6 +7,8 @@ packaging/deb/build.py builds gpuctk_<version>_<arch>.deb from this checkout. On
   mknod'ed nodes (GPUCTK_NVML_LIBRARY, NVIDIA_DRIVER_ROOT, NVIDIA_DEV_ROOT passed through
   dpkg to postinst): /var/run/cdi/nvidia.yaml for the 8 fake GPUs, naming /usr/bin/gpuctk-hook;
 - the installed launchers run isolated (a planted `gpuctk` package on PYTHONPATH is ignored);
+- the venv holds the `device-plugin` extra: `gpuctk device-plugin` runs from it, as the shipped
+  (not enabled) gpuctk-device-plugin.service runs it;
 - one container runs through runc via the INSTALLED /usr/bin/gpuctk-runtime, with the shipped
   /etc/gpuctk/config.toml, and the installed hook (ld cache) - nothing from the dev venv;
 - `dpkg -r` leaves exactly the conffile (with the admin's edit); `dpkg -P` leaves nothing.
@@ -121,7 +123,7 @@ def clean_machine() -> Iterator[None]:
             SPEC.write_bytes(saved)
 
 
-def test_contents(deb: Path) -> None:
+def test_contents(deb: Path, tmp_path: Path) -> None:
     assert deb.name.startswith("gpuctk_0.") and deb.name.endswith(".deb")
     fields = subprocess.run(
         ["dpkg-deb", "-f", str(deb)], capture_output=True, text=True, check=True
@@ -150,11 +152,13 @@ def test_contents(deb: Path) -> None:
         line.split()[-1] for line in listing.splitlines()
         if "/lib/systemd/system/" in line and not line.endswith("/")
     )  # fmt: skip
-    assert units == [  # the refresh oneshot and what starts it: nothing resident
+    assert units == [  # the refresh oneshot and what starts it; the plugin's, not enabled
         "./usr/lib/systemd/system/gpuctk-cdi-refresh.path",
         "./usr/lib/systemd/system/gpuctk-cdi-refresh.service",
         "./usr/lib/systemd/system/gpuctk-cdi-refresh.timer",
+        "./usr/lib/systemd/system/gpuctk-device-plugin.service",
     ]
+    assert "./usr/share/man/man1/gpuctk-device-plugin.1.gz" in listing
     # the install configures no engine: no hooks.d file, `always` or otherwise
     assert "hooks.d" not in listing and "/usr/share/containers" not in listing
     assert "site-packages/pip/" not in listing  # pip's scripts would name the build folder
@@ -170,6 +174,19 @@ def test_contents(deb: Path) -> None:
     ).stdout.decode()  # fmt: skip
     # the compiled create where the package puts it, not where the build staged it
     assert "exec /usr/bin/gpuctk-cdi-hook shim-create /opt/gpuctk/bin/python3 " in front
+    # the unit's command runs from the package's venv: grpcio is in it (the extra)
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp_path / "x")], check=True)
+    python = str(tmp_path / "x/opt/gpuctk/bin/python3")  # a relocatable venv, run where it lies
+    plugin = subprocess.run(
+        [python, "-I", "-c", "import grpc, gpuctk.deviceplugin.server; print(grpc.__version__)"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert plugin.returncode == 0, plugin.stderr
+    help_ = subprocess.run(
+        [python, "-I", "-m", "gpuctk", "device-plugin", "--help"],
+        capture_output=True, text=True, check=False, env={"PATH": PATH_ENV.split("=", 1)[1]},
+    )  # fmt: skip
+    assert help_.returncode == 0 and "--mig-strategy" in help_.stdout, help_.stderr
 
 
 def _installed_container(
@@ -240,6 +257,7 @@ def test_install_use_remove_purge(
     # the installed units are valid systemd units (their ExecStart exists now)
     if shutil.which("systemd-analyze"):
         units = [f"/usr/lib/systemd/system/gpuctk-cdi-refresh.{k}" for k in ("service", "path")]
+        units.append("/usr/lib/systemd/system/gpuctk-device-plugin.service")
         verify = subprocess.run(
             ["systemd-analyze", "verify", "--man=no", *units], capture_output=True, text=True
         )
@@ -262,6 +280,13 @@ def test_install_use_remove_purge(
         ["/usr/bin/gpuctk", "install", "--help"], capture_output=True, text=True, env=base_env
     )
     assert help_.returncode == 0 and "--host-root" in help_.stdout
+    # what gpuctk-device-plugin.service runs, from the installed launcher and venv
+    listed_plugin = subprocess.run(
+        ["/usr/bin/gpuctk", "device-plugin", "--simulate", "h100-8", "--list"],
+        capture_output=True, text=True, env=base_env, check=False,
+    )  # fmt: skip
+    assert listed_plugin.returncode == 0, listed_plugin.stderr
+    assert len(yaml.safe_load(listed_plugin.stdout)["resources"]["nvidia.com/gpu"]) == 8
     # the shipped bytecode is valid once installed: those runs wrote nothing under /opt/gpuctk
     listed = set(dpkg("-L", "gpuctk").stdout.splitlines())
     on_disk = {str(p) for p in Path("/opt/gpuctk").rglob("*") if not p.is_dir()}

@@ -5,8 +5,11 @@
 - the refresh units and the udev rule name the same service, the launcher and the spec path;
 - the maintainer scripts are POSIX sh that `sh -n` accepts, and end in `exit 0` (only prerm
   exits 1, to refuse a removal whose engine unconfigure failed: tests/unit/test_deb_prerm.py);
-- nothing the package ships stays resident: its units are the refresh oneshot and the path
-  unit and timer that start it, the only ones build.py installs and postinst starts;
+- nothing the package starts stays resident: its units are the refresh oneshot and the path
+  unit and timer that start it, the only ones postinst enables and starts, and the device
+  plugin's service, shipped for the admin to enable and never enabled or started by a script;
+- that service runs `gpuctk device-plugin` with the folder the command serves in as its one
+  writable path, NVIDIA's device nodes allowed, after the kubelet, restarted on failure;
 - the timer restarts the oneshot within a minute (MIG re-partitions), and the oneshot and a
   udev rule run `gpuctk system create-dev-char-symlinks`, which build.py ships and postinst
   runs when NVIDIA nodes exist.
@@ -29,6 +32,7 @@ DEB = Path(__file__).resolve().parents[2] / "packaging" / "deb"
 SERVICE = "gpuctk-cdi-refresh.service"
 TIMER = "gpuctk-cdi-refresh.timer"
 DEV_CHAR_RULE = "71-gpuctk-dev-char.rules"
+PLUGIN = "gpuctk-device-plugin.service"
 LINKS = "/usr/bin/gpuctk system create-dev-char-symlinks"
 
 
@@ -87,14 +91,23 @@ def test_maintainer_scripts(script: str) -> None:
 def test_the_package_starts_nothing_resident() -> None:
     kinds = (".service", ".path", ".socket", ".timer")
     units = sorted(p.name for p in DEB.iterdir() if p.suffix in kinds)
-    # the oneshot and the two units that start it
-    assert units == ["gpuctk-cdi-refresh.path", SERVICE, TIMER]
-    assert sorted(_build().UNITS) == units
+    # the oneshot and the two units that start it; the device plugin's, for the admin
+    assert units == ["gpuctk-cdi-refresh.path", SERVICE, TIMER, PLUGIN]
+    build = _build()
+    assert sorted(build.UNITS) == units[:3] and build.OPTIONAL_UNITS == (PLUGIN,)
+    shipped = build.static_files("amd64")
+    assert [u for u in units if f"/usr/lib/systemd/system/{u}" in shipped] == units
     assert "Restart" not in _unit(SERVICE)["Service"]
     postinst = (DEB / "postinst").read_text()
     assert re.findall(r"systemctl start (\S+)", postinst) == [
         "gpuctk-cdi-refresh.path",
         TIMER,
+    ]
+    enabled = re.search(r'UNITS="([^"]*)"', postinst)
+    assert enabled is not None and sorted(enabled[1].split()) == units[:3]  # what it enables
+    # the plugin only restarted onto the new files where the admin runs it
+    assert [x.strip() for x in postinst.splitlines() if PLUGIN in x] == [
+        f"systemctl try-restart {PLUGIN} >/dev/null 2>&1 || true"
     ]
     for path in (p for p in DEB.iterdir() if p.is_file()):  # an upgrade only stops an old one
         lines = [x for x in path.read_text(errors="replace").splitlines() if "create-server" in x]
@@ -162,3 +175,37 @@ def test_conflicts_with_every_nvidia_package_that_writes_the_spec() -> None:
         assert "nvidia-container-toolkit" in names and "nvidia-container-toolkit-base" in names
     start = dict(_service_lines())["ExecStart"]
     assert "--force" not in start and "--force" not in (DEB / "postinst").read_text()
+
+
+def test_the_device_plugin_unit() -> None:
+    """For nodes without the plugin's DaemonSet: `gpuctk device-plugin` under systemd, writing
+    only the kubelet's folder (the command's default --plugin-dir), with NVML's nodes."""
+    from gpuctk.deviceplugin.cli import PLUGIN_DIR
+
+    unit = _unit(PLUGIN)
+    service = unit["Service"]
+    assert service["ExecStart"].split()[:2] == ["/usr/bin/gpuctk", "device-plugin"]
+    assert service["Restart"] == "on-failure"
+    assert "kubelet.service" in unit["Unit"]["After"].split()
+    assert "kubelet.service" not in unit["Unit"].get("Wants", "")  # ordering, never a pull
+    assert service["ProtectSystem"] == "strict" and service["ReadWritePaths"] == PLUGIN_DIR
+    assert service["ExecStartPre"] == f"+/usr/bin/mkdir -p {PLUGIN_DIR}"
+    assert service["DevicePolicy"] == "closed" and service["DeviceAllow"] == "char-nvidia* rw"
+    assert "PrivateDevices" not in service  # it would hide /dev/nvidia*
+    assert service["NoNewPrivileges"] == "yes"
+    assert service["RestrictAddressFamilies"] == "AF_UNIX"  # gRPC on the kubelet's sockets
+    assert unit["Install"]["WantedBy"] == "multi-user.target"  # `systemctl enable` works
+    for script in ("postinst", "prerm", "postrm"):  # never enabled or started by a script
+        text = (DEB / script).read_text()
+        assert not re.search(rf"\b(enable|start|unmask)\s[^\n]*{PLUGIN}", text), script
+    assert PLUGIN in re.findall(r"systemctl stop ([^>]*)", (DEB / "prerm").read_text(), re.S)[-1]
+    postrm = re.search(r'UNITS="([^"]*)"', (DEB / "postrm").read_text())
+    assert postrm is not None and PLUGIN in postrm[1].split()  # an admin's enabling, purged
+
+
+def test_the_venv_holds_the_device_plugin_extra() -> None:
+    build = _build()
+    assert "device-plugin" in build.EXTRAS
+    extra = build.project()["optional-dependencies"]["device-plugin"]
+    assert extra and all(dep in build.dependencies() for dep in extra)
+    assert all(dep in build.dependencies() for dep in build.project()["dependencies"])
