@@ -162,7 +162,7 @@ def common_edits(
             mounts[folder] = Mount(f"{opts.stage_path}/lib64", folder, READ_ONLY)
         others = others[1:]
         hooks = () if "all" in opts.disabled_hooks else (_stage_hook(machine, files, opts),)
-        if hooks and "create-symlinks" not in opts.disabled_hooks:  # the rest: _stage_hook's links
+        if hooks and facts.LINKS_ACTION not in opts.disabled_hooks:  # the rest: _stage_hook's links
             linked = {f.container_path for f in linked_files(files)}
             others = tuple(tuple(f for f in g if f.container_path not in linked) for g in others)
     else:
@@ -185,15 +185,15 @@ def _hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
     """The createContainer entry: SONAME links, ld cache folders, and the machine facts; each
     disabled action named (`--disable-hook NAME`: the hook and gpuctk-runtime leave it out),
     with the --link or --folder args of a disabled create-symlinks or update-ldcache left out."""
-    args = ["gpuctk-hook", "createContainer"]
+    args = [facts.HOOK_NAME, facts.HOOK_VERB]
     off = opts.disabled_hooks
-    for target, link in files.symlinks if "create-symlinks" not in off else ():
-        args += ["--link", f"{target}::{link}"]
-    for folder in files.ld_folders if "update-ldcache" not in off else ():
-        args += ["--folder", folder]
+    for target, link in files.symlinks if facts.LINKS_ACTION not in off else ():
+        args += [facts.LINK_OPT, f"{target}::{link}"]
+    for folder in files.ld_folders if facts.LDCACHE_ACTION not in off else ():
+        args += [facts.FOLDER_OPT, folder]
     args += _ldconfig_args(opts)
     for name in (n for n in HOOK_ACTIONS if n in off):
-        args += ["--disable-hook", name]
+        args += [facts.DISABLE_OPT, name]
     facts_env = facts.encode(
         facts.Facts(
             driver_version=machine.driver_version,
@@ -210,12 +210,12 @@ def _hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
             ),
         )
     )
-    return Hook("createContainer", opts.hook_path, tuple(args), (HOOK_ENV_PATH, *facts_env))
+    return Hook(facts.HOOK_VERB, opts.hook_path, tuple(args), (HOOK_ENV_PATH, *facts_env))
 
 
 def _ldconfig_args(opts: Options) -> list[str]:
     """`--ldconfig-path P`: gpuctk-hook runs that host ldconfig (nvidia-ctk's flag)."""
-    if not opts.ldconfig_path or "update-ldcache" in opts.disabled_hooks:
+    if not opts.ldconfig_path or facts.LDCACHE_ACTION in opts.disabled_hooks:
         return []
     return ["--ldconfig-path", opts.ldconfig_path]
 
@@ -232,29 +232,31 @@ def _stage_hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
     built."""
     folders = ["lib64", *(["lib"] if any(f.capability == caps.COMPAT32 for f in
                files.libraries) else [])]  # fmt: skip
-    args = ["gpuctk-hook", "createContainer"]
-    linked = linked_files(files) if "create-symlinks" not in opts.disabled_hooks else ()
+    args = [facts.HOOK_NAME, facts.HOOK_VERB]
+    linked = linked_files(files) if facts.LINKS_ACTION not in opts.disabled_hooks else ()
     for f in sorted(linked, key=lambda f: f.container_path):  # a config: its capability's
         path = posixpath.normpath(f.container_path)
         link = f"{STAGE_PATH}/{STAGE_FILES}{path}::{path}"
         args += (
-            ["--link", link] if f.kind == "firmware" else ["--link-for", f"{f.capability}:{link}"]
+            [facts.LINK_OPT, link]
+            if f.kind == "firmware"
+            else [facts.LINK_FOR_OPT, f"{f.capability}:{link}"]
         )
-    for f in files.binaries if "create-symlinks" not in opts.disabled_hooks else ():
+    for f in files.binaries if facts.LINKS_ACTION not in opts.disabled_hooks else ():
         path = posixpath.normpath(f.container_path)
         if not path.startswith(f"{STAGE_PATH}/"):
             target = f"{STAGE_PATH}/bin/{posixpath.basename(path)}"
-            args += ["--link-for", f"{f.capability}:{target}::{path}"]
-    if "update-ldcache" not in opts.disabled_hooks:
+            args += [facts.LINK_FOR_OPT, f"{f.capability}:{target}::{path}"]
+    if facts.LDCACHE_ACTION not in opts.disabled_hooks:
         for sub in folders:
-            args += ["--folder", f"{STAGE_PATH}/{sub}"]
-        args += ["--ld-cache", f"{opts.stage_path}/{STAGE_CACHE}", *_ldconfig_args(opts)]
+            args += [facts.FOLDER_OPT, f"{STAGE_PATH}/{sub}"]
+        args += [facts.LD_CACHE_OPT, f"{opts.stage_path}/{STAGE_CACHE}", *_ldconfig_args(opts)]
     for name in (n for n in HOOK_ACTIONS if n in opts.disabled_hooks):
-        args += ["--disable-hook", name]
+        args += [facts.DISABLE_OPT, name]
     hook = _hook(machine, files, opts)
     if opts.front_path:
         args[0] = posixpath.basename(opts.front_path)
-    return Hook("createContainer", opts.front_path or opts.hook_path, tuple(args), hook.env)
+    return Hook(facts.HOOK_VERB, opts.front_path or opts.hook_path, tuple(args), hook.env)
 
 
 def without_drm(nodes: NodeLookup) -> NodeLookup:

@@ -55,11 +55,14 @@ if TYPE_CHECKING:
     from gpuctk.hook.requests import Request
 
 FOLDER_NAME = "front"
-FORMAT = "gpuctk-front-plan-1"  # hook/shimfront.c: SF_PLAN_FORMAT
+FORMAT = "gpuctk-front-plan-1"
 FRONT = "gpuctk-cdi-hook"
 GUARD = "disable-device-node-modification"
 MAX_PLANS = 64
-MAX_BYTES = 1 << 20  # hook/shimfront.c: SF_MAX_PLAN
+MAX_BYTES = 1 << 20
+KEY_PREFIXES = ("NVIDIA_", "CUDA_VERSION")  # the env entries a request's key holds
+SHIM_FRONT_ENV = "GPUCTK_SHIM_FRONT"  # =off (gpuctk.cdi.node.facts.FRONT_OFF): all to Python
+SHIM_FRONT_TRACE_ENV = "GPUCTK_SHIM_FRONT_TRACE"  # set: say which way each create went
 _EDIT_KEYS = frozenset(("env", "deviceNodes", "mounts", "hooks"))
 
 
@@ -80,7 +83,7 @@ def key_of(doc: Mapping[str, Any]) -> list[str] | None:
         if type(value) is not int or value < 0:
             return None
         ids.append(f"{name}={value}")
-    keys = [e for e in env if e.startswith(("NVIDIA_", "CUDA_VERSION"))]
+    keys = [e for e in env if e.startswith(KEY_PREFIXES)]
     return [*keys, f"privileged={int(is_privileged(doc))}", *ids]
 
 

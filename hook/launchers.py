@@ -76,6 +76,7 @@ from gpuctk.statedir import DEFAULT_STATE_DIR, STATE_DIR_ENV
 LAUNCHER_MARK = "# gpuctk launcher"  # every launcher's second line starts so
 
 FRONT = "gpuctk-cdi-hook"  # hook/cdihook.c, built by setup.py into this package's folder
+SHIM_CREATE = "shim-create"  # its verb for gpuctk-runtime's create (hook/shimfront.c)
 
 # launcher name -> (module, function)
 ENTRY_POINTS: dict[str, tuple[str, str]] = {
@@ -146,7 +147,7 @@ def runtime_front_text(python: str, front: str = "") -> str:
         create_front = (
             f'\t\tif [ "$verb" = create ] && [ -d "$sdir/front" ] && ! [ -h "$sdir/front" ] &&\n'
             f"\t\t\t[ -x {front} ]; then\n"
-            f'\t\t\texec {front} shim-create {python} "$pycode" "$0" "$@"\n'
+            f'\t\t\texec {front} {SHIM_CREATE} {python} "$pycode" "$0" "$@"\n'
             "\t\tfi\n"
         )
     global_flags = "|".join(sorted(GLOBAL_VALUE_FLAGS))

@@ -43,6 +43,7 @@ PARAMS = "/proc/driver/nvidia/params"
 MAX_BYTES = 64 * 1024
 KEY = b"ModifyDeviceFiles: "
 SCRATCH = "/run"
+SCRATCH_PREFIX = ".gpuctk-params-"  # + 12 random hex digits: a folder in SCRATCH
 
 _OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR = 428, 429, 442  # every architecture
 OPEN_TREE_CLONE, AT_EMPTY_PATH = 1, 0x1000
@@ -207,7 +208,7 @@ def _bind(root_fd: int, src: int) -> None:
 def _scratch() -> str:
     """A new, empty folder of root's alone in SCRATCH (a fresh random name)."""
     for _ in range(8):
-        path = f"{SCRATCH}/.gpuctk-params-{os.urandom(6).hex()}"
+        path = f"{SCRATCH}/{SCRATCH_PREFIX}{os.urandom(6).hex()}"
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:

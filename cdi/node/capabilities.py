@@ -30,6 +30,7 @@ COMPAT32 = "compat32"
 
 ALL = (UTILITY, COMPUTE, VIDEO, GRAPHICS, DISPLAY, NGX, COMPAT32)
 DEFAULT = (UTILITY, COMPUTE)  # NVIDIA_DRIVER_CAPABILITIES unset
+EVERY = "all"  # the word that asks for every capability
 # The GPUs' DRM card and render nodes go with these only (as in libnvidia-container's legacy
 # mode): a spec or container without either gets no node under DRM_NODES.
 DRM_USERS = frozenset((GRAPHICS, DISPLAY))
@@ -93,12 +94,12 @@ def parse_strict(value: str) -> frozenset[str]:
     words = [w.strip() for w in value.split(",") if w.strip()]
     if not words:
         raise ValueError("no capability given")
-    unknown = sorted({w for w in words if w not in ALL and w != "all"})
+    unknown = sorted({w for w in words if w not in ALL and w != EVERY})
     if unknown:
         raise ValueError(
-            f"unknown capabilities {', '.join(unknown)} (known: all, {', '.join(ALL)})"
+            f"unknown capabilities {', '.join(unknown)} (known: {EVERY}, {', '.join(ALL)})"
         )
-    return frozenset(ALL) if "all" in words else frozenset(words)
+    return frozenset(ALL) if EVERY in words else frozenset(words)
 
 
 def parse_capabilities(value: str | None) -> frozenset[str]:
@@ -109,6 +110,6 @@ def parse_capabilities(value: str | None) -> frozenset[str]:
     if value is None or not value.strip():
         return frozenset(DEFAULT)
     words = {w.strip() for w in value.split(",")}
-    if "all" in words:
+    if EVERY in words:
         return frozenset(ALL)
     return frozenset(w for w in words if w in ALL)

@@ -22,10 +22,28 @@ toolkit's names).
 
 from __future__ import annotations
 
-PACKAGED_HOOK = "/usr/bin/gpuctk-hook"  # where the deb installs gpuctk-hook
+HOOK_NAME = "gpuctk-hook"
+PACKAGED_HOOK = f"/usr/bin/{HOOK_NAME}"  # where the deb installs gpuctk-hook
 HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-GUARD_ACTION = "disable-device-node-modification"  # gpuctk.hook.nodeprotect
-HOOK_ACTIONS = ("create-symlinks", "update-ldcache", "enable-cuda-compat", GUARD_ACTION)
+HOOK_VERB = "createContainer"  # the entry's OCI stage and the hook's verb
+LINKS_ACTION = "create-symlinks"
+LDCACHE_ACTION = "update-ldcache"
+COMPAT_ACTION = "enable-cuda-compat"
+GUARD_ACTION = "disable-device-node-modification"  # gpuctk.hook.nodeprotect; a verb too
+HOOK_ACTIONS = (LINKS_ACTION, LDCACHE_ACTION, COMPAT_ACTION, GUARD_ACTION)
+
+# the entry's options (each with a value, each repeatable but --ld-cache)
+LINK_OPT = "--link"  # TARGET::LINK
+LINK_FOR_OPT = "--link-for"  # CAPABILITY:TARGET::LINK: a link for a container asking for it
+FOLDER_OPT = "--folder"  # a library folder for the ld cache
+LD_CACHE_OPT = "--ld-cache"  # the stage's own ld cache (a host file)
+DISABLE_OPT = "--disable-hook"  # one of HOOK_ACTIONS, left out
+
+# in the entry's env: =FRONT_OFF hands every call of the compiled front to gpuctk-hook, and the
+# trace variable (set) makes it say why it hands one over
+HOOK_FRONT_ENV = "GPUCTK_HOOK_FRONT"
+HOOK_FRONT_TRACE_ENV = "GPUCTK_HOOK_FRONT_TRACE"
+FRONT_OFF = "off"
 
 DRIVER_KEY = "GPUCTK_DRIVER_VERSION"
 CUDA_KEY = "GPUCTK_CUDA_VERSION"

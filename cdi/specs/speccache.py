@@ -37,6 +37,8 @@ FILE_NAME = "specs.cache"
 FORMAT = "gpuctk-specs-1"
 MAX_BYTES = 32 << 20
 MAX_ENTRIES = 64
+CACHE_ENV = "GPUCTK_SPEC_CACHE"  # =CACHE_OFF: no spec cache, plan or front plan
+CACHE_OFF = "0"
 SETTLE_NS = 1_000_000_000
 
 
@@ -58,7 +60,7 @@ class SpecCache:
         from gpuctk.statedir import state_dir
 
         env = os.environ if environ is None else environ
-        if env.get("GPUCTK_SPEC_CACHE", "1") == "0":
+        if env.get(CACHE_ENV) == CACHE_OFF:
             return None
         return cls(state_dir(env))
 
