@@ -9,6 +9,11 @@ installed), hence a wheel, the deb (packaging/deb/build.py) and the node image
 (packaging/kubernetes/Containerfile); tests/run.sh, which builds it into the venv's bin/; and
 the tests, which add the sanitizers or coverage to the same flags. Standard library only.
 
+The words the C shares with the Python (capability names, the hook's verbs and options, file
+paths, limits, environment variables) come from gpuctk_vocab.h, which hook/cvocab.py writes
+from the Python constants into a folder of each build's own, beside `out` and removed after it
+(never the source tree); the compiler gets it with -I.
+
     python -m gpuctk.hook.cbuild OUT            # build to OUT (a temp file, then renamed)
     python -m gpuctk.hook.cbuild OUT -- -g      # the same with extra compiler flags
 """
@@ -43,6 +48,7 @@ DYNAMIC = ["-pie"]
 SANITIZE = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
 COVERAGE = ["-O0", "-U_FORTIFY_SOURCE", "--coverage"]
 INSTALL = "apt install gcc libc6-dev"
+HEADER = "gpuctk_vocab.h"  # hook/cvocab.py's
 OPT_OUT = "GPUCTK_NO_FRONT"  # =1: build and install without it (specs then name gpuctk-hook)
 
 
@@ -63,10 +69,25 @@ def _hint() -> str:
     return f"install a C compiler and libc headers ({INSTALL}), or set {OPT_OUT}=1"
 
 
+def _write_vocab(folder: str) -> None:
+    """gpuctk_vocab.h into `folder`, from the Python constants of the tree this file lies in:
+    hook/cvocab.py run by this interpreter without site-packages (it needs none), from the folder
+    that holds the package (a source tree's root, whose gpuctk/__init__.py maps gpuctk.hook to
+    this folder; or an install's site-packages), so that no other installed gpuctk answers."""
+    top = HERE.parent if (HERE.parent / "pyproject.toml").is_file() else HERE.parent.parent
+    argv = [sys.executable, "-S", "-E", "-m", "gpuctk.hook.cvocab", folder]
+    done = subprocess.run(argv, cwd=top, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.stderr.write(done.stderr)
+        why = " ".join(done.stderr.strip().splitlines()[-1:]) or f"exit {done.returncode}"
+        raise BuildError(f"{NAME}'s {HEADER} could not be written from {top} ({why}): build "
+                         "from a whole gpuctk source tree")  # fmt: skip
+
+
 def _compile(
-    cc: str, link: Sequence[str], extra: Sequence[str], out: str
+    cc: str, link: Sequence[str], extra: Sequence[str], out: str, include: str
 ) -> subprocess.CompletedProcess[str]:
-    argv = [cc, *FLAGS, *link, *extra, "-o", out, str(SOURCE)]
+    argv = [cc, *FLAGS, f"-I{include}", *link, *extra, "-o", out, str(SOURCE)]
     return subprocess.run(argv, capture_output=True, text=True, check=False)
 
 
@@ -82,9 +103,11 @@ def build(out: str | Path, extra_flags: Sequence[str] = (), static: bool = True)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     os.close(fd)
+    include = tempfile.mkdtemp(prefix=f".{out.name}.vocab.", dir=out.parent)
     try:
+        _write_vocab(include)
         try:
-            done = _compile(cc, STATIC if static else DYNAMIC, extra_flags, tmp)
+            done = _compile(cc, STATIC if static else DYNAMIC, extra_flags, tmp, include)
         except OSError as exc:
             raise BuildError(
                 f"cannot run the C compiler {cc} ({exc.strerror}): {_hint()}"
@@ -92,7 +115,7 @@ def build(out: str | Path, extra_flags: Sequence[str] = (), static: bool = True)
         if (
             done.returncode != 0
             and static
-            and _compile(cc, DYNAMIC, extra_flags, tmp).returncode == 0
+            and _compile(cc, DYNAMIC, extra_flags, tmp, include).returncode == 0
         ):
             print(f"gpuctk: note: no static libc here: {NAME} is linked dynamically (it then "
                   "runs only where this glibc or a newer one is)", file=sys.stderr)  # fmt: skip
@@ -105,6 +128,7 @@ def build(out: str | Path, extra_flags: Sequence[str] = (), static: bool = True)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        shutil.rmtree(include, ignore_errors=True)
     return out
 
 

@@ -2,16 +2,16 @@
  * hook/cdihook.c (gpuctk-cdi-hook), which runs as host root on a hostile image.
  *
  * The stage (gpuctk.cdi.stage) holds ld.so.cache, an ld cache of the stage's own libraries
- * at their container paths (/usr/local/nvidia/lib64/libcuda.so.1, ...), written with
- * gpuctk.cdi.node.ldcache.build_ld_cache when the stage is made: the SONAMEs and flags come
- * from the host files' ELF headers there, never from here. merge_cache() writes the image's
- * /etc/ld.so.cache anew with the image's entries and the stage's, in ldconfig's order, as
- * gpuctk.hook.ldmerge.write_cache does for the shim and gpuctk-hook (the same entries in the
- * same order, a test compares the two): an image entry of the same (name, flags) as a stage
- * entry is replaced by it, glibc-hwcaps extension entries are left out, and the result is a
- * new-format ("glibc-ld.so.cache1.1") cache with no extension section.
+ * at their container paths (/usr/local/nvidia/lib64/libcuda.so.1, ...), written when the
+ * stage is made: the SONAMEs and flags come from the host files' ELF headers there, never
+ * from here. merge_cache() writes the image's /etc/ld.so.cache anew with the image's entries
+ * and the stage's, in ldconfig's order (the shim and gpuctk-hook write the same entries in
+ * the same order: tests/unit/test_cdihook_ldcache.py compares them): an image entry of the
+ * same (name, flags) as a stage entry is replaced by it, glibc-hwcaps extension entries are
+ * left out, and the result is a new-format ("glibc-ld.so.cache1.1") cache with no extension
+ * section.
  *
- * Both caches are read whole, bounded (MAX_CACHE, as gpuctk.hook.ldmerge.MAX_CACHE), and
+ * Both caches are read whole, bounded (GPUCTK_MAX_CACHE bytes), and
  * checked before anything is written: every count and offset against the file, every string
  * ended by a NUL inside the file, a name at most NAME_MAX bytes without "/". Each string an
  * entry names is copied once, in file order, and one that lies inside the string copied
@@ -122,7 +122,7 @@ static int ldc_u32_order(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* gpuctk.cdi.node.ldcache's reader limits, which gpuctk-hook's merge keeps to (a cache past
+/* The limits of gpuctk's ld cache reader, which gpuctk-hook's merge keeps to (a cache past
  * them is not merged there, so not here either: the same image is served the same way): the
  * distinct strings the entries name (by offset; a name counts once with the paths) at most 1.5
  * times the file plus LDC_PATH_MAX, the names' runs of digits at most one per 16 bytes of file
@@ -164,7 +164,7 @@ out:
 }
 
 /* glibc's _dl_cache_libcmp: bytes as the machine's `char`, a run of digits as its number (in
- * an int, modulo 2^32 and compared signed, as gpuctk.cdi.node.ldcache.sort_key has it). */
+ * an int, modulo 2^32 and compared signed, as glibc's int has it). */
 static int ldc_libcmp(const char *p1, const char *p2)
 {
 	while (*p1) {

@@ -30,11 +30,12 @@
  *   - every hook file, mount source, device host path and the runtime is one root (or this
  *     euid) alone can have made: the walk of gpuctk.fs, stricter (`..` on the way, or a
  *     missing name, goes to Python, which follows the full rules);
- *   - the config's log-level is not debug, and its log-file (if any) can be opened as
- *     gpuctk.fs.append_trusted opens it: the shim's `injected` line goes there and to the
- *     engine's --log, as the Python shim writes it.
+ *   - the config's log-level is not debug, and its log-file (if any) can be opened for
+ *     appending in a folder root alone can write, not through a link, a regular file of root's
+ *     alone: the shim's `injected` line goes there and to the engine's --log, as the Python
+ *     shim writes it.
  *
- * The edits are the CDI apply (gpuctk.cdi.specs.apply): env replaced by key else appended, a
+ * The edits are CDI's: env replaced by key else appended, a
  * device node's first entry by path removed and the next replaced or the node appended, its
  * cgroup rule appended, a mount's first entry by destination removed and the mount appended,
  * then every mount sorted by the depth of its cleaned destination (stable), the hooks appended
@@ -43,13 +44,8 @@
  * to gpuctk-hook; it also guards /proc/driver/nvidia/params. config.json is written to a new
  * file in the bundle folder (its descriptor), mode and owner kept, and renamed over. */
 
-#define SF_MAX_CONFIG (32 << 20) /* gpuctk.hook.bundle.MAX_CONFIG */
-#define SF_MAX_PLAN (1 << 20)
 #define SF_MAX_ITEMS 65536 /* in a list this program reads */
 #define SF_MAX_MEMBERS 4096 /* in an object this program reads */
-#define SF_PLAN_FORMAT "gpuctk-front-plan-1"
-#define SF_DEFAULT_CONFIG "/etc/gpuctk/config.toml"
-#define SF_DEFAULT_STATE "/run/gpuctk"
 
 static char **sf_argv;
 static int sf_argc;
@@ -58,7 +54,7 @@ static int sf_argc;
 
 static void shim_python(const char *why)
 {
-	if (getenv("GPUCTK_SHIM_FRONT_TRACE"))
+	if (getenv(GPUCTK_SHIM_FRONT_TRACE_ENV))
 		fprintf(stderr, "gpuctk-runtime: front: python: %s\n", why);
 	char **argv = calloc((size_t)sf_argc + 2, sizeof *argv);
 	if (!argv) {
@@ -441,8 +437,7 @@ bad:
 
 /* ---- the plan ---------------------------------------------------------------------------------- */
 
-/* FNV-1a (64 bits) over each key string and a NUL after it: the plan's file name
- * (gpuctk.hook.frontplan.file_name). */
+/* FNV-1a (64 bits) over each key string and a NUL after it: the plan's file name. */
 static unsigned long long fnv(const struct span *keys, size_t n)
 {
 	unsigned long long h = 0xcbf29ce484222325ULL;
@@ -457,7 +452,7 @@ static unsigned long long fnv(const struct span *keys, size_t n)
 }
 
 /* Whether each [path, dev, ino, size, mtime_ns, ctime_ns] (or [path]: missing) of the plan's
- * world still holds (stat, links followed, as gpuctk.hook.plans). */
+ * world still holds (stat, links followed). */
 static int world_holds(struct span world)
 {
 	struct member *w;
@@ -517,11 +512,11 @@ static int all_trusted(struct span v, int kind)
  * that may be used. */
 static char *read_plan(const struct span *keys, size_t nkeys, size_t *len)
 {
-	const char *state = getenv("GPUCTK_STATE_DIR");
+	const char *state = getenv(GPUCTK_STATE_DIR_ENV);
 	if (!state || !*state)
-		state = SF_DEFAULT_STATE;
+		state = GPUCTK_DEFAULT_STATE_DIR;
 	char folder[PATH_MAX], name[32];
-	if (snprintf(folder, sizeof folder, "%s/front", state) >= (int)sizeof folder)
+	if (snprintf(folder, sizeof folder, "%s/" GPUCTK_FRONT_FOLDER, state) >= (int)sizeof folder)
 		return NULL;
 	int dir;
 	if (trusted(folder, T_PRIVATE, &dir) != 0)
@@ -534,7 +529,7 @@ static char *read_plan(const struct span *keys, size_t nkeys, size_t *len)
 	struct stat st;
 	char *text = NULL;
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
-	    (st.st_mode & 022) || read_all(fd, SF_MAX_PLAN, &text, len) != 0)
+	    (st.st_mode & 022) || read_all(fd, GPUCTK_MAX_PLAN, &text, len) != 0)
 		text = NULL;
 	close(fd);
 	return text;
@@ -549,7 +544,7 @@ static size_t env_key(struct span s)
 	return (size_t)((eq ? eq : s.end) - s.p);
 }
 
-/* The number of `/` in Go's filepath.Clean(destination) (gpuctk.cdi.specs.apply.clean_depth). */
+/* The number of `/` in Go's filepath.Clean(destination). */
 static int clean_depth(const char *s, size_t n)
 {
 	int rooted = n > 0 && s[0] == '/', parts = 0, dotdot = 0;
@@ -632,7 +627,7 @@ static void insert_members(struct patch *p, struct span obj, struct buf *members
 }
 
 /* The env array `env` with the plan's entries: replaced by key (the last entry with it), else
- * appended (gpuctk.cdi.specs.apply._apply_env; the plan holds each key once). */
+ * appended (the plan holds each key once). */
 static int edit_env(struct member *env, size_t n, struct span plan, struct buf *out)
 {
 	struct member *add;
@@ -861,7 +856,7 @@ static int plan_string(struct member *plan, size_t n, const char *name, char *ou
 	return f ? sf_cstr(f->val, out, size) : -1;
 }
 
-/* Go's time.RFC3339 in local time (gpuctk.log.rfc3339). */
+/* Go's time.RFC3339 in local time. */
 static void rfc3339(char *out, size_t size)
 {
 	time_t now = time(NULL);
@@ -876,10 +871,10 @@ static void rfc3339(char *out, size_t size)
 			 labs(off) / 60 % 60);
 }
 
-/* The shim's `injected` info line (gpuctk.log.RuncLog), its message in `line`: the engine's
- * --log opened as Python opens it (appended, created), the config's log-file as
- * gpuctk.fs.append_trusted does (a folder root alone can write, no link, a regular file of
- * root's alone): Python where that fails, or at the debug level (Python logs more there). */
+/* The shim's `injected` info line (in runc's log format), its message in `line`: the engine's
+ * --log opened for appending (created if missing), the config's log-file in a folder root
+ * alone can write, not through a link, a regular file of root's alone: Python where that
+ * fails, or at the debug level (Python logs more there). */
 static size_t log_lines(const struct call *c, struct member *plan, size_t n, int *engine,
 			int *file, char *line, size_t size)
 {
@@ -965,12 +960,10 @@ static int starts(struct span s, const char *prefix)
 
 static int is_null(struct span v) { return strncmp(sf_start(v), "null", 4) == 0; }
 
-/* The fields apply() would refuse (gpuctk.cdi.specs.apply.shape_problems) go to Python, which
- * says so; process, process.env, linux, mounts and the lists edited are checked where read. */
+/* The fields CDI's apply refuses (a hook stage, linux.devices, linux.resources or its
+ * devices that is not a list or object as the OCI spec has it) go to Python, which says so; process, process.env, linux, mounts and the lists edited are checked where read. */
 static void shape(struct member *top, size_t ntop, struct member *proc, size_t nproc)
 {
-	static const char *const stages[] = { "prestart", "createRuntime", "createContainer",
-					      "startContainer", "poststart", "poststop", NULL };
 	size_t n;
 	struct member *user = sf_get(proc, nproc, "user"), *f;
 	if (user) {
@@ -997,8 +990,8 @@ static void shape(struct member *top, size_t ntop, struct member *proc, size_t n
 	struct member *hooks = sf_get(top, ntop, "hooks");
 	if (hooks) {
 		struct member *h = object_of(hooks, "hooks is not an object", &n);
-		for (int i = 0; stages[i]; i++) {
-			f = sf_get(h, n, stages[i]);
+		for (int i = 0; i < GPUCTK_HOOK_STAGES_COUNT; i++) {
+			f = sf_get(h, n, GPUCTK_HOOK_STAGES[i]);
 			need(!f || is_null(f->val) || sf_kind(f->val) == '[', "a field apply refuses");
 		}
 	}
@@ -1010,8 +1003,8 @@ static void shape(struct member *top, size_t ntop, struct member *proc, size_t n
 static void read_config(int bfd, struct stat *cst, char **doc, size_t *len)
 {
 	int cfd = openat(bfd, "config.json", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-	need(cfd >= 0 && fstat(cfd, cst) == 0 && S_ISREG(cst->st_mode) && cst->st_size <= SF_MAX_CONFIG &&
-		     read_all(cfd, SF_MAX_CONFIG, doc, len) == 0,
+	need(cfd >= 0 && fstat(cfd, cst) == 0 && S_ISREG(cst->st_mode) && cst->st_size <= GPUCTK_MAX_CONFIG &&
+		     read_all(cfd, GPUCTK_MAX_CONFIG, doc, len) == 0,
 	     "config.json is not a regular file that could be read");
 	close(cfd);
 	for (size_t i = 0; i < *len; i++)
@@ -1044,8 +1037,7 @@ static int privileged_of(struct member *proc, size_t nproc)
 	return privileged;
 }
 
-/* The request's key (gpuctk.hook.frontplan.key_of): the env entries that start with NVIDIA_ or
- * CUDA_VERSION, in order, then privileged=, uid= and gid= (their text in `extra`). */
+/* The request's key: the env entries that start with one of GPUCTK_KEY_PREFIXES, in order, then privileged=, uid= and gid= (their text in `extra`). */
 static struct span *request_key(struct member *proc, size_t nproc, struct member *env, size_t nenv,
 				char extra[3][32], size_t *nkeys)
 {
@@ -1057,7 +1049,10 @@ static struct span *request_key(struct member *proc, size_t nproc, struct member
 		size_t sn;
 		need(sf_plain(env[i].val, &s.p, &sn) == 0, "an env entry that is not a plain string");
 		s.end = s.p + sn;
-		if (starts(s, "NVIDIA_") || starts(s, "CUDA_VERSION"))
+		int keyed = 0;
+		for (int p = 0; p < GPUCTK_KEY_PREFIXES_COUNT; p++)
+			keyed = keyed || starts(s, GPUCTK_KEY_PREFIXES[p]);
+		if (keyed)
 			keys[(*nkeys)++] = s;
 	}
 	int privileged = privileged_of(proc, nproc);
@@ -1094,8 +1089,8 @@ static struct member *front_plan(const struct span *keys, size_t nkeys, const ch
 	const char *s;
 	size_t sn, nk;
 	struct member *f = sf_get(plan, *nplan, "format");
-	need(f && sf_plain(f->val, &s, &sn) == 0 && sn == strlen(SF_PLAN_FORMAT) &&
-		     memcmp(s, SF_PLAN_FORMAT, sn) == 0,
+	need(f && sf_plain(f->val, &s, &sn) == 0 && sn == strlen(GPUCTK_PLAN_FORMAT) &&
+		     memcmp(s, GPUCTK_PLAN_FORMAT, sn) == 0,
 	     "the front plan is of another format");
 	struct member *pk = array_of(sf_get(plan, *nplan, "key"), "the front plan has no key", &nk);
 	need(nk == nkeys, "the front plan is another request's");
@@ -1139,7 +1134,7 @@ static struct member *python_only(struct member *top, size_t ntop, struct member
 		struct span d;
 		size_t dn;
 		need(member_string(mounts[i].val, "destination", &d.p, &dn) == 0 &&
-			     !memmem(d.p, dn, "nvidia-container-devices", 24),
+			     !memmem(d.p, dn, GPUCTK_DEVICE_LIST_MOUNTS, strlen(GPUCTK_DEVICE_LIST_MOUNTS)),
 		     "a mount that is not plain, or a device-list mount");
 	}
 	struct member *files = sf_get(plan, nplan, "files"), *sources = sf_get(plan, nplan, "sources");
@@ -1343,21 +1338,22 @@ static int shim_create(int argc, char **argv)
 	sf_argc = argc;
 	sf_argv = argv;
 	if (argc < 5) {
-		fprintf(stderr, "usage: gpuctk-cdi-hook shim-create PYTHON PYCODE SHIM ARGS...\n"
+		fprintf(stderr, "usage: gpuctk-cdi-hook " GPUCTK_SHIM_CREATE " PYTHON PYCODE SHIM ARGS...\n"
 				"(run by gpuctk-runtime's front: see gpuctk.hook.launchers)\n");
 		exit(2);
 	}
-	const char *off = getenv("GPUCTK_SHIM_FRONT");
-	need(!off || strcmp(off, "off") != 0, "GPUCTK_SHIM_FRONT=off");
-	const char *cache = getenv("GPUCTK_SPEC_CACHE");
-	need(!cache || strcmp(cache, "0") != 0, "GPUCTK_SPEC_CACHE=0");
-	const char *runtime = getenv("GPUCTK_FRONT_RUNTIME");
+	const char *off = getenv(GPUCTK_SHIM_FRONT_ENV);
+	need(!off || strcmp(off, GPUCTK_FRONT_OFF) != 0, GPUCTK_SHIM_FRONT_ENV "=" GPUCTK_FRONT_OFF);
+	const char *cache = getenv(GPUCTK_SPEC_CACHE_ENV);
+	need(!cache || strcmp(cache, GPUCTK_SPEC_CACHE_OFF) != 0,
+	     GPUCTK_SPEC_CACHE_ENV "=" GPUCTK_SPEC_CACHE_OFF);
+	const char *runtime = getenv(GPUCTK_FRONT_RUNTIME_ENV);
 	need(runtime && runtime[0] == '/', "no runtime from the memo");
 	struct call call;
 	need(parse_create(argc - 5, argv + 5, &call) == 0, "arguments only the shim reads");
-	const char *conf = getenv("GPUCTK_CONFIG");
+	const char *conf = getenv(GPUCTK_CONFIG_ENV);
 	if (!conf || !*conf)
-		conf = SF_DEFAULT_CONFIG;
+		conf = GPUCTK_DEFAULT_CONFIG;
 
 	int bfd = open(call.bundle ? call.bundle : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
 	need(bfd >= 0, "the bundle could not be opened");
@@ -1386,9 +1382,9 @@ static int shim_create(int argc, char **argv)
 	size_t line_len = log_lines(&call, plan, nplan, &engine_log, &log_file, line, sizeof line);
 	write_config(bfd, &cst, &out);
 	write_lines(&call, engine_log, log_file, line, line_len);
-	if (getenv("GPUCTK_SHIM_FRONT_TRACE"))
+	if (getenv(GPUCTK_SHIM_FRONT_TRACE_ENV))
 		fprintf(stderr, "gpuctk-runtime: front: plan %016llx\n", fnv(keys, nkeys));
-	unsetenv("GPUCTK_FRONT_RUNTIME");
+	unsetenv(GPUCTK_FRONT_RUNTIME_ENV);
 	rargv[0] = (char *)runtime;
 	for (int i = 5; i < argc; i++)
 		rargv[i - 4] = argv[i];
