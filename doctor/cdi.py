@@ -352,6 +352,7 @@ def cdi_checks(ctx: Context, found: Findings) -> list[Result]:
     log.debug(f"doctor: CDI spec files read: {paths}")
     present, spec = check_present(ctx, found, registry)
     found.active_spec = spec.doc if spec is not None else None
+    found.cdi_devices = frozenset(n for n in registry.devices if n not in registry.conflicts)
     return [
         present,
         check_valid(ctx, registry),

@@ -72,4 +72,5 @@ class Findings:
     settings_source: str = ""
     spec_dirs: tuple[str, ...] = ()
     active_spec: dict[str, Any] | None = None  # the spec document serving the kind
+    cdi_devices: frozenset[str] | None = None  # every "<kind>=<name>" the specs resolve
     handlers: dict[str, set[str]] = field(default_factory=dict)  # engine -> handler names

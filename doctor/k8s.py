@@ -1,31 +1,19 @@
 """`gpuctk doctor` layer 6: Kubernetes hints, from files only (no API server needed).
 
 - the kubelet's device-plugin socket dir (`<kubelet-root>/device-plugins`, kubelet.sock in it);
-- an NVIDIA device plugin registered: its socket there, or `nvidia.com/*` resources in the
-  kubelet's checkpoint (`kubelet_internal_checkpoint`); without one, GPU pods stay Pending with
-  "Insufficient nvidia.com/gpu";
+- a device plugin (gpuctk's or NVIDIA's) listening and registered there, and the devices it
+  hands out named by the CDI specs (gpuctk.doctor.devplugin);
 - each RuntimeClass manifest given (`--runtimeclass FILE`) names a handler the engines know.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import stat
-from typing import Any
 
 from gpuctk.doctor.context import Context, Findings
+from gpuctk.doctor.devplugin import kubelet_root
 from gpuctk.doctor.report import Result, failed, ok, skipped, warning
-
-PLUGIN_FIX = (
-    "helm upgrade -i nvdp nvdp/nvidia-device-plugin -n nvidia-device-plugin --create-namespace "
-    "--set runtimeClassName={name}   # helm repo add nvdp https://nvidia.github.io/k8s-device-plugin"
-)
-MAX_CHECKPOINT = 4 << 20
-
-
-def _kubelet_root(ctx: Context) -> str:
-    return ctx.kubelet_root or ctx.host("/var/lib/kubelet")
 
 
 def _is_socket(path: str) -> bool:
@@ -37,7 +25,7 @@ def _is_socket(path: str) -> bool:
 
 def check_socket_dir(ctx: Context, found: Findings) -> Result:
     id_, title = "kubernetes.device-plugins", "kubelet device-plugin socket dir"
-    root = _kubelet_root(ctx)
+    root = kubelet_root(ctx)
     if not os.path.isdir(root):
         return skipped(id_, title, f"{root}: absent: no kubelet on this node")
     folder = os.path.join(root, "device-plugins")
@@ -57,46 +45,6 @@ def check_socket_dir(ctx: Context, found: Findings) -> Result:
             "systemctl status kubelet",
         )
     return ok(id_, title, f"{sock}: the kubelet listens")
-
-
-def _checkpoint_resources(folder: str) -> set[str]:
-    path = os.path.join(folder, "kubelet_internal_checkpoint")
-    try:
-        with open(path, "rb") as f:
-            doc: Any = json.loads(f.read(MAX_CHECKPOINT))
-    except (OSError, ValueError):
-        return set()
-    data = doc.get("Data") if isinstance(doc, dict) else None
-    registered = data.get("RegisteredDevices") if isinstance(data, dict) else None
-    return set(registered) if isinstance(registered, dict) else set()
-
-
-def check_plugin(ctx: Context, found: Findings) -> Result:
-    id_, title = "kubernetes.device-plugin", "NVIDIA device plugin registered"
-    root = _kubelet_root(ctx)
-    folder = os.path.join(root, "device-plugins")
-    if not os.path.isdir(folder):
-        return skipped(id_, title, "no device-plugin dir")
-    sockets = sorted(
-        n
-        for n in os.listdir(folder)
-        if n.startswith("nvidia") and _is_socket(os.path.join(folder, n))
-    )
-    resources = sorted(r for r in _checkpoint_resources(folder) if r.startswith("nvidia.com/"))
-    if sockets or resources:
-        evidence = [f"{folder}: socket(s) {', '.join(sockets) or 'none'}"]
-        if resources:
-            evidence.append(f"kubelet checkpoint: {', '.join(resources)}")
-        return ok(id_, title, *evidence)
-    return warning(
-        id_,
-        title,
-        [
-            f"{folder}: no nvidia*.sock and no nvidia.com/* in the kubelet checkpoint: pods that "
-            "request nvidia.com/gpu stay Pending (Insufficient nvidia.com/gpu)"
-        ],
-        PLUGIN_FIX.format(name=ctx.runtime_name),
-    )
 
 
 def _runtime_classes(path: str) -> list[tuple[str, str]]:
@@ -155,8 +103,10 @@ def check_runtimeclass(ctx: Context, found: Findings) -> Result:
 
 
 def k8s_checks(ctx: Context, found: Findings) -> list[Result]:
+    from gpuctk.doctor.devplugin import plugin_checks
+
     return [
         check_socket_dir(ctx, found),
-        check_plugin(ctx, found),
+        *plugin_checks(ctx, found),
         check_runtimeclass(ctx, found),
     ]
