@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from fixtures.doctornode import listen
 from fixtures.kubelet import (
     Kubelet,
@@ -42,6 +43,7 @@ from gpuctk.doctor.report import Result
 pytest.importorskip("grpc")
 
 GPUCTK = Path(sys.executable).parent / "gpuctk"
+REPO = Path(__file__).resolve().parents[2]
 GPU = "nvidia.com/gpu"
 SOCKET = "gpuctk-nvidia.com-gpu.sock"
 
@@ -186,6 +188,9 @@ def test_a_socket_nobody_listens_on_is_a_plugin_that_is_gone(tmp_path: Path) -> 
     assert plugin.status == "warning"
     assert f"{SOCKET}: gpuctk's plugin, nobody listens" in text(plugin)
     assert plugin.fix == devplugin.RESTART_DS
+    (ds,) = yaml.safe_load_all((REPO / "packaging/kubernetes/device-plugin/daemonset.yaml").open())
+    meta = ds["metadata"]  # the fix restarts the DaemonSet the repository ships
+    assert plugin.fix == f"kubectl -n {meta['namespace']} rollout restart daemonset/{meta['name']}"
     unit = tmp_path / "host/usr/lib/systemd/system/gpuctk-device-plugin.service"
     unit.parent.mkdir(parents=True)
     unit.write_text("[Service]\n")
