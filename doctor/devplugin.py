@@ -48,7 +48,10 @@ def _listening(folder: str, name: str) -> bool | None:
             return None
     except OSError:
         return None
-    dir_fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        dir_fd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
     try:
         via = f"/proc/self/fd/{dir_fd}/{name}"
@@ -79,7 +82,11 @@ def _owner(name: str) -> str:
 def plugin_sockets(folder: str) -> dict[str, bool]:
     """gpuctk's and NVIDIA's plugin sockets in the folder -> whether something listens."""
     found: dict[str, bool] = {}
-    for name in sorted(os.listdir(folder)):
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return found
+    for name in names:
         if name.startswith(("gpuctk-", "nvidia")):
             listening = _listening(folder, name)
             if listening is not None:
@@ -189,7 +196,10 @@ def _allocated(
 
     domain = ctx.kind.partition("/")[0] + "/"
     pods_dir = os.path.join(kubelet_root(ctx), "pods")
-    pods = set(os.listdir(pods_dir)) if os.path.isdir(pods_dir) else None
+    try:
+        pods: set[str] | None = set(os.listdir(pods_dir))
+    except OSError:  # no pods folder: every entry counts
+        pods = None
     problems: list[str] = []
     checked = gone = 0
     for e in cp.entries:
