@@ -236,11 +236,14 @@ def check_names(
     problems, checked, gone = _allocated(ctx, cp, ours, known)
     advertised: list[str] = []
     for resource in sorted(ours):
-        ids = [i for i in cp.registered_ids(resource) or () if f"{ctx.kind}={i}" not in known]
+        all_ids = cp.registered_ids(resource) or ()
+        ids = [i for i in all_ids if f"{ctx.kind}={i}" not in known]
         if ids:
+            more = f", ... ({len(ids)} of {len(all_ids)})" if ids[3:] else ""
+            shown = ", ".join(ids[:3]) + more
             advertised.append(
-                f"gpuctk's plugin advertises {resource} {', '.join(ids)}: {ctx.kind}=<ID> is "
-                "in no CDI spec (a pod given one fails to start)"
+                f"gpuctk's plugin advertises {resource} {shown}: {ctx.kind}=<ID> is in no CDI "
+                "spec (a pod given one fails to start)"
             )
     if not checked and not ours:
         return skipped(id_, title, "no device of the plugin allocated or advertised here")

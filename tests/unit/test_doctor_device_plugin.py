@@ -147,6 +147,7 @@ def test_a_gone_pod_is_not_counted_an_unnamed_advertised_device_warns(
     names = checks(bed.root, specs)["kubernetes.device-plugin-names"]
     assert names.status == "warning", names
     assert f"gpuctk's plugin advertises {GPU} {bed.ids[0]}," in text(names)
+    assert f"{bed.ids[2]}, ... (8 of 8): {GPU}=<ID> is in no CDI spec" in text(names)
     assert "1 checkpoint entr(ies) of pods no longer on the node" in text(names)
 
 
