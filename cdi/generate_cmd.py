@@ -217,8 +217,12 @@ def _run(a: GenerateArgs) -> None:
         _imex(a, checked)
         return
     found = step.discover(a, checked.selected)
-    opts = step.stage(a, step.options(a, checked, found), found)
-    spec, nic_spec = step.build(a, opts, found, checked)
+    opts = step.planned_stage(a, step.options(a, checked, found), found)
+    spec = step.build(a, opts, found, checked.selected)  # its errors before the copy
+    staged = step.stage(a, opts, found)
+    if staged != opts:  # hook mode after all, or a driver file replaced meanwhile
+        opts, spec = staged, step.build(a, staged, found, checked.selected)
+    nic_spec = step.nics(a, opts, found, checked)
     machine, simulated = found.machine, found.simulated
     simulated_note, comment = "", None
     if simulated is not None:

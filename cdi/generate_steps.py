@@ -1,6 +1,7 @@
 """The steps of `gpuctk cdi generate` (gpuctk.cdi.generate_cmd runs them in this order):
 check the flags, make the output's folder, discover the node, choose the library mode and
-the options, stage the driver (folder mode), build the spec(s). Each takes what the earlier
+the options, build the spec, stage the driver (folder mode: after the spec, so that its
+errors come before the copy), build the NIC spec. Each takes what the earlier
 ones gave and returns what the later ones need; none writes the spec (generate_cmd.emit)."""
 
 from __future__ import annotations
@@ -170,16 +171,29 @@ def report(line: str) -> None:
     log.say(f"gpuctk: {line}")
 
 
-def stage(a: GenerateArgs, opts: Options, found: Found) -> Options:
-    """Folder mode: the driver staged (gpuctk.cdi.stage), its folder in the options; a stage
-    that cannot be built under --library-mode auto falls back to hook mode, with a note."""
+def planned_stage(a: GenerateArgs, opts: Options, found: Found) -> Options:
+    """Folder mode: the options with the stage's folder as stage_driver will name it, and
+    nothing written yet: the spec is built, and its errors found, before the copy."""
     if opts.library_mode != "folder":
         return opts
     from gpuctk.cdi.generate_cmd import front_beside
-    from gpuctk.cdi.stage import stage_driver
+    from gpuctk.cdi.stage import stage_path_of
 
     if not os.path.isabs(a.staging_dir):
         raise UsageError(f"--staging-dir must be an absolute path, got {a.staging_dir!r}")
+    path = stage_path_of(found.files, found.machine.driver_version, a.staging_dir)
+    return replace(opts, stage_path=path, front_path=front_beside(opts.hook_path))
+
+
+def stage(a: GenerateArgs, opts: Options, found: Found) -> Options:
+    """Folder mode: the stage planned_stage named, built (gpuctk.cdi.stage). The options
+    returned differ only when the spec must be built again: a stage that cannot be built
+    under --library-mode auto falls back to hook mode, with a note; a driver file replaced
+    since the plan gives another folder."""
+    if opts.library_mode != "folder":
+        return opts
+    from gpuctk.cdi.stage import stage_driver
+
     log.debug(f"staging the driver in {a.staging_dir} (an identical stage is reused)")
     try:
         path = stage_driver(found.files, found.machine.driver_version, a.staging_dir, report)
@@ -187,16 +201,16 @@ def stage(a: GenerateArgs, opts: Options, found: Found) -> Options:
         if a.library_mode != "auto":
             raise
         log.say(f"gpuctk: note: {exc.message}: writing a hook-mode spec (--library-mode hook)")
-        return replace(opts, library_mode="hook")
-    return replace(opts, stage_path=path, front_path=front_beside(opts.hook_path))
+        return replace(opts, library_mode="hook", stage_path="", front_path="")
+    return opts if path == opts.stage_path else replace(opts, stage_path=path)
 
 
-def build(a: GenerateArgs, opts: Options, found: Found, checked: Checked) -> tuple[Spec, Any]:
-    """(the spec, the NIC spec or None) of the mode."""
+def build(a: GenerateArgs, opts: Options, found: Found, selected: frozenset[str]) -> Spec:
+    """The spec of the mode (the GPUs' DRM nodes only for the capabilities that open them)."""
     from gpuctk.cdi.generate import build_spec, without_drm
     from gpuctk.cdi.node.capabilities import DRM_USERS
 
-    nodes = found.nodes if checked.selected & DRM_USERS else without_drm(found.nodes)
+    nodes = found.nodes if selected & DRM_USERS else without_drm(found.nodes)
     if a.mode == "management":
         from gpuctk.cdi import management
         from gpuctk.cdi.simulate import simulated_nodes
@@ -208,12 +222,16 @@ def build(a: GenerateArgs, opts: Options, found: Found, checked: Checked) -> tup
         spec = management.build(found.machine, found.files, opts, present)
     else:
         spec = build_spec(found.machine, found.files, opts, nodes)
-    nic_spec = None
-    if a.nic["nics"]:  # RDMA cards: a second spec (gpuctk.cdi.nicspec)
-        from gpuctk.cdi import nicspec
+    return spec
 
-        nic_spec = nicspec.build(found.machine, opts, a.roots, checked.output, checked.fmt, a.nic)
-    return spec, nic_spec
+
+def nics(a: GenerateArgs, opts: Options, found: Found, checked: Checked) -> Any:
+    """The RDMA cards' spec (gpuctk.cdi.nicspec; nothing written yet), None without --nics."""
+    if not a.nic["nics"]:
+        return None
+    from gpuctk.cdi import nicspec
+
+    return nicspec.build(found.machine, opts, a.roots, checked.output, checked.fmt, a.nic)
 
 
 def prune(a: GenerateArgs, opts: Options, output: str | None) -> None:

@@ -253,6 +253,13 @@ def _place(host: str, dest: str, older_of: Callable[[str], str | None]) -> int:
     return os.path.getsize(dest)
 
 
+def stage_path_of(files: DriverFiles, version: str, staging_dir: str) -> str:
+    """The folder stage_driver gives `files` (nothing is written; InputError for a driver
+    file that cannot be read): a spec can be built, and its errors found, before the copy."""
+    copies, links = plan(files)
+    return os.path.join(os.path.abspath(staging_dir), stage_name(version, copies, links))
+
+
 def stage_driver(
     files: DriverFiles,
     version: str,
