@@ -1,0 +1,49 @@
+/* libFuzzer harness: the shim front's reader of a hostile config.json (hook/shimfront.c), and
+ * its edits of it: the input is the bundle's config.json; the front plan is one gpuctk writes
+ * for that config's request (its key made from the config, so that the edits run). */
+#include "shim.h"
+
+static const char plan_head[] = "{\"format\":\"" GPUCTK_PLAN_FORMAT "\",\"key\":[";
+static const char plan_tail[] =
+	"],\"config\":\"" GPUCTK_DEFAULT_CONFIG "\",\"world\":[],\"prefixes\":[\"cdi.k8s.io/\"],"
+	"\"describe\":\"nvidia.com/gpu=0\",\"log_file\":\"\",\"log_level\":\"info\","
+	"\"files\":[],\"sources\":[],"
+	"\"env\":[\"NVIDIA_VISIBLE_DEVICES=void\",\"PATH=/usr/local/nvidia/bin\"],"
+	"\"devices\":[{\"path\":\"/dev/nvidia0\",\"type\":\"c\",\"major\":195,\"minor\":0}],"
+	"\"rules\":[{\"allow\":true,\"type\":\"c\",\"major\":195,\"minor\":0,\"access\":\"rwm\"}],"
+	"\"mounts\":[{\"destination\":\"/usr/bin/nvidia-smi\",\"source\":\"/usr/bin/true\","
+	"\"options\":[\"ro\",\"nosuid\",\"nodev\",\"bind\"]},{\"destination\":\"/dev/shm/x\","
+	"\"source\":\"/tmp\",\"options\":[\"bind\"]}],"
+	"\"hooks\":{\"createContainer\":[{\"path\":\"/usr/bin/gpuctk-cdi-hook\","
+	"\"args\":[\"gpuctk-cdi-hook\",\"createContainer\"]}],\"poststop\":[]}}";
+
+/* The plan above with `keys` (plain strings: no quote or backslash) as its key. */
+static size_t keyed(const struct span *keys, size_t nkeys, char *out, size_t size)
+{
+	struct buf b = { 0 };
+	puts_(&b, plan_head);
+	for (size_t i = 0; i < nkeys; i++) {
+		puts_(&b, i ? ",\"" : "\"");
+		put(&b, keys[i].p, (size_t)(keys[i].end - keys[i].p));
+		puts_(&b, "\"");
+	}
+	puts_(&b, plan_tail);
+	if (b.bad || b.n > size)
+		abort();
+	memcpy(out, b.p, b.n);
+	return b.n;
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+	(void)argc;
+	(void)argv;
+	shim_folders();
+	return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	shim_run((const char *)data, size, NULL, 0, keyed);
+	return 0;
+}

@@ -1,0 +1,93 @@
+/* The shim front's create (hook/shimfront.c's shim_create) for libFuzzer harnesses, from
+ * reading config.json to the edited text, with the product's own steps: read_config() of a
+ * bundle folder, the request's key, front_plan() (read_plan() from a state folder of this
+ * euid's, the plan's checks, its world), python_only() and edited(). Left out: the arguments
+ * (fuzz_args.c), the log lines (they open files the plan names) and the write.
+ *
+ * The bundle and the state folder are made once under $TMPDIR. An input the front hands to
+ * Python ends there (fuzz.h); an edit the front makes must be strict JSON it reads again. */
+#include "fuzz.h"
+
+static char shim_bundle[PATH_MAX], shim_front[PATH_MAX];
+
+static void shim_folders(void)
+{
+	const char *tmp = getenv("TMPDIR");
+	char base[PATH_MAX], state[PATH_MAX + 8];
+	snprintf(base, sizeof base, "%s/gpuctk-fuzz-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(base))
+		abort();
+	snprintf(shim_bundle, sizeof shim_bundle, "%s/bundle", base);
+	snprintf(state, sizeof state, "%s/state", base);
+	snprintf(shim_front, sizeof shim_front, "%s/" GPUCTK_FRONT_FOLDER, state);
+	if (mkdir(shim_bundle, 0700) || mkdir(state, 0700) || mkdir(shim_front, 0700))
+		abort();
+	setenv(GPUCTK_STATE_DIR_ENV, state, 1);
+	static char *argv[] = { "gpuctk-cdi-hook", GPUCTK_SHIM_CREATE, "/usr/bin/python3", "pass",
+				"gpuctk-runtime", "create", "c1", NULL };
+	sf_argv = argv; /* shim_python()'s command */
+	sf_argc = 7;
+}
+
+static void shim_write(const char *path, const char *text, size_t len)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0 || (len && write(fd, text, len) != (ssize_t)len) || close(fd))
+		abort();
+}
+
+/* The plan for `keys`: written by `plan` (its keys and the text's length), or `text` as it is. */
+typedef size_t (*plan_writer)(const struct span *keys, size_t nkeys, char *out, size_t size);
+
+static struct edits shim_e; /* static: it outlives a hand-over's jump */
+static volatile int shim_bfd = -1;
+static char shim_plan[2 * PATH_MAX]; /* the plan file written, removed after the input */
+
+/* One create over the config `conf` and the plan (`text`, or made by `writer`). */
+static void shim_run(const char *conf, size_t clen, const char *text, size_t tlen,
+		     plan_writer writer)
+{
+	static char made[1 << 16], config[PATH_MAX + 16];
+	snprintf(config, sizeof config, "%s/config.json", shim_bundle);
+	shim_write(config, conf, clen);
+	shim_plan[0] = 0;
+	fuzz_fds_before();
+	if (setjmp(fuzz_back) == 0) {
+		fuzz_armed = 1;
+		struct stat cst;
+		char *doc, extra[3][32];
+		size_t len, nproc, nplan, nkeys;
+		memset(&shim_e, 0, sizeof shim_e);
+		shim_bfd = open(shim_bundle, O_PATH | O_DIRECTORY | O_CLOEXEC);
+		read_config(shim_bfd, &cst, &doc, &len);
+		struct edits *e = &shim_e;
+		e->all = (struct span){ doc, doc + len };
+		need(sf_kind(e->all) == '{' && sf_items(e->all, 1, &e->top, &e->ntop) == 0, "plain");
+		struct member *proc = object_of(sf_get(e->top, e->ntop, "process"), "process", &nproc);
+		e->envm = sf_get(proc, nproc, "env");
+		e->env = array_of(e->envm, "env", &e->nenv);
+		struct span *keys = request_key(proc, nproc, e->env, e->nenv, extra, &nkeys);
+		snprintf(shim_plan, sizeof shim_plan, "%s/%016llx.json", shim_front, fnv(keys, nkeys));
+		if (writer)
+			shim_write(shim_plan, made, writer(keys, nkeys, made, sizeof made));
+		else
+			shim_write(shim_plan, text, tlen);
+		struct member *plan = front_plan(keys, nkeys, GPUCTK_DEFAULT_CONFIG, &nplan);
+		e->mounts = python_only(e->top, e->ntop, proc, nproc, plan, nplan, "/bin/sh", &e->nm);
+		struct buf out = edited(e, plan, nplan);
+		char words[PATH_MAX];
+		(void)plan_string(plan, nplan, "log_level", words, sizeof words);
+		(void)plan_string(plan, nplan, "describe", words, sizeof words);
+		struct json j = { out.p, out.p + out.n, 0 };
+		if (compound(&j, NULL, NULL) < 0 || j.p != j.end)
+			abort(); /* the front wrote a config it would not read */
+	}
+	if (shim_plan[0])
+		unlink(shim_plan);
+	fuzz_armed = 0;
+	if (shim_bfd >= 0)
+		close(shim_bfd);
+	shim_bfd = -1;
+	fuzz_fds_after();
+	fuzz_release();
+}
