@@ -8,21 +8,34 @@
  * Python ends there (fuzz.h); an edit the front makes must be strict JSON it reads again. */
 #include "fuzz.h"
 
-static char shim_bundle[PATH_MAX], shim_front[PATH_MAX];
+static char shim_base[PATH_MAX], shim_bundle[PATH_MAX + 8], shim_state[PATH_MAX + 8],
+	shim_front[2 * PATH_MAX];
+
+/* the folders gone at the end of the run (left where a report ends it) */
+static void shim_cleanup(void)
+{
+	char config[sizeof shim_bundle + 16];
+	snprintf(config, sizeof config, "%s/config.json", shim_bundle);
+	unlink(config);
+	rmdir(shim_front);
+	rmdir(shim_state);
+	rmdir(shim_bundle);
+	rmdir(shim_base);
+}
 
 static void shim_folders(void)
 {
 	const char *tmp = getenv("TMPDIR");
-	char base[PATH_MAX], state[PATH_MAX + 8];
-	snprintf(base, sizeof base, "%s/gpuctk-fuzz-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-	if (!mkdtemp(base))
+	snprintf(shim_base, sizeof shim_base, "%s/gpuctk-fuzz-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(shim_base))
 		abort();
-	snprintf(shim_bundle, sizeof shim_bundle, "%s/bundle", base);
-	snprintf(state, sizeof state, "%s/state", base);
-	snprintf(shim_front, sizeof shim_front, "%s/" GPUCTK_FRONT_FOLDER, state);
-	if (mkdir(shim_bundle, 0700) || mkdir(state, 0700) || mkdir(shim_front, 0700))
+	snprintf(shim_bundle, sizeof shim_bundle, "%s/bundle", shim_base);
+	snprintf(shim_state, sizeof shim_state, "%s/state", shim_base);
+	snprintf(shim_front, sizeof shim_front, "%s/" GPUCTK_FRONT_FOLDER, shim_state);
+	if (mkdir(shim_bundle, 0700) || mkdir(shim_state, 0700) || mkdir(shim_front, 0700))
 		abort();
-	setenv(GPUCTK_STATE_DIR_ENV, state, 1);
+	atexit(shim_cleanup);
+	setenv(GPUCTK_STATE_DIR_ENV, shim_state, 1);
 	static char *argv[] = { "gpuctk-cdi-hook", GPUCTK_SHIM_CREATE, "/usr/bin/python3", "pass",
 				"gpuctk-runtime", "create", "c1", NULL };
 	sf_argv = argv; /* shim_python()'s command */
@@ -47,7 +60,7 @@ static char shim_plan[2 * PATH_MAX]; /* the plan file written, removed after the
 static void shim_run(const char *conf, size_t clen, const char *text, size_t tlen,
 		     plan_writer writer)
 {
-	static char made[1 << 16], config[PATH_MAX + 16];
+	static char made[1 << 16], config[sizeof shim_bundle + 16];
 	snprintf(config, sizeof config, "%s/config.json", shim_bundle);
 	shim_write(config, conf, clen);
 	shim_plan[0] = 0;
