@@ -2,7 +2,7 @@
 # The one test command (README's second set-up command, and what .ci/run calls).
 # Installs everything the tests need on a fresh Debian 12 machine (run as root):
 #   - apt: runc, crun, podman, containerd, gcc (for the fake libnvidia-ml.so.1), iproute2,
-#     the shell linter (shellcheck),
+#     the shell linter (shellcheck), clang with libFuzzer (the C fuzz harnesses),
 #     python3 + python3-venv (the deb's venv is built on Debian's python3)
 #   - Debian's non-free component, so that the NVIDIA 535 driver packages can be downloaded
 #     for the driver-root fixture (tests/fixtures/driver_root.py)
@@ -21,6 +21,13 @@ done
 # the deb and `gpuctk install` tests build their venv with Debian's own python3 (the package
 # depends on it), whatever Python runs the tests
 /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_apt+=(python3-venv)
+# the C fuzz harnesses (tests/security/test_fuzz_harnesses.py): Debian's clang and the
+# libFuzzer and sanitizer runtimes, which ship apart from it (libclang-rt-dev)
+fuzz_probe='int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; (void)n; return 0; }'
+if ! printf '%s\n' "$fuzz_probe" | clang -x c -fsanitize=fuzzer,address,undefined -o /dev/null - \
+    >/dev/null 2>&1; then
+    need_apt+=(clang libclang-rt-dev)
+fi
 src=/etc/apt/sources.list.d/debian.sources
 nonfree_missing=0
 if [ -f "$src" ] && ! grep -q 'non-free' "$src"; then nonfree_missing=1; fi
@@ -38,7 +45,8 @@ if [ "${#need_apt[@]}" -gt 0 ] || [ "$nonfree_missing" = 1 ]; then
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends \
         runc crun podman containerd gcc libc6-dev iproute2 e2fsprogs \
-        uidmap fuse-overlayfs slirp4netns conmon catatonit python3 python3-venv shellcheck >/dev/null
+        uidmap fuse-overlayfs slirp4netns conmon catatonit python3 python3-venv shellcheck \
+        clang libclang-rt-dev >/dev/null
 fi
 
 PY=${PYTHON:-python3}
@@ -89,6 +97,7 @@ done <<<"$layout"
 log "pytest"
 # In CI the Debian driver root must be built: fail, do not skip, if it cannot be. So must the
 # sanitized build of gpuctk-cdi-hook (tests/fixtures/cfront): the C tests' hostile cases run
-# through it as well as through the product's build.
+# through it as well as through the product's build. So must the C fuzz harnesses (clang).
 export GPUCTK_REQUIRE_DRIVER_ROOT=1 GPUCTK_REQUIRE_IMAGES=1 GPUCTK_REQUIRE_SANITIZERS=1
+export GPUCTK_REQUIRE_FUZZ=1
 exec .venv/bin/pytest "$@"
