@@ -19,7 +19,7 @@ import pytest
 
 from gpuctk.cli import main
 from gpuctk.errors import InputError
-from gpuctk.hook import config_edit
+from gpuctk.install import config_edit
 
 OTHER = 65534  # nobody
 VICTIM = "root:x:0:0:root:/root:/bin/bash\n"
@@ -119,8 +119,12 @@ def test_a_fifo_is_never_opened_for_reading(
     thread.start()
     code, err = gpuctk(capsys, "migrate", "--dry-run", "--from", str(fifo),
                        "--config-file", str(tmp_path / "out.toml"))  # fmt: skip
-    if not fed:  # let the writer go
-        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    if not fed:  # let the writer go: a reader held open until it is done, whenever its open
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # call comes (before or after this)
+        try:
+            thread.join()
+        finally:
+            os.close(reader)
     thread.join()
     assert code != 0 and "not a regular file" in err
 
