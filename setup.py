@@ -4,10 +4,10 @@ one recipe, hook/cbuild.py; everything else is in pyproject.toml.
 
 `build_front`, a step of `build`, compiles it into setuptools' build folder (never the source
 tree) and puts it in the package (gpuctk/hook/gpuctk-cdi-hook, from where
-gpuctk.hook.launchers copies it beside the launchers it writes) and in the data files: the
+gpuctk.install.launchers copies it beside the launchers it writes) and in the data files: the
 venv's bin/, beside gpuctk-hook (as data: build_scripts would read it as text). An editable
 install has neither (setuptools installs no data for it): tests/run.sh builds it into the venv's
-bin/ with the same recipe, where gpuctk.hook.launchers also looks. With no compiler,
+bin/ with the same recipe, where gpuctk.install.launchers also looks. With no compiler,
 or a source that does not compile, the build fails with one line saying what to install
 (`apt install gcc libc6-dev`). GPUCTK_NO_FRONT=1 builds without it, on purpose: specs then name
 gpuctk-hook itself (slower container starts, the same result).

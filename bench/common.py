@@ -27,7 +27,8 @@ def installed_like_python() -> None:
 
 def installed_bin() -> Path:
     """gpuctk as an operator installs it, with .pyc files and the isolated-mode launchers of
-    gpuctk.hook.launchers (what the deb and `gpuctk install` ship). Returns the launchers' folder.
+    gpuctk.install.launchers (what the deb and `gpuctk install` ship). Returns the launchers'
+    folder.
 
     Where Debian's /usr/bin/python3 exists: the deb's own venv (packaging/deb/build.py venv,
     through tests/fixtures/appvenv.py), on that interpreter, as a node runs it. Elsewhere: a
@@ -65,11 +66,11 @@ PYTHON_NOTE = ".python"  # in the launchers' folder: the venv interpreter they s
 
 
 # where a revision keeps its launcher writer: this tree's, then older revisions' (--against)
-LAUNCHER_MODULES = ("gpuctk.hook.launchers", "gpuctk.launchers")
+LAUNCHER_MODULES = ("gpuctk.install.launchers", "gpuctk.launchers")
 
 
 def _launchers(python: Path, bindir: Path) -> Path:
-    """Write the launchers (gpuctk.hook.launchers) for the venv of `python` into `bindir`;
+    """Write the launchers (gpuctk.install.launchers) for the venv of `python` into `bindir`;
     returns it."""
     bindir.mkdir(exist_ok=True)
     for module in LAUNCHER_MODULES:

@@ -10,7 +10,7 @@ and summarises the import tree CPython reports on stderr:
 
 - gpuctk-runtime pass-through  `gpuctk-runtime state x` when its sh front has no usable memo
                                and starts Python (with a memo, no Python runs at all: see
-                               gpuctk.hook.launchers);
+                               gpuctk.install.launchers);
 - gpuctk-runtime create        `create --bundle B --pid-file P NAME` of a container that asks
                                for 1 GPU (NVIDIA_VISIBLE_DEVICES=0) on a fresh overlay of the
                                debian test image: requests, CDI registry, apply, the in-root
@@ -192,7 +192,7 @@ def make_cases(
         f'runtimes = ["/bin/true"]\nspec-dirs = ["{spec_dir}"]\nlog-file = "{work}/gpuctk.log"\n'
     )
     env = {"PATH": PATH_ENV.partition("=")[2], "GPUCTK_CONFIG": str(toml)}
-    from gpuctk.hook.launchers import _RUNTIME_PYTHON  # what the sh front runs with -IS -c
+    from gpuctk.install.launchers import _RUNTIME_PYTHON  # what the sh front runs with -IS -c
 
     runtime = str(bindir / "gpuctk-runtime")
     trace_runtime = [*trace, "-c", _RUNTIME_PYTHON, runtime]

@@ -24,7 +24,7 @@ QUIET_ENV = ("GPUCTK_QUIET", "NVIDIA_CTK_QUIET")
 _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "cdi": ("gpuctk.cdi.cli", "cdi", "Generate, list and validate CDI specs for NVIDIA GPUs."),
     "migrate": (
-        "gpuctk.hook.config_cli",
+        "gpuctk.install.config_cli",
         "migrate",
         "Carry nvidia-ctk's config.toml over to gpuctk's.",
     ),
@@ -34,7 +34,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
         "Register gpuctk-runtime with containerd, CRI-O, Docker or podman.",
     ),
     "config": (
-        "gpuctk.hook.config_cli",
+        "gpuctk.install.config_cli",
         "config_group",
         "Show, set and print the defaults of gpuctk's config.toml.",
     ),

@@ -70,9 +70,9 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_PARAMS_KEY", f"{_GUARD}.KEY", "ascii"),
     ("GPUCTK_SCRATCH", f"{_GUARD}.SCRATCH", ""),
     ("GPUCTK_SCRATCH_PREFIX", f"{_GUARD}.SCRATCH_PREFIX", ""),
-    ("GPUCTK_LAUNCHER_MARK", "gpuctk.hook.launchers.LAUNCHER_MARK", ""),
+    ("GPUCTK_LAUNCHER_MARK", "gpuctk.install.launchers.LAUNCHER_MARK", ""),
     # gpuctk-runtime's compiled create
-    ("GPUCTK_SHIM_CREATE", "gpuctk.hook.launchers.SHIM_CREATE", ""),
+    ("GPUCTK_SHIM_CREATE", "gpuctk.install.launchers.SHIM_CREATE", ""),
     ("GPUCTK_SHIM_FRONT_ENV", f"{_FRONT}.SHIM_FRONT_ENV", ""),
     ("GPUCTK_SHIM_FRONT_TRACE_ENV", f"{_FRONT}.SHIM_FRONT_TRACE_ENV", ""),
     ("GPUCTK_SPEC_CACHE_ENV", "gpuctk.cdi.specs.speccache.CACHE_ENV", ""),

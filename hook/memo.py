@@ -2,7 +2,7 @@
 
 After each Python start the shim writes `$GPUCTK_STATE_DIR/runtime` (default /run/gpuctk): the
 config file in force and whether it exists, the low-level runtime it resolved, and the strings
-one of which a config.json asking for a GPU must contain. The front (gpuctk.hook.launchers) execs
+one of which a config.json asking for a GPU must contain. The front (gpuctk.install.launchers) execs
 that runtime itself for the verbs after a create, and for a create whose config.json holds
 none of the strings. Written only into a folder this uid alone can write.
 """
@@ -40,7 +40,7 @@ def request_markers(settings: Settings) -> list[str] | None:
 def remember_runtime(
     runtime: str, environ: Mapping[str, str] | None = None, markers: list[str] | None = None
 ) -> bool:
-    """Write the runtime memo the sh front of gpuctk-runtime reads (gpuctk.hook.launchers): the
+    """Write the runtime memo the sh front of gpuctk-runtime reads (gpuctk.install.launchers): the
     config file in force and whether it exists, the resolved `runtime`
     (gpuctk.hook.runtime_main.find_runtime: the PATH plays no part), so that the verbs after a
     create skip Python, and the request `markers` (request_markers), so that a create whose

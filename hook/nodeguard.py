@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from gpuctk.cdi.specs.shape import EditsDoc, HookDoc
 
 NAME = facts.GUARD_ACTION
-FRONT = "gpuctk-cdi-hook"  # hook/cdihook.c: does the guard in C (gpuctk.hook.launchers.FRONT)
+FRONT = "gpuctk-cdi-hook"  # hook/cdihook.c: does the guard in C (gpuctk.install.launchers.FRONT)
 ACTIONS = facts.HOOK_ACTIONS  # the --disable-hook names of a spec's hook args
 PACKAGED_HOOK = facts.PACKAGED_HOOK
 HOOK_ENV = (facts.HOOK_ENV_PATH,)

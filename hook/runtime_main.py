@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 INJECT_VERBS = frozenset(("create", "run"))
-# set by the sh front (gpuctk.hook.launchers) for the Python it starts when its memo holds
+# set by the sh front (gpuctk.install.launchers) for the Python it starts when its memo holds
 FRONT_RUNTIME_ENV = "GPUCTK_FRONT_RUNTIME"
 GLOBAL_VALUE_FLAGS = frozenset(
     ("log", "log-format", "root", "criu", "rootless", "cgroup-manager", "log-level")

@@ -3,7 +3,7 @@
  *
  *     gpuctk-cdi-hook shim-create PYTHON PYCODE SHIM [the runtime's arguments...]
  *
- * gpuctk-runtime's sh front (gpuctk.hook.launchers) runs this for a `create` once its memo holds
+ * gpuctk-runtime's sh front (gpuctk.install.launchers) runs this for a `create` once its memo holds
  * (GPUCTK_FRONT_RUNTIME then names the low-level runtime). It does what the Python shim would
  * do with the same result, without a Python start, when every one of these holds; otherwise
  * it execs `PYTHON -IS -c PYCODE SHIM ARGS...`, the shim itself, with the environment as given
@@ -1339,7 +1339,7 @@ static int shim_create(int argc, char **argv)
 	sf_argv = argv;
 	if (argc < 5) {
 		fprintf(stderr, "usage: gpuctk-cdi-hook " GPUCTK_SHIM_CREATE " PYTHON PYCODE SHIM ARGS...\n"
-				"(run by gpuctk-runtime's front: see gpuctk.hook.launchers)\n");
+				"(run by gpuctk-runtime's front: see gpuctk.install.launchers)\n");
 		exit(2);
 	}
 	const char *off = getenv(GPUCTK_SHIM_FRONT_ENV);

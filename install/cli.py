@@ -134,7 +134,7 @@ def do_install(
     python = os.path.join(record.prefix, "bin", "python3")
     _checked(
         host,
-        [python, "-I", "-m", "gpuctk.hook.launchers", record.bin_dir, "--python", python],
+        [python, "-I", "-m", "gpuctk.install.launchers", record.bin_dir, "--python", python],
         "writing the launchers",
     )
     click.echo(f"wrote launchers {', '.join(record.launchers())}")

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from gpuctk.errors import InputError, OutputError
-from gpuctk.hook import launchers
+from gpuctk.install import launchers
 from gpuctk.writes import atomic_write
 
 MARKER = ".gpuctk-install.json"  # in the copied prefix: it is gpuctk's, and its digest

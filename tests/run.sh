@@ -67,9 +67,9 @@ log "ruff"
 .venv/bin/ruff format --check .
 
 log "shellcheck"
-# the runtime's sh front as gpuctk.hook.launchers writes it, and every shell script in the tree
+# the runtime's sh front as gpuctk.install.launchers writes it, and every shell script in the tree
 front=$(mktemp -d)
-.venv/bin/python -m gpuctk.hook.launchers "$front" >/dev/null
+.venv/bin/python -m gpuctk.install.launchers "$front" >/dev/null
 shellcheck -s sh "$front/gpuctk-runtime"
 rm -rf "$front"
 shellcheck .ci/run tests/run.sh tests/fixtures/stray_nvidiactl.sh packaging/deb/postinst \

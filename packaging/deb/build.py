@@ -12,7 +12,7 @@ What goes in (see packaging/deb/README in the project README, "Install"):
   build time and pip/setuptools removed. The package depends on that interpreter (python3.11):
   the venv's bin/python3 is a link to it. No system Python package is touched.
 - /usr/bin/gpuctk, gpuctk-runtime, gpuctk-hook: isolated-mode launchers (`#!/opt/gpuctk/bin/python3
-  -I`, hook/launchers.py), so PYTHONPATH and friends never reach the shim or the hook.
+  -I`, install/launchers.py), so PYTHONPATH and friends never reach the shim or the hook.
 - /etc/gpuctk/config.toml (conffile), the systemd refresh units (path, timer, oneshot service),
   gpuctk-device-plugin.service (shipped disabled, for nodes without the plugin's DaemonSet; the
   venv holds the `device-plugin` extra, grpcio, for it),
@@ -302,7 +302,7 @@ def build_deb(out_dir: Path, python: str) -> Path:
                 str(venv_py),
                 "-I",
                 "-m",
-                "gpuctk.hook.launchers",
+                "gpuctk.install.launchers",
                 str(bindir),
                 "--python",
                 f"{PREFIX}/bin/python3",

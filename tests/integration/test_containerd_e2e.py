@@ -158,7 +158,7 @@ def test_containers_through_the_installed_front(daemon: PrivateContainerd) -> No
     Python away before the last container: a hand-over would fail that create."""
     bindir = daemon.base / "bin"
     bindir.mkdir()
-    write = [sys.executable, "-m", "gpuctk.hook.launchers", str(bindir)]
+    write = [sys.executable, "-m", "gpuctk.install.launchers", str(bindir)]
     subprocess.run([*write, "--python", sys.executable], check=True, capture_output=True)
     if not (bindir / "gpuctk-cdi-hook").is_file():
         pytest.skip("gpuctk-cdi-hook not built")

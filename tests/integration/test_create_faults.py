@@ -1,4 +1,4 @@
-"""gpuctk-runtime under load and faults, as installed: the sh front that gpuctk.hook.launchers
+"""gpuctk-runtime under load and faults, as installed: the sh front that gpuctk.install.launchers
 writes, then Python, in front of REAL runc, each container on a fresh overlay of the debian
 test image.
 
@@ -52,7 +52,7 @@ from fixtures.gpucheck import SCRIPT, Node, check_nodes, need_runtime
 from fixtures.images import make_bundle, snapshot_tree, unique_name, unmount
 
 from gpuctk.cdi.node.ldcache import read_ld_cache
-from gpuctk.hook import launchers
+from gpuctk.install import launchers
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +76,7 @@ def known_bug(holds: bool, what: object) -> None:
 
 @pytest.fixture(scope="module")
 def front(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """gpuctk-runtime as packaging installs it: gpuctk.hook.launchers' sh front for this venv."""
+    """gpuctk-runtime as packaging installs it: gpuctk.install.launchers' sh front for this venv."""
     need_runtime("runc")
     bindir = tmp_path_factory.mktemp("launchers")
     launchers.write_launchers(str(bindir), sys.executable)

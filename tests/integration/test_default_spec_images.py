@@ -365,7 +365,7 @@ def front_edit(
     spec_dir, state, toml = world.podman.specs["default"], tmp_path / "state", tmp_path / "c.toml"
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    subprocess.run([sys.executable, "-m", "gpuctk.hook.launchers", str(bindir)], check=True,
+    subprocess.run([sys.executable, "-m", "gpuctk.install.launchers", str(bindir)], check=True,
                    capture_output=True)  # fmt: skip
     for first in ("a", "b"):
         shim_edit(make_bundle(tmp_path / first / "b", rootfs(), ["/bin/true"], env=env, **bundle),

@@ -7,8 +7,8 @@ the sentinel, the real host files and the mounts taken before the attack. Teardo
 no marker appeared and nothing outside the root changed: every test gets that check for free.
 
 The binaries are the production ones: isolated-mode launchers (`#!python -I`, written by
-gpuctk.hook.launchers, as packaging installs them) of gpuctk-hook and gpuctk-runtime for the venv's
-interpreter.
+gpuctk.install.launchers, as packaging installs them) of gpuctk-hook and gpuctk-runtime for the
+venv's interpreter.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pytest
 from fixtures.nosyscall import without
 from snapshot import HostSnapshot
 
-from gpuctk.hook import launchers
+from gpuctk.install import launchers
 
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 FOLDER = f"{LIBDIR}/nvidia/current"

@@ -1,6 +1,6 @@
 """Usage errors, --help, --version and the exit-code table, through the INSTALLED launchers.
 
-The launchers are written by gpuctk.hook.launchers into a temporary folder for the packaged,
+The launchers are written by gpuctk.install.launchers into a temporary folder for the packaged,
 non-editable venv (fixtures.appvenv, built once per source state): `gpuctk-runtime` is the sh
 front, so what is tested is what an operator runs. Every leaf command of the click tree is
 walked, so a new command is covered without a line here.

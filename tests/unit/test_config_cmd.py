@@ -15,7 +15,8 @@ import pytest
 from test_install_deb_files import _build
 
 from gpuctk.cli import main
-from gpuctk.hook import config, config_edit
+from gpuctk.hook import config
+from gpuctk.install import config_edit
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 NVIDIA = DATA / "nvidia-ctk-config.toml"

@@ -1,4 +1,4 @@
-"""gpuctk.hook.launchers: what the deb, `gpuctk install` and the benches put on PATH."""
+"""gpuctk.install.launchers: what the deb, `gpuctk install` and the benches put on PATH."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuctk.hook import launchers
-from gpuctk.hook.launchers import ENTRY_POINTS, FRONT, launcher_text, main, write_launchers
+from gpuctk.install import launchers
+from gpuctk.install.launchers import ENTRY_POINTS, FRONT, launcher_text, main, write_launchers
 
 PYVER = f"python{sys.version_info[0]}.{sys.version_info[1]}"
 PROBE = """
@@ -94,7 +94,7 @@ def test_launchers_are_executable_and_name_the_interpreter(tmp_path: Path) -> No
         else:
             assert text.startswith("#!/opt/gpuctk/bin/python3 -IS\n")
         assert (
-            "\n# gpuctk launcher (gpuctk.hook.launchers)" in text
+            "\n# gpuctk launcher (gpuctk.install.launchers)" in text
         )  # what gpuctk.install.host looks for
 
 

@@ -1,6 +1,6 @@
 """`gpuctk migrate`: NVIDIA's config.toml (tests/data/nvidia-ctk-config.toml, in the layout
 `nvidia-ctk config default` prints, with an operator's changes) carried over to gpuctk's by the
-one table of gpuctk.hook.nvctk_config; the result read by the runtime's loader, and a create
+one table of gpuctk.install.nvctk_config; the result read by the runtime's loader, and a create
 through gpuctk-runtime that shows the carried settings at work.
 """
 
@@ -17,7 +17,8 @@ from test_config_cmd import MINE, gpuctk, snapshot
 from test_shim import Env, base_config, device_paths
 
 from gpuctk.errors import ValidationError
-from gpuctk.hook import config, config_edit, nvctk_config
+from gpuctk.hook import config
+from gpuctk.install import config_edit, nvctk_config
 
 ROOT = Path(__file__).resolve().parents[2]
 NVIDIA = ROOT / "tests" / "data" / "nvidia-ctk-config.toml"

@@ -1,4 +1,4 @@
-"""gpuctk-runtime's sh front (gpuctk.hook.launchers.runtime_front_text) and its memo
+"""gpuctk-runtime's sh front (gpuctk.install.launchers.runtime_front_text) and its memo
 (gpuctk.hook.memo.remember_runtime): create/run always reach Python; every other verb
 goes straight to the runtime in the memo, and only while the memo is still true.
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuctk.hook import launchers
 from gpuctk.hook.memo import remember_runtime
+from gpuctk.install import launchers
 
 
 class Node:

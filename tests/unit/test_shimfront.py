@@ -1,5 +1,5 @@
 """gpuctk-runtime's compiled create (hook/shimfront.c, `gpuctk-cdi-hook shim-create`) and the
-front plans it reads (gpuctk.hook.frontplan), through the launchers gpuctk.hook.launchers
+front plans it reads (gpuctk.hook.frontplan), through the launchers gpuctk.install.launchers
 writes, with /bin/true as the low-level runtime.
 
 A first create of a request goes to Python, which resolves it and writes the front plan; the
@@ -209,7 +209,7 @@ def make_node(
     bindir = work / "bin"
     bindir.mkdir()
     subprocess.run(
-        [sys.executable, "-m", "gpuctk.hook.launchers", str(bindir), "--python", sys.executable],
+        [sys.executable, "-m", "gpuctk.install.launchers", str(bindir), "--python", sys.executable],
         check=True, capture_output=True,
     )  # fmt: skip
     if not (bindir / "gpuctk-cdi-hook").is_file():  # the sh front names it only where it is

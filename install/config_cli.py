@@ -1,10 +1,10 @@
 """`gpuctk config` (set, default, show) and `gpuctk migrate`, under nvidia-ctk's conventions.
 
-`gpuctk config --set KEY[=VALUE]` edits gpuctk's config.toml (gpuctk.hook.config_edit) and
+`gpuctk config --set KEY[=VALUE]` edits gpuctk's config.toml (gpuctk.install.config_edit) and
 writes it to stdout, --output or in place; `config default` prints the defaults' one text;
 `config show` reads the file the runtime reads, as it reads it (gpuctk.hook.config.read:
 root's alone, or refused). `gpuctk migrate` carries NVIDIA's config.toml over, by the one
-table of gpuctk.hook.nvctk_config, through the same setter.
+table of gpuctk.install.nvctk_config, through the same setter.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import Any
 import click
 
 from gpuctk.errors import InputError, UsageError, ValidationError
-from gpuctk.hook import config, config_edit, nvctk_config
+from gpuctk.hook import config
+from gpuctk.install import config_edit, nvctk_config
 
 NVIDIA_DEFAULT = "/etc/nvidia-container-runtime/config.toml"
 FORMAT = click.Choice(["text", "json"])

@@ -13,8 +13,8 @@ container start, so the launchers written here start the interpreter with `-IS`:
   gpuctk is not there (a system-wide or editable install), the launcher runs `site` after all
   and imports again.
 
-    python -m gpuctk.hook.launchers /usr/local/bin          # writes the three launchers
-    python -m gpuctk.hook.launchers --python /opt/gpuctk/bin/python3 DIR
+    python -m gpuctk.install.launchers /usr/local/bin          # writes the three launchers
+    python -m gpuctk.install.launchers --python /opt/gpuctk/bin/python3 DIR
 
 The deb package and `gpuctk install` use this; so does `bench/lifecycle.py`.
 
@@ -64,6 +64,7 @@ from __future__ import annotations
 import os
 import sys
 
+from gpuctk import hook
 from gpuctk.hook.config import DEFAULT_PATH as DEFAULT_CONFIG
 from gpuctk.hook.memo import MEMO_TAG
 from gpuctk.hook.runtime_main import (
@@ -75,7 +76,7 @@ from gpuctk.statedir import DEFAULT_STATE_DIR, STATE_DIR_ENV
 
 LAUNCHER_MARK = "# gpuctk launcher"  # every launcher's second line starts so
 
-FRONT = "gpuctk-cdi-hook"  # hook/cdihook.c, built by setup.py into this package's folder
+FRONT = "gpuctk-cdi-hook"  # hook/cdihook.c, built by setup.py into gpuctk.hook's folder
 SHIM_CREATE = "shim-create"  # its verb for gpuctk-runtime's create (hook/shimfront.c)
 
 # launcher name -> (module, function)
@@ -98,7 +99,7 @@ def launcher_text(python: str, module: str, function: str) -> str:
     _check_interpreter(python)
     return (
         f"#!{python} -IS\n"
-        f"{LAUNCHER_MARK} (gpuctk.hook.launchers): isolated mode, no site; see that module.\n"
+        f"{LAUNCHER_MARK} (gpuctk.install.launchers): isolated mode, no site; see that module.\n"
         "import sys\n"
         "sys.path.append(\n"
         "    f\"{sys.executable.rpartition('/')[0].rpartition('/')[0]}/lib/\"\n"
@@ -154,7 +155,7 @@ def runtime_front_text(python: str, front: str = "") -> str:
     # bundle/b and config/f have their own patterns before this one in the front
     verb_flags = "|".join(sorted(VERB_VALUE_FLAGS - {"bundle", "b", "config", "f"}))
     return f"""#!/bin/sh
-{LAUNCHER_MARK} (gpuctk.hook.launchers): gpuctk-runtime's POSIX sh front; see that module.
+{LAUNCHER_MARK} (gpuctk.install.launchers): gpuctk-runtime's POSIX sh front; see that module.
 # Verbs other than create/run go to the low-level runtime in the memo; so does a create whose
 # config.json holds none of the memo's request markers; anything else starts Python.
 unset {FRONT_RUNTIME_ENV}
@@ -262,10 +263,11 @@ exec {python} -IS -c "$pycode" "$0" "$@"
 
 
 def built_front() -> str:
-    """The compiled gpuctk-cdi-hook this install has: the package's copy (setup.py's build),
+    """The compiled gpuctk-cdi-hook this install has: gpuctk.hook's copy (setup.py's build),
     else the one beside the interpreter (an editable install's, built by hook/cbuild.py into
     the venv's bin/); "" where there is none."""
-    for folder in (os.path.dirname(os.path.abspath(__file__)), os.path.dirname(sys.executable)):
+    package = os.path.dirname(os.path.abspath(hook.__file__))
+    for folder in (package, os.path.dirname(sys.executable)):
         path = os.path.join(folder, FRONT)
         if os.path.isfile(path):
             return path
@@ -304,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m gpuctk.hook.launchers",
+        prog="python -m gpuctk.install.launchers",
         description="Write isolated-mode launchers for gpuctk, gpuctk-runtime and gpuctk-hook.",
     )
     parser.add_argument("bindir", help="folder to write them into, e.g. /usr/local/bin")
@@ -325,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         for path in write_launchers(args.bindir, args.python, args.installed_in):
             print(path)
     except (GpuctkError, OSError, ValueError) as exc:
-        print(f"gpuctk.hook.launchers: error: {exc}", file=sys.stderr)
+        print(f"gpuctk.install.launchers: error: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -1,6 +1,6 @@
 """Editing gpuctk's config.toml: `gpuctk config --set` and `gpuctk migrate` write through here.
 
-The one text of the defaults is hook/config.toml (package data): the deb ships it as
+The one text of the defaults is hook/config.toml (gpuctk.hook's package data): the deb ships it as
 /etc/gpuctk/config.toml with every key commented out, `gpuctk config default` prints it with
 the keys in force. A file is edited with tomlkit, so comments and layout stay; a key that is
 only commented out (`#key = ...`, as shipped) is set where that line stands. Every result is
@@ -21,7 +21,8 @@ from typing import Any
 from gpuctk.errors import InputError, UsageError, ValidationError
 from gpuctk.hook import config
 
-TEMPLATE = Path(__file__).with_name("config.toml")
+# package data of gpuctk.hook, beside the reader (gpuctk.hook.config) whose keys it documents
+TEMPLATE = Path(config.__file__).with_name("config.toml")
 # the tables that mark NVIDIA's /etc/nvidia-container-runtime/config.toml
 NVIDIA_TABLES = ("nvidia-container-runtime", "nvidia-container-cli")
 LIST_KEYS = tuple(k for k, v in config.DEFAULTS.items() if isinstance(v, list))
