@@ -19,7 +19,7 @@
  *     every env entry unescaped, no mount destination with an escape or naming
  *     nvidia-container-devices, no annotation key starting with a configured CDI prefix, no
  *     field apply would refuse (a hook stage, additionalGids or netDevices of another type);
- *   - a front plan (gpuctk.hook.frontplan) for the request's key: the container's env entries
+ *   - a front plan (gpuctk.hook.shim.frontplan) for the request's key: the container's env entries
  *     that start with NVIDIA_ or CUDA_VERSION, in order, whether CAP_SYS_ADMIN is in its
  *     bounding set, its uid and gid. Python writes one when it resolved that key with no note
  *     and no error and the spec's only hooks are gpuctk-cdi-hook createContainer entries. It is
@@ -688,8 +688,10 @@ static int edit_keyed(struct member *cur, size_t n, struct span plan, const char
 	size_t count = 0;
 	for (size_t i = 0; rc == 0 && i < n; i++) {
 		size_t kn = 0;
-		if (member_string(cur[i].val, key, &keys[i].p, &kn) != 0)
-			rc = -1;
+		if (member_string(cur[i].val, key, &keys[i].p, &kn) != 0) {
+			rc = -1; /* keys[i].p is NULL: no offset from it */
+			break;
+		}
 		keys[i].end = keys[i].p + kn;
 		list[count++].text = cur[i].val;
 	}
