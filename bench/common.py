@@ -66,7 +66,7 @@ PYTHON_NOTE = ".python"  # in the launchers' folder: the venv interpreter they s
 
 
 # where a revision keeps its launcher writer: this tree's, then older revisions' (--against)
-LAUNCHER_MODULES = ("gpuctk.install.launchers", "gpuctk.launchers")
+LAUNCHER_MODULES = ("gpuctk.install.launchers", "gpuctk.hook.launchers", "gpuctk.launchers")
 
 
 def _launchers(python: Path, bindir: Path) -> Path:

@@ -14,7 +14,7 @@ and summarises the import tree CPython reports on stderr:
 - gpuctk-runtime create        `create --bundle B --pid-file P NAME` of a container that asks
                                for 1 GPU (NVIDIA_VISIBLE_DEVICES=0) on a fresh overlay of the
                                debian test image: requests, CDI registry, apply, the in-root
-                               work (gpuctk.hook.shimroot), config.json written back;
+                               work (gpuctk.hook.shim.shimroot), config.json written back;
 - gpuctk-hook createContainer  the hook entry of the generated spec, as runc runs it: its args
                                and env, the OCI state on stdin, on a fresh overlay (from the
                                host's mount namespace: the imports do not depend on it);

@@ -15,7 +15,7 @@ Network interfaces reach the container in one of two ways (`--nic-mode`):
 
 - `hook` (default): a createRuntime hook entry `gpuctk-hook createRuntime --netdev IF` that
   moves IF into the container's network namespace, and a poststop entry that moves it back
-  from a namespace that outlives the container (a pod's) (gpuctk.hook.netdev). cdiVersion
+  from a namespace that outlives the container (a pod's) (gpuctk.hook.verbs.netdev). cdiVersion
   stays low.
 - `netdevices`: CDI 1.1 `netDevices` entries; the engine moves them. The spec then says
   cdiVersion 1.1.0, which only engines that know CDI 1.1 accept.

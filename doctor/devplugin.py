@@ -10,8 +10,8 @@
   layer read (the shim's spec dirs): for each container the checkpoint gave devices of the
   vendor (whose pod is still on the node), the CDI devices and `cdi.k8s.io/` annotations of
   the plugin's answer, else the NVIDIA_VISIBLE_DEVICES list or device mounts it passed, as
-  the shim reads them (gpuctk.hook.requests), else its device IDs. A name no spec defines fails
-  (that container cannot start, nor restart); a device gpuctk's plugin advertises that no
+  the shim reads them (gpuctk.hook.requests.devices), else its device IDs. A name no spec defines
+  fails (that container cannot start, nor restart); a device gpuctk's plugin advertises that no
   spec names is a warning (the next pod given it fails).
 """
 
@@ -170,22 +170,22 @@ def _logs_fix(ctx: Context, sockets: list[str]) -> str:
 
 def handed(entry: Entry, kind: str) -> list[str]:
     """The CDI names a container was given, as the engine or the shim resolves them."""
-    from gpuctk.hook import requests
+    from gpuctk.hook.requests import devices
 
     answer = entry.answer
     if answer is not None:
         annotations = dict(answer.annotations)
-        names = [*answer.cdi_devices, *requests.from_annotations(annotations, ("cdi.k8s.io/",))]
+        names = [*answer.cdi_devices, *devices.from_annotations(annotations, ("cdi.k8s.io/",))]
         if names:
             return list(dict.fromkeys(names))
         mounts = [{"source": m.host_path, "destination": m.container_path} for m in answer.mounts]
-        env = dict(answer.envs).get(requests.VISIBLE_DEVICES)
-        if env == requests.MOUNTS_ROOT:
-            return requests.from_mounts(mounts, kind)
+        env = dict(answer.envs).get(devices.VISIBLE_DEVICES)
+        if env == devices.MOUNTS_ROOT:
+            return devices.from_mounts(mounts, kind)
         if env is not None:
-            return requests.from_visible_devices(env, kind)[0]
+            return devices.from_visible_devices(env, kind)[0]
     ids = [i.partition("::")[0] for i in entry.device_ids]  # NVIDIA's replicas: <ID>::<n>
-    return requests.from_visible_devices(",".join(ids), kind)[0] if ids else []
+    return devices.from_visible_devices(",".join(ids), kind)[0] if ids else []
 
 
 def _allocated(

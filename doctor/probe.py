@@ -246,7 +246,7 @@ def check_probe(ctx: Context, found: Findings) -> Result:
         return failed(ID, TITLE, ["gpuctk-runtime not on PATH"], "see the runtime layer")
     if found.settings is None:
         return skipped(ID, TITLE, "runtime settings unknown")
-    from gpuctk.hook.runtime_main import find_runtime
+    from gpuctk.hook.shim.runtime_main import find_runtime
 
     try:
         runtime = find_runtime(found.settings.runtimes)

@@ -5,7 +5,7 @@
 - the runtime config file (`--runtime-config`, $GPUCTK_CONFIG, <host>/etc/gpuctk/config.toml)
   is valid, read by the same code as the shim (gpuctk.hook.config);
 - the low-level runtime the shim will exec is found, by the shim's own search
-  (gpuctk.hook.runtime_main.find_runtime) over the configured `runtimes`.
+  (gpuctk.hook.shim.runtime_main.find_runtime) over the configured `runtimes`.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def check_low_level(ctx: Context, found: Findings) -> Result:
     title = "low-level runtime found"
     if found.settings is None:
         return skipped("runtime.low-level", title, "no runtime settings")
-    from gpuctk.hook.runtime_main import find_runtime
+    from gpuctk.hook.shim.runtime_main import find_runtime
 
     names = list(found.settings.runtimes)
     try:

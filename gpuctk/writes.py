@@ -3,7 +3,7 @@
 atomic_write never shows a partial file and sets ownership on the temporary file before the
 rename; in shared folders (the state folder) it locks the temporary file while writing it, so
 that sweep_dead_temps can remove what a killed writer left without guessing by pid. The
-`marshal` caches (gpuctk.cdi.specs.speccache, gpuctk.hook.plans) are read only from folders and
+`marshal` caches (gpuctk.cdi.specs.speccache, gpuctk.hook.shim.plans) are read only from folders and
 files
 this uid alone can have written (gpuctk.fs.open_private_dir).
 """
@@ -189,7 +189,7 @@ def read_private(folder: str, path: str, limit: int) -> bytes | None:
 def load_private_marshal(folder: str, path: str, limit: int, fmt: str) -> dict[str, Any] | None:
     """The `marshal` document at `path` (in `folder`), read by read_private, when it is a dict
     whose "format" is `fmt`. None for anything else: marshal is not meant for hostile input,
-    and these files are caches (gpuctk.cdi.specs.speccache, gpuctk.hook.plans)."""
+    and these files are caches (gpuctk.cdi.specs.speccache, gpuctk.hook.shim.plans)."""
     data = read_private(folder, path, limit)
     if data is None:
         return None

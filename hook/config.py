@@ -2,7 +2,7 @@
 
     runtimes = ["runc", "crun"]            # low-level runtimes, first found wins: a name
                                            # (searched in the system folders, not PATH:
-                                           # gpuctk.hook.runtime_main.DEFAULT_PATH) or an
+                                           # gpuctk.hook.shim.runtime_main.DEFAULT_PATH) or an
                                            # absolute path; root-owned, not g/o-writable
     spec-dirs = ["/etc/cdi", "/var/run/cdi"]
     default-kind = "nvidia.com/gpu"        # kind given to bare NVIDIA_VISIBLE_DEVICES names
@@ -12,18 +12,18 @@
     accept-envvar-unprivileged = "auto"    # honour NVIDIA_VISIBLE_DEVICES/NVIDIA_IMEX_CHANNELS
                                            # without CAP_SYS_ADMIN: true, false, or "auto" =
                                            # false in a Kubernetes container (the CRI
-                                           # runtime's annotations: gpuctk.hook.requests
+                                           # runtime's annotations: gpuctk.hook.requests.devices
                                            # .is_kubernetes), true elsewhere
     accept-volume-mounts = false           # /var/run/nvidia-container-devices/* mounts
     disable-device-node-modification = true  # GPU containers see ModifyDeviceFiles: 0
-                                           # (gpuctk.hook.nodeguard); false: not guarded
+                                           # (gpuctk.hook.verbs.nodeguard); false: not guarded
     proc-root = "/proc"                    # the host's /proc: the driver's params file there
     log-file = ""                          # an extra log file (text format); "" for none
     log-level = "info"                     # debug, info, warning, error
 
 A missing default file means the defaults; a file named by GPUCTK_CONFIG must exist. Unknown
 keys, wrong types and bad values are errors (ValidationError, every problem listed); what a
-create does under such a file: gpuctk.hook.failsafe. The file
+create does under such a file: gpuctk.hook.requests.failsafe. The file
 names what root runs: it is read only when it and every folder above it can be written by root
 (or the user gpuctk runs as) alone (gpuctk.fs.open_trusted_file); anything else is refused
 (TrustError, naming the component at fault and the fix).
@@ -91,7 +91,7 @@ class Settings:
         self.default_kind: str = merged["default-kind"]
         self.device_list_kinds: tuple[str, ...] = tuple(merged["device-list-kinds"])
         self.annotation_prefixes: tuple[str, ...] = tuple(merged["annotation-prefixes"])
-        # None: "auto" (gpuctk.hook.requests.env_allowed decides per container)
+        # None: "auto" (gpuctk.hook.requests.devices.env_allowed decides per container)
         envvar = merged["accept-envvar-unprivileged"]
         self.accept_envvar_unprivileged: bool | None = None if envvar == AUTO else envvar
         self.accept_volume_mounts: bool = merged["accept-volume-mounts"]

@@ -25,8 +25,8 @@ GENERATOR = "hook/cvocab.py"
 
 _CAPS = "gpuctk.cdi.node.capabilities"
 _FACTS = "gpuctk.cdi.node.facts"
-_FRONT = "gpuctk.hook.frontplan"
-_GUARD = "gpuctk.hook.nodeprotect"
+_FRONT = "gpuctk.hook.shim.frontplan"
+_GUARD = "gpuctk.hook.verbs.nodeprotect"
 
 # (C name, the Python constant as module.NAME, what of its value the C takes: "" the value,
 # "dir" / "name" a path's folder / last name, "sorted" a set in order, "mask" the capabilities'
@@ -36,7 +36,7 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_CAPS", f"{_CAPS}.ALL", ""),
     ("GPUCTK_CAPS_DEFAULT", f"{_CAPS}.DEFAULT", "mask"),
     ("GPUCTK_CAPS_EVERY", f"{_CAPS}.EVERY", ""),
-    ("GPUCTK_CAPS_ENV", "gpuctk.hook.drivercaps.ENV", ""),
+    ("GPUCTK_CAPS_ENV", "gpuctk.hook.requests.drivercaps.ENV", ""),
     # the spec's hook entry: its program, verbs, options, actions and env
     ("GPUCTK_HOOK_NAME", f"{_FACTS}.HOOK_NAME", ""),
     ("GPUCTK_HOOK_VERB", f"{_FACTS}.HOOK_VERB", ""),
@@ -54,16 +54,16 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_HOOK_FRONT_TRACE_ENV", f"{_FACTS}.HOOK_FRONT_TRACE_ENV", ""),
     ("GPUCTK_FRONT_OFF", f"{_FACTS}.FRONT_OFF", ""),
     # the container root's files
-    ("GPUCTK_MAX_CACHE", "gpuctk.hook.ldmerge.MAX_CACHE", ""),
-    ("GPUCTK_LD_CACHE", "gpuctk.hook.ldmerge.LD_CACHE", ""),
-    ("GPUCTK_LD_CACHE_DIR", "gpuctk.hook.ldmerge.LD_CACHE", "dir"),
-    ("GPUCTK_LD_CACHE_NAME", "gpuctk.hook.ldmerge.LD_CACHE", "name"),
-    ("GPUCTK_LD_SO_CONF", "gpuctk.hook.inroot.LD_SO_CONF", ""),
-    ("GPUCTK_LD_CONF_DIR", "gpuctk.hook.inroot.LD_CONF_DIR", ""),
-    ("GPUCTK_LD_CONF_NAME", "gpuctk.hook.inroot.LD_CONF_FILE", "name"),
-    ("GPUCTK_COMPAT_CONF", "gpuctk.hook.cudacompat.COMPAT_CONF", ""),
-    ("GPUCTK_COMPAT_DIR", "gpuctk.hook.cudacompat.COMPAT_DIR", ""),
-    ("GPUCTK_COMPAT_LIBCUDA", "gpuctk.hook.cudacompat.LIBCUDA", ""),
+    ("GPUCTK_MAX_CACHE", "gpuctk.hook.verbs.ldmerge.MAX_CACHE", ""),
+    ("GPUCTK_LD_CACHE", "gpuctk.hook.verbs.ldmerge.LD_CACHE", ""),
+    ("GPUCTK_LD_CACHE_DIR", "gpuctk.hook.verbs.ldmerge.LD_CACHE", "dir"),
+    ("GPUCTK_LD_CACHE_NAME", "gpuctk.hook.verbs.ldmerge.LD_CACHE", "name"),
+    ("GPUCTK_LD_SO_CONF", "gpuctk.hook.verbs.inroot.LD_SO_CONF", ""),
+    ("GPUCTK_LD_CONF_DIR", "gpuctk.hook.verbs.inroot.LD_CONF_DIR", ""),
+    ("GPUCTK_LD_CONF_NAME", "gpuctk.hook.verbs.inroot.LD_CONF_FILE", "name"),
+    ("GPUCTK_COMPAT_CONF", "gpuctk.hook.verbs.cudacompat.COMPAT_CONF", ""),
+    ("GPUCTK_COMPAT_DIR", "gpuctk.hook.verbs.cudacompat.COMPAT_DIR", ""),
+    ("GPUCTK_COMPAT_LIBCUDA", "gpuctk.hook.verbs.cudacompat.LIBCUDA", ""),
     # the device node guard
     ("GPUCTK_PARAMS", f"{_GUARD}.PARAMS", ""),
     ("GPUCTK_MAX_PARAMS", f"{_GUARD}.MAX_BYTES", ""),
@@ -77,7 +77,7 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_SHIM_FRONT_TRACE_ENV", f"{_FRONT}.SHIM_FRONT_TRACE_ENV", ""),
     ("GPUCTK_SPEC_CACHE_ENV", "gpuctk.cdi.specs.speccache.CACHE_ENV", ""),
     ("GPUCTK_SPEC_CACHE_OFF", "gpuctk.cdi.specs.speccache.CACHE_OFF", ""),
-    ("GPUCTK_FRONT_RUNTIME_ENV", "gpuctk.hook.runtime_main.FRONT_RUNTIME_ENV", ""),
+    ("GPUCTK_FRONT_RUNTIME_ENV", "gpuctk.hook.shim.runtime_main.FRONT_RUNTIME_ENV", ""),
     ("GPUCTK_CONFIG_ENV", "gpuctk.hook.config.ENV_VAR", ""),
     ("GPUCTK_DEFAULT_CONFIG", "gpuctk.hook.config.DEFAULT_PATH", ""),
     ("GPUCTK_STATE_DIR_ENV", "gpuctk.statedir.STATE_DIR_ENV", ""),
@@ -88,7 +88,7 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_KEY_PREFIXES", f"{_FRONT}.KEY_PREFIXES", ""),
     ("GPUCTK_MAX_CONFIG", "gpuctk.hook.bundle.MAX_CONFIG", ""),
     ("GPUCTK_HOOK_STAGES", "gpuctk.cdi.specs.apply.HOOK_STAGES", "sorted"),
-    ("GPUCTK_DEVICE_LIST_MOUNTS", "gpuctk.hook.requests.MOUNTS_ROOT", "name"),
+    ("GPUCTK_DEVICE_LIST_MOUNTS", "gpuctk.hook.requests.devices.MOUNTS_ROOT", "name"),
 )
 
 Value = str | int | tuple[str, ...]

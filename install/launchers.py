@@ -23,7 +23,7 @@ start, state, kill, delete, ...), and only `create`/`run` need Python. Its launc
 front (dash starts in a fraction of CPython's time) that finds the verb as runc reads its
 global flags and, for any verb but create/run, execs the low-level runtime that gpuctk-runtime
 itself last resolved, read from its memo (`$GPUCTK_STATE_DIR/runtime`, default
-/run/gpuctk/runtime; see gpuctk.hook.memo.remember_runtime). The memo is used only when
+/run/gpuctk/runtime; see gpuctk.hook.shim.memo.remember_runtime). The memo is used only when
 the state folder and the memo are owned by the caller's uid and are not symlinks, the memo
 is a regular file that names the same config file (present or absent alike) and is not older
 than that config file, and its runtime is an absolute path to an executable regular file, not
@@ -39,7 +39,7 @@ writes the memo again. So a config change takes effect at once, and the verbs th
 create go to the runtime that create used.
 
 A `create`/`run` skips Python too when its config.json cannot be asking for a GPU: the memo
-also holds the request markers of the config in force (gpuctk.hook.memo
+also holds the request markers of the config in force (gpuctk.hook.shim.memo
 request_markers: `NVIDIA_VISIBLE_DEVICES`, each annotation prefix, and with
 accept-volume-mounts the device-list folder name), and the front finds the bundle as runc
 reads `--bundle`/`-b` (the current folder without one) and runs the host's grep (/usr/bin or
@@ -53,7 +53,7 @@ on such a create, the front hands its runtime to Python (`GPUCTK_FRONT_RUNTIME`,
 the environment before the runtime runs), which then neither searches for the runtime nor
 rewrites the memo; the front unsets that variable first, so only the front can set it.
 
-Once Python has written a front plan (the state folder has `front/`, gpuctk.hook.frontplan),
+Once Python has written a front plan (the state folder has `front/`, gpuctk.hook.shim.frontplan),
 such a create goes to the compiled `gpuctk-cdi-hook shim-create` beside the launchers instead
 (hook/shimfront.c), with the interpreter and the Python half as arguments: it does the create
 itself for a request with a plan, and execs exactly that Python start otherwise.
@@ -66,8 +66,8 @@ import sys
 
 from gpuctk import hook
 from gpuctk.hook.config import DEFAULT_PATH as DEFAULT_CONFIG
-from gpuctk.hook.memo import MEMO_TAG
-from gpuctk.hook.runtime_main import (
+from gpuctk.hook.shim.memo import MEMO_TAG
+from gpuctk.hook.shim.runtime_main import (
     FRONT_RUNTIME_ENV,
     GLOBAL_VALUE_FLAGS,
     VERB_VALUE_FLAGS,
@@ -82,8 +82,8 @@ SHIM_CREATE = "shim-create"  # its verb for gpuctk-runtime's create (hook/shimfr
 # launcher name -> (module, function)
 ENTRY_POINTS: dict[str, tuple[str, str]] = {
     "gpuctk": ("gpuctk.cli", "main"),
-    "gpuctk-runtime": ("gpuctk.hook.runtime_main", "main"),
-    "gpuctk-hook": ("gpuctk.hook.hook_main", "main"),
+    "gpuctk-runtime": ("gpuctk.hook.shim.runtime_main", "main"),
+    "gpuctk-hook": ("gpuctk.hook.verbs.hook_main", "main"),
 }
 
 
@@ -126,12 +126,12 @@ sys.path.append(
     + "/lib/python%d.%d/site-packages" % sys.version_info[:2]
 )
 try:
-    from gpuctk.hook.runtime_main import main
+    from gpuctk.hook.shim.runtime_main import main
 except ImportError:
     import site
 
     site.main()
-    from gpuctk.hook.runtime_main import main
+    from gpuctk.hook.shim.runtime_main import main
 raise SystemExit(main())
 """
 

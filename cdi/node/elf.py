@@ -4,7 +4,7 @@ Only the ELF header, the program headers and the dynamic segment are read (a han
 `pread`s, whatever the file size). The answer: the class (32 or 64 bits, 32-bit libraries belong
 to the compat32 capability), the machine (x86_64, i386, aarch64, ...) and DT_SONAME.
 `read_note_section` reads the section headers and one named SHT_NOTE section, size-capped by
-the caller (the CUDA forward compatibility note: gpuctk.hook.cudacompat).
+the caller (the CUDA forward compatibility note: gpuctk.hook.verbs.cudacompat).
 
 The input is untrusted: every offset and count is checked against the file size and against
 fixed caps, so that a truncated or hostile file gives `ValueError` (never IndexError,

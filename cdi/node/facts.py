@@ -29,7 +29,7 @@ HOOK_VERB = "createContainer"  # the entry's OCI stage and the hook's verb
 LINKS_ACTION = "create-symlinks"
 LDCACHE_ACTION = "update-ldcache"
 COMPAT_ACTION = "enable-cuda-compat"
-GUARD_ACTION = "disable-device-node-modification"  # gpuctk.hook.nodeprotect; a verb too
+GUARD_ACTION = "disable-device-node-modification"  # gpuctk.hook.verbs.nodeprotect; a verb too
 HOOK_ACTIONS = (LINKS_ACTION, LDCACHE_ACTION, COMPAT_ACTION, GUARD_ACTION)
 
 # the entry's options (each with a value, each repeatable but --ld-cache)

@@ -29,8 +29,12 @@ WIDTH = 80
 SHORT = 300  # a short help in full, never cut with "..."
 # the programs that are not click commands: (page, their help text's module and attribute)
 PLAIN = {
-    "gpuctk-runtime": ("gpuctk.hook.runtime_main", "HELP", "the runc shim gpuctk's handlers run"),
-    "gpuctk-hook": ("gpuctk.hook.hook_main", "USAGE", "the OCI hook gpuctk's CDI specs name"),
+    "gpuctk-runtime": (
+        "gpuctk.hook.shim.runtime_main",
+        "HELP",
+        "the runc shim gpuctk's handlers run",
+    ),
+    "gpuctk-hook": ("gpuctk.hook.verbs.hook_main", "USAGE", "the OCI hook gpuctk's CDI specs name"),
 }
 
 

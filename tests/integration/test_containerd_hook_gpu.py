@@ -92,7 +92,7 @@ class Daemon:
         """Point the hook (through the config its entry names) at `node`'s spec dir. These
         pods ask by NVIDIA_VISIBLE_DEVICES, the device plugin's `envvar` strategy, which a
         Kubernetes container's unprivileged env gets only by the operator's explicit opt-in
-        (gpuctk.hook.requests.env_allowed; tests/integration/test_shim_no_grant.py)."""
+        (gpuctk.hook.requests.devices.env_allowed; tests/integration/test_shim_no_grant.py)."""
         self.toml.write_text(
             f'spec-dirs = ["{node.spec_dir}"]\naccept-envvar-unprivileged = true\n'
         )

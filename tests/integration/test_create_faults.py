@@ -59,7 +59,7 @@ pytestmark = pytest.mark.integration
 BURST = 32
 HOST_PATH = PATH_ENV.partition("=")[2]
 STATE_FILES = {"runtime", "plans", "specs.cache"}  # what the shim keeps there
-PLAN_FILE = re.compile(r"^[0-9a-f]{8}\.plan$")  # in plans/: gpuctk.hook.plans.file_name
+PLAN_FILE = re.compile(r"^[0-9a-f]{8}\.plan$")  # in plans/: gpuctk.hook.shim.plans.file_name
 WAIT = 120  # seconds any one runtime call or container may take before the test gives up
 NVIDIA_MAJOR = 195
 
@@ -502,7 +502,7 @@ def text_of(path: Path) -> str:
 
 
 def plan_keys(state: Path) -> set[Any]:
-    """The requests whose plans the state folder holds (gpuctk.hook.plans: plans/, a file
+    """The requests whose plans the state folder holds (gpuctk.hook.shim.plans: plans/, a file
     each)."""
     folder = state / "plans"
     return {

@@ -199,7 +199,7 @@ def test_nothing_requested_gets_nothing(prestart: Any) -> None:
 
 def test_the_plan_takes_the_entry_as_gpuctks(node: Node) -> None:
     """The folder spec's entry, read by the prestart plan: gpuctk's work, none left undone."""
-    from gpuctk.hook import prestart as mode
+    from gpuctk.hook.verbs import prestart as mode
 
     doc: dict[str, Any] = {"process": {"env": []}, "mounts": [], "linux": {}}
     todo = mode.plan(doc, json.loads(json.dumps(node.spec["containerEdits"])))

@@ -1,4 +1,4 @@
-"""CUDA forward compatibility through the real shim, its hook and runc (hook/cudacompat.py).
+"""CUDA forward compatibility through the real shim, its hook and runc (hook/verbs/cudacompat.py).
 
 The debian test image gets a cuda-compat folder at /usr/local/cuda/compat (through a
 /usr/local/cuda link, as in CUDA images): ELF files with the real SONAMEs and their links,

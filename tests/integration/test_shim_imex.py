@@ -1,4 +1,5 @@
-"""NVIDIA_IMEX_CHANNELS through the real shim and runc (hook/imex.py, hook/requests.py).
+"""NVIDIA_IMEX_CHANNELS through the real shim and runc (hook/requests/imex.py,
+hook/requests/devices.py).
 
 One spec dir holds the h100-8 spec and the `--mode imex` spec, both generated over the fixture
 dev root (channel0 and channel1, major from the fixture /proc/devices). The shim's `create`

@@ -1,4 +1,5 @@
-"""gpuctk-runtime does the hook's in-root work itself (hook/shimroot.py), so no hook process runs.
+"""gpuctk-runtime does the hook's in-root work itself (hook/shim/shimroot.py), so no hook process
+runs.
 
 Each case runs the real shim's `create` on a fresh overlay of a test image with the generated
 h100-8 spec and `/bin/true` as the low-level runtime (config.json is then inspected), or real
@@ -65,7 +66,8 @@ def create(
 
 
 def gpuctk_hooks(config: dict[str, Any]) -> list[dict[str, Any]]:
-    """gpuctk-hook entries doing in-root work (not the device node guard: hook/nodeguard.py)."""
+    """gpuctk-hook entries doing in-root work (not the device node guard:
+    hook/verbs/nodeguard.py)."""
     return [
         h
         for hooks in (config.get("hooks") or {}).values()

@@ -1,6 +1,6 @@
-"""A GPU container sees `ModifyDeviceFiles: 0` (hook/nodeprotect.py, hook/nodeguard.py), through
-REAL runc: by gpuctk-runtime (its added `gpuctk-hook disable-device-node-modification` entry) and
-by the spec's own createContainer hook entry, with no shim.
+"""A GPU container sees `ModifyDeviceFiles: 0` (hook/verbs/nodeprotect.py, hook/verbs/nodeguard.py),
+through REAL runc: by gpuctk-runtime (its added `gpuctk-hook disable-device-node-modification`
+entry) and by the spec's own createContainer hook entry, with no shim.
 
 The machines tests run on load no NVIDIA driver: the container's procfs has no
 /proc/driver/nvidia/params. runc refuses config.json mounts inside /proc, so an earlier
@@ -150,7 +150,8 @@ def test_the_shim_guards_after_create_with_no_hook_process(
     node: Node, fresh_rootfs: Callable[[str], Path], tmp_path: Path
 ) -> None:
     """A `create --pid-file` on a host whose params file says 1 (the config's proc-root points
-    at one): no hook entry; the shim guards the created container itself (hook/nodeafter.py)."""
+    at one): no hook entry; the shim guards the created container itself
+    (hook/shim/nodeafter.py)."""
     rootfs = fresh_rootfs("debian")
     proc = tmp_path / "hostproc"
     (proc / "driver/nvidia").mkdir(parents=True)

@@ -10,7 +10,7 @@ fresh overlay of the debian image (fixtures.images) and reports what it sees:
 - opening an injected GPU node fails with ENXIO ("No such device or address"): the device
   cgroup allowed it and there is no driver behind it (a blocked node gives EPERM);
 - the driver libraries NVIDIA_DRIVER_CAPABILITIES selects, and `ldconfig -p` listing
-  libcuda.so.1 (the shim wrote the cache itself, hook/shimroot.py, or the hook ran).
+  libcuda.so.1 (the shim wrote the cache itself, hook/shim/shimroot.py, or the hook ran).
 
 Failures (unknown device, unmet NVIDIA_REQUIRE_CUDA, malformed config.json, missing spec dir)
 make `run` exit 1 with a clear message, config.json unchanged and no container created.

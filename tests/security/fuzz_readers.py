@@ -22,7 +22,7 @@ import atheris
 
 with atheris.instrument_imports():
     from gpuctk.cdi.node import elf, ldcache
-    from gpuctk.hook import cudacompat
+    from gpuctk.hook.verbs import cudacompat
 
 SEED_FILES = (
     "/etc/ld.so.cache",

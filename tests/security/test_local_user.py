@@ -28,8 +28,8 @@ import pytest
 from secworld import assert_safe, run_tool
 
 from gpuctk.hook import bundle as ocibundle
-from gpuctk.hook import memo as runtime_memo
-from gpuctk.hook import runtime_main
+from gpuctk.hook.shim import memo as runtime_memo
+from gpuctk.hook.shim import runtime_main
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 GPU_SPEC = {
@@ -383,7 +383,7 @@ def test_the_front_never_runs_a_memo_runtime_others_can_write(node: Node) -> Non
         assert node.marks() == ["ok-ran"]  # the config's own runtime, resolved again
         (node.markers / "ok-ran").unlink()
     # Python itself checks a runtime handed over by the front (GPUCTK_FRONT_RUNTIME)
-    code = "from gpuctk.hook.runtime_main import main; main()"
+    code = "from gpuctk.hook.shim.runtime_main import main; main()"
     (node.bundle / "config.json").write_text('{"ociVersion": "1.0.2", "process": {}}')
     done = subprocess.run(
         [sys.executable, "-c", code, "create", "--bundle", str(node.bundle), "c1"],
@@ -480,7 +480,7 @@ def test_a_bundle_path_flipped_to_a_root_folder_is_never_written(
 def test_a_relative_root_path_is_found_from_the_bundle_descriptor(node: Node) -> None:
     """The in-root work opens a relative root.path from the bundle the shim opened, not by
     joining the bundle path again (which may name another folder by then)."""
-    from gpuctk.hook import shimroot
+    from gpuctk.hook.shim import shimroot
 
     mine, other = node.root / "mine", node.root / "other"
     for bundle in (mine, other):

@@ -25,7 +25,9 @@ from gpuctk import jsonfast
 from gpuctk.cdi.node import devnodes, elf, ldcache
 from gpuctk.cdi.specs.names import is_qualified_name
 from gpuctk.errors import InputError, RequestError, UsageError
-from gpuctk.hook import inroot, oci_state, requests
+from gpuctk.hook import oci_state
+from gpuctk.hook.requests import devices
+from gpuctk.hook.verbs import inroot
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KIND = "nvidia.com/gpu"
@@ -46,10 +48,10 @@ JSON = st.recursive(
 
 
 def check_names(names: list[str] | tuple[str, ...]) -> None:
-    assert len(names) <= requests.MAX_DEVICES
+    assert len(names) <= devices.MAX_DEVICES
     for name in names:
         assert is_qualified_name(name), name
-        assert len(name) <= requests.MAX_NAME_LEN and "\x00" not in name
+        assert len(name) <= devices.MAX_NAME_LEN and "\x00" not in name
         device = name.partition("=")[2]
         assert "/" not in device and device not in ("", ".", ".."), name
 
@@ -58,7 +60,7 @@ def check_names(names: list[str] | tuple[str, ...]) -> None:
 @given(REQUEST_TEXT)
 def test_visible_devices_values(value: str) -> None:
     try:
-        names, driver_only = requests.from_visible_devices(value, KIND)
+        names, driver_only = devices.from_visible_devices(value, KIND)
     except RequestError:
         return
     check_names(names)
@@ -70,7 +72,7 @@ def test_visible_devices_values(value: str) -> None:
 @given(st.dictionaries(st.one_of(st.just("cdi.k8s.io/x"), REQUEST_TEXT), JSON, max_size=4))
 def test_annotation_values(annotations: dict[str, Any]) -> None:
     try:
-        names = requests.from_annotations(annotations, ("cdi.k8s.io/",))
+        names = devices.from_annotations(annotations, ("cdi.k8s.io/",))
     except RequestError:
         return
     check_names(names)
@@ -90,14 +92,14 @@ DEST = st.lists(PIECES | st.sampled_from(["cdi", "nvidia.com", "gpu"]), max_size
 )
 def test_device_mount_destinations(mounts: list[dict[str, str]]) -> None:
     try:
-        names = requests.from_mounts(mounts, KIND)
+        names = devices.from_mounts(mounts, KIND)
     except RequestError:
         return
     check_names(names)
     assert all(n.startswith(KIND + "=") for n in names)
     for mount in mounts:
         if ".." in mount["destination"].split("/") and names:
-            assert not mount["destination"].startswith(requests.MOUNTS_ROOT + "/")
+            assert not mount["destination"].startswith(devices.MOUNTS_ROOT + "/")
 
 
 @SETTINGS
@@ -117,7 +119,7 @@ def test_device_mount_destinations(mounts: list[dict[str, str]]) -> None:
 )
 def test_config_json_shapes(config: dict[str, Any], volumes: bool, unprivileged: bool) -> None:
     try:
-        req = requests.requested(
+        req = devices.requested(
             config, accept_volume_mounts=volumes, accept_envvar_unprivileged=unprivileged
         )
     except RequestError:

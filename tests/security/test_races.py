@@ -23,7 +23,7 @@ from fixtures.privmounts import in_private_mounts
 from secworld import FOLDER, LIB, LIBDIR, World, assert_safe, run_tool
 
 from gpuctk import rootfs
-from gpuctk.hook import nsmount
+from gpuctk.hook.verbs import nsmount
 
 _libc = ctypes.CDLL(None, use_errno=True)
 RUNS = 12

@@ -179,7 +179,7 @@ def test_prestart_device_nodes_and_binds_stay_in_root(world: World, target: str,
     private mount namespace: whatever lands, lands inside the root."""
 
     from gpuctk import rootfs
-    from gpuctk.hook import mknod, nsmount
+    from gpuctk.hook.verbs import mknod, nsmount
 
     plant(world, target, form)
     source = world.tmp / "driver-lib"

@@ -6,7 +6,7 @@ that records its argv, a few environment variables, its open descriptors and its
 checks which of the front's outcomes it took: served (exit 0, the fake never runs: the image's
 ld cache merged with the stage's, the links made), or the handover, with argv and the OCI state
 passed on byte for byte. A served image's cache is compared with what gpuctk-hook writes
-(gpuctk.hook.ldmerge: the same entries in the same order). The image is hostile
+(gpuctk.hook.verbs.ldmerge: the same entries in the same order). The image is hostile
 (links out of the root, FIFOs, loops, huge or sparse files, huge folders) and so is the JSON;
 no case may hang, crash, or read outside the root. The device node guard is tried only as root
 and only inside a private mount namespace of its own (`unshare -m --propagation private`).
@@ -148,7 +148,7 @@ def cache(*strings: str) -> bytes:
 
 
 def expected(image: list[LdCacheEntry], stage: list[LdCacheEntry] = STAGE_ENTRIES) -> list[Any]:
-    """The entries gpuctk-hook's merge gives (gpuctk.hook.ldmerge.write_cache), in order."""
+    """The entries gpuctk-hook's merge gives (gpuctk.hook.verbs.ldmerge.write_cache), in order."""
     new = {(e.key, e.flags) for e in stage}
     kept = [e for e in image if (e.key, e.flags) not in new]
     return list(parse_ld_cache(build_ld_cache([*kept, *stage])))
@@ -616,7 +616,7 @@ def test_compat_folder_too_big(front: Front, bundle: Bundle) -> None:
 
 
 def test_compat_not_a_folder(front: Front, bundle: Bundle) -> None:
-    # no compat folder, as gpuctk.hook.cudacompat.find reads it (O_DIRECTORY fails)
+    # no compat folder, as gpuctk.hook.verbs.cudacompat.find reads it (O_DIRECTORY fails)
     put(bundle.root, "/usr/local/cuda/compat", b"not a folder")
     served(run(front, bundle))
     (bundle.root / "usr/local/cuda/compat").unlink()
@@ -938,7 +938,7 @@ def test_guard_hides_modify_device_files(
 def test_guard_copy_text(
     front: Front, bundle: Bundle, tmp_path: Path, text: bytes, copy: bytes
 ) -> None:
-    """The copy is the text gpuctk.hook.nodeprotect.modified makes (lines as bytes.splitlines
+    """The copy is the text gpuctk.hook.verbs.nodeprotect.modified makes (lines as bytes.splitlines
     reads them)."""
     g = guard_run(front, bundle, tmp_path, GUARD_ARGS[0], text, "proc")
     assert g.rc == 0 and not g.ran, g.stderr
@@ -1193,7 +1193,7 @@ def test_link_for_follows_nvidia_driver_capabilities(
 ) -> None:
     """As gpuctk.cdi.node.capabilities.parse_capabilities reads the last entry."""
     from gpuctk.cdi.node.capabilities import parse_capabilities
-    from gpuctk.hook.requests import env_value
+    from gpuctk.hook.requests.devices import env_value
 
     expect = {
         c

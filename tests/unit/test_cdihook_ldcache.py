@@ -1,4 +1,4 @@
-"""gpuctk-cdi-hook's ld cache (hook/ldcache.c) against gpuctk-hook's (gpuctk.hook.ldmerge).
+"""gpuctk-cdi-hook's ld cache (hook/ldcache.c) against gpuctk-hook's (gpuctk.hook.verbs.ldmerge).
 
 The compiled hook writes the image's /etc/ld.so.cache anew with the stage's libraries in it.
 Its result must be what gpuctk-hook and the shim write for the same image: the same entries
@@ -141,7 +141,7 @@ def run_hook(exe: Path, root: Path, part: Path) -> subprocess.CompletedProcess[b
 
 
 def expected(image_cache: bytes) -> list[LdCacheEntry]:
-    """What gpuctk-hook writes for this image (gpuctk.hook.ldmerge.write_cache), read back."""
+    """What gpuctk-hook writes for this image (gpuctk.hook.verbs.ldmerge.write_cache), read back."""
     new = {(e.key, e.flags) for e in STAGE_ENTRIES}
     kept = [e for e in parse_ld_cache(image_cache) if (e.key, e.flags) not in new]
     return list(parse_ld_cache(build_ld_cache([*kept, *STAGE_ENTRIES])))
@@ -287,7 +287,7 @@ def refused_caches() -> dict[str, bytes]:
 def test_a_cache_gpuctk_hook_refuses_is_handed_over(
     binaries: dict[str, Path], part: Path, tmp_path: Path, kind: str
 ) -> None:
-    """An image is served the same whichever path serves it: a cache that gpuctk.hook.ldmerge
+    """An image is served the same whichever path serves it: a cache that gpuctk.hook.verbs.ldmerge
     refuses (ValueError: gpuctk-hook rebuilds it with ldconfig) is not merged here either,
     and this hook never writes a cache that gpuctk's own reader rejects."""
     data = refused_caches()[kind]

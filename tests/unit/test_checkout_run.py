@@ -32,13 +32,14 @@ def run(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_every_package_imports_from_the_checkout_root() -> None:
     done = run(
-        "import gpuctk.hook.hook_main, gpuctk.containerd.cli, gpuctk.cdi.node.facts\n"
-        "print(gpuctk.__file__, gpuctk.hook.hook_main.__file__, gpuctk.containerd.cli.__file__)"
+        "import gpuctk.hook.verbs.hook_main, gpuctk.containerd.cli, gpuctk.cdi.node.facts\n"
+        "print(gpuctk.__file__, gpuctk.hook.verbs.hook_main.__file__,"
+        " gpuctk.containerd.cli.__file__)"
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [
         str(ROOT / "gpuctk/__init__.py"),
-        str(ROOT / "hook/hook_main.py"),
+        str(ROOT / "hook/verbs/hook_main.py"),
         str(ROOT / "containerd-config/cli.py"),
     ]
 

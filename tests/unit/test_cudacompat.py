@@ -1,4 +1,4 @@
-"""CUDA forward compatibility (hook/cudacompat.py): the version rule and the cache order, on
+"""CUDA forward compatibility (hook/verbs/cudacompat.py): the version rule and the cache order, on
 plain folders standing in for a container root (no mounts, no root needed)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import pytest
 from fixtures.driver_root import make_elf
 
 from gpuctk.cdi.node.ldcache import LdCacheEntry, build_ld_cache, read_ld_cache
-from gpuctk.hook import actions, cudacompat, shimroot
+from gpuctk.hook.shim import shimroot
+from gpuctk.hook.verbs import actions, cudacompat
 
 HOST = "535.309.01"
 NEWER = "550.54.15"

@@ -1,6 +1,7 @@
-"""CUDA forward compatibility by the ELF note `.note.cuda.fwd_compatibility` (hook/cudacompat.py,
-cdi/node/elf.py read_note_section), on synthetic ELF files: the note decides where it is present
-(in the shim's path and the hook's alike), the file name where it is not."""
+"""CUDA forward compatibility by the ELF note `.note.cuda.fwd_compatibility`
+(hook/verbs/cudacompat.py, cdi/node/elf.py read_note_section), on synthetic ELF files: the note
+decides where it is present (in the shim's path and the hook's alike), the file name where it is
+not."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from fixtures.driver_root import make_elf
 from test_cudacompat import compat_image, driver, first, image_cache
 
 from gpuctk.cdi.node.elf import read_elf_fd, read_note_section
-from gpuctk.hook import actions, cudacompat, shimroot
+from gpuctk.hook.shim import shimroot
+from gpuctk.hook.verbs import actions, cudacompat
 
 HOST = (535, 309, 1)
 LIBDIR = "/usr/lib/x86_64-linux-gnu"

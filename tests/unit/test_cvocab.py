@@ -16,7 +16,8 @@ from fixtures.layout import REPO
 
 from gpuctk.cdi.node import capabilities, facts
 from gpuctk.cdi.specs import apply
-from gpuctk.hook import cbuild, cudacompat, cvocab, ldmerge
+from gpuctk.hook import cbuild, cvocab
+from gpuctk.hook.verbs import cudacompat, ldmerge
 from gpuctk.install import launchers
 
 SOURCES = {path.name: path.read_text() for path in cbuild.SOURCES}

@@ -1,4 +1,5 @@
-"""gpuctk.hook.drivercaps: NVIDIA_DRIVER_CAPABILITIES filters driver files and hook links."""
+"""gpuctk.hook.requests.drivercaps: NVIDIA_DRIVER_CAPABILITIES filters driver files and hook
+links."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuctk.hook.drivercaps import file_capabilities, filter_edits, parse
+from gpuctk.hook.requests.drivercaps import file_capabilities, filter_edits, parse
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 

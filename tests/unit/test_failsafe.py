@@ -1,4 +1,4 @@
-"""gpuctk.hook.failsafe: what a create does under a config file gpuctk cannot use.
+"""gpuctk.hook.requests.failsafe: what a create does under a config file gpuctk cannot use.
 
 The shim's side is tested with real runc in tests/integration/test_shim_broken_config.py; here:
 the fallback settings (only `runtimes`, `log-*` and `annotation-prefixes`, each valid on its
@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 
 from gpuctk.errors import InputError, ValidationError
-from gpuctk.hook import config, failsafe, precreate
+from gpuctk.hook import config
+from gpuctk.hook.requests import failsafe
+from gpuctk.hook.verbs import precreate
 
 
 def load(tmp_path: Path, text: str) -> tuple[config.Settings, Any]:

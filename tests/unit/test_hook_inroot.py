@@ -118,7 +118,7 @@ def test_create_container_merges_the_cache_without_ldconfig(
     tmp_path: Path, fresh_rootfs: Any, libfoo: Path
 ) -> None:
     # the driver library is a bind mount in config.json: its SONAME link's entry is added to
-    # the image's cache in-process (gpuctk.hook.ldmerge), as gpuctk-runtime does; ldconfig
+    # the image's cache in-process (gpuctk.hook.verbs.ldmerge), as gpuctk-runtime does; ldconfig
     # does not run: it would have indexed, and made the SONAME link of, the unmounted copy
     # in the second folder
     rootfs = fresh_rootfs("debian")
@@ -511,7 +511,7 @@ def test_ldconfig_runs_as_host_root_where_user_namespaces_are_refused(
     here the call made to fail, as such a kernel would) keeps the confinement of before: host
     root with the three DAC capabilities, one debug line saying so, the cache still written."""
     from gpuctk import rootfs as rootfs_mod
-    from gpuctk.hook import ldconfig, ldrebuild, namespaces
+    from gpuctk.hook.verbs import ldconfig, ldrebuild, namespaces
     from gpuctk.log import hook as hooklog
 
     rootfs = fresh_rootfs("debian")
@@ -548,7 +548,7 @@ def test_ldconfig_runs_as_host_root_where_user_namespaces_are_refused(
 
 
 def test_skipped_links_are_read_from_the_listing() -> None:
-    from gpuctk.hook.ldrebuild import skipped_links
+    from gpuctk.hook.verbs.ldrebuild import skipped_links
 
     listing = (
         b"/usr/lib/x: (from <cmdline>:0)\n"
@@ -646,7 +646,7 @@ def test_has_runnable_musl_looks_for_this_machines_loaders(
     tmp_path: Path, loader: str, lib_is_link: bool, expected: bool
 ) -> None:
     from gpuctk import rootfs
-    from gpuctk.hook import inroot
+    from gpuctk.hook.verbs import inroot
 
     if os.uname().machine != "x86_64":
         pytest.skip("the cases name x86_64 loaders")

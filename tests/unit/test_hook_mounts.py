@@ -1,4 +1,4 @@
-"""gpuctk.hook.mounts: the read-only root window, mountinfo's escapes, and the libc calls made
+"""gpuctk.hook.verbs.mounts: the read-only root window, mountinfo's escapes, and the libc calls made
 without `ctypes` (mount, umount2, unshare, and the capability structures of gpuctk.libc.buffer).
 
 Mount tests run in a forked child with a private mount namespace (fixtures.privmounts).
@@ -15,7 +15,7 @@ from fixtures.privmounts import in_private_mounts
 
 from gpuctk import libc
 from gpuctk.errors import OutputError
-from gpuctk.hook import mounts
+from gpuctk.hook.verbs import mounts
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounts need root")
 

@@ -1,4 +1,4 @@
-"""gpuctk.hook.imex: NVIDIA_IMEX_CHANNELS and `imex/` mounts, read with the GPU request."""
+"""gpuctk.hook.requests.imex: NVIDIA_IMEX_CHANNELS and `imex/` mounts, read with the GPU request."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from gpuctk.errors import EXIT_REQUEST, RequestError
-from gpuctk.hook.imex import MAX_CHANNEL, from_env
-from gpuctk.hook.requests import MOUNTS_ROOT, requested
+from gpuctk.hook.requests.devices import MOUNTS_ROOT, requested
+from gpuctk.hook.requests.imex import MAX_CHANNEL, from_env
 
 CH = "nvidia.com/imex-channel"
 

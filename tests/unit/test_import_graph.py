@@ -1,7 +1,7 @@
 """The import graph of the container-start entry points, checked from the source.
 
-`gpuctk-runtime` (gpuctk.hook.runtime_main) and `gpuctk-hook` (gpuctk.hook.hook_main) run at
-every container start: they must never import click, jsonschema, pynvml, pyroute2, PyYAML,
+`gpuctk-runtime` (gpuctk.hook.shim.runtime_main) and `gpuctk-hook` (gpuctk.hook.verbs.hook_main) run
+at every container start: they must never import click, jsonschema, pynvml, pyroute2, PyYAML,
 tomlkit or tomllib. This walks the STATIC graph: every `import` / `from ... import` statement
 of every gpuctk module reached, at any depth (a lazy import inside a function counts like one at
 the top), resolved with importlib.util.find_spec so that the folder mapping (gpuctk.hook <-
@@ -26,13 +26,13 @@ from pathlib import Path
 
 import pytest
 
-ENTRIES = ("gpuctk.hook.runtime_main", "gpuctk.hook.hook_main")
+ENTRIES = ("gpuctk.hook.shim.runtime_main", "gpuctk.hook.verbs.hook_main")
 WALKED = ("gpuctk",)  # import roots whose source is walked; everything else is a leaf
 BANNED = ("click", "jsonschema", "pynvml", "pyroute2", "yaml", "tomlkit", "tomllib")
 
 # (importer, imported) -> why the edge is not followed. Each must be a function-level import.
 LAZY_DOORS: dict[tuple[str, str], str] = {
-    ("gpuctk.hook.hook_main", "gpuctk.hook.netdev"): (
+    ("gpuctk.hook.verbs.hook_main", "gpuctk.hook.verbs.netdev"): (
         "only `gpuctk-hook createRuntime|poststop --netdev` (a NIC spec's entry) moves network "
         "interfaces, through pyroute2; GPU containers never take it"
     ),
@@ -47,7 +47,7 @@ LAZY_DOORS: dict[tuple[str, str], str] = {
 }
 # banned module -> the only gpuctk module that may import it (behind a door above)
 BANNED_VIA = {
-    "pyroute2": "gpuctk.hook.netdev",
+    "pyroute2": "gpuctk.hook.verbs.netdev",
     "yaml": "gpuctk.cdi.specs.specyaml",
     "tomllib": "gpuctk.hook.config",
 }
@@ -280,18 +280,35 @@ def test_the_walk_covers_the_create_path(graph: Graph) -> None:
     for module in (
         "gpuctk.errors",
         "gpuctk.hook.config",  # lazy, in runtime_main.main
-        "gpuctk.hook.cdiedits",  # lazy, in inject
+        "gpuctk.hook.requests.cdiedits",  # lazy, in inject
         "gpuctk.cdi.specs.apply",
         "gpuctk.cdi.specs.registry",
         "gpuctk.cdi.specs.specfile",
-        "gpuctk.hook.shimroot",
+        "gpuctk.hook.shim.shimroot",
         "gpuctk.cdi.node.ldcache",
-        "gpuctk.hook.actions",  # lazy, in hook_main._run
-        "gpuctk.hook.prestart",
+        "gpuctk.hook.verbs.actions",  # lazy, in hook_main._run
+        "gpuctk.hook.verbs.prestart",
     ):
         assert module in reached, f"the walk missed {module}"
     assert graph.origins["gpuctk.cdi.specs.apply"].endswith("/cdi/specs/apply.py")
-    assert graph.origins["gpuctk.hook.runtime_main"].endswith("/hook/runtime_main.py")
+    assert graph.origins["gpuctk.hook.shim.runtime_main"].endswith("/hook/shim/runtime_main.py")
+
+
+def test_the_packages_on_the_path_run_no_code(graph: Graph) -> None:
+    """Every package the entries pass through below the root (gpuctk.hook, gpuctk.hook.shim,
+    gpuctk.cdi.specs, ...) is a docstring alone: a split by concern costs the create path one
+    small file per package, never an import."""
+    reached = graph.walk(ENTRIES, DOORS)
+    packages = sorted(m for m in reached if "." in m and graph.is_package(m))
+    assert {"gpuctk.hook.requests", "gpuctk.hook.verbs", "gpuctk.hook.shim"} <= set(packages)
+    busy = []
+    for package in packages:
+        origin = graph._spec_origin(package)[0]
+        assert origin is not None and origin.endswith("__init__.py"), package
+        body = ast.parse(Path(origin).read_text(), origin).body
+        if not (len(body) == 1 and isinstance(body[0], ast.Expr)):
+            busy.append(f"{origin}: more than a docstring")
+    assert not busy, busy
 
 
 @pytest.mark.parametrize("entry", ENTRIES)
@@ -339,7 +356,7 @@ def _all_edges(graph: Graph) -> list[Edge]:
 
 def test_banned_modules_have_one_importer_each(graph: Graph) -> None:
     """With every edge followed, each banned module that is reachable at all is imported by its
-    one listed module (pyroute2 only by gpuctk.hook.netdev, ...), and by nothing else."""
+    one listed module (pyroute2 only by gpuctk.hook.verbs.netdev, ...), and by nothing else."""
     edges = _all_edges(graph)
     imported = {e.target for e in edges}
     assert {"pyroute2", "yaml", "tomllib"} <= imported  # BANNED_VIA is not stale
@@ -354,8 +371,8 @@ def test_banned_modules_have_one_importer_each(graph: Graph) -> None:
 
 @pytest.mark.parametrize("door", sorted(LAZY_DOORS), ids="->".join)
 def test_a_door_is_the_only_way_in(graph: Graph, door: tuple[str, str]) -> None:
-    """Every import of a door's target (gpuctk.hook.netdev, ...) anywhere on the entries' graph
-    is a listed door and lazy: a second, eager importer would bypass it."""
+    """Every import of a door's target (gpuctk.hook.verbs.netdev, ...) anywhere on the entries'
+    graph is a listed door and lazy: a second, eager importer would bypass it."""
     target = door[1]
     ways_in = [e for e in _all_edges(graph) if e.target == target]
     bad = [e for e in ways_in if (e.importer, e.target) not in LAZY_DOORS or not e.lazy]
@@ -374,7 +391,7 @@ def test_the_create_container_hook_stays_lean(graph: Graph) -> None:
     for importer, target in ERROR_PATHS:
         edges = [e for e in graph.edges_of(importer) if e.target == target]
         assert edges and all(e.lazy for e in edges), (importer, target)
-    reached = graph.walk(("gpuctk.hook.actions",), DOORS | ERROR_PATHS)
-    assert "gpuctk.hook.ldconfig" in reached and "gpuctk.hook.mounts" in reached
+    reached = graph.walk(("gpuctk.hook.verbs.actions",), DOORS | ERROR_PATHS)
+    assert "gpuctk.hook.verbs.ldconfig" in reached and "gpuctk.hook.verbs.mounts" in reached
     heavy = sorted(m for m in reached if m in HOOK_AVOIDS)
     assert not heavy, "\n".join(f"{m}: {chain(reached, m)}" for m in heavy)

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuctk.hook import config, failsafe, hook_main, runtime_main
+from gpuctk.hook import config
+from gpuctk.hook.requests import failsafe
+from gpuctk.hook.shim import runtime_main
+from gpuctk.hook.verbs import hook_main
 
 
 def boom(*_: object, **__: object) -> None:

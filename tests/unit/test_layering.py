@@ -5,9 +5,15 @@ install on containerd; the doctor on top of them all.
     gpuctk.cdi.specs    the spine (the CDI library)
     gpuctk.cdi.node     the spine and gpuctk.cdi.specs (what the node has)
     gpuctk.cdi          the spine and its subpackages (generation and its commands)
-    gpuctk.hook         the spine and gpuctk.cdi
+    gpuctk.hook         the spine and gpuctk.cdi (what the shim and the hook share: the config,
+                        the bundle and OCI state readers, the compiled hook's build)
+    gpuctk.hook.requests    that, and gpuctk.hook (what a container asks for)
+    gpuctk.hook.verbs   that, and gpuctk.hook.requests (gpuctk-hook's verbs, the in-root work)
+    gpuctk.hook.shim    that, and gpuctk.hook.verbs (gpuctk-runtime; it does the hook's in-root
+                        work itself)
     gpuctk.containerd   the spine
-    gpuctk.install      the spine, gpuctk.containerd and gpuctk.hook (the launchers it writes)
+    gpuctk.install      the spine, gpuctk.containerd and gpuctk.hook with its subpackages (the
+                        launchers it writes, the config file the runtime reads)
     gpuctk.deviceplugin the spine and gpuctk.cdi (the kubelet's device plugin: discovery, NVML)
     gpuctk.doctor       every layer (it diagnoses them all); no other package imports it: the
                         CLI (gpuctk.cli) reaches it by name, through its lazy command table
@@ -30,9 +36,13 @@ from fixtures.layout import package_dirs, setuptools_table
 PACKAGES = package_dirs()
 # subpackages inside a package's folder, each a layer of its own
 SUBPACKAGES = {"gpuctk.cdi.specs": PACKAGES["gpuctk.cdi"] / "specs",
-               "gpuctk.cdi.node": PACKAGES["gpuctk.cdi"] / "node"}  # fmt: skip
+               "gpuctk.cdi.node": PACKAGES["gpuctk.cdi"] / "node",
+               "gpuctk.hook.requests": PACKAGES["gpuctk.hook"] / "requests",
+               "gpuctk.hook.verbs": PACKAGES["gpuctk.hook"] / "verbs",
+               "gpuctk.hook.shim": PACKAGES["gpuctk.hook"] / "shim"}  # fmt: skip
 LAYERS = {**PACKAGES, **SUBPACKAGES}
-CDI = {"gpuctk.cdi", *SUBPACKAGES}
+CDI = {"gpuctk.cdi", "gpuctk.cdi.specs", "gpuctk.cdi.node"}
+HOOK = {"gpuctk.hook", "gpuctk.hook.requests", "gpuctk.hook.verbs", "gpuctk.hook.shim"}
 SPINE = "gpuctk"
 TOP = "gpuctk.doctor"
 CLI = "gpuctk.cli"  # its lazy command table names the top layer's command module
@@ -43,8 +53,11 @@ ALLOWED = {
     "gpuctk.cdi.node": {"gpuctk", "gpuctk.cdi.specs", "gpuctk.cdi.node"},
     "gpuctk.cdi": {"gpuctk", *CDI},
     "gpuctk.hook": {"gpuctk", *CDI, "gpuctk.hook"},
+    "gpuctk.hook.requests": {"gpuctk", *CDI, "gpuctk.hook", "gpuctk.hook.requests"},
+    "gpuctk.hook.verbs": {"gpuctk", *CDI, *HOOK - {"gpuctk.hook.shim"}},
+    "gpuctk.hook.shim": {"gpuctk", *CDI, *HOOK},
     "gpuctk.containerd": {"gpuctk", "gpuctk.containerd"},
-    "gpuctk.install": {"gpuctk", "gpuctk.containerd", "gpuctk.hook", "gpuctk.install"},
+    "gpuctk.install": {"gpuctk", "gpuctk.containerd", *HOOK, "gpuctk.install"},
     "gpuctk.deviceplugin": {"gpuctk", *CDI, "gpuctk.deviceplugin"},
     TOP: set(LAYERS),
 }
@@ -147,16 +160,17 @@ def test_the_check_sees_a_violation(tmp_path: Path) -> None:
     sample.write_text(
         "import importlib\n"
         "def f():\n"
-        "    from gpuctk.hook import runtime_main\n"
+        "    from gpuctk.hook.shim import runtime_main\n"
         "    from gpuctk.doctor import report\n"
         "    import hook.config\n"
         "    return importlib.import_module('gpuctk.doctor.cli')\n"
     )
-    assert (3, "gpuctk.hook") in imports_of(sample)
-    assert layer_of("gpuctk.hook.runtime_main") == "gpuctk.hook"
+    assert (3, "gpuctk.hook.shim") in imports_of(sample)
+    assert layer_of("gpuctk.hook.shim.runtime_main") == "gpuctk.hook.shim"
+    assert layer_of("gpuctk.hook.config") == "gpuctk.hook"
     assert layer_of("gpuctk.errors") == SPINE and layer_of("click") is None
     found = problems("gpuctk.cdi", sample)
-    assert any(":3: gpuctk.cdi must not import gpuctk.hook" in p for p in found), found
+    assert any(":3: gpuctk.cdi must not import gpuctk.hook.shim" in p for p in found), found
     assert any(":4: gpuctk.doctor is the top layer" in p for p in found), found
     assert any(":5: bare import hook.config" in p for p in found), found
     assert any(":6: names gpuctk.doctor.cli" in p for p in found), found
@@ -173,3 +187,23 @@ def test_the_cdi_library_imports_nothing_above_it(tmp_path: Path) -> None:
     assert lines("gpuctk.cdi.specs") == {"1", "2"}  # the library imports neither
     assert lines("gpuctk.cdi.node") == {"2"}  # the node may use the library, not generation
     assert lines("gpuctk.cdi") == set()
+
+
+def test_the_hook_layers_import_only_down(tmp_path: Path) -> None:
+    """gpuctk.hook (shared) <- requests <- verbs <- shim: each imports only the ones below it."""
+    sample = tmp_path / "x.py"
+    sample.write_text(
+        "from gpuctk.hook import config\n"
+        "from gpuctk.hook.requests import cdiedits\n"
+        "from gpuctk.hook.verbs import actions\n"
+        "from gpuctk.hook.shim import runtime_main\n"
+    )
+
+    def lines(layer: str) -> set[str]:
+        return {b.split(":")[1] for b in problems(layer, sample)}
+
+    assert lines("gpuctk.hook") == {"2", "3", "4"}
+    assert lines("gpuctk.hook.requests") == {"3", "4"}
+    assert lines("gpuctk.hook.verbs") == {"4"}
+    assert lines("gpuctk.hook.shim") == set()
+    assert lines("gpuctk.install") == set()

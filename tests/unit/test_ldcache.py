@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuctk.cdi.node import ldcache
-from gpuctk.hook import ldmerge as hook_ldmerge
+from gpuctk.hook.verbs import ldmerge as hook_ldmerge
 
 LDCONFIG = shutil.which("ldconfig") or shutil.which("/sbin/ldconfig")
 needs_ldconfig = pytest.mark.skipif(LDCONFIG is None, reason="glibc's ldconfig is not installed")

@@ -18,7 +18,7 @@ from gpuctk.cdi.node.profile import available_profiles, load_profile
 from gpuctk.cdi.simulate import simulated_nodes
 from gpuctk.cdi.specs.validate import schema_checker, validate_files, validate_spec_dict
 from gpuctk.errors import UsageError
-from gpuctk.hook import drivercaps
+from gpuctk.hook.requests import drivercaps
 
 SCHEMA = Path(__file__).resolve().parents[3] / "shared" / "vendor-data" / "cdi-schema"
 GPUCTK = str(Path(sys.executable).with_name("gpuctk"))

@@ -1,4 +1,4 @@
-"""gpuctk.hook.netdev without netlink: argument parsing, the move logic over a fake `Links`,
+"""gpuctk.hook.verbs.netdev without netlink: argument parsing, the move logic over a fake `Links`,
 the exclusive-RDMA refusal, the poststop rename, and the import rule (pyroute2 only for NICs).
 The real move through runc is tests/integration/test_netdev_runc.py."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from fixtures.fakesys import make_two_socket
 
-from gpuctk.hook import netdev
-from gpuctk.hook.netdev import NetdevError
+from gpuctk.hook.verbs import netdev
+from gpuctk.hook.verbs.netdev import NetdevError
 
 HOST, INNER = -1, 7  # the host's namespace key, and the container namespace's fd in the fake
 
@@ -188,7 +188,7 @@ def _modules_after(code: str) -> set[str]:
 
 def test_pyroute2_only_for_a_nic_move(tmp_path: Path) -> None:
     # Importing the module (as the hook does for --netdev) does not load pyroute2 yet.
-    assert "pyroute2" not in _modules_after("import gpuctk.hook.netdev")
+    assert "pyroute2" not in _modules_after("import gpuctk.hook.verbs.netdev")
     # A createRuntime hook without --netdev (the GPU path) loads neither.
     bundle = tmp_path / "bundle"
     bundle.mkdir()
@@ -197,12 +197,12 @@ def test_pyroute2_only_for_a_nic_move(tmp_path: Path) -> None:
     code = (
         "import io, sys\n"
         f"sys.stdin = io.TextIOWrapper(io.BytesIO({state.encode()!r}))\n"
-        "from gpuctk.hook import hook_main\n"
+        "from gpuctk.hook.verbs import hook_main\n"
         "assert hook_main._run(['createRuntime']) == 0\n"
     )
     loaded = _modules_after(code)
-    assert "gpuctk.hook.prestart" in loaded  # it did run the GPU path
-    assert "pyroute2" not in loaded and "gpuctk.hook.netdev" not in loaded
+    assert "gpuctk.hook.verbs.prestart" in loaded  # it did run the GPU path
+    assert "pyroute2" not in loaded and "gpuctk.hook.verbs.netdev" not in loaded
 
 
 def test_netns_path() -> None:

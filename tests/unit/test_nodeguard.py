@@ -1,5 +1,6 @@
-"""The device node guard (hook/nodeprotect.py, hook/nodeguard.py) and `--disable-hook`
-(cdi/generate.py, hook/shimroot.py, hook/actions.py): what is written, what is left out."""
+"""The device node guard (hook/verbs/nodeprotect.py, hook/verbs/nodeguard.py) and `--disable-hook`
+(cdi/generate.py, hook/shim/shimroot.py, hook/verbs/actions.py): what is written, what is left
+out."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles
 from gpuctk.cdi.node.profile import load_profile
 from gpuctk.cdi.simulate import simulated_nodes
 from gpuctk.errors import UsageError
-from gpuctk.hook import actions, config, hook_main, nodeguard, nodeprotect, shimroot
+from gpuctk.hook import config
+from gpuctk.hook.shim import shimroot
+from gpuctk.hook.verbs import actions, hook_main, nodeguard, nodeprotect
 
 NAME = "disable-device-node-modification"
 LIB = DriverFile(
@@ -213,7 +216,7 @@ def test_protect_binds_a_read_only_copy_in_a_mount_namespace(tmp_path: Path) -> 
     code = textwrap.dedent(f"""
         import os, subprocess
         from gpuctk import rootfs
-        from gpuctk.hook import nodeprotect
+        from gpuctk.hook.verbs import nodeprotect
         fd = rootfs.open_root({str(root)!r})
         print(nodeprotect.protect(fd).split(":")[0])
         subprocess.run(["mount", "-t", "tmpfs", "tmpfs", {proc!r}], check=True)
@@ -255,7 +258,7 @@ def test_protect_does_nothing_without_the_file(tmp_path: Path) -> None:
 
 
 def test_the_shim_guards_after_create_only_where_it_can(tmp_path: Path) -> None:
-    from gpuctk.hook import nodeafter, runtime_main
+    from gpuctk.hook.shim import nodeafter, runtime_main
 
     proc = tmp_path / "proc"
     (proc / "driver/nvidia").mkdir(parents=True)
@@ -276,7 +279,7 @@ def test_the_shim_guards_after_create_only_where_it_can(tmp_path: Path) -> None:
 
 
 def test_arm_waits_for_a_spec_that_allows_it(tmp_path: Path) -> None:
-    from gpuctk.hook import nodeafter, runtime_main
+    from gpuctk.hook.shim import nodeafter, runtime_main
 
     doc: dict[str, Any] = {"root": {"path": "rootfs"}}
     inv = runtime_main.parse_argv(["--root", "/r", "create", "--pid-file", "pid", "c1"])
@@ -301,7 +304,7 @@ def test_pid_file_must_be_roots_regular_file(tmp_path: Path) -> None:
     """A pid file a user could have written (not root's, a link, a FIFO) names no process to
     trust: the guard refuses it before it looks at any pid."""
     from gpuctk.errors import GpuctkError
-    from gpuctk.hook import nodeafter
+    from gpuctk.hook.shim import nodeafter
 
     good = tmp_path / "pid"
     good.write_text(f"{os.getpid()}\n")

@@ -1,4 +1,4 @@
-"""gpuctk-runtime's remembered plans (gpuctk.hook.plans): a request resolved once in settled
+"""gpuctk-runtime's remembered plans (gpuctk.hook.shim.plans): a request resolved once in settled
 specs is not resolved again, and never after the specs, the request or the cache's trust
 changed. Through the real shim, as test_shim.py drives it, each test with its own state
 folder; the specs are left to settle (SETTLE_NS) before the first create."""
@@ -16,7 +16,7 @@ import pytest
 from test_shim import LIB, Env, base_config, make_spec, mounts
 
 from gpuctk.cdi.specs import speccache
-from gpuctk.hook import plans as plans_mod
+from gpuctk.hook.shim import plans as plans_mod
 
 REUSED = "the request's plan remembered in"
 
@@ -204,8 +204,8 @@ def test_snapshot_is_none_until_settled(tmp_path: Path) -> None:
     ],
 )
 def test_the_key_holds_what_require_would_check(env: dict[str, str]) -> None:
-    from gpuctk.hook.requests import Request
-    from gpuctk.hook.require import requirements
+    from gpuctk.hook.requests.devices import Request
+    from gpuctk.hook.requests.require import requirements
 
     req = Request(["nvidia.com/gpu=0"], source="env", kind="nvidia.com/gpu")
     key = plans_mod.key_of(req, env)

@@ -1,6 +1,6 @@
 """gpuctk-hook precreate: OCI config in, the config the shim would have written out.
 
-The transform is checked against the shim itself (gpuctk.hook.runtime_main.inject on a bundle
+The transform is checked against the shim itself (gpuctk.hook.shim.runtime_main.inject on a bundle
 with the same config.json): one model of what to inject, so the two outputs must be equal.
 """
 
@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 from gpuctk.errors import InputError, RequestError
-from gpuctk.hook import config, precreate, runtime_main
+from gpuctk.hook import config
+from gpuctk.hook.shim import runtime_main
+from gpuctk.hook.verbs import precreate
 from gpuctk.log import RuncLog
 
 HOOK = str(Path(sys.executable).parent / "gpuctk-hook")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctk.hook import cgroupdev, devbpf
+from gpuctk.hook.verbs import cgroupdev, devbpf
 
 # runc 1.1.5's device program for `runc spec`'s config (BPF_OBJ_GET_INFO_BY_FD, xlated):
 # allow m on any c and b, c 1:3 1:8 1:7 5:0 1:5 1:9 5:2 10:200 rwm, c 136:* rwm; else deny.

@@ -16,7 +16,7 @@ import pytest
 from fixtures.privmounts import in_private_mounts
 
 from gpuctk import rootfs
-from gpuctk.hook import mknod, nsmount
+from gpuctk.hook.verbs import mknod, nsmount
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod and mounts need root")
 

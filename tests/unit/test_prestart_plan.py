@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from gpuctk.errors import InputError, RequestError
-from gpuctk.hook import hook_main, prestart
+from gpuctk.hook.verbs import hook_main, prestart
 
 HOOK = str(Path(sys.executable).parent / "gpuctk-hook")
 LIB = "/usr/lib/x86_64-linux-gnu"

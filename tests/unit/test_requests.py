@@ -1,4 +1,4 @@
-"""gpuctk.hook.requests: what a container asks for, from annotations, mounts and env."""
+"""gpuctk.hook.requests.devices: what a container asks for, from annotations, mounts and env."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from gpuctk.errors import RequestError
-from gpuctk.hook.requests import (
+from gpuctk.hook.requests.devices import (
     MAX_DEVICES,
     MAX_NAME_LEN,
     env_map,

@@ -1,4 +1,4 @@
-"""gpuctk.hook.require: NVIDIA_REQUIRE_* parsing and checking against the spec's facts."""
+"""gpuctk.hook.requests.require: NVIDIA_REQUIRE_* parsing and checking against the spec's facts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from gpuctk.cdi.node import facts as f
 from gpuctk.errors import RequestError
-from gpuctk.hook.require import (
+from gpuctk.hook.requests.require import (
     check,
     facts_of,
     gpus_for,

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuctk.hook import cudacompat
+from gpuctk.hook.verbs import cudacompat
 
 TIMEOUT = 60
 
 CHILD = r"""
 import json, subprocess, sys
 from gpuctk import rootfs
-from gpuctk.hook import inroot, ldmerge
+from gpuctk.hook.verbs import inroot, ldmerge
 
 root, walk = sys.argv[1], sys.argv[2] == "walk"
 subprocess.run(["mount", "-t", "proc", "proc", root + "/proc"], check=True)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from gpuctk.errors import InputError, ValidationError
 from gpuctk.hook import config
-from gpuctk.hook.runtime_main import parse_argv
+from gpuctk.hook.shim.runtime_main import parse_argv
 from gpuctk.jsonfast import dumps, loads
 from gpuctk.log import RuncLog, format_line, rfc3339
 
@@ -96,7 +96,7 @@ def test_bad_files(tmp_path: Path, text: str, message: str) -> None:
      ("accept-envvar-unprivileged = true", True), ("accept-envvar-unprivileged = false", False)],
 )  # fmt: skip
 def test_envvar_setting_is_tri_state(text: str, value: bool | None) -> None:
-    """Unset and "auto" mean auto (None: gpuctk.hook.requests.env_allowed decides per
+    """Unset and "auto" mean auto (None: gpuctk.hook.requests.devices.env_allowed decides per
     container); true and false are taken as written."""
     assert config.parse(text, "c.toml").accept_envvar_unprivileged is value
 

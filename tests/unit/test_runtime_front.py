@@ -1,5 +1,5 @@
 """gpuctk-runtime's sh front (gpuctk.install.launchers.runtime_front_text) and its memo
-(gpuctk.hook.memo.remember_runtime): create/run always reach Python; every other verb
+(gpuctk.hook.shim.memo.remember_runtime): create/run always reach Python; every other verb
 goes straight to the runtime in the memo, and only while the memo is still true.
 
 Two fake low-level runtimes tell who ran: the config names A, a memo written by hand names B.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctk.hook.memo import remember_runtime
+from gpuctk.hook.shim.memo import remember_runtime
 from gpuctk.install import launchers
 
 
@@ -353,7 +353,7 @@ def test_the_configured_markers_are_the_ones_searched(node: Node) -> None:
 
 def test_request_markers_refuse_what_the_front_cannot_search() -> None:
     from gpuctk.hook.config import Settings
-    from gpuctk.hook.memo import request_markers
+    from gpuctk.hook.shim.memo import request_markers
 
     assert request_markers(Settings()) == ["NVIDIA_VISIBLE_DEVICES", "cdi.k8s.io/"]
     assert request_markers(Settings({"annotation-prefixes": [""]})) is None

@@ -374,7 +374,8 @@ def test_hot_path_imports(env: Env) -> None:
     env.write_config(base_config(["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_REQUIRE_CUDA=cuda>=12"]))
     code = (
         "import sys\n"
-        "from gpuctk.hook import config, runtime_main as r\n"
+        "from gpuctk.hook import config\n"
+        "from gpuctk.hook.shim import runtime_main as r\n"
         "from gpuctk.log import RuncLog\n"
         f"inv = r.parse_argv(['create', '-b', {str(env.bundle)!r}, 'c'])\n"
         f"settings = config.load({{'GPUCTK_CONFIG': {str(env.tmp / 'config.toml')!r}}})\n"
@@ -383,11 +384,11 @@ def test_hot_path_imports(env: Env) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(out.stdout.split())
-    assert "gpuctk.hook.require" in loaded and "gpuctk.cdi.specs.apply" in loaded
+    assert "gpuctk.hook.requests.require" in loaded and "gpuctk.cdi.specs.apply" in loaded
     for banned in ("click", "jsonschema", "pynvml", "pyroute2", "tomllib", "tomlkit"):
         assert banned not in loaded
     start = subprocess.run(
-        [sys.executable, "-c", "import sys, gpuctk.hook.runtime_main; print(*sys.modules)"],
+        [sys.executable, "-c", "import sys, gpuctk.hook.shim.runtime_main; print(*sys.modules)"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     for heavy in ("json", "yaml", "typing", "dataclasses", "tempfile", "gpuctk.cdi.specs.registry"):

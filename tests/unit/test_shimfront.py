@@ -1,5 +1,5 @@
 """gpuctk-runtime's compiled create (hook/shimfront.c, `gpuctk-cdi-hook shim-create`) and the
-front plans it reads (gpuctk.hook.frontplan), through the launchers gpuctk.install.launchers
+front plans it reads (gpuctk.hook.shim.frontplan), through the launchers gpuctk.install.launchers
 writes, with /bin/true as the low-level runtime.
 
 A first create of a request goes to Python, which resolves it and writes the front plan; the
@@ -35,7 +35,7 @@ from fixtures import cfront
 
 from gpuctk.cdi.specs import apply, speccache
 from gpuctk.errors import ValidationError
-from gpuctk.hook import frontplan
+from gpuctk.hook.shim import frontplan
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 30  # seconds: only to catch a hang
@@ -246,7 +246,8 @@ def node(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 def expected(node: Node, doc: dict[str, Any]) -> dict[str, Any]:
     """What gpuctk.cdi.specs.apply makes of the request's edits on `doc`."""
-    from gpuctk.hook import cdiedits, config
+    from gpuctk.hook import config
+    from gpuctk.hook.requests import cdiedits
 
     settings = config.load({"GPUCTK_CONFIG": str(node.conf)})
     done = cdiedits.resolve(doc, settings, lambda note: None)
@@ -768,7 +769,8 @@ def test_a_config_changed_during_the_resolution_is_not_taken_for_the_one_read(
 ) -> None:
     """The settings are read, the config file changes while the request resolves (and
     settles): the plan must not name the new file for the old settings' edits."""
-    from gpuctk.hook import cdiedits, runtime_main
+    from gpuctk.hook.requests import cdiedits
+    from gpuctk.hook.shim import runtime_main
 
     own = make_node(tmp_path)
     doc = base_doc("/nonexistent-root")  # unprivileged: the change below ignores its env

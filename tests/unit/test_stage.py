@@ -319,10 +319,10 @@ def test_doctor_reads_the_driver_version_off_the_stage_folder() -> None:
 
 
 def test_the_shim_reads_only_the_stages_own_links(tmp_path: Path) -> None:
-    """gpuctk-runtime's view of a stage (hook/shimroot): each SONAME link in lib64/ and lib/
+    """gpuctk-runtime's view of a stage (hook/shim/shimroot.py): each SONAME link in lib64/ and lib/
     whose target is a plain name in the same folder; a link out of the folder is skipped, and
     a mount that holds no lib folder is no stage."""
-    from gpuctk.hook import shimroot
+    from gpuctk.hook.shim import shimroot
 
     lib64 = tmp_path / "stage" / "lib64"
     lib64.mkdir(parents=True)
@@ -398,8 +398,8 @@ def test_cli_prune_stages(tmp_path: Path, driver_root: Path) -> None:
 
 
 def test_the_shim_mirrors_the_stage_path() -> None:
-    """hook/shimroot keeps its own copy of the stage's container path (the create path does
+    """hook/shim/shimroot.py keeps its own copy of the stage's container path (the create path does
     not import gpuctk.cdi.generate): the two must agree."""
-    from gpuctk.hook import shimroot
+    from gpuctk.hook.shim import shimroot
 
     assert shimroot.STAGE_PATH == STAGE_PATH

@@ -3,11 +3,11 @@
 `run_request` is the whole createContainer mode (and each nvidia-ctk-style verb, which is a
 subset of it): symlinks, modes, then the loader: `/etc/ld.so.conf.d/00-gpuctk.conf`, an
 `/etc/ld.so.conf` when the image lacks one, and the ld cache. createContainer merges the cache
-in-process as gpuctk-runtime does (gpuctk.hook.ldmerge: the image's cache plus the mounted
-driver libraries, an image's newer CUDA compat folder first: gpuctk.hook.cudacompat); where it
+in-process as gpuctk-runtime does (gpuctk.hook.verbs.ldmerge: the image's cache plus the mounted
+driver libraries, an image's newer CUDA compat folder first: gpuctk.hook.verbs.cudacompat); where it
 cannot (no cache in the image, a library whose SONAME link is missing), for `update-ldcache`,
 and when an ldconfig is named (--ldconfig-path, GPUCTK_LDCONFIG), the host's ldconfig rebuilds
-it, confined to the root (gpuctk.hook.ldconfig: slower, and more so with every library the
+it, confined to the root (gpuctk.hook.verbs.ldconfig: slower, and more so with every library the
 image holds), with that compat folder first on its command line. musl images get
 `/etc/ld-musl-<arch>.path` instead. A root mounted read-only (crun mounts it so before the
 hooks) is made writable for the duration.
@@ -21,7 +21,8 @@ import posixpath
 from gpuctk import rootfs
 from gpuctk.cdi.node.facts import HOOK_ACTIONS
 from gpuctk.errors import UsageError
-from gpuctk.hook import cudacompat, inroot, ldmerge, mounts, nodeprotect, oci_state
+from gpuctk.hook import oci_state
+from gpuctk.hook.verbs import cudacompat, inroot, ldmerge, mounts, nodeprotect
 from gpuctk.log import hook as hooklog
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
@@ -120,14 +121,14 @@ def merge_cache(
     links: dict[str, str],
     compat: cudacompat.Compat | None = None,
 ) -> str | None:
-    """Write the root's ld cache as gpuctk-runtime does (gpuctk.hook.ldmerge: the image's
+    """Write the root's ld cache as gpuctk-runtime does (gpuctk.hook.verbs.ldmerge: the image's
     cache plus the driver libraries mounted in `present`, under their SONAMEs, from the host
     files' ELF headers), without running ldconfig. None, with nothing written, when only
     ldconfig would do: the image has no cache this reader knows, or a mounted library's
     SONAME is nowhere in the folder (ldconfig would make that link), a folder lies in a
     mounted folder (whose files ldconfig would find), or no mounted library is in `present`
     (the folders hold only files of the root: ldconfig indexes what is there). `compat`'s
-    entries go before the driver's (gpuctk.hook.cudacompat)."""
+    entries go before the driver's (gpuctk.hook.verbs.cudacompat)."""
     wanted = set(present)
     for folder in present:
         for up in _self_and_parents(folder):
@@ -252,7 +253,7 @@ def update_loader(
         done = merge_cache(root_fd, present, *merge, compat=compat)
         if done is not None:
             return done
-    from gpuctk.hook import ldconfig, ldrebuild
+    from gpuctk.hook.verbs import ldconfig, ldrebuild
 
     exe_fd, exe = ldconfig.open_host_ldconfig(ldconfig_path)
     try:
@@ -274,7 +275,8 @@ def update_loader(
 def run_request(req: Request, stdin: BinaryIO | None = None) -> None:
     """Check the request, then carry it out inside the container root. An action named by
     `--disable-hook` (gpuctk.cdi.generate.HOOK_ACTIONS) is left out; createContainer ends
-    with disable-device-node-modification (gpuctk.hook.nodeprotect) unless that is disabled."""
+    with disable-device-node-modification (gpuctk.hook.verbs.nodeprotect) unless that is
+    disabled."""
     off = req.disabled
     for name in sorted(off - KNOWN_ACTIONS):
         hooklog.warning(f"{req.verb}: --disable-hook {name!r} ignored (written by a newer gpuctk?)")

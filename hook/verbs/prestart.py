@@ -1,30 +1,30 @@
 """`gpuctk-hook prestart` (also `createRuntime`): GPUs for engines that run the hook without the
 shim (runc with the hook in config.json, podman / CRI-O hooks.d). `precreate` is dispatched here
-too (gpuctk.hook.precreate).
+too (gpuctk.hook.verbs.precreate).
 
 The runtime runs these hooks in its own namespaces, with the OCI state on stdin, after it has
 prepared the container's root and cgroup and while the init process waits before pivot_root.
 In one process:
 
 1. read the state (bundle, init pid) and the bundle's config.json;
-2. work out the request and the CDI edits exactly as the shim does (gpuctk.hook.cdiedits) and
-   apply them to the config in memory (gpuctk.cdi.specs.apply): the entries it adds (device nodes,
-   device cgroup rules, mounts, createContainer hooks) are what the runtime would have done had
-   the shim written them; nothing asked: exit 0 at once, nothing touched;
-3. pin the init process and open its mount namespace (gpuctk.hook.nsmount.Container);
-4. allow the devices in its device cgroup (gpuctk.hook.cgroupdev: v1 devices.allow, v2 eBPF);
+2. work out the request and the CDI edits exactly as the shim does (gpuctk.hook.requests.cdiedits)
+   and apply them to the config in memory (gpuctk.cdi.specs.apply): the entries it adds (device
+   nodes, device cgroup rules, mounts, createContainer hooks) are what the runtime would have done
+   had the shim written them; nothing asked: exit 0 at once, nothing touched;
+3. pin the init process and open its mount namespace (gpuctk.hook.verbs.nsmount.Container);
+4. allow the devices in its device cgroup (gpuctk.hook.verbs.cgroupdev: v1 devices.allow, v2 eBPF);
 5. open every mount source on the host side (detached mounts, options already set);
 6. enter the container's mount namespace and, with every path resolved inside the root: create
    the device nodes, attach the mounts, then do the createContainer work of each of gpuctk's
    own entries the edits carry (symlinks, `--link-for` links for the capabilities the
    container's NVIDIA_DRIVER_CAPABILITIES asks for, modes, ld cache, and the device node guard:
-   gpuctk.hook.actions, as `gpuctk-hook VERB ARGS` would, the entry's GPUCTK_DRIVER_VERSION
+   gpuctk.hook.verbs.actions, as `gpuctk-hook VERB ARGS` would, the entry's GPUCTK_DRIVER_VERSION
    and other machine facts from its env).
 
 gpuctk's own entries are those whose `path` is named `gpuctk-hook` or `gpuctk-cdi-hook` (the
 compiled front of the default folder spec, hook/cdihook.c, which does a subset of
 gpuctk-hook's work and hands it everything else with the same arguments), with a verb
-gpuctk-hook knows; the shim's in-root work (gpuctk.hook.shimroot) reads them by the same
+gpuctk-hook knows; the shim's in-root work (gpuctk.hook.shim.shimroot) reads them by the same
 name. No binary a spec names is run here: their arguments are read as gpuctk-hook's and the
 work is done in this process, confined to the container's root as gpuctk-hook confines it.
 A spec author who could name a hook can already have a runtime that applies the spec run any
@@ -44,7 +44,8 @@ import time
 
 from gpuctk.cdi.node import facts
 from gpuctk.errors import InputError
-from gpuctk.hook import nodeguard, oci_state
+from gpuctk.hook import oci_state
+from gpuctk.hook.verbs import nodeguard
 from gpuctk.log import hook as hooklog
 
 TYPE_CHECKING = False
@@ -53,9 +54,9 @@ if TYPE_CHECKING:
     from typing import Any, BinaryIO
 
     from gpuctk.cdi.specs.shape import EditsDoc
-    from gpuctk.hook.actions import Request
+    from gpuctk.hook.verbs.actions import Request
 
-HOOK_VERBS = (  # gpuctk-hook's in-root verbs (gpuctk.hook.hook_main)
+HOOK_VERBS = (  # gpuctk-hook's in-root verbs (gpuctk.hook.verbs.hook_main)
     "createContainer",
     "create-symlinks",
     "update-ldcache",
@@ -84,7 +85,7 @@ class Plan:
 
 def ours(entry: Mapping[str, Any]) -> bool:
     """Whether a hook entry is gpuctk's: its path names gpuctk-hook or its compiled front,
-    gpuctk-cdi-hook (as gpuctk.hook.shimroot reads a spec's entries). Its work is then done
+    gpuctk-cdi-hook (as gpuctk.hook.shim.shimroot reads a spec's entries). Its work is then done
     in this process; the binary is never run."""
     path = entry.get("path")
     return isinstance(path, str) and posixpath.basename(path) in OUR_HOOKS
@@ -99,7 +100,7 @@ def _list(parent: Any, *keys: str) -> list[Any]:
 def plan(doc: dict[str, Any], edits: EditsDoc) -> Plan:
     """Apply `edits` to `doc` (in place) and collect what was added, in the runtime's order."""
     from gpuctk.cdi.specs import apply
-    from gpuctk.hook import cgroupdev
+    from gpuctk.hook.verbs import cgroupdev
 
     had = {id(x) for x in (*_list(doc, "linux", "devices"), *_list(doc, "mounts"))}
     rules_before = len(_list(doc, "linux", "resources", "devices"))
@@ -137,7 +138,7 @@ def plan(doc: dict[str, Any], edits: EditsDoc) -> Plan:
 
 def _hook_request(args: list[str], config_path: str) -> Request:
     """The Request `gpuctk-hook VERB ARGS` (args: VERB ARGS...) would make, for `config_path`."""
-    from gpuctk.hook import hook_main
+    from gpuctk.hook.verbs import hook_main
 
     verb = args[0]
     values, ignored = hook_main.parse(verb, args[1:])
@@ -161,7 +162,7 @@ def _set_env(env: Mapping[str, str | None]) -> dict[str, str | None]:
 
 def inject(state: oci_state.State, doc: dict[str, Any], todo: Plan, config_path: str) -> str:
     """Steps 3-6 for an applied plan; returns a summary."""
-    from gpuctk.hook import actions, cgroupdev, mknod, mounts, nsmount
+    from gpuctk.hook.verbs import actions, cgroupdev, mknod, mounts, nsmount
 
     requests = [_hook_request(args, config_path) for args in todo.hooks]  # bad args fail here
     root_path = oci_state.rootfs_path(doc, state.bundle)
@@ -200,7 +201,7 @@ def inject(state: oci_state.State, doc: dict[str, Any], todo: Plan, config_path:
 def main(verb: str, argv: list[str], stdin: BinaryIO | None = None) -> int:
     """Run `verb` (prestart, createRuntime or precreate); returns the exit status."""
     if verb == "precreate":
-        from gpuctk.hook import precreate
+        from gpuctk.hook.verbs import precreate
 
         return precreate.main(argv, stdin)
     started = time.monotonic()
@@ -209,10 +210,10 @@ def main(verb: str, argv: list[str], stdin: BinaryIO | None = None) -> int:
     state = oci_state.read_state(stdin)
     config_path = posixpath.join(state.bundle, "config.json")
     doc = oci_state.read_config(config_path)
-    from gpuctk.hook import cdiedits, failsafe
+    from gpuctk.hook.requests import cdiedits, failsafe
 
     settings, broken = failsafe.load()
-    if broken is not None:  # a no-GPU container goes on as it is (gpuctk.hook.failsafe)
+    if broken is not None:  # a no-GPU container goes on as it is (gpuctk.hook.requests.failsafe)
         failsafe.gate(doc, settings, broken, hooklog.warning, f"{verb} {state.id}")
         return 0
     got = cdiedits.resolve(doc, settings, hooklog.warning)

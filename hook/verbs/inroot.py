@@ -58,7 +58,7 @@ def parse_link_for(spec: str) -> tuple[str, str, str]:
 def container_capabilities(config: object) -> frozenset[str]:
     """What the container's NVIDIA_DRIVER_CAPABILITIES asks for (the last entry wins)."""
     from gpuctk.cdi.node import capabilities as caps
-    from gpuctk.hook.requests import env_value
+    from gpuctk.hook.requests.devices import env_value
 
     process = config.get("process") if isinstance(config, dict) else None
     env = process.get("env") if isinstance(process, dict) else None

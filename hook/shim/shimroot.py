@@ -13,7 +13,7 @@ mounted (the engine mounts it before `create`), so the shim can do the same befo
   under its SONAME (read from the host file's ELF header), in ldconfig's order and format
   (gpuctk.cdi.node.ldcache.build_ld_cache), so `ldconfig -p` and the loader find libcuda.so.1
   without any ldconfig running; an image's CUDA compat folder whose libcuda is newer than the
-  driver comes first in both (gpuctk.hook.cudacompat).
+  driver comes first in both (gpuctk.hook.verbs.cudacompat).
 
 A spec of `gpuctk cdi generate --library-mode folder` (the default) mounts the driver staged
 on the host at /usr/local/nvidia (gpuctk.cdi.stage), which CUDA images find through their
@@ -34,7 +34,7 @@ cache, a read-only or foreign-mount root) leaves the edits untouched: the hook t
 before. Set `GPUCTK_SHIM_INROOT=0` in the shim's environment to always use the hook.
 
 The hook's last action, keeping the container from making device nodes, needs the container's
-mount namespace: gpuctk.hook.nodeguard decides how it is done once the edits are known. The
+mount namespace: gpuctk.hook.verbs.nodeguard decides how it is done once the edits are known. The
 hook's `--disable-hook NAME` args are honoured here as by the hook.
 """
 
@@ -44,7 +44,7 @@ import os
 import posixpath
 
 from gpuctk import rootfs
-from gpuctk.hook import cudacompat, inroot, ldmerge, nodeguard
+from gpuctk.hook.verbs import cudacompat, inroot, ldmerge, nodeguard
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
@@ -132,11 +132,11 @@ def take_over(
 ) -> EditsDoc:
     """`edits` with the gpuctk hook replaced by mounts, after doing its in-root work in the
     container root; `edits` unchanged when the hook must run (see the module docstring).
-    `prep` is prepare(edits), made now or remembered with the plan (gpuctk.hook.plans).
+    `prep` is prepare(edits), made now or remembered with the plan (gpuctk.hook.shim.plans).
     `bundle_fd`: the bundle as the shim opened it; a relative root.path is found from it,
     never from the `bundle` path again (its owner may have pointed it elsewhere since).
     `protect`, `params`: the device node guard's mode and the host's params file
-    (gpuctk.hook.nodeguard.guard)."""
+    (gpuctk.hook.verbs.nodeguard.guard)."""
     hooks = edits.get("hooks") or []
     ours = [h for h in hooks if _our_hook(h)]
     staged = [h for h in hooks if _stage_hook(h)]
@@ -173,7 +173,7 @@ def prepare(edits: EditsDoc) -> dict[str, Any]:
     """What the in-root work needs from `edits` alone, for any container: the hook's links
     (link -> target) and folders, and the ELF facts (file identity, cache flags, SONAME) of
     every mounted file a cache entry may name. {"fallback": why} when the hook must run;
-    {} when there is no hook of ours. Plain data (gpuctk.hook.plans keeps it)."""
+    {} when there is no hook of ours. Plain data (gpuctk.hook.shim.plans keeps it)."""
     ours = [h for h in edits.get("hooks") or [] if _our_hook(h)]
     if not ours:
         stage = _by_dest(edits).get(STAGE_PATH)
@@ -181,7 +181,7 @@ def prepare(edits: EditsDoc) -> dict[str, Any]:
         return {"stage": _stage_files(host)} if isinstance(host, str) else {}
     if len(ours) != 1:
         return {}
-    from gpuctk.hook.hook_main import parse
+    from gpuctk.hook.verbs.hook_main import parse
 
     try:
         values, ignored = parse("createContainer", ours[0]["args"][2:])
@@ -279,7 +279,7 @@ def _link_staged(
     debug: Callable[[str], None], bundle_fd: int | None = None,
 ) -> bool:  # fmt: skip
     """Make a folder spec's links to its staged files in the container root, as the entry
-    would (gpuctk.hook.inroot.create_symlinks), each whose file the host's `stage` holds
+    would (gpuctk.hook.verbs.inroot.create_symlinks), each whose file the host's `stage` holds
     (runc mounts the stage after this); False when the entry must run after all."""
     present = lambda target: os.path.isfile(stage + target[len(STAGE_PATH) :])  # noqa: E731
     try:
@@ -334,7 +334,7 @@ def _merge_cache(
     with_compat: bool = True,
 ) -> None:
     """List `folders` in ld.so.conf.d and write the image's ld cache plus an entry for each
-    (container path, host file) of `files` named by its SONAME (gpuctk.hook.ldmerge; `elf`:
+    (container path, host file) of `files` named by its SONAME (gpuctk.hook.verbs.ldmerge; `elf`:
     the facts already read), with an image's newer CUDA compat folder first (gpuctk.hook.
     cudacompat). _Fallback when the image has no cache; ValueError when it is too large
     (ldmerge.MAX_CACHE) or malformed."""

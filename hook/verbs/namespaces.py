@@ -1,4 +1,4 @@
-"""The user and pid namespaces of the confined host ldconfig (gpuctk.hook.ldconfig).
+"""The user and pid namespaces of the confined host ldconfig (gpuctk.hook.verbs.ldconfig).
 
 The child is forked as the first process of a new pid namespace; after its mount work it
 unshares a user namespace and tells this process (host root) its pid as the hook's /proc shows

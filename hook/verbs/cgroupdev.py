@@ -8,7 +8,7 @@ controller.
 
 - v1: one `c MAJ:MIN rwm` line per rule written to the cgroup's devices.allow;
 - v2: the eBPF device program(s) attached to the cgroup are replaced by ones that also allow the
-  rules (gpuctk.hook.devbpf).
+  rules (gpuctk.hook.verbs.devbpf).
 
 Rules are OCI `linux.resources.devices` entries as gpuctk.cdi.specs.apply writes them (allow, type
 b or
@@ -162,7 +162,7 @@ def allow(version: int, directory: str, rules: list[tuple[str, int, int, str]]) 
                     f"cannot allow devices in {directory}/devices.allow: {exc.strerror}"
                 ) from exc
             return f"{len(rules)} rules in {directory}/devices.allow"
-        from gpuctk.hook import devbpf
+        from gpuctk.hook.verbs import devbpf
 
         try:
             built = [devbpf.rule(*r) for r in rules]

@@ -1,7 +1,7 @@
 """gpuctk-runtime guards the device nodes itself, after `runc create`, with no hook process.
 
 On a host whose driver says `ModifyDeviceFiles: 1` (the driver's default), a hook entry for
-gpuctk.hook.nodeprotect would start one more Python process at every GPU container's create.
+gpuctk.hook.verbs.nodeprotect would start one more Python process at every GPU container's create.
 For a `create` that names a `--pid-file` (containerd, podman's conmon and CRI-O all do), the
 shim can do it for less: instead of exec'ing the runtime it forks it, waits for `create` to
 end (the container's init is then blocked until `start`, having run nothing of the image),
@@ -25,7 +25,7 @@ would die with it; its exit status is the shim's. When the guard fails the conta
 deleted (`RUNTIME [its global flags] delete --force ID`: the runtime finds it by its own state,
 not by a pid) and the create fails: exit 1 with the reason in the engine's log.
 Everything else (`run`, no pid file, a kernel without the new mount API, a host whose params
-file is missing) gets the hook entry (gpuctk.hook.nodeguard).
+file is missing) gets the hook entry (gpuctk.hook.verbs.nodeguard).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import sys
 
 from gpuctk import libc, rootfs
 from gpuctk.errors import GpuctkError
-from gpuctk.hook import nodeprotect
-from gpuctk.hook.nodeprotect import readonly_clone
+from gpuctk.hook.verbs import nodeprotect
+from gpuctk.hook.verbs.nodeprotect import readonly_clone
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -50,8 +50,8 @@ if TYPE_CHECKING:
 
 
 class Pending:
-    """Set by the shim's create (gpuctk.hook.runtime_main) when this module guards after create;
-    main() then forks the runtime instead of exec'ing it."""
+    """Set by the shim's create (gpuctk.hook.shim.runtime_main) when this module guards after
+    create; main() then forks the runtime instead of exec'ing it."""
 
     __slots__ = ("container", "global_args", "pid_file", "root_path", "user_ns")
 
@@ -303,7 +303,7 @@ def params_path(proc_root: str) -> str:
 
 
 def choose(verb: str, pid_file: str, settings: Settings) -> str:
-    """The device node guard's mode for this invocation (gpuctk.hook.nodeguard.guard): "off"
+    """The device node guard's mode for this invocation (gpuctk.hook.verbs.nodeguard.guard): "off"
     when the config turns it off, "after" where this module can guard the container after
     `create` (the module docstring), else "hook"."""
     if not settings.disable_device_node_modification:
@@ -323,7 +323,8 @@ def arm(mode: str, spec_edits: EditsDoc, doc: dict[str, Any], bundle: str, inv: 
     """Set `pending` for main() when `mode` is "after" and no gpuctk hook of the spec says
     `--disable-hook disable-device-node-modification` (`inv`: the shim's Invocation)."""
     global pending
-    from gpuctk.hook import nodeguard, oci_state
+    from gpuctk.hook import oci_state
+    from gpuctk.hook.verbs import nodeguard
 
     hooks = spec_edits.get("hooks") or []
     if mode != "after" or any(nodeguard.NAME in nodeguard.disabled(h) for h in hooks):

@@ -1,4 +1,4 @@
-"""The ld cache rebuilt by the host's ldconfig (gpuctk.hook.ldconfig), installed by the hook.
+"""The ld cache rebuilt by the host's ldconfig (gpuctk.hook.verbs.ldconfig), installed by the hook.
 
 Unprivileged in its user namespace, the confined ldconfig can write none of the root's files:
 it gets a scratch folder in the root's /etc that only its host id (65534) may write, writes its
@@ -16,8 +16,8 @@ import posixpath
 import stat
 
 from gpuctk import rootfs
-from gpuctk.hook.ldconfig import LdconfigError, run_confined
-from gpuctk.hook.namespaces import UNPRIVILEGED
+from gpuctk.hook.verbs.ldconfig import LdconfigError, run_confined
+from gpuctk.hook.verbs.namespaces import UNPRIVILEGED
 from gpuctk.log import hook as hooklog
 
 CACHE_LIMIT = 64 << 20  # the largest cache the child may hand back

@@ -24,9 +24,9 @@ mounted the container's /proc and before the container runs anything.
   gpuctk.libc: no ctypes on the hook's path.
 
 gpuctk-runtime adds the action's hook entry to a GPU container unless the host's params file
-exists and says `ModifyDeviceFiles: 0` (`host_needs`; gpuctk.hook.nodeguard), or guards the
-container itself after the runtime's `create` (gpuctk.hook.nodeafter) where the host's file says
-1 and the engine names a pid file. Where no driver is loaded at create, the entry finds no
+exists and says `ModifyDeviceFiles: 0` (`host_needs`; gpuctk.hook.verbs.nodeguard), or guards the
+container itself after the runtime's `create` (gpuctk.hook.shim.nodeafter) where the host's file
+says 1 and the engine names a pid file. Where no driver is loaded at create, the entry finds no
 file and does nothing.
 """
 
@@ -131,7 +131,7 @@ def protect(root_fd: int) -> str:
     copy = modified(text)
     if copy is None:
         return f"{PARAMS} does not let the container make device nodes"
-    from gpuctk.hook import mounts
+    from gpuctk.hook.verbs import mounts
 
     folder = _scratch()
     try:
@@ -176,7 +176,7 @@ def _proc_mounted(root_fd: int) -> bool:
 def _bind(root_fd: int, src: int) -> None:
     """Bind the file `src` over the container's PARAMS (opened inside the root), then make
     that new mount read-only, nosuid, nodev, noexec, once it is checked to be the copy."""
-    from gpuctk.hook import mounts
+    from gpuctk.hook.verbs import mounts
 
     clone = -1
     try:

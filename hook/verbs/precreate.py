@@ -2,10 +2,11 @@
 
 podman (4.x; containers/common pkg/hooks/exec) and CRI-O run a `precreate` hook before they hand
 the config to the runtime: the container's config.json on stdin, the (possibly changed) config
-expected on stdout. This applies the CDI edits exactly as the shim does (gpuctk.hook.cdiedits,
-gpuctk.cdi.specs.apply): device nodes and their cgroup rules, driver mounts, env, and the spec's
-createContainer hook entry, which the runtime then runs. A config that asks for nothing is
-written back byte for byte. Errors: one line on stderr, exit 1, nothing on stdout.
+expected on stdout. This applies the CDI edits exactly as the shim does
+(gpuctk.hook.requests.cdiedits, gpuctk.cdi.specs.apply): device nodes and their cgroup rules,
+driver mounts, env, and the spec's createContainer hook entry, which the runtime then runs. A
+config that asks for nothing is written back byte for byte. Errors: one line on stderr, exit 1,
+nothing on stdout.
 """
 
 from __future__ import annotations
@@ -25,15 +26,15 @@ if TYPE_CHECKING:
 
 def transform(data: bytes, settings: Settings, broken: GpuctkError | None = None) -> bytes:
     """The edited config for the config bytes `data` (`data` itself when nothing is asked).
-    `broken`: the config file's error, `settings` the fallback (gpuctk.hook.failsafe)."""
-    from gpuctk.hook import cdiedits
+    `broken`: the config file's error, `settings` the fallback (gpuctk.hook.requests.failsafe)."""
+    from gpuctk.hook.requests import cdiedits
 
     doc: Any = oci_state.parse_json(data, "OCI config on stdin")
     if not isinstance(doc, dict):
         raise InputError("OCI config on stdin is not a JSON object")
     ocikeys.check_keys(doc, "OCI config on stdin")
     if broken is not None:
-        from gpuctk.hook import failsafe
+        from gpuctk.hook.requests import failsafe
 
         failsafe.gate(doc, settings, broken, hooklog.warning, "precreate")
         return data
@@ -51,7 +52,7 @@ def transform(data: bytes, settings: Settings, broken: GpuctkError | None = None
 
 
 def main(argv: list[str], stdin: BinaryIO | None = None, stdout: BinaryIO | None = None) -> int:
-    from gpuctk.hook import failsafe
+    from gpuctk.hook.requests import failsafe
 
     for arg in argv:
         hooklog.warning(f"precreate: unknown argument {arg!r} ignored")

@@ -13,7 +13,7 @@ GPUs, as the reference toolkit reads them (internal/config/image/cuda_image.go):
 - when `accept-volume-mounts` is on, `/dev/null` mounts at
   `/var/run/nvidia-container-devices/imex/<N>` come first;
 - else NVIDIA_IMEX_CHANNELS (the last value wins), honoured for an unprivileged container only
-  as `accept-envvar-unprivileged` says (gpuctk.hook.requests.env_allowed: never in an
+  as `accept-envvar-unprivileged` says (gpuctk.hook.requests.devices.env_allowed: never in an
   unprivileged Kubernetes container by default), as NVIDIA_VISIBLE_DEVICES: a comma-separated
   list of channel numbers (`0,1`, or `channel0`), `all` for every channel of the spec;
   `none`, `void`, empty or unset: none. Unlike NVIDIA_VISIBLE_DEVICES, an unset variable on
@@ -26,9 +26,9 @@ value, and nothing is changed. A channel the specs lack is the registry's unknow
 from __future__ import annotations
 
 from gpuctk.errors import RequestError
-from gpuctk.hook.requests import IMEX_ENV as ENV
-from gpuctk.hook.requests import IMEX_MOUNTS as MOUNT_FOLDER
-from gpuctk.hook.requests import asks, ignored_note
+from gpuctk.hook.requests.devices import IMEX_ENV as ENV
+from gpuctk.hook.requests.devices import IMEX_MOUNTS as MOUNT_FOLDER
+from gpuctk.hook.requests.devices import asks, ignored_note
 
 KIND = "nvidia.com/imex-channel"
 MAX_CHANNEL = (1 << 20) - 1
@@ -87,7 +87,7 @@ def requested(
     """(qualified channel names, notes) for a container that gets GPUs from the device list:
     `mounts` (the `imex/...` mount names, empty unless volume mounts are accepted) first, else
     `env_value` unless `refused` says why the env is not honoured
-    (gpuctk.hook.requests.env_allowed)."""
+    (gpuctk.hook.requests.devices.env_allowed)."""
     if mounts:
         return from_mounts(mounts), []
     if refused:

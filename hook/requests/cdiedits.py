@@ -1,11 +1,12 @@
 """What a container's OCI config asks for, as merged CDI container edits.
 
-The shim's steps 2-3 (gpuctk.hook.runtime_main.inject) without the file handling, for the hook
+The shim's steps 2-3 (gpuctk.hook.shim.runtime_main.inject) without the file handling, for the hook
 modes that serve engines without the shim (precreate, prestart): the request from annotations,
-device mounts or NVIDIA_VISIBLE_DEVICES (gpuctk.hook.requests), resolved in the CDI spec dirs
-(gpuctk.cdi.specs.registry), the spec-level driver files filtered by NVIDIA_DRIVER_CAPABILITIES
-(gpuctk.hook.drivercaps), NVIDIA_REQUIRE_* checked (gpuctk.hook.require), the blocks merged in
-the reference order (gpuctk.cdi.specs.apply.merge). One model of "what to inject": the CDI edits.
+device mounts or NVIDIA_VISIBLE_DEVICES (gpuctk.hook.requests.devices), resolved in the CDI spec
+dirs (gpuctk.cdi.specs.registry), the spec-level driver files filtered by NVIDIA_DRIVER_CAPABILITIES
+(gpuctk.hook.requests.drivercaps), NVIDIA_REQUIRE_* checked (gpuctk.hook.requests.require), the
+blocks merged in the reference order (gpuctk.cdi.specs.apply.merge). One model of "what to inject":
+the CDI edits.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
     from gpuctk.cdi.specs.shape import EditsDoc
     from gpuctk.hook.config import Settings
-    from gpuctk.hook.requests import Request
+    from gpuctk.hook.requests.devices import Request
 
 
 def resolve(
@@ -36,9 +37,9 @@ def request(
 ) -> Request | None:
     """What the OCI config `doc` asks for under `settings`, its notes warned; None for
     nothing. RequestError for a malformed request."""
-    from gpuctk.hook import requests
+    from gpuctk.hook.requests import devices
 
-    req = requests.requested(
+    req = devices.requested(
         doc,
         kind=settings.default_kind,
         annotation_prefixes=settings.annotation_prefixes,
@@ -60,16 +61,16 @@ def edits_for(
     requirement."""
     from gpuctk.cdi.specs import apply, registry
     from gpuctk.cdi.specs.speccache import SpecCache
-    from gpuctk.hook import drivercaps, requests, require
+    from gpuctk.hook.requests import devices, drivercaps, require
 
     reg = registry.load(settings.spec_dirs, cache=SpecCache.for_this_process())
     for refused in reg.refused:
         warn(f"CDI spec {refused}")
     blocks = reg.common(req.kind) if req.driver_only else []
-    if req.devices:  # with driver_only: IMEX channels (gpuctk.hook.imex)
+    if req.devices:  # with driver_only: IMEX channels (gpuctk.hook.requests.imex)
         blocks += reg.resolve(req.devices)
     process = doc.get("process")
-    env = requests.env_map(process.get("env") if isinstance(process, dict) else None)
+    env = devices.env_map(process.get("env") if isinstance(process, dict) else None)
     caps, notes = drivercaps.parse(env.get(drivercaps.ENV))
     parts = [
         drivercaps.filter_device_edits(b.edits, caps)

@@ -23,7 +23,7 @@ above and before the chroot, enters a new user namespace whose only mapping is t
 host id 65534 (uid and gid) as 0 inside, with no supplementary groups and an empty bounding set.
 It keeps no capability over anything of the host (no open_by_handle_at, no signal to host root's
 processes, no write to a file host root owns), so it cannot write the root's files either:
-gpuctk.hook.ldrebuild hands it a scratch folder and installs its cache and SONAME links. Where
+gpuctk.hook.verbs.ldrebuild hands it a scratch folder and installs its cache and SONAME links. Where
 user namespaces are refused (user.max_user_namespaces=0, a seccomp filter, a hook that is not
 host root), the child runs as host root with the three capabilities above, as before, and the
 hook logs that at debug level.
@@ -39,7 +39,7 @@ import time
 
 from gpuctk import libc
 from gpuctk.errors import GpuctkError
-from gpuctk.hook import mounts, namespaces
+from gpuctk.hook.verbs import mounts, namespaces
 from gpuctk.log import hook as hooklog
 
 CANDIDATES = ("/sbin/ldconfig.real", "/sbin/ldconfig", "/usr/sbin/ldconfig")

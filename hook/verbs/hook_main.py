@@ -2,13 +2,13 @@
 
     gpuctk-hook createContainer [--link TARGET::LINK]... [--link-for CAP:TARGET::LINK]...
                     [--folder DIR]... [--mode M --path P]... [--ld-cache FILE]
-                    [--disable-hook NAME]...          (an action left out: gpuctk.hook.actions)
+                    [--disable-hook NAME]...        (an action left out: gpuctk.hook.verbs.actions)
     gpuctk-hook create-symlinks --link TARGET::LINK...        (nvidia-ctk hook verbs, one by one)
     gpuctk-hook update-ldcache --folder DIR...
     gpuctk-hook chmod --mode M --path P...
-    gpuctk-hook disable-device-node-modification             (gpuctk.hook.nodeprotect)
-    gpuctk-hook prestart | createRuntime | precreate           (no shim: gpuctk.hook.prestart)
-    gpuctk-hook createRuntime | poststop --netdev IF[::NAME]... (NICs: gpuctk.hook.netdev)
+    gpuctk-hook disable-device-node-modification             (gpuctk.hook.verbs.nodeprotect)
+    gpuctk-hook prestart | createRuntime | precreate           (no shim: gpuctk.hook.verbs.prestart)
+    gpuctk-hook createRuntime | poststop --netdev IF[::NAME]... (NICs: gpuctk.hook.verbs.netdev)
     gpuctk-hook --version
 
 Every verb reads the OCI state on stdin (or takes --container-spec PATH to a config.json), finds
@@ -22,7 +22,7 @@ a GPUCTK_HOOK_LOG file). Logs: never stdout; see gpuctk.log (hook).
 
 The modes for engines without the shim: `prestart` / `createRuntime` (run in the runtime's
 namespaces: enter /proc/<pid>/ns/mnt after checking the pid, then the same in-root steps) and
-`precreate` (config.json in, edited config out) live in gpuctk.hook.prestart and .precreate,
+`precreate` (config.json in, edited config out) live in gpuctk.hook.verbs.prestart and .precreate,
 dispatched in `_run` before the verbs above.
 
 Imports are kept to the standard library, gpuctk.errors, gpuctk.rootfs and this package: the
@@ -43,7 +43,7 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from gpuctk.hook.actions import Request
+    from gpuctk.hook.verbs.actions import Request
 
 # verb -> options it takes (all repeatable, all with a value)
 _OPTIONS = {
@@ -56,7 +56,8 @@ _OPTIONS = {
         "ldconfig-path",
         "container-spec",
         "disable-hook",
-        "ld-cache",  # a folder spec's stage cache: merged into the image's (gpuctk.hook.actions)
+        # a folder spec's stage cache: merged into the image's (gpuctk.hook.verbs.actions)
+        "ld-cache",
     ),
     "disable-device-node-modification": ("container-spec",),
     "create-symlinks": ("link", "container-spec"),
@@ -115,7 +116,7 @@ def parse(verb: str, argv: list[str]) -> tuple[dict[str, list[str]], list[str]]:
 
 
 def _request(verb: str, values: dict[str, list[str]]) -> Request:
-    from gpuctk.hook.actions import Request
+    from gpuctk.hook.verbs.actions import Request
 
     def one(name: str) -> str | None:
         got = values.get(name) or []
@@ -155,12 +156,12 @@ def _run(argv: list[str]) -> int:
         raise UsageError(f"no such option: {verb} (options of a verb go after it)")
     if verb in ("createRuntime", "poststop") and any(
         w == "--netdev" or w.startswith("--netdev=") for w in words[1:]
-    ):  # a NIC spec's entry: move network interfaces (gpuctk.hook.netdev, pyroute2)
-        from gpuctk.hook import netdev
+    ):  # a NIC spec's entry: move network interfaces (gpuctk.hook.verbs.netdev, pyroute2)
+        from gpuctk.hook.verbs import netdev
 
         return netdev.main(verb, words[1:])
     if verb in ("prestart", "createRuntime", "precreate"):  # engines without the shim
-        from gpuctk.hook import prestart
+        from gpuctk.hook.verbs import prestart
 
         return prestart.main(verb, words[1:])
     if verb not in _OPTIONS:
@@ -169,7 +170,7 @@ def _run(argv: list[str]) -> int:
     values, ignored = parse(verb, words[1:])
     for arg in ignored:
         hooklog.warning(f"{verb}: unknown argument {arg!r} ignored")
-    from gpuctk.hook.actions import run_request  # not for prestart's nothing-requested exit
+    from gpuctk.hook.verbs.actions import run_request  # not for prestart's nothing-requested exit
 
     run_request(_request(verb, values))
     return 0

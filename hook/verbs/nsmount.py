@@ -27,8 +27,8 @@ import stat
 
 from gpuctk import rootfs
 from gpuctk.errors import GpuctkError
-from gpuctk.hook import mounts
-from gpuctk.hook.mknod import mkdirs
+from gpuctk.hook.verbs import mounts
+from gpuctk.hook.verbs.mknod import mkdirs
 
 CLONE_NEWNS = 0x00020000
 _SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442  # all architectures

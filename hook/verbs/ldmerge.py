@@ -1,8 +1,8 @@
 """The container's ld cache without running ldconfig: the image's own cache plus the driver.
 
-Both in-root paths use it: gpuctk-runtime before runc (gpuctk.hook.shimroot) and gpuctk-hook
-in its createContainer step (gpuctk.hook.actions), so a container's cache is the same whichever
-engine applied the spec. The image's `/etc/ld.so.cache` is parsed and kept; each injected
+Both in-root paths use it: gpuctk-runtime before runc (gpuctk.hook.shim.shimroot) and gpuctk-hook
+in its createContainer step (gpuctk.hook.verbs.actions), so a container's cache is the same
+whichever engine applied the spec. The image's `/etc/ld.so.cache` is parsed and kept; each injected
 library is added under its SONAME: a mounted driver file whose name is its own SONAME, or a
 SONAME link (the spec's `--link`) that leads to one. Flags and SONAMEs come from the ELF
 headers of the HOST files (the mount sources), never from files of the image. The result is in

@@ -1,6 +1,6 @@
 """Front plans: what lets gpuctk-runtime's create run without Python (hook/shimfront.c).
 
-When the shim has resolved a request in full (gpuctk.hook.plans), it also writes, where it can,
+When the shim has resolved a request in full (gpuctk.hook.shim.plans), it also writes, where it can,
 the request's edits in the shape the compiled front applies them:
 `$GPUCTK_STATE_DIR/front/<key checksum>.json` (default /run/gpuctk, a tmpfs). The next create
 with the same key then goes from the sh front to `gpuctk-cdi-hook shim-create`, which reads
@@ -8,23 +8,23 @@ config.json, finds the plan, applies it, writes config.json back and execs the r
 about a millisecond; anything it does not fully understand goes to Python as before.
 
 The key is what the request and its edits depend on besides the specs and the config
-(gpuctk.hook.requests, gpuctk.hook.require, gpuctk.hook.drivercaps, the device nodes' owner in
-gpuctk.cdi.specs.apply): every env entry that starts with `NVIDIA_` or `CUDA_VERSION`, in
-order; `privileged=0|1` (CAP_SYS_ADMIN in the bounding set); `uid=N`, `gid=N` (process.user).
-The front sends anything else that could carry a request to Python: a CDI annotation prefix
-among the annotation keys, a device-list mount, an escape in any env entry. Whether an env
+(gpuctk.hook.requests.devices, gpuctk.hook.requests.require, gpuctk.hook.requests.drivercaps, the
+device nodes' owner in gpuctk.cdi.specs.apply): every env entry that starts with `NVIDIA_` or
+`CUDA_VERSION`, in order; `privileged=0|1` (CAP_SYS_ADMIN in the bounding set); `uid=N`, `gid=N`
+(process.user). The front sends anything else that could carry a request to Python: a CDI annotation
+prefix among the annotation keys, a device-list mount, an escape in any env entry. Whether an env
 request is honoured also depends on whether the container is a Kubernetes one
-(gpuctk.hook.requests.env_allowed), which the key does not say: a plan whose request only a
+(gpuctk.hook.requests.devices.env_allowed), which the key does not say: a plan whose request only a
 plain container gets (unprivileged, accept-envvar-unprivileged auto) lists the CRI runtimes'
 marker annotations among its `prefixes`, so a Kubernetes container goes to Python (prefixes).
 
 A plan is written only for a request from NVIDIA_VISIBLE_DEVICES that resolved with no note
-and no error, in a world (gpuctk.hook.plans.Plans.snapshot, plus the config file) left alone
+and no error, in a world (gpuctk.hook.shim.plans.Plans.snapshot, plus the config file) left alone
 for SETTLE_NS, whose edits are env, device nodes, bind mounts and hooks only, each device path
 and mount destination once, and whose hooks are all `gpuctk-cdi-hook createContainer` entries
 (the compiled front of the spec hook) with the device node guard on or disabled in the entry
 itself. The front keeps that entry where the Python shim does its work in the shim
-(gpuctk.hook.shimroot): inside runc it does nothing for the common image and hands the rest to
+(gpuctk.hook.shim.shimroot): inside runc it does nothing for the common image and hands the rest to
 gpuctk-hook, and it guards /proc/driver/nvidia/params, so every image is served as an engine
 that applies the spec itself (podman, containerd's CDI) serves it.
 
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
     from gpuctk.cdi.specs.shape import EditsDoc
     from gpuctk.hook.config import Settings
-    from gpuctk.hook.requests import Request
+    from gpuctk.hook.requests.devices import Request
 
 FOLDER_NAME = "front"
 FORMAT = "gpuctk-front-plan-1"
@@ -68,7 +68,7 @@ _EDIT_KEYS = frozenset(("env", "deviceNodes", "mounts", "hooks"))
 
 def key_of(doc: Mapping[str, Any]) -> list[str] | None:
     """The front's key of the OCI config `doc`; None where the front would never find one."""
-    from gpuctk.hook.requests import is_privileged
+    from gpuctk.hook.requests.devices import is_privileged
 
     process = doc.get("process")
     env = process.get("env") if isinstance(process, dict) else None
@@ -102,7 +102,7 @@ def wanted(key: list[str] | None, req: Request, edits: EditsDoc, settings: Setti
 
 def _eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:
     from gpuctk.cdi.specs.apply import BIND_TYPES
-    from gpuctk.hook.requests import VISIBLE_DEVICES
+    from gpuctk.hook.requests.devices import VISIBLE_DEVICES
 
     if req.source != VISIBLE_DEVICES or req.notes:
         return False
@@ -140,8 +140,8 @@ def _identities(
     import time
 
     from gpuctk.cdi.specs.speccache import SETTLE_NS
-    from gpuctk.hook import plans
-    from gpuctk.hook.plans import identity
+    from gpuctk.hook.shim import plans
+    from gpuctk.hook.shim.plans import identity
 
     conf_id = settings.source_identity if settings.source else None
     if settings.source and (settings.source != conf or conf_id is None):
@@ -161,7 +161,7 @@ def _identities(
 
 def _holds(world: Any) -> bool:
     """Whether a plan's `world` (as _identities writes it) still holds."""
-    from gpuctk.hook.plans import identity
+    from gpuctk.hook.shim.plans import identity
 
     try:
         return isinstance(world, list) and all(
@@ -196,9 +196,9 @@ def render(edits: EditsDoc, uid: int, gid: int) -> dict[str, Any]:
 def prefixes(key: list[str], settings: Settings) -> list[str]:
     """The annotation key prefixes that send a create to Python: the CDI prefixes, and where
     this plan's env request is honoured only outside Kubernetes (accept-envvar-unprivileged
-    auto, unprivileged: gpuctk.hook.requests.env_allowed), the CRI runtimes' own markers, so
+    auto, unprivileged: gpuctk.hook.requests.devices.env_allowed), the CRI runtimes' own markers, so
     that the front never replays for a Kubernetes container a plan a plain one made."""
-    from gpuctk.hook.requests import KUBERNETES_MARKERS
+    from gpuctk.hook.requests.devices import KUBERNETES_MARKERS
 
     out = list(settings.annotation_prefixes)
     if settings.accept_envvar_unprivileged is None and "privileged=0" in key:
@@ -217,8 +217,8 @@ def offer(
     """Write the front plan of `key` (key_of the config before any edit) for `edits`, resolved
     in `world` (Plans.snapshot before the resolution, None: not settled); True if written."""
     from gpuctk.errors import GpuctkError
-    from gpuctk.hook.cdiedits import describe
     from gpuctk.hook.config import config_path
+    from gpuctk.hook.requests.cdiedits import describe
 
     if world is None or key is None or not _eligible(req, edits, settings):
         return False
@@ -279,7 +279,7 @@ def current(state: str, key: list[str] | None) -> bool:
 
 def _write(state: str, name: str, doc: dict[str, Any]) -> bool:
     from gpuctk.fs import private_folder
-    from gpuctk.hook.plans import evict
+    from gpuctk.hook.shim.plans import evict
     from gpuctk.jsonfast import dumps
     from gpuctk.writes import write_private
 

@@ -30,7 +30,7 @@ the plugin's `envvar` strategy: it is no grant. Setting those annotations by han
 `--annotation`, docker `--annotation`) only makes the rule stricter.
 
 A request from the device list (sources 2 and 3) that names GPUs also carries the IMEX channels
-the container asks for (NVIDIA_IMEX_CHANNELS, `imex/<N>` mounts: gpuctk.hook.imex) as
+the container asks for (NVIDIA_IMEX_CHANNELS, `imex/<N>` mounts: gpuctk.hook.requests.imex) as
 nvidia.com/imex-channel devices; one without a GPU (`none`) never does, and neither does a
 request from annotations (the orchestrator names channels there itself).
 
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 MOUNTS_ROOT = "/var/run/nvidia-container-devices"
-IMEX_MOUNTS = "imex/"  # IMEX channel mounts (gpuctk.hook.imex)
+IMEX_MOUNTS = "imex/"  # IMEX channel mounts (gpuctk.hook.requests.imex)
 IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
 MAX_DEVICES = 1024
 MAX_NAME_LEN = 256  # a qualified name: vendor/class=name
@@ -216,7 +216,7 @@ def from_mounts(mounts: Any, kind: str, kinds: Container[str] = ()) -> list[str]
     found: list[str] = []
     for rel in request_mounts(mounts):
         where = f"mount {root + rel!r}"
-        if rel.startswith(IMEX_MOUNTS):  # IMEX channels: gpuctk.hook.imex
+        if rel.startswith(IMEX_MOUNTS):  # IMEX channels: gpuctk.hook.requests.imex
             continue
         if rel.startswith("cdi/"):
             parts = rel[4:].split("/")
@@ -321,7 +321,7 @@ def ignored_note(key: str, value: str, why: str) -> str:
 
 def asks(value: str | None) -> bool:
     """Whether an env value would ask for anything (as from_visible_devices and
-    gpuctk.hook.imex.from_env read it), without parsing its names."""
+    gpuctk.hook.requests.imex.from_env read it), without parsing its names."""
     names = {n.strip() for n in value.split(",")} - {""} if value is not None else set()
     return bool(names) and "void" not in names
 
@@ -365,12 +365,12 @@ def _with_imex(
     req: Request, config: Mapping[str, Any], env: Any, refused: str, *, mounts: bool = True
 ) -> Request:
     """`req` (GPUs from the device list) with the IMEX channels the container asks for
-    (gpuctk.hook.imex; `mounts`: volume mounts accepted; `refused`: why the env is not
+    (gpuctk.hook.requests.imex; `mounts`: volume mounts accepted; `refused`: why the env is not
     honoured, "" when it is)."""
     value = env_value(env, IMEX_ENV)
     if value is None and not mounts:
         return req
-    from gpuctk.hook import imex
+    from gpuctk.hook.requests import imex
 
     found = request_mounts(config.get("mounts")) if mounts else []
     rels = [rel for rel in found if rel.startswith(IMEX_MOUNTS)]

@@ -63,11 +63,11 @@ def gpu_asked(doc: Mapping[str, Any], settings: config.Settings) -> str:
     """Where the OCI config `doc` asks for a GPU, read broadly (see the module docstring);
     "" when it asks for none."""
     from gpuctk.errors import RequestError
-    from gpuctk.hook import requests
+    from gpuctk.hook.requests import devices
 
     prefixes = dict.fromkeys(("cdi.k8s.io/", *settings.annotation_prefixes))
     try:
-        req = requests.requested(
+        req = devices.requested(
             doc,
             annotation_prefixes=prefixes,
             accept_volume_mounts=True,

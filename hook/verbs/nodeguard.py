@@ -1,4 +1,5 @@
-"""gpuctk-runtime's part in keeping containers from making device nodes (gpuctk.hook.nodeprotect).
+"""gpuctk-runtime's part in keeping containers from making device nodes
+(gpuctk.hook.verbs.nodeprotect).
 
 The mount over the container's /proc/driver/nvidia/params can only be made in the container's
 mount namespace once the runtime has mounted its /proc (runc refuses config.json mounts inside
@@ -14,7 +15,7 @@ adds that entry only where it can matter:
   with a plan), or the spec's hook carries `--disable-hook disable-device-node-modification`;
 - the shim's config says `disable-device-node-modification = false`: nothing is added, and a
   spec hook that runs gets `--disable-hook disable-device-node-modification`;
-- the shim guards the container itself after `create` (gpuctk.hook.nodeafter: a `create` with
+- the shim guards the container itself after `create` (gpuctk.hook.shim.nodeafter: a `create` with
   a pid file, on a host whose params file says `ModifyDeviceFiles: 1`): nothing is added.
 
 The added entry names the spec's gpuctk-hook (its path and env); for a spec without one, the
@@ -69,7 +70,7 @@ def guard(
     """`edits` as the container gets them, protection included (the module docstring).
     `ours`: the spec's gpuctk hook entries; `taken`: the shim did their work (and dropped
     them from `edits`). `protect`: "hook" (an entry where needed), "after" (the shim guards
-    after create: gpuctk.hook.nodeafter, nothing added) or "off"; `params`: the host's
+    after create: gpuctk.hook.shim.nodeafter, nothing added) or "off"; `params`: the host's
     params file (default nodeprotect.PARAMS)."""
     if protect == "after":
         return edits
@@ -86,7 +87,7 @@ def guard(
         return edits  # the spec's hook runs and protects
     if ours and NAME in disabled(ours[0]):
         return edits
-    from gpuctk.hook.nodeprotect import host_needs
+    from gpuctk.hook.verbs.nodeprotect import host_needs
 
     if not host_needs(params):
         debug("the host's driver says ModifyDeviceFiles: 0: no device node guard needed")

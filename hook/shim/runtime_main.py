@@ -2,7 +2,8 @@
 
     gpuctk-runtime [global flags] create --bundle B [flags] ID
       1. read B/config.json (or crun's --config name) through the bundle's fd (gpuctk.hook.bundle)
-      2. work out the requested devices (gpuctk.hook.requests); none: go to 5, file untouched
+      2. work out the requested devices (gpuctk.hook.requests.devices); none: go to 5, file
+         untouched
       3. resolve them in the CDI spec dirs, filter the driver files by NVIDIA_DRIVER_CAPABILITIES,
          check NVIDIA_REQUIRE_*, apply the edits (gpuctk.cdi.specs.apply)
       4. write config.json back atomically, same mode and owner, every other field kept
@@ -95,7 +96,7 @@ class Invocation:
         self.globals: list[str] = []  # the flag names before the verb
         self.global_args: list[str] = []  # the arguments before the verb, as given
         self.no_value = ""  # the verb's --bundle/--config flag given without a value
-        self.pid_file = ""  # the verb's --pid-file (gpuctk.hook.nodeafter)
+        self.pid_file = ""  # the verb's --pid-file (gpuctk.hook.shim.nodeafter)
 
 
 def _flag(token: str) -> tuple[str, str | None]:
@@ -218,7 +219,7 @@ def find_runtime(names: Sequence[str], search: str = DEFAULT_PATH) -> str:
 
 def inject(inv: Invocation, settings: Settings, log: RuncLog) -> None:
     """Steps 1-4 for a `create`/`run` (no-op when the container asks for nothing). A request
-    resolved before in the same specs takes its remembered plan (gpuctk.hook.plans)."""
+    resolved before in the same specs takes its remembered plan (gpuctk.hook.shim.plans)."""
     from gpuctk.hook.bundle import open_bundle
 
     bundle = inv.bundle or os.getcwd()
@@ -241,9 +242,10 @@ def _inject(
     name: str,
 ) -> None:
     from gpuctk.cdi.specs import apply
-    from gpuctk.hook import cdiedits, frontplan, shimroot
     from gpuctk.hook.bundle import read_config, write_config
-    from gpuctk.hook.plans import Plans, key_of
+    from gpuctk.hook.requests import cdiedits
+    from gpuctk.hook.shim import frontplan, shimroot
+    from gpuctk.hook.shim.plans import Plans, key_of
 
     path = os.path.join(bundle, inv.config_name)
     doc, st, write_name = read_config(dir_fd, name, path)
@@ -256,7 +258,7 @@ def _inject(
             f"{path} is a symlink out of its folder: not edited for a GPU request; "
             "fix: make it a regular file in the bundle"
         )
-    from gpuctk.hook.requests import env_map
+    from gpuctk.hook.requests.devices import env_map
 
     process = doc.get("process")
     key = key_of(req, env_map(process.get("env") if isinstance(process, dict) else None))
@@ -292,7 +294,7 @@ def _inject(
             and not notes
         ):
             frontplan.offer(plans.state, front_key, req, edits, settings, before)
-    from gpuctk.hook import nodeafter
+    from gpuctk.hook.shim import nodeafter
 
     guard, spec_edits = nodeafter.choose(inv.verb, inv.pid_file, settings), edits
     edits = shimroot.take_over(
@@ -318,10 +320,10 @@ def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
         log.container = inv.container
     runtime = ""
     try:
-        from gpuctk.hook import failsafe
-        from gpuctk.hook.memo import forget_runtime, remember_runtime, request_markers
+        from gpuctk.hook.requests import failsafe
+        from gpuctk.hook.shim.memo import forget_runtime, remember_runtime, request_markers
 
-        # a broken config file stops GPU creates only (gpuctk.hook.failsafe); every verb
+        # a broken config file stops GPU creates only (gpuctk.hook.requests.failsafe); every verb
         # runs the runtime the file names validly, else the defaults
         settings, broken = failsafe.load()
         settings_ok = broken is None
@@ -387,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     status, runtime, log = prepare(args, front)
     if status:
         sys.exit(status)
-    after = sys.modules.get("gpuctk.hook.nodeafter")  # imported by a GPU create only
+    after = sys.modules.get("gpuctk.hook.shim.nodeafter")  # imported by a GPU create only
     if after is not None and after.pending is not None:
         after.create_then_guard(runtime, args, log)
     try:

@@ -11,10 +11,10 @@ create with the same request takes the plan, after a few stat calls, instead of 
 running the registry, the capability filter, the merge, the hook argument parser and the ELF
 reader (a quarter of a create: docs/benchmarks.md).
 
-A plan is keyed on the request as gpuctk.hook.requests read it (kind, device names or driver
+A plan is keyed on the request as gpuctk.hook.requests.devices read it (kind, device names or driver
 only), the raw NVIDIA_DRIVER_CAPABILITIES value and the NVIDIA_REQUIRE_* requirements that
-gpuctk.hook.require would check. It is valid for one "world": the spec dirs in force and, for
-each, the identity (device, inode, size, mtime, ctime in ns) of the dir and of every spec file
+gpuctk.hook.requests.require would check. It is valid for one "world": the spec dirs in force and,
+for each, the identity (device, inode, size, mtime, ctime in ns) of the dir and of every spec file
 listed in it, plus the identity of this module's own file (any reinstall of gpuctk rewrites it).
 A dir's mtime and ctime change when an entry is added, removed or renamed, or its owner or mode
 changes; a file's when it is written, chowned or chmodded. So a plan is used only while the trust
@@ -50,13 +50,13 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    from gpuctk.hook.requests import Request
+    from gpuctk.hook.requests.devices import Request
 
 FOLDER_NAME = "plans"
 FORMAT = "gpuctk-plan-3"  # 3: prep carries the --disable-hook names
 MAX_BYTES = 1 << 20  # one plan
 MAX_PLANS = 64
-CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"  # as gpuctk.hook.drivercaps.ENV
+CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"  # as gpuctk.hook.requests.drivercaps.ENV
 
 
 def identity(path: str) -> tuple[int, int, int, int, int] | None:
@@ -73,8 +73,9 @@ def identity(path: str) -> tuple[int, int, int, int, int] | None:
 def key_of(req: Request, env: Mapping[str, str]) -> tuple[Any, ...]:
     """The plan key of a request: what resolution depends on besides the specs."""
     needs = any(k.startswith("NVIDIA_REQUIRE_") or k == "CUDA_VERSION" for k in env)
-    if needs:  # gpuctk.hook.require reads only these (and NVIDIA_DISABLE_REQUIRE with them)
-        from gpuctk.hook.require import requirements
+    # gpuctk.hook.requests.require reads only these (and NVIDIA_DISABLE_REQUIRE with them)
+    if needs:
+        from gpuctk.hook.requests.require import requirements
 
         reqs = tuple(requirements(env))
     else:

@@ -22,12 +22,12 @@ MEMO_TAG = "gpuctk-runtime memo 3"  # the memo's first line: the format the fron
 
 def request_markers(settings: Settings) -> list[str] | None:
     """Strings at least one of which a config.json that asks for a GPU must contain, as
-    gpuctk.hook.requests reads requests under `settings`: the NVIDIA_VISIBLE_DEVICES name,
+    gpuctk.hook.requests.devices reads requests under `settings`: the NVIDIA_VISIBLE_DEVICES name,
     each annotation prefix, and with accept-volume-mounts the device-list mount folder. None
     when one cannot be given to the sh front: empty, or with a character that JSON writes
     escaped other than `/` (a quote, a backslash, a control character), which the front's
     plain-text search could miss (it sends any `\\u` or `\\/` escape to Python)."""
-    from gpuctk.hook.requests import VISIBLE_DEVICES
+    from gpuctk.hook.requests.devices import VISIBLE_DEVICES
 
     markers = [VISIBLE_DEVICES, *settings.annotation_prefixes]
     if settings.accept_volume_mounts:
@@ -42,7 +42,7 @@ def remember_runtime(
 ) -> bool:
     """Write the runtime memo the sh front of gpuctk-runtime reads (gpuctk.install.launchers): the
     config file in force and whether it exists, the resolved `runtime`
-    (gpuctk.hook.runtime_main.find_runtime: the PATH plays no part), so that the verbs after a
+    (gpuctk.hook.shim.runtime_main.find_runtime: the PATH plays no part), so that the verbs after a
     create skip Python, and the request `markers` (request_markers), so that a create whose
     config.json contains none of them skips Python too (without markers, every create starts
     Python). Written only into a folder that this uid alone can write, up to /
