@@ -39,8 +39,7 @@ def run_checks(ctx: Context) -> list[Result]:
     # The runtime config names the spec dirs the shim reads, so it is read before the CDI layer.
     done["runtime"] = _guarded("runtime", runtime.runtime_checks, ctx, found, first=True)
     done["runtime"] += _guarded("runtime", policy.runtime_policy_checks, ctx, found)
-    found.spec_dirs = ctx.spec_dirs or (found.settings.spec_dirs if found.settings else ())
-    found.spec_dirs = found.spec_dirs or ("/etc/cdi", "/var/run/cdi")
+    _spec_dirs(ctx, found)
     done["cdi"] = _guarded("cdi", cdi.cdi_checks, ctx, found, first=True)
     done["cdi"] += _guarded("cdi", policy.cdi_policy_checks, ctx, found)
     done["engine"] = _guarded("engine", engine.engine_checks, ctx, found, first=True)
@@ -49,6 +48,23 @@ def run_checks(ctx: Context) -> list[Result]:
         "probe", lambda c, f: [probe.check_probe(c, f)], ctx, found, first=True
     )
     return [result for layer in LAYER_ORDER for result in done[layer]]
+
+
+def _spec_dirs(ctx: Context, found: Findings) -> None:
+    found.spec_dirs = ctx.spec_dirs or (found.settings.spec_dirs if found.settings else ())
+    found.spec_dirs = found.spec_dirs or ("/etc/cdi", "/var/run/cdi")
+
+
+def run_pod_checks(ctx: Context, target: str) -> list[Result]:
+    """`--pod`: the runtime and CDI layers read the specs (their results are not shown), then
+    the pod's report (gpuctk.doctor.pod)."""
+    from gpuctk.doctor import cdi, pod, runtime
+
+    found = Findings()
+    _guarded("runtime", runtime.runtime_checks, ctx, found, first=True)
+    _spec_dirs(ctx, found)
+    _guarded("cdi", cdi.cdi_checks, ctx, found, first=True)
+    return _guarded("kubernetes", lambda c, f: pod.pod_checks(c, f, target), ctx, found, first=True)
 
 
 def _guarded(
@@ -81,6 +97,16 @@ def _guarded(
         ]
     trace.results(results)
     return results
+
+
+def _pod_target(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """NAMESPACE/NAME, or a pod UID (read from the kubelet checkpoint alone)."""
+    if value is None:
+        return None
+    ns, slash, name = value.partition("/")
+    if not ns or (slash and (not name or "/" in name)):
+        raise click.BadParameter(f"{value!r}: give NAMESPACE/NAME (or the pod's UID)")
+    return value
 
 
 @click.command("doctor", context_settings={"help_option_names": ["-h", "--help"]})
@@ -147,6 +173,9 @@ def _guarded(
     metavar="FILE",
     help="A RuntimeClass to check (repeatable).",
 )
+@click.option(
+    "--pod", metavar="NS/NAME", callback=_pod_target, help="Only why this pod has no GPU."
+)
 @click.option("--probe", is_flag=True, help="Also run a container with one GPU (root).")
 @click.option(
     "--probe-rootfs",
@@ -194,7 +223,7 @@ def doctor(
     )
     from gpuctk.doctor import report
 
-    results = run_checks(ctx)
+    results = run_pod_checks(ctx, options["pod"]) if options["pod"] else run_checks(ctx)
     if fmt == "json":
         click.echo(report.to_json(results), nl=False)
     else:
