@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from gpuctk import log
 from gpuctk.errors import InputError, UsageError, ValidationError
 from gpuctk.hook import config
 from gpuctk.install import config_edit, nvctk_config
@@ -213,6 +214,12 @@ def migrate(source: str, config_file: str | None, dry_run: bool, fmt: str) -> No
         raise ValidationError(f"{source}: {problems[0]}{more}; nothing written", problems)
     if all(nvctk_config.row_of(r.nvidia).nvidia == "*" for r in rows):  # none of NVIDIA's keys
         raise ValidationError(f"{source}: no nvidia-ctk settings in it (is it NVIDIA's file?)")
+    if updates.get("accept-envvar-unprivileged") is True:
+        log.warning(
+            "accept-envvar-unprivileged = true carried over: in Kubernetes a pod granted no GPU "
+            "can then take every GPU with NVIDIA_VISIBLE_DEVICES=all; gpuctk's default refuses "
+            "that there: gpuctk config -i --set accept-envvar-unprivileged=auto"
+        )
     target = config_file or default_path()
     result = config_edit.apply_sets(
         config_edit.load_for_edit(target), updates, target, f"{source}: "

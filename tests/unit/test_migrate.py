@@ -119,6 +119,24 @@ def test_dev_null_debug_is_no_log_file(tmp_path: Path, capsys: pytest.CaptureFix
     assert "/dev/null\" (NVIDIA's default)" in out
 
 
+@pytest.mark.parametrize("value", ["true", "false"])
+def test_carrying_the_unprivileged_env_switch_on_is_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """NVIDIA's default (true) carried over lets a Kubernetes pod granted no GPU take them all
+    by env; gpuctk carries it as written, and says so, with the command to undo it."""
+    source = tmp_path / "nvidia.toml"
+    source.write_text(f"accept-nvidia-visible-devices-envvar-when-unprivileged = {value}\n")
+    target = tmp_path / "config.toml"
+    code, _, err = migrate(capsys, source, target)
+    assert code == 0, err
+    warned = "gpuctk config -i --set accept-envvar-unprivileged=auto" in err
+    assert warned == (value == "true"), err
+    assert config.load({"GPUCTK_CONFIG": str(target)}).accept_envvar_unprivileged is (
+        value == "true"
+    )
+
+
 @pytest.mark.parametrize(
     ("text", "code", "needle"),
     [
