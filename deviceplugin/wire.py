@@ -130,7 +130,7 @@ def _int(fields: Fields, number: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _map(number: int, items: Mapping[str, str]) -> list[tuple[int, object]]:
+def map_field(number: int, items: Mapping[str, str]) -> list[tuple[int, object]]:
     return [(number, message((1, k), (2, v))) for k, v in sorted(items.items())]
 
 
@@ -262,12 +262,12 @@ def decode_allocate_request(data: bytes) -> list[list[str]]:
 def allocate_response(containers: Sequence[ContainerAllocation]) -> bytes:
     out = []
     for c in containers:
-        fields: list[tuple[int, object]] = _map(1, dict(c.envs))
+        fields: list[tuple[int, object]] = map_field(1, dict(c.envs))
         fields += [
             (2, message((1, m.container_path), (2, m.host_path), (3, m.read_only)))
             for m in c.mounts
         ]
-        fields += _map(4, dict(c.annotations))
+        fields += map_field(4, dict(c.annotations))
         fields += [(5, message((1, name))) for name in c.cdi_devices]
         out.append((1, message(*fields) or b""))
     return message(*out)
