@@ -5,26 +5,16 @@ warnings. Persistence mode is what NVML says (the fake NVML answers it here)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.doctornode import DoctorNode, build_node, generate_spec
+from fixtures.doctornode import DoctorNode, generate_spec, l4_node
 from fixtures.fake_nvml import write_fake_profile
 
 from gpuctk.cdi.node.profile import load_profile
 
-
-@pytest.fixture
-def node(
-    tmp_path: Path, driver_root: Path, fake_nvml_env: Callable[..., dict[str, str]]
-) -> Iterator[DoctorNode]:
-    if os.geteuid() != 0:
-        pytest.skip("device nodes need mknod (root)")
-    made = build_node(tmp_path / "n", driver_root, "l4", fake_nvml_env)
-    yield made
-    made.close()
+node = pytest.fixture(l4_node, name="node")
 
 
 def _nvml_persistence(node: DoctorNode, on: bool) -> None:

@@ -9,15 +9,13 @@ unit's own ExecStart line runs with the venv's gpuctk.
 from __future__ import annotations
 
 import configparser
-import os
 import shlex
 import shutil
 import subprocess
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from fixtures.doctornode import BIN, DoctorNode, build_node, generate_spec
+from fixtures.doctornode import BIN, DoctorNode, generate_spec, l4_node
 
 from gpuctk.cdi import stage
 from gpuctk.doctor.stages import stage_of
@@ -26,15 +24,7 @@ DEB = Path(__file__).resolve().parents[2] / "packaging" / "deb"
 V = "535.309.01"
 
 
-@pytest.fixture
-def node(
-    tmp_path: Path, driver_root: Path, fake_nvml_env: Callable[..., dict[str, str]]
-) -> Iterator[DoctorNode]:
-    if os.geteuid() != 0:
-        pytest.skip("device nodes need mknod (root)")
-    made = build_node(tmp_path / "n", driver_root, "l4", fake_nvml_env)
-    yield made
-    made.close()
+node = pytest.fixture(l4_node, name="node")
 
 
 def folder_spec(node: DoctorNode, staging: Path) -> Path:

@@ -12,26 +12,17 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from fixtures.devroot import IMEX_MAJOR
-from fixtures.doctornode import BIN, DoctorNode, build_node
+from fixtures.doctornode import BIN, DoctorNode, l4_node
 
 DEB = Path(__file__).resolve().parents[2] / "packaging" / "deb"
 NEW_MAJOR = IMEX_MAJOR + 7
 
 
-@pytest.fixture
-def node(
-    tmp_path: Path, driver_root: Path, fake_nvml_env: Callable[..., dict[str, str]]
-) -> Iterator[DoctorNode]:
-    if os.geteuid() != 0:
-        pytest.skip("device nodes need mknod (root)")
-    made = build_node(tmp_path / "n", driver_root, "l4", fake_nvml_env)
-    yield made
-    made.close()
+node = pytest.fixture(l4_node, name="node")
 
 
 def gpuctk(node: DoctorNode, *args: str) -> subprocess.CompletedProcess[str]:
