@@ -57,7 +57,7 @@ def default_hook_path(note: bool = True) -> str:
     if os.path.basename(sys.argv[0]) == "gpuctk" and os.path.isfile(beside):
         return beside
     if note and not os.path.exists(PACKAGED_HOOK):
-        say(
+        log.say(
             f"gpuctk: note: the spec names {PACKAGED_HOOK}, where the package installs it "
             "(not here); set --hook-path to name another"
         )
@@ -69,10 +69,6 @@ def front_beside(hook_path: str) -> str:
     (the spec then names gpuctk-hook itself)."""
     front = os.path.join(os.path.dirname(hook_path), "gpuctk-cdi-hook")
     return front if os.path.isfile(front) and os.access(front, os.X_OK) else ""
-
-
-def say(line: str) -> None:
-    log.say(line)
 
 
 def simulation_comment(profile: str, install: str) -> str:
@@ -131,7 +127,7 @@ def check_foreign(output: str, force: bool) -> None:
         return
     if force or not found.installed:
         why = "--force" if force else f"{', '.join(found.programs)} no longer exists"
-        say(f"gpuctk: note: replacing {output}, written by {found.writer} ({why})")
+        log.say(f"gpuctk: note: replacing {output}, written by {found.writer} ({why})")
         return
     raise OutputError(found.refusal())
 
@@ -153,14 +149,14 @@ def emit(spec: Spec, fmt: str, output: str | None, summary: str,
     log.debug(f"{len(data)} bytes of {fmt} for {output or 'standard output'}")
     if output:
         if same_file(output, data, 0o644):
-            say(f"gpuctk: {output} unchanged: {summary}")
+            log.say(f"gpuctk: {output} unchanged: {summary}")
         else:
             atomic_write(output, data, 0o644)
-            say(f"gpuctk: wrote {output}: {summary}")
+            log.say(f"gpuctk: wrote {output}: {summary}")
     else:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
-        say(f"gpuctk: {summary}")
+        log.say(f"gpuctk: {summary}")
 
 
 def mode_defaults(a: GenerateArgs) -> tuple[str, str]:
@@ -196,14 +192,14 @@ def run(a: GenerateArgs) -> None:
     if not a.output or a.output == "-":
         raise UsageError("--if-exists needs --output FILE (the spec to refresh)")
     if not os.path.lexists(a.output):
-        say(f"gpuctk: {a.output} does not exist: nothing to refresh")
+        log.say(f"gpuctk: {a.output} does not exist: nothing to refresh")
         return
     try:
         _run(a)
     except NoDevicesError as exc:
         check_foreign(a.output, a.force)
         os.unlink(a.output)
-        say(f"gpuctk: removed {a.output}, no device left: {exc.message}")
+        log.say(f"gpuctk: removed {a.output}, no device left: {exc.message}")
 
 
 def _run(a: GenerateArgs) -> None:
@@ -240,7 +236,7 @@ def _run(a: GenerateArgs) -> None:
         )
     emit(spec, checked.fmt, checked.output, summary, comment)
     if a.additional_gids and spec.version != "0.5.0":
-        say(
+        log.say(
             f"gpuctk: note: --additional-gids needs cdiVersion {spec.version}, which older "
             "engines refuse (Debian 12's podman 4.3.1 reads up to 0.5.0): run gpuctk doctor"
         )
