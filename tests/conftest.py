@@ -13,6 +13,7 @@ that must run what an operator runs, not the editable tree.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
@@ -33,9 +34,9 @@ if str(TESTS) not in sys.path:
 # gpuctk-runtime keeps its runtime memo and spec cache in $GPUCTK_STATE_DIR (default
 # /run/gpuctk): the tests' shims keep theirs in a private folder, never the host's.
 if "GPUCTK_STATE_DIR" not in os.environ:
-    os.environ["GPUCTK_STATE_DIR"] = os.path.join(
-        tempfile.mkdtemp(prefix="gpuctk-test-state-"), "state"
-    )
+    _STATE_BASE = tempfile.mkdtemp(prefix="gpuctk-test-state-")
+    os.environ["GPUCTK_STATE_DIR"] = os.path.join(_STATE_BASE, "state")
+    atexit.register(shutil.rmtree, _STATE_BASE, True)  # one per pytest process: never kept
 
 pytest_plugins = [
     "fixtures.fake_nvml",
