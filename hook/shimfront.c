@@ -27,13 +27,15 @@
  *     it), a file of this euid's, and only while the config file, the spec dirs and files,
  *     gpuctk's own code and any device node whose numbers came from the host still have the
  *     identity (device, inode, size, mtime, ctime) it names;
- *   - every hook file, mount source, device host path and the runtime is one root (or this
- *     euid) alone can have made: the walk of gpuctk.fs, stricter (`..` on the way, or a
- *     missing name, goes to Python, which follows the full rules);
- *   - the config's log-level is not debug, and its log-file (if any) can be opened for
- *     appending in a folder root alone can write, not through a link, a regular file of root's
- *     alone: the shim's `injected` line goes there and to the engine's --log, as the Python
- *     shim writes it.
+ *   - every file the plan makes root use (hook files, mount sources, device host paths, the
+ *     runtime, which must be the plan's, and the log-file) and each step to it from / (each
+ *     folder, each link and its target's steps) is still the inode, type, mode and owner the
+ *     plan names: Python checked them by gpuctk's trusted-path rules when it wrote the plan
+ *     (gpuctk.hook.shim.frontplan), and nobody but root can change them unseen since; this
+ *     program checks no rule of its own there;
+ *   - the config's log-level is not debug (Python logs more there), and its log-file (if
+ *     any) opens, without a link followed, as the file the plan names: the shim's `injected`
+ *     line goes there and to the engine's --log, as the Python shim writes it.
  *
  * The edits are CDI's: env replaced by key else appended, a
  * device node's first entry by path removed and the next replaced or the node appended, its
@@ -321,117 +323,36 @@ static void puts_(struct buf *b, const char *s) { put(b, s, strlen(s)); }
 
 static void put_span(struct buf *b, struct span v) { put(b, v.p, (size_t)(v.end - v.p)); }
 
-/* ---- trusted paths (gpuctk.fs, stricter) -------------------------------------------------------- */
+/* ---- the plan's folder ------------------------------------------------------------------------ */
 
-enum { T_FILE, T_EXEC, T_SOURCE, T_DIR, T_PRIVATE };
-
-static int foreign(const struct stat *st) { return st->st_uid != 0 && st->st_uid != geteuid(); }
-
-static int bad_folder(const struct stat *st)
+/* The O_PATH descriptor of `path` when it is a folder of this euid's that nobody else can
+ * write, reached from / through folders each root's or this euid's and not group/world
+ * writable unless sticky (the next one then still root's or this euid's), no link on the way
+ * and no `..`; -1 for anything else. The plan is the one file this program trusts on its own
+ * reading: every other file it is to use, the plan names with its identity (chain_holds). */
+static int private_folder(const char *path)
 {
-	return foreign(st) || ((st->st_mode & 022) && !(st->st_mode & S_ISVTX));
-}
-
-/* 0 when `path` is, by `kind`, a regular file (T_FILE; T_EXEC: one with an x bit) or for
- * T_SOURCE also a folder or a device node, or (T_DIR) a folder, that root or this euid alone
- * can have made (*dir_fd: a folder's O_PATH descriptor, when asked for), or
- * (T_PRIVATE) a folder of this euid's that nobody else can write, with *dir_fd its O_PATH
- * descriptor: every folder from / on the way root's or this euid's and not group/world-writable,
- * a sticky one crossed only to an entry of root's or this euid's, a symlink followed from a
- * folder that passed (its target walked the same way, at most 40). -1 for anything else: a
- * missing name, or `..` anywhere, is not followed here. */
-static int trusted(const char *path, int kind, int *dir_fd)
-{
-	char rest[2 * PATH_MAX + 2], link[PATH_MAX];
-	if (path[0] != '/' || strlen(path) >= PATH_MAX)
+	char rest[PATH_MAX];
+	if (path[0] != '/' || strlen(path) >= sizeof rest)
 		return -1;
 	strcpy(rest, path);
-	struct stat cur_st, st;
-	int cur = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC), links = 0;
-	if (cur < 0 || fstat(cur, &cur_st) != 0 || bad_folder(&cur_st))
-		goto bad;
-	size_t at = 0;
-	for (;;) {
-		while (rest[at] == '/')
-			at++;
-		if (!rest[at])
-			break;
-		char *name = rest + at, *slash = strchr(name, '/');
-		size_t n = slash ? (size_t)(slash - name) : strlen(name);
-		at += n;
-		int last = !rest[at] || !rest[at + strspn(rest + at, "/")];
-		if (slash)
-			*slash = 0;
-		if (strcmp(name, ".") == 0) {
-			if (slash)
-				*slash = '/';
-			continue;
+	struct stat st;
+	int cur = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	for (char *save = NULL, *name = strtok_r(rest, "/", &save); cur >= 0;
+	     name = strtok_r(NULL, "/", &save)) {
+		int ok = fstat(cur, &st) == 0 && S_ISDIR(st.st_mode) &&
+			 (st.st_uid == 0 || st.st_uid == geteuid());
+		if (ok && !name) {
+			if (st.st_uid == geteuid() && !(st.st_mode & 022))
+				return cur;
+			ok = 0;
 		}
-		if (strcmp(name, "..") == 0)
-			goto bad;
-		int fd = openat(cur, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-		if (slash)
-			*slash = '/';
-		if (fd < 0)
-			goto bad;
-		if (fstat(fd, &st) != 0) {
-			close(fd);
-			goto bad;
-		}
-		int shared = (cur_st.st_mode & 022) != 0;
-		if (S_ISLNK(st.st_mode)) {
-			ssize_t got = readlinkat(fd, "", link, sizeof link - 1);
-			close(fd);
-			if ((shared && foreign(&st)) || (last && kind == T_PRIVATE) || got <= 0 || ++links > 40 ||
-			    strlen(rest + at) + (size_t)got + 2 > sizeof rest)
-				goto bad;
-			link[got] = 0;
-			size_t tn = strlen(rest + at);
-			memmove(rest + got + 1, rest + at, tn + 1); /* the check above: it fits */
-			memcpy(rest, link, (size_t)got);
-			rest[got] = '/';
-			at = 0;
-			if (link[0] == '/') {
-				close(cur);
-				cur = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
-				if (cur < 0 || fstat(cur, &cur_st) != 0)
-					goto bad;
-			}
-			continue;
-		}
+		int next = ok && (!(st.st_mode & 022) || (st.st_mode & S_ISVTX)) && strcmp(name, "..") ?
+				   openat(cur, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC) :
+				   -1;
 		close(cur);
-		cur = fd;
-		cur_st = st;
-		if (S_ISDIR(st.st_mode)) {
-			if (bad_folder(&st))
-				goto bad;
-			continue;
-		}
-		if (!last || (shared && foreign(&st)))
-			goto bad;
-		if (S_ISREG(st.st_mode) && kind < T_DIR && !foreign(&st) && !(st.st_mode & 022) &&
-		    (kind != T_EXEC || (st.st_mode & 0111))) {
-			close(cur);
-			return 0;
-		}
-		if ((S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) && kind == T_SOURCE) {
-			close(cur);
-			return 0;
-		}
-		goto bad;
+		cur = next;
 	}
-	/* the walk ended on a folder */
-	if (((kind == T_SOURCE || kind == T_DIR) && !(cur_st.st_mode & 022)) ||
-	    (kind == T_PRIVATE && cur_st.st_uid == geteuid() && !(cur_st.st_mode & 022))) {
-		if (dir_fd)
-			*dir_fd = cur;
-		else
-			close(cur);
-		return 0;
-	}
-bad:
-	if (cur >= 0)
-		close(cur);
 	return -1;
 }
 
@@ -451,13 +372,15 @@ static unsigned long long fnv(const struct span *keys, size_t n)
 	return h;
 }
 
-/* Whether each [path, dev, ino, size, mtime_ns, ctime_ns] (or [path]: missing) of the plan's
- * world still holds (stat, links followed). */
-static int world_holds(struct span world)
+/* Whether each entry of the plan's list `v` still holds: for the world, [path, dev, ino, size,
+ * mtime_ns, ctime_ns] from stat (links followed), or [path] for a missing one; for the chain
+ * (`chain` set), [path, dev, ino, mode, uid, gid] from lstat: each step the kernel takes to
+ * a file root is to use, which Python checked by gpuctk's rules when it wrote the plan. */
+static int entries_hold(struct span v, int chain)
 {
 	struct member *w;
 	size_t n;
-	if (sf_items(world, 0, &w, &n) != 0)
+	if (sf_items(v, 0, &w, &n) != 0)
 		return 0;
 	int ok = 1;
 	for (size_t i = 0; ok && i < n; i++) {
@@ -469,42 +392,31 @@ static int world_holds(struct span world)
 		}
 		char path[PATH_MAX];
 		struct stat st;
-		unsigned long long v[5];
-		ok = (fn == 1 || fn == 6) && sf_cstr(f[0].val, path, sizeof path) == 0 && *path;
+		unsigned long long v5[5], got[5];
+		ok = (fn == 6 || (fn == 1 && !chain)) && sf_cstr(f[0].val, path, sizeof path) == 0 &&
+		     *path;
 		for (size_t k = 1; ok && k < fn; k++)
-			ok = sf_uint(f[k].val, &v[k - 1]) == 0;
-		if (ok) {
-			int got = stat(path, &st);
-			if (fn == 1)
-				ok = got != 0 && absent();
-			else
-				ok = got == 0 && (unsigned long long)st.st_dev == v[0] &&
-				     (unsigned long long)st.st_ino == v[1] &&
-				     (unsigned long long)st.st_size == v[2] &&
-				     (unsigned long long)st.st_mtim.tv_sec * 1000000000ULL +
-						     (unsigned long long)st.st_mtim.tv_nsec == v[3] &&
-				     (unsigned long long)st.st_ctim.tv_sec * 1000000000ULL +
-						     (unsigned long long)st.st_ctim.tv_nsec == v[4];
-		}
+			ok = sf_uint(f[k].val, &v5[k - 1]) == 0;
 		free(f);
+		if (!ok)
+			break;
+		int res = chain ? lstat(path, &st) : stat(path, &st);
+		if (fn == 1) {
+			ok = res != 0 && absent();
+			continue;
+		}
+		got[0] = (unsigned long long)st.st_dev;
+		got[1] = (unsigned long long)st.st_ino;
+		got[2] = chain ? st.st_mode : (unsigned long long)st.st_size;
+		got[3] = chain ? st.st_uid :
+				 (unsigned long long)st.st_mtim.tv_sec * 1000000000ULL +
+					 (unsigned long long)st.st_mtim.tv_nsec;
+		got[4] = chain ? st.st_gid :
+				 (unsigned long long)st.st_ctim.tv_sec * 1000000000ULL +
+					 (unsigned long long)st.st_ctim.tv_nsec;
+		ok = res == 0 && memcmp(got, v5, sizeof got) == 0;
 	}
 	free(w);
-	return ok;
-}
-
-/* Each string of the plan's list `v` is a path that passes trusted(kind). */
-static int all_trusted(struct span v, int kind)
-{
-	struct member *m;
-	size_t n;
-	if (sf_items(v, 0, &m, &n) != 0)
-		return 0;
-	int ok = 1;
-	for (size_t i = 0; ok && i < n; i++) {
-		char path[PATH_MAX];
-		ok = sf_cstr(m[i].val, path, sizeof path) == 0 && trusted(path, kind, NULL) == 0;
-	}
-	free(m);
 	return ok;
 }
 
@@ -518,8 +430,8 @@ static char *read_plan(const struct span *keys, size_t nkeys, size_t *len)
 	char folder[PATH_MAX], name[32];
 	if (snprintf(folder, sizeof folder, "%s/" GPUCTK_FRONT_FOLDER, state) >= (int)sizeof folder)
 		return NULL;
-	int dir;
-	if (trusted(folder, T_PRIVATE, &dir) != 0)
+	int dir = private_folder(folder);
+	if (dir < 0)
 		return NULL;
 	snprintf(name, sizeof name, "%016llx.json", fnv(keys, nkeys));
 	int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
@@ -874,8 +786,8 @@ static void rfc3339(char *out, size_t size)
 }
 
 /* The shim's `injected` info line (in runc's log format), its message in `line`: the engine's
- * --log opened for appending (created if missing), the config's log-file in a folder root
- * alone can write, not through a link, a regular file of root's alone: Python where that
+ * --log opened for appending (created if missing), the config's log-file opened without a
+ * link followed and only as the file the plan names (its chain holds): Python where that
  * fails, or at the debug level (Python logs more there). */
 static size_t log_lines(const struct call *c, struct member *plan, size_t n, int *engine,
 			int *file, char *line, size_t size)
@@ -895,18 +807,18 @@ static size_t log_lines(const struct call *c, struct member *plan, size_t n, int
 	if (elog && *elog && strcmp(elog, "/dev/stderr") != 0 && strcmp(elog, "/proc/self/fd/2") != 0)
 		*engine = open(elog, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
 	if (*path) {
-		char *slash = strrchr(path, '/');
-		need(path[0] == '/' && slash[1], "the log-file is not an absolute path to a file");
-		int dir = -1;
-		*slash = 0;
-		need(trusted(*path ? path : "/", T_DIR, &dir) == 0, "the log-file's folder");
-		*file = openat(dir, slash + 1, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK |
-					    O_NOCTTY | O_CLOEXEC, 0644);
-		close(dir);
+		*file = open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+		struct member *id = sf_get(plan, n, "log_id"), *dev_ino;
+		size_t k;
+		unsigned long long dev, ino;
 		struct stat st;
-		need(*file >= 0 && fstat(*file, &st) == 0 && S_ISREG(st.st_mode) && !foreign(&st) &&
-			     !(st.st_mode & 022),
+		need(*file >= 0 && fstat(*file, &st) == 0 && id && sf_items(id->val, 0, &dev_ino, &k) == 0,
 		     "the log-file");
+		int same = k == 2 && sf_uint(dev_ino[0].val, &dev) == 0 &&
+			   sf_uint(dev_ino[1].val, &ino) == 0 && dev == (unsigned long long)st.st_dev &&
+			   ino == (unsigned long long)st.st_ino;
+		free(dev_ino);
+		need(same, "the log-file is not the front plan's");
 	}
 	int len = snprintf(line, size, "%s: injected %s", c->id, what);
 	return len > 0 && (size_t)len < size ? (size_t)len : 0;
@@ -1104,12 +1016,12 @@ static struct member *front_plan(const struct span *keys, size_t nkeys, const ch
 	need(f && sf_plain(f->val, &s, &sn) == 0 && sn == strlen(conf) && memcmp(s, conf, sn) == 0,
 	     "the front plan is another config file's");
 	f = sf_get(plan, *nplan, "world");
-	need(f && world_holds(f->val), "the config, the specs or gpuctk changed since the front plan");
+	need(f && entries_hold(f->val, 0), "the config, the specs or gpuctk changed since the front plan");
 	return plan;
 }
 
 /* What only the Python shim reads: a CDI annotation, a field apply refuses, a device-list mount,
- * a file or runtime not trusted here. Returns the config's mounts. */
+ * a file or runtime other than the plan names. Returns the config's mounts. */
 static struct member *python_only(struct member *top, size_t ntop, struct member *proc,
 				  size_t nproc, struct member *plan, size_t nplan, const char *runtime,
 				  size_t *nm)
@@ -1139,11 +1051,14 @@ static struct member *python_only(struct member *top, size_t ntop, struct member
 			     !memmem(d.p, dn, GPUCTK_DEVICE_LIST_MOUNTS, strlen(GPUCTK_DEVICE_LIST_MOUNTS)),
 		     "a mount that is not plain, or a device-list mount");
 	}
-	struct member *files = sf_get(plan, nplan, "files"), *sources = sf_get(plan, nplan, "sources");
-	need(files && all_trusted(files->val, T_FILE), "a hook file not trusted here");
-	need(sources && all_trusted(sources->val, T_SOURCE),
-	     "a mount source or device node not trusted here");
-	need(trusted(runtime, T_EXEC, NULL) == 0, "the runtime is not trusted here");
+	char planned[PATH_MAX];
+	need(plan_string(plan, nplan, "runtime", planned, sizeof planned) == 0 &&
+		     strcmp(planned, runtime) == 0,
+	     "the runtime is not the front plan's");
+	struct member *chain = sf_get(plan, nplan, "chain");
+	need(chain && entries_hold(chain->val, 1),
+	     "a file the front plan names changed since (a hook, a mount source, a device node, "
+	     "the runtime, the log-file, or a folder on the way)");
 	return mounts;
 }
 

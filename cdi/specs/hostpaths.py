@@ -167,31 +167,36 @@ def _is_bind(mount: Mapping[str, Any]) -> bool:
     return (mount.get("type") or "") in BIND_TYPES or "bind" in options or "rbind" in options
 
 
+def host_sources(edits: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Each host path runc opens for `edits`, with what names it: ("CDI mount DEST: source",
+    PATH) for each mount source (a bind mount's, or an absolute one) and ("CDI device PATH:
+    host path", HOST) for each device node's host path (its `hostPath`, else its `path` when
+    the node must be read from the host)."""
+    found = []
+    for mount in edits.get("mounts") or ():
+        host = mount["hostPath"]
+        if host.startswith("/") or _is_bind(mount):  # else a file system's name ("tmpfs")
+            found.append((f"CDI mount {mount['containerPath']}: source", host))
+    for node in edits.get("deviceNodes") or ():
+        host = node.get("hostPath")
+        if not host and (not node.get("type") or (not node.get("major") and node["type"] != "p")):
+            host = node["path"]
+        if host:
+            found.append((f"CDI device {node['path']}: host path", host))
+    return found
+
+
 def source_problems(edits: Mapping[str, Any]) -> list[str]:
-    """ "CDI mount DEST: source PATH refused: WHY" for each mount source (a bind mount's, or an
-    absolute one) and "CDI device PATH: host path HOST refused: WHY" for each device node's
-    host path (its `hostPath`, else its `path` when the node must be read from the host) that
-    source_problem refuses. Each folder is walked once per call."""
+    """ "CDI mount DEST: source PATH refused: WHY" and "CDI device PATH: host path HOST
+    refused: WHY" for each of host_sources that source_problem refuses. Each folder is walked
+    once per call."""
     folders: dict[str, int] = {}
     found = []
     try:
-        for mount in edits.get("mounts") or ():
-            host = mount["hostPath"]
-            if not host.startswith("/") and not _is_bind(mount):
-                continue  # a file system's name ("tmpfs", "proc"), not a path
+        for what, host in host_sources(edits):
             problem = source_problem(host, folders)
             if problem:
-                dest, host = mount["containerPath"], mount["hostPath"]
-                found.append(f"CDI mount {dest}: source {host} refused: {problem}")
-        for node in edits.get("deviceNodes") or ():
-            host = node.get("hostPath")
-            if not host and (
-                not node.get("type") or (not node.get("major") and node["type"] != "p")
-            ):
-                host = node["path"]
-            problem = source_problem(host, folders) if host else None
-            if problem:
-                found.append(f"CDI device {node['path']}: host path {host} refused: {problem}")
+                found.append(f"{what} {host} refused: {problem}")
     finally:
         close_folders(folders)
     return found

@@ -30,11 +30,19 @@ that applies the spec itself (podman, containerd's CDI) serves it.
 
 The lists are what gpuctk.cdi.specs.apply makes of the edits on an empty config (env by key,
 device entries and their cgroup rules, mounts sorted, hooks by stage); the front merges them
-into the container's lists with apply's rules. `files` (hook paths) and `sources` (mount
-sources, device host paths) are checked again at every create; `world` is the identity of
-gpuctk's code, the config file, the spec dirs and files, checked at every create. `describe`,
-`log_file` and `log_level` let the front write the shim's `injected` line where the shim
-would (the front leaves a debug level to Python, which logs more there).
+into the container's lists with apply's rules. `world` is the identity of gpuctk's code, the
+config file, the spec dirs and files, checked at every create. `describe`, `log_file` and
+`log_level` let the front write the shim's `injected` line where the shim would (the front
+leaves a debug level to Python, which logs more there).
+
+Which host files root may use is decided here, in Python, once: when a plan is written, every
+hook file and host path runc opens (gpuctk.cdi.specs.hostpaths), the low-level runtime
+(gpuctk.hook.shim.runtime_main.find_runtime) and the log file (gpuctk.fs.append_trusted) must
+pass gpuctk's trusted-path rules, and then `chain` records each step the kernel takes to reach
+them (chain_of). The front checks no rule of its own: it takes the plan only while every step
+is still the same inode with the same type, mode and owner (lstat), which nobody but root can
+change once the rules passed (only root can write the folders on the way), and only with the
+plan's `runtime`; the log file it appends to must be the plan's `log_id`.
 
 Trust: written only into a folder this uid alone can write, up to / (open_private_dir), mode
 0600; the front reads it only from such a folder. Writes are atomic, never fsync'd, at most
@@ -44,10 +52,11 @@ MAX_PLANS files. `GPUCTK_SPEC_CACHE=0` turns this off with the other caches.
 from __future__ import annotations
 
 import os
+import stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterable, Mapping
     from typing import Any
 
     from gpuctk.cdi.specs.shape import EditsDoc
@@ -55,7 +64,7 @@ if TYPE_CHECKING:
     from gpuctk.hook.requests.devices import Request
 
 FOLDER_NAME = "front"
-FORMAT = "gpuctk-front-plan-1"
+FORMAT = "gpuctk-front-plan-2"
 FRONT = "gpuctk-cdi-hook"
 GUARD = "disable-device-node-modification"
 MAX_PLANS = 64
@@ -213,27 +222,31 @@ def offer(
     edits: EditsDoc,
     settings: Settings,
     world: tuple[Any, ...] | None,
+    runtime: str,
 ) -> bool:
     """Write the front plan of `key` (key_of the config before any edit) for `edits`, resolved
-    in `world` (Plans.snapshot before the resolution, None: not settled); True if written."""
+    in `world` (Plans.snapshot before the resolution, None: not settled), whose create execs
+    `runtime`; True if written."""
     from gpuctk.errors import GpuctkError
     from gpuctk.hook.config import config_path
     from gpuctk.hook.requests.cdiedits import describe
 
-    if world is None or key is None or not _eligible(req, edits, settings):
+    if world is None or key is None or not runtime or not _eligible(req, edits, settings):
         return False
     conf, _ = config_path(os.environ)
     nodes = edits.get("deviceNodes") or []
     numbered = [n.get("hostPath") or n["path"] for n in nodes
                 if not (n.get("type") and "major" in n and "minor" in n)]  # fmt: skip
     identities = _identities(world, conf, settings, numbered)  # before the numbers are read
-    if identities is None:
+    chain = _trusted_chain(edits, runtime, settings.log_file or "")
+    if identities is None or chain is None:
         return False
     uid, gid = (int(k.partition("=")[2]) for k in key[-2:])
     try:
         lists = render(edits, uid, gid)
     except GpuctkError:
         return False
+    log_file = settings.log_file or ""
     doc = {
         "format": FORMAT,
         "key": key,
@@ -241,16 +254,75 @@ def offer(
         "world": identities,
         "prefixes": prefixes(key, settings),
         "describe": describe(req),  # the shim's `injected` line, in the same logs
-        "log_file": settings.log_file or "",
+        "log_file": log_file,
         "log_level": settings.log_level,
-        "files": sorted({h["path"] for h in edits.get("hooks") or []}),
-        "sources": sorted(
-            {m["hostPath"] for m in edits.get("mounts") or []}
-            | {n.get("hostPath") or n["path"] for n in edits.get("deviceNodes") or []}
-        ),
+        "log_id": chain[log_file][:2] if log_file else [],
+        "runtime": runtime,
+        "chain": [[path, *ident] for path, ident in sorted(chain.items())],
         **lists,
     }
     return _write(state, file_name(key), doc)
+
+
+def _trusted_chain(edits: EditsDoc, runtime: str, log_file: str) -> dict[str, list[int]] | None:
+    """chain_of every file the front's create makes root use, once each passes gpuctk's rules
+    (the same ones the Python shim applies); None if one does not."""
+    from gpuctk.cdi.specs.hostpaths import hook_problems, host_sources, source_problems
+    from gpuctk.errors import InputError
+    from gpuctk.fs import append_trusted
+    from gpuctk.hook.shim.runtime_main import find_runtime
+
+    hooks = edits.get("hooks") or []
+    if source_problems(edits) or hook_problems(hooks):
+        return None
+    try:
+        if find_runtime([runtime]) != runtime:
+            return None
+    except InputError:
+        return None
+    if log_file and append_trusted(log_file, b"") is not None:
+        return None
+    paths = [runtime, *(h["path"] for h in hooks), *(p for _, p in host_sources(edits))]
+    return chain_of([*paths, log_file] if log_file else paths)
+
+
+def chain_of(paths: Iterable[str]) -> dict[str, list[int]] | None:
+    """Each step the kernel takes to reach each of `paths`: / and every name after it, each
+    link and then each step of its target, as path (no link on the way but its last name) ->
+    [dev, ino, mode, uid, gid] from lstat. None: a step missing or not looked at, a relative
+    path, more than MAX_LINKS links."""
+    from gpuctk.fs import MAX_LINKS
+
+    steps: dict[str, list[int]] = {}
+    try:
+        for path in paths:
+            if not path.startswith("/"):
+                return None
+            todo, done, links = path.split("/")[::-1], "", 0
+            here = "/"
+            while True:
+                st = os.lstat(here)
+                steps[here] = [st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_gid]
+                if stat.S_ISLNK(st.st_mode):
+                    links += 1
+                    target = os.readlink(here)
+                    if links > MAX_LINKS or not target:
+                        return None
+                    done = "" if target.startswith("/") else done
+                    todo.extend(target.split("/")[::-1])
+                else:
+                    done = here.rstrip("/")
+                name = ""
+                while todo and name in ("", ".", ".."):
+                    name = todo.pop()
+                    if name == "..":
+                        done = done.rpartition("/")[0]
+                if name in ("", ".", ".."):
+                    break
+                here = f"{done}/{name}"
+    except OSError:
+        return None
+    return steps
 
 
 def current(state: str, key: list[str] | None) -> bool:
@@ -274,7 +346,20 @@ def current(state: str, key: list[str] | None) -> bool:
         and doc.get("key") == key
         and doc.get("config") == config_path(os.environ)[0]
         and _holds(doc.get("world"))
+        and _chain_holds(doc.get("chain"))
     )
+
+
+def _chain_holds(chain: Any) -> bool:
+    """Whether each [path, dev, ino, mode, uid, gid] of a plan's `chain` still holds (lstat)."""
+    try:
+        for path, *ident in chain:
+            st = os.lstat(path)
+            if ident != [st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_gid]:
+                return False
+    except (OSError, TypeError, ValueError):
+        return False
+    return isinstance(chain, list)
 
 
 def _write(state: str, name: str, doc: dict[str, Any]) -> bool:

@@ -217,7 +217,7 @@ def find_runtime(names: Sequence[str], search: str = DEFAULT_PATH) -> str:
     )
 
 
-def inject(inv: Invocation, settings: Settings, log: RuncLog) -> None:
+def inject(inv: Invocation, settings: Settings, log: RuncLog, runtime: str = "") -> None:
     """Steps 1-4 for a `create`/`run` (no-op when the container asks for nothing). A request
     resolved before in the same specs takes its remembered plan (gpuctk.hook.shim.plans)."""
     from gpuctk.hook.bundle import open_bundle
@@ -225,7 +225,7 @@ def inject(inv: Invocation, settings: Settings, log: RuncLog) -> None:
     bundle = inv.bundle or os.getcwd()
     bundle_fd, dir_fd, name = open_bundle(bundle, inv.config_name)
     try:
-        _inject(inv, settings, log, bundle, bundle_fd, dir_fd, name)
+        _inject(inv, settings, log, bundle, bundle_fd, dir_fd, name, runtime)
     finally:
         if dir_fd != bundle_fd:
             os.close(dir_fd)
@@ -240,6 +240,7 @@ def _inject(
     bundle_fd: int,
     dir_fd: int,
     name: str,
+    runtime: str,
 ) -> None:
     from gpuctk.cdi.specs import apply
     from gpuctk.hook.bundle import read_config, write_config
@@ -271,12 +272,9 @@ def _inject(
             log.warning(note)
         edits: EditsDoc = plan["edits"]
         prep = plan["prep"]
-        if (
-            not plan["notes"]
-            and frontplan.wanted(front_key, req, edits, settings)
-            and not frontplan.current(plans.state, front_key)
-        ):
-            frontplan.offer(plans.state, front_key, req, edits, settings, plans.snapshot())
+        wanted = not plan["notes"] and frontplan.wanted(front_key, req, edits, settings)
+        if wanted and not frontplan.current(plans.state, front_key):
+            frontplan.offer(plans.state, front_key, req, edits, settings, plans.snapshot(), runtime)
     else:
         before = plans.snapshot() if plans is not None else None
         notes: list[str] = []
@@ -293,7 +291,7 @@ def _inject(
             and plans.offer(key, before, {"edits": edits, "notes": notes, "prep": prep})
             and not notes
         ):
-            frontplan.offer(plans.state, front_key, req, edits, settings, before)
+            frontplan.offer(plans.state, front_key, req, edits, settings, before, runtime)
     from gpuctk.hook.shim import nodeafter
 
     guard, spec_edits = nodeafter.choose(inv.verb, inv.pid_file, settings), edits
@@ -348,7 +346,7 @@ def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
         if inv.verb in INJECT_VERBS and broken is not None:  # no GPU: left as it is
             failsafe.gate_create(inv.bundle or os.getcwd(), inv.config_name, settings, broken, log)
         elif inv.verb in INJECT_VERBS:
-            inject(inv, settings, log)
+            inject(inv, settings, log, runtime)
     except GpuctkError as exc:
         log.error(f"gpuctk-runtime: {exc.message}")
         return 1, runtime, log

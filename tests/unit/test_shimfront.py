@@ -22,6 +22,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -40,6 +41,7 @@ from gpuctk.hook.shim import frontplan
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 30  # seconds: only to catch a hang
 VISIBLE = "NVIDIA_VISIBLE_DEVICES=0"
+SOCKETS: list[socket.socket] = []  # each node's nvidia-persistenced socket, kept listening
 BASE_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", VISIBLE]
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the create path runs as root")
@@ -148,6 +150,11 @@ def spec(node_hook: Path, files: Path) -> dict[str, Any]:
                     "containerPath": "/lib/firmware/nvidia/fw.bin",
                     "options": ["ro", "nosuid", "nodev", "bind"],
                 },
+                {  # what most real nodes' specs mount: nvidia-persistenced's socket
+                    "hostPath": str(files / "run" / "socket"),
+                    "containerPath": "/run/nvidia-persistenced/socket",
+                    "options": ["ro", "nosuid", "nodev", "bind", "noexec"],
+                },
             ],
             "hooks": [
                 {
@@ -222,6 +229,11 @@ def make_node(
     (files / "lib").mkdir(parents=True)
     (files / "icd.json").write_text("{}")
     (files / "fw.bin").write_bytes(b"fw")
+    (files / "run").mkdir()
+    listening = socket.socket(socket.AF_UNIX)  # open for the module: the node's daemon
+    listening.bind(str(files / "run" / "socket"))
+    listening.listen()
+    SOCKETS.append(listening)
     spec_dir = work / "cdi"
     spec_dir.mkdir()
     doc = spec(bindir / "gpuctk-cdi-hook", files)
@@ -682,35 +694,85 @@ def test_another_requests_plan_under_this_name_is_not_used(
         plan.write_bytes(saved)
 
 
+CHANGED = "a file the front plan names changed since"
+
+
 @pytest.mark.parametrize(
-    ("path", "mode", "why"),
+    ("path", "mode"),
     [
-        ("bin/gpuctk-cdi-hook", 0o775, "a hook file not trusted here"),
-        ("files/icd.json", 0o666, "a mount source or device node not trusted here"),
-        ("files/lib", 0o777, "a mount source or device node not trusted here"),
-        ("files", 0o775, "a mount source or device node not trusted here"),
+        ("bin/gpuctk-cdi-hook", 0o775),
+        ("files/icd.json", 0o666),
+        ("files/lib", 0o777),
+        ("files", 0o775),
+        ("files/run", 0o1777),
     ],
 )
 def test_a_host_path_others_could_write_goes_to_python(
-    node: Node, planned: dict[str, Any], path: str, mode: int, why: str
+    node: Node, planned: dict[str, Any], path: str, mode: int
 ) -> None:
     target = node.work / path
     kept = target.stat().st_mode & 0o7777
     try:
         target.chmod(mode)
-        handed_over(*direct(node, planned), why)
+        handed_over(*direct(node, planned), CHANGED)
     finally:
         target.chmod(kept)
 
 
-def test_a_runtime_others_could_swap_goes_to_python(node: Node, planned: dict[str, Any]) -> None:
-    folder = node.work / "open-runtime"
+@pytest.mark.parametrize("path", ["files/icd.json", "files/run/socket", "files/lib"])
+def test_a_host_path_swapped_for_a_like_one_goes_to_python(tmp_path: Path, path: str) -> None:
+    """Same name, type, mode and owner, another inode: not what Python checked."""
+    own = make_node(tmp_path)
+    doc = base_doc("/nonexistent-root")
+    fronted(own, doc)
+    target = own.work / path
+    kept = target.with_name(target.name + ".old")
+    target.rename(kept)
+    if path.endswith("socket"):
+        listening = socket.socket(socket.AF_UNIX)
+        listening.bind(str(target))
+        SOCKETS.append(listening)
+    elif path.endswith("lib"):
+        target.mkdir()
+    else:
+        shutil.copy2(kept, target)
+    target.chmod(kept.stat().st_mode & 0o7777)
+    done, _ = own.create(doc)
+    assert done.returncode == 0, done.stderr
+    assert f"front: python: {CHANGED}" in done.stderr, done.stderr
+    again, _ = own.create(doc)  # the Python create wrote the plan again: the front's
+    assert "front: plan " in again.stderr, again.stderr
+
+
+def test_a_runtime_other_than_the_plans_goes_to_python(node: Node, planned: dict[str, Any]) -> None:
+    folder = node.work / "other-runtime"
     folder.mkdir(exist_ok=True)
     shutil.copyfile("/bin/true", folder / "true")
     (folder / "true").chmod(0o755)
-    folder.chmod(0o777)
     runtime = str(folder / "true")
-    handed_over(*direct(node, planned, GPUCTK_FRONT_RUNTIME=runtime), "the runtime is not trusted")
+    handed_over(
+        *direct(node, planned, GPUCTK_FRONT_RUNTIME=runtime), "the runtime is not the front plan's"
+    )
+
+
+def test_chain_of_takes_each_step_the_kernel_takes(tmp_path: Path) -> None:
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "f").write_text("")
+    (tmp_path / "rel").symlink_to("a/./b")
+    (tmp_path / "a" / "up").symlink_to("../a/b/f")
+    (tmp_path / "abs").symlink_to(tmp_path / "a")
+    steps = frontplan.chain_of([f"{tmp_path}/rel/f", f"{tmp_path}/abs/up"])
+    assert steps is not None
+    here = [str(tmp_path / p) for p in ("rel", "a", "a/b", "a/b/f", "abs", "a/up")]
+    assert set(here) <= set(steps)
+    assert all(not os.path.islink(p) for p in steps if p not in (here[0], here[4], here[5]))
+    for path, ident in steps.items():
+        st = os.lstat(path)
+        assert ident == [st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_gid]
+    assert frontplan.chain_of([f"{tmp_path}/missing"]) is None
+    assert frontplan.chain_of(["relative/path"]) is None
+    (tmp_path / "loop").symlink_to("loop")
+    assert frontplan.chain_of([f"{tmp_path}/loop"]) is None
 
 
 @pytest.mark.parametrize("what", ["spec", "config", "new spec"])
@@ -853,7 +915,7 @@ def test_the_front_logs_what_the_shim_logs(tmp_path: Path, fmt: str) -> None:
     ("conf", "why"),
     [
         ('log-level = "debug"\n', "log-level debug"),
-        ('log-file = "{open}/gpuctk.log"\n', "the log-file's folder"),
+        ('log-file = "{open}/gpuctk.log"\n', ""),  # Python refuses it: no plan at all
     ],
 )
 def test_a_log_the_front_cannot_write_as_python_would_goes_to_python(
@@ -868,7 +930,11 @@ def test_a_log_the_front_cannot_write_as_python_would_goes_to_python(
     for _ in range(2):
         shim_run(own, doc)
     done = shim_run(own, doc)
-    assert f"front: python: {why}" in done.stderr, done.stderr
+    if why:
+        assert f"front: python: {why}" in done.stderr, done.stderr
+    else:
+        assert "front: plan" not in done.stderr and "log-file" in done.stderr, done.stderr
+        assert not list((own.state / frontplan.FOLDER_NAME).glob("*.json"))
 
 
 @pytest.mark.parametrize(
