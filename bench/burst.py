@@ -1,7 +1,7 @@
 """Benchmark: 32 containers at once through gpuctk-runtime against 32 through bare runc.
 
     .venv/bin/python bench/burst.py [--rounds 5] [--json out.json] [--against REV]
-        [--library-mode auto|hook|...]
+        [--library-mode auto|hook|...] [--nvidia-ctk-bin DIR] [--no-persistenced]
 
 A burst is 32 containers started together, each going through bench/lifecycle.py's round
 (`<runtime> create --bundle B --pid-file P NAME`, `start NAME`, a wait for /bin/true to exit,
@@ -26,7 +26,14 @@ and a case's effect on the next hit them alike):
                       state folder warm as on a node (a plan per request, kept by every
                       create of a burst);
 - gpuctk @REV         the same for git revision REV (--against; its own venv, built once, and
-                      its own state folder).
+                      its own state folder);
+- nvidia-container-runtime  with --nvidia-ctk-bin DIR: NVIDIA's runtime from DIR in its CDI
+                      mode (NVIDIA_VISIBLE_DEVICES=i becomes nvidia.com/gpu=i) on the spec
+                      DIR's nvidia-ctk writes for the same node, its hooks DIR's
+                      nvidia-cdi-hook: this repository neither carries nor builds them.
+
+Unless --no-persistenced, an nvidia-persistenced socket listens in the driver root for the
+whole run, as on most real nodes, so that every spec mounts it.
 
 In the same rounds, one container at a time (bench/lifecycle.py's lifecycle(), the round its
 ratios come from), SINGLES of each case, interleaved: runc, runc + GPU edits, gpuctk 1 GPU and
@@ -53,17 +60,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import CACHE, installed_bin, installed_bin_at
+from common import CACHE, installed_bin, installed_bin_at, persistenced
 from fixtures.burst import many_gpu_node, wait_exit
 from fixtures.driver_root import build_driver_root
 from fixtures.images import build_image, make_bundle, overlay, unmount
 from lifecycle import PATH_ENV, lifecycle
+from nvidiaspec import check_bin, nvidia_node_runtime
 
 BURST = 32
 TARGET = 1.5
 WAIT = 300  # seconds any one step may take before the benchmark gives up
 ONE_GPU = ["NVIDIA_VISIBLE_DEVICES=0"]  # the single container's request
 SINGLES = 5  # single containers per case in each round (they are short: more samples)
+NVIDIA = "nvidia-container-runtime"  # NVIDIA's runtime's case (--nvidia-ctk-bin)
 
 Edit = Callable[[list[Path]], None]  # edits bundles ahead, off the clock
 Case = tuple[list[str], dict[str, str], bool, Edit | None]  # argv, env, asks for a GPU, edit
@@ -223,7 +232,7 @@ def report(
                 f"  {case:24s} median {m * scale:7.2f} {unit}  min {low[kind][case] * scale:7.2f}"
                 f" {unit}  ({m / bare:4.2f}x runc, {m / edited:4.2f}x runc + GPU edits)"
             )
-    gpuctk = [c for c in med["burst"] if c.startswith("gpuctk")]
+    gpuctk = [c for c in med["burst"] if c.startswith("gpuctk") or c == NVIDIA]
     print(f"  {'side by side':24s} {'burst':>22s}    {'single':>22s}")
 
     def row(case: str, of: dict[str, dict[str, float]]) -> str:
@@ -249,6 +258,11 @@ def report(
         f"  target: a burst at most {TARGET}x bare runc -> {x:.2f}x"
         f" {'meets' if x <= TARGET else 'MISSES'}"
     )
+    if NVIDIA in med["burst"]:
+        for kind in ("burst", "single"):
+            x = med[kind]["gpuctk"] / med[kind][NVIDIA]
+            print(f"  gpuctk over NVIDIA's runtime, {kind}: {x:.2f}x"
+                  f" ({'ahead' if x < 1 else 'BEHIND'})")  # fmt: skip
     if against:
         for kind in ("burst", "single"):
             here, there = times[kind]["gpuctk"], times[kind][f"gpuctk @{against}"]
@@ -275,6 +289,16 @@ def main() -> None:
         "own state folder), alternating with this checkout's, and print both side by side",
     )
     parser.add_argument(
+        "--nvidia-ctk-bin", type=Path, metavar="DIR",
+        help="also time NVIDIA's nvidia-container-runtime from DIR (with nvidia-ctk and "
+        "nvidia-cdi-hook: its CDI mode, on nvidia-ctk's spec of the same node)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-persistenced", action="store_true",
+        help="no nvidia-persistenced socket on the node (by default one listens, as on most "
+        "nodes, and every spec mounts it)",
+    )  # fmt: skip
+    parser.add_argument(
         "--library-mode", default="auto",
         help="the spec's `gpuctk cdi generate --library-mode` (default auto: the default "
         "install's spec; hook: the hook spec)",
@@ -290,34 +314,56 @@ def main() -> None:
 
     bindir = installed_bin()
     other = installed_bin_at(args.against) if args.against else None
+    nvidia = check_bin(args.nvidia_ctk_bin) if args.nvidia_ctk_bin else None
     driver_root = build_driver_root(CACHE)
     image = build_image("debian")
     work = Path(tempfile.mkdtemp(prefix="gpuctk-bench-burst-"))
     try:
-        mode = ("--library-mode", args.library_mode)
-        staged = ("--staging-dir", str(work / "staging")) if args.library_mode != "hook" else ()
-        node = many_gpu_node(work / "node", driver_root, BURST, bindir, (*mode, *staged))
-        toml, dry = work / "gpuctk.toml", work / "dry.toml"
-        toml.write_text(
-            f'runtimes = ["{runc}"]\nspec-dirs = ["{node.spec_dir}"]\n'
-            f'log-file = "{work}/gpuctk.log"\n'
-        )
-        dry.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{node.spec_dir}"]\n')
-        shim = str(bindir / "gpuctk-runtime")
-        # the shim's memo and caches as on a node: a state folder of its own for each build
-        env = {**os.environ, "GPUCTK_CONFIG": str(toml), "GPUCTK_STATE_DIR": str(work / "state")}
-        cases: dict[str, Case] = {
-            "runc": ([runc], env, False, None),
-            "runc + GPU edits": ([runc], env, True, editor(shim, dry, work / "state-dry")),
-            "gpuctk": ([shim], env, True, None),
-        }
-        if other is not None:
-            there = {**env, "GPUCTK_STATE_DIR": str(work / "state-against")}
-            cases[f"gpuctk @{args.against}"] = ([str(other / "gpuctk-runtime")], there, True, None)
-        times = measure(cases, image, work, args.rounds)
+        with persistenced(driver_root, not args.no_persistenced) as sock:
+            times = _run(args, runc, bindir, other, nvidia, driver_root, image, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    print(f"nvidia-persistenced's socket mounted by every spec: {'yes' if sock else 'no'}")
     report(times, args.rounds, args.against, args.json, args.library_mode)
+
+
+def _run(
+    args: argparse.Namespace, runc: str, bindir: Path, other: Path | None, nvidia: Path | None,
+    driver_root: Path, image: Path, work: Path,
+) -> dict[str, dict[str, list[float]]]:  # fmt: skip
+    """The cases of main(), measured."""
+    mode = ("--library-mode", args.library_mode)
+    staged = ("--staging-dir", str(work / "staging")) if args.library_mode != "hook" else ()
+    node = many_gpu_node(work / "node", driver_root, BURST, bindir, (*mode, *staged))
+    toml, dry = work / "gpuctk.toml", work / "dry.toml"
+    toml.write_text(
+        f'runtimes = ["{runc}"]\nspec-dirs = ["{node.spec_dir}"]\nlog-file = "{work}/gpuctk.log"\n'
+    )
+    dry.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{node.spec_dir}"]\n')
+    shim = str(bindir / "gpuctk-runtime")
+    # the shim's memo and caches as on a node: a state folder of its own for each build
+    env = {**os.environ, "GPUCTK_CONFIG": str(toml), "GPUCTK_STATE_DIR": str(work / "state")}
+    cases: dict[str, Case] = {
+        "runc": ([runc], env, False, None),
+        "runc + GPU edits": ([runc], env, True, editor(shim, dry, work / "state-dry")),
+        "gpuctk": ([shim], env, True, None),
+    }
+    if other is not None:
+        there = {**env, "GPUCTK_STATE_DIR": str(work / "state-against")}
+        cases[f"gpuctk @{args.against}"] = ([str(other / "gpuctk-runtime")], there, True, None)
+    if nvidia is not None:
+        cases[NVIDIA] = nvidia_case(nvidia, driver_root, runc, work, env)
+    return measure(cases, image, work, args.rounds)
+
+
+def nvidia_case(
+    nvidia: Path, driver_root: Path, runc: str, work: Path, env: dict[str, str]
+) -> Case:
+    """NVIDIA's nvidia-container-runtime (CDI mode) on nvidia-ctk's spec of the node
+    many_gpu_node made under work/node (the same profile)."""
+    profile = work / "node" / f"h100-{BURST}.yaml"
+    argv, extra = nvidia_node_runtime(nvidia, driver_root, str(profile), runc, work)
+    return argv, {**env, **extra}, True, None
 
 
 if __name__ == "__main__":

@@ -3,10 +3,13 @@ Python the way an installed package runs (with its .pyc files)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,3 +151,30 @@ def paired(times: dict[str, list[float]], case: str, base: str) -> list[float]:
     """Per round, case's time less base's (ms): the rounds alternate the cases, so each
     difference is of two starts made side by side."""
     return [1e3 * (a - b) for a, b in zip(times[case], times[base], strict=True)]
+
+
+PERSISTENCED = "run/nvidia-persistenced/socket"  # under the driver root, as on a node
+
+
+@contextlib.contextmanager
+def persistenced(driver_root: Path, on: bool = True) -> Iterator[Path | None]:
+    """A listening nvidia-persistenced socket in `driver_root` while the bench runs (what most
+    real nodes have, and so what the specs of both toolkits mount), removed after; `on` False:
+    none (yields None)."""
+    if not on:
+        yield None
+        return
+    path = driver_root / PERSISTENCED
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    listening = socket.socket(socket.AF_UNIX)
+    try:
+        listening.bind(str(path))
+        listening.listen()
+        yield path
+    finally:
+        listening.close()
+        path.unlink(missing_ok=True)
+        for folder in (path.parent, path.parent.parent):
+            with contextlib.suppress(OSError):
+                folder.rmdir()

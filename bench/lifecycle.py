@@ -1,6 +1,7 @@
 """Benchmark: container create+start+delete through gpuctk-runtime against bare runc.
 
     .venv/bin/python bench/lifecycle.py [--runs 15] [--json out.json] [--against REV]
+        [--nvidia-ctk-bin DIR] [--no-persistenced]
 
 Each run is `<runtime> create --bundle B --pid-file P NAME`, `start NAME`, a wait for /bin/true to
 exit, and `delete NAME`, all through the runtime under test as containerd's runc shim drives it,
@@ -28,7 +29,14 @@ run so that machine noise hits them alike:
                     (gpuctk.cdi.stage).
 - runc + folder edits  the same on the folder spec's edits (1 GPU): runc's own floor there.
 - gpuctk ..., default install  1 and 8 GPUs on the spec the deb and the DaemonSet write
-                    (`generate` with no mode flag: the folder spec of every capability).
+                    (`generate` with no mode flag: the folder spec of every capability);
+- nvidia-container-runtime ...  with --nvidia-ctk-bin DIR: 1 and 8 GPUs through NVIDIA's
+                    runtime from DIR in its CDI mode, on the spec DIR's nvidia-ctk writes for
+                    the same node (bench/nvidiaspec.py); gpuctk's default install over it is
+                    printed.
+
+Unless --no-persistenced, an nvidia-persistenced socket listens in the driver root for the
+whole run, as on most real nodes, so that every spec mounts it.
 
 With podman installed (and unless --no-podman), as many podman rounds follow (bench/podman.py
 measure), alternating its cases: `podman run --rm /bin/true` with no device, with the default
@@ -66,13 +74,15 @@ from pathlib import Path
 from typing import Any
 
 import podman
-from common import CACHE, installed_bin, installed_bin_at, installed_python
+from common import CACHE, installed_bin, installed_bin_at, installed_python, persistenced
 from fixtures.driver_root import build_driver_root
 from fixtures.gpucheck import generate
 from fixtures.images import build_image, make_bundle, overlay, unmount
+from nvidiaspec import check_bin, nvidia_node_runtime
 
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PROFILE = "h100-8"
+NVIDIA = "nvidia-container-runtime"  # NVIDIA's runtime's cases (--nvidia-ctk-bin)
 MIG_PROFILE = "h100-8-mig7"  # its spec is given the kind nvidia.com/mig beside the GPU spec
 MIG8 = ",".join(f"nvidia.com/mig={g}:{m}" for g, m in [*((0, m) for m in range(7)), (1, 0)])
 _names = itertools.count()
@@ -241,6 +251,16 @@ def main() -> None:
         "--no-podman", action="store_true", help="skip the podman cases (bench/podman.py)"
     )
     parser.add_argument(
+        "--nvidia-ctk-bin", type=Path, metavar="DIR",
+        help="also time NVIDIA's nvidia-container-runtime from DIR (with nvidia-ctk and "
+        "nvidia-cdi-hook: its CDI mode, on nvidia-ctk's spec of the same node), 1 and 8 GPUs",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-persistenced", action="store_true",
+        help="no nvidia-persistenced socket on the node (by default one listens, as on most "
+        "nodes, and every spec mounts it)",
+    )  # fmt: skip
+    parser.add_argument(
         "--against",
         metavar="REV",
         help="also time the 1- and 8-GPU cases through gpuctk as of git revision REV (built "
@@ -255,8 +275,19 @@ def main() -> None:
         raise SystemExit("runc not installed")
 
     bindir = installed_bin()
+    nvidia = check_bin(args.nvidia_ctk_bin) if args.nvidia_ctk_bin else None
     driver_root = build_driver_root(CACHE)
     image = build_image("debian")
+    with persistenced(driver_root, not args.no_persistenced) as sock:
+        _run(args, runc, bindir, nvidia, driver_root, image)
+    print(f"nvidia-persistenced's socket mounted by every spec: {'yes' if sock else 'no'}")
+
+
+def _run(
+    args: argparse.Namespace, runc: str, bindir: Path, nvidia: Path | None, driver_root: Path,
+    image: Path,
+) -> None:  # fmt: skip
+    """main()'s cases, measured and printed."""
     work = Path(tempfile.mkdtemp(prefix="gpuctk-bench-lifecycle-"))
     node = generate(work, driver_root, PROFILE, work / "cdi" / "nvidia.json", bindir)
     spec_dir, spec = node.spec_dir, node.spec
@@ -342,6 +373,12 @@ def main() -> None:
             # its own memo and caches: the plan cache is only valid for the code that wrote it
             envs[name] = {**os.environ, "GPUCTK_STATE_DIR": str(work / "state-against")}
 
+    if nvidia is not None:  # NVIDIA's runtime on nvidia-ctk's spec of the same node
+        nv_argv, nv_env = nvidia_node_runtime(nvidia, driver_root, PROFILE, runc, work)
+        for gpus, request in (("1 GPU", one), ("8 GPUs", cases["gpuctk 8 GPUs"][1])):
+            cases[f"{NVIDIA} {gpus}"] = (nv_argv, request, None)
+            envs[f"{NVIDIA} {gpus}"] = {**os.environ, **nv_env}
+
     samples: dict[str, list[float]] = {name: [] for name in cases}
     podman_times: dict[str, list[float]] = {}
     try:
@@ -388,6 +425,12 @@ def main() -> None:
     print(f"  of gpuctk 1 GPU over runc ({one - bare:.1f} ms): runc's own work for the GPU mounts"
           f" and nodes {ahead - bare:.1f} ms, the sh fronts and one Python start {start:.1f} ms,"
           f" gpuctk's own work {own_work:.1f} ms")  # fmt: skip
+    if nvidia is not None:
+        for gpus in ("1 GPU", "8 GPUs"):
+            x = results[f"gpuctk {gpus}, default install"]["median_ms"]
+            x /= results[f"{NVIDIA} {gpus}"]["median_ms"]
+            print(f"  gpuctk over NVIDIA's runtime, {gpus}, default install: {x:.2f}x"
+                  f" ({'ahead' if x < 1 else 'BEHIND'})")  # fmt: skip
     if args.against:
         for gpus in ("1 GPU", "8 GPUs", "1 GPU, default install", "8 GPUs, default install"):
             here, there = samples[f"gpuctk {gpus}"], samples[f"gpuctk {gpus} @{args.against}"]

@@ -88,3 +88,52 @@ def nvidia_spec(
     text = out.read_text().replace(f"::{dev_root.resolve()}/dev/", "::/dev/")
     out.write_text(text)
     return out
+
+
+RUNTIME = "nvidia-container-runtime"
+
+
+def nvidia_runtime(
+    bindir: Path, spec_dir: Path, runc: str, work: Path
+) -> tuple[list[str], dict[str, str]] | None:
+    """The argv that runs NVIDIA's nvidia-container-runtime of `bindir` in its CDI mode (the
+    one that serves a node's CDI spec: `NVIDIA_VISIBLE_DEVICES=0` becomes nvidia.com/gpu=0),
+    over the specs in `spec_dir`, exec'ing `runc`: (argv, the environment entries that name its
+    config.toml, written into `work`). None when `bindir` has no such runtime."""
+    exe = bindir.resolve() / RUNTIME
+    if not os.access(exe, os.X_OK):
+        return None
+    conf = work / "nvidia-container-runtime.toml"
+    conf.write_text(
+        "[nvidia-container-runtime]\n"
+        'mode = "cdi"\n'
+        f'runtimes = ["{runc}"]\n'
+        'log-level = "info"\n'
+        "[nvidia-container-runtime.modes.cdi]\n"
+        f'spec-dirs = ["{spec_dir}"]\n'
+        'default-kind = "nvidia.com/gpu"\n'
+        "[nvidia-ctk]\n"
+        f'path = "{bindir.resolve() / "nvidia-ctk"}"\n'
+    )
+    return [str(exe)], {"NVIDIA_CTK_CONFIG_FILE_PATH": str(conf)}
+
+
+def nvidia_node_runtime(
+    bindir: Path, driver_root: Path, profile: str, runc: str, work: Path
+) -> tuple[list[str], dict[str, str]]:
+    """nvidia_runtime() on nvidia-ctk's spec of `profile` (a shipped name or a YAML path) over
+    `driver_root` and node roots of its own under `work` (with udev's by-path links, which
+    nvidia-ctk names); SystemExit when `bindir` has no nvidia-container-runtime."""
+    from fixtures.devroot import make_node_roots
+
+    from gpuctk.cdi.node.profile import load_profile
+
+    roots = make_node_roots(work / "nvidia-node", load_profile(profile))
+    add_by_path_links(roots.dev_root, roots.sys_root)
+    (work / "nvidia-cdi").mkdir(parents=True)
+    out = work / "nvidia-cdi" / "nvidia.json"
+    nvidia_spec(bindir, driver_root, roots.dev_root, roots.sys_root, profile, out)
+    made = nvidia_runtime(bindir, out.parent, runc, work)
+    if made is None:
+        raise SystemExit(f"--nvidia-ctk-bin {bindir}: no runnable {RUNTIME} there")
+    return made
