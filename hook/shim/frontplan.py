@@ -35,14 +35,10 @@ config file, the spec dirs and files, checked at every create. `describe`, `log_
 `log_level` let the front write the shim's `injected` line where the shim would (the front
 leaves a debug level to Python, which logs more there).
 
-Which host files root may use is decided here, in Python, once: when a plan is written, every
-hook file and host path runc opens (gpuctk.cdi.specs.hostpaths), the low-level runtime
-(gpuctk.hook.shim.runtime_main.find_runtime) and the log file (gpuctk.fs.append_trusted) must
-pass gpuctk's trusted-path rules, and then `chain` records each step the kernel takes to reach
-them (chain_of). The front checks no rule of its own: it takes the plan only while every step
-is still the same inode with the same type, mode and owner (lstat), which nobody but root can
-change once the rules passed (only root can write the folders on the way), and only with the
-plan's `runtime`; the log file it appends to must be the plan's `log_id`.
+Which host files root may use (hook files, mount sources, device nodes, the runtime, the log
+file) is decided in Python when a plan is written, and the plan's `chain` and `log_id` let the
+front check they are still what was decided (gpuctk.hook.shim.filechain): the front checks no
+rule of its own there, and takes the plan only with its `runtime`.
 
 Trust: written only into a folder this uid alone can write, up to / (open_private_dir), mode
 0600; the front reads it only from such a folder. Writes are atomic, never fsync'd, at most
@@ -52,11 +48,10 @@ MAX_PLANS files. `GPUCTK_SPEC_CACHE=0` turns this off with the other caches.
 from __future__ import annotations
 
 import os
-import stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Mapping
     from typing import Any
 
     from gpuctk.cdi.specs.shape import EditsDoc
@@ -230,6 +225,7 @@ def offer(
     from gpuctk.errors import GpuctkError
     from gpuctk.hook.config import config_path
     from gpuctk.hook.requests.cdiedits import describe
+    from gpuctk.hook.shim import filechain
 
     if world is None or key is None or not runtime or not _eligible(req, edits, settings):
         return False
@@ -238,9 +234,10 @@ def offer(
     numbered = [n.get("hostPath") or n["path"] for n in nodes
                 if not (n.get("type") and "major" in n and "minor" in n)]  # fmt: skip
     identities = _identities(world, conf, settings, numbered)  # before the numbers are read
-    chain = _trusted_chain(edits, runtime, settings.log_file or "")
-    if identities is None or chain is None:
+    trusted = filechain.trusted_chain(edits, runtime, settings.log_file or "")
+    if identities is None or trusted is None:
         return False
+    chain, log_id = trusted
     uid, gid = (int(k.partition("=")[2]) for k in key[-2:])
     try:
         lists = render(edits, uid, gid)
@@ -256,7 +253,7 @@ def offer(
         "describe": describe(req),  # the shim's `injected` line, in the same logs
         "log_file": log_file,
         "log_level": settings.log_level,
-        "log_id": chain[log_file][:2] if log_file else [],
+        "log_id": log_id,
         "runtime": runtime,
         "chain": [[path, *ident] for path, ident in sorted(chain.items())],
         **lists,
@@ -264,71 +261,11 @@ def offer(
     return _write(state, file_name(key), doc)
 
 
-def _trusted_chain(edits: EditsDoc, runtime: str, log_file: str) -> dict[str, list[int]] | None:
-    """chain_of every file the front's create makes root use, once each passes gpuctk's rules
-    (the same ones the Python shim applies); None if one does not."""
-    from gpuctk.cdi.specs.hostpaths import hook_problems, host_sources, source_problems
-    from gpuctk.errors import InputError
-    from gpuctk.fs import append_trusted
-    from gpuctk.hook.shim.runtime_main import find_runtime
-
-    hooks = edits.get("hooks") or []
-    if source_problems(edits) or hook_problems(hooks):
-        return None
-    try:
-        if find_runtime([runtime]) != runtime:
-            return None
-    except InputError:
-        return None
-    if log_file and append_trusted(log_file, b"") is not None:
-        return None
-    paths = [runtime, *(h["path"] for h in hooks), *(p for _, p in host_sources(edits))]
-    return chain_of([*paths, log_file] if log_file else paths)
-
-
-def chain_of(paths: Iterable[str]) -> dict[str, list[int]] | None:
-    """Each step the kernel takes to reach each of `paths`: / and every name after it, each
-    link and then each step of its target, as path (no link on the way but its last name) ->
-    [dev, ino, mode, uid, gid] from lstat. None: a step missing or not looked at, a relative
-    path, more than MAX_LINKS links."""
-    from gpuctk.fs import MAX_LINKS
-
-    steps: dict[str, list[int]] = {}
-    try:
-        for path in paths:
-            if not path.startswith("/"):
-                return None
-            todo, done, links = path.split("/")[::-1], "", 0
-            here = "/"
-            while True:
-                st = os.lstat(here)
-                steps[here] = [st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_gid]
-                if stat.S_ISLNK(st.st_mode):
-                    links += 1
-                    target = os.readlink(here)
-                    if links > MAX_LINKS or not target:
-                        return None
-                    done = "" if target.startswith("/") else done
-                    todo.extend(target.split("/")[::-1])
-                else:
-                    done = here.rstrip("/")
-                name = ""
-                while todo and name in ("", ".", ".."):
-                    name = todo.pop()
-                    if name == "..":
-                        done = done.rpartition("/")[0]
-                if name in ("", ".", ".."):
-                    break
-                here = f"{done}/{name}"
-    except OSError:
-        return None
-    return steps
-
-
 def current(state: str, key: list[str] | None) -> bool:
     """Whether the front plan of `key` is there and its world still holds (or none could be
     written): a create that found the request's plan then need not offer one again."""
     from gpuctk.hook.config import config_path
+    from gpuctk.hook.shim import filechain
     from gpuctk.jsonfast import loads
     from gpuctk.writes import read_private
 
@@ -346,20 +283,8 @@ def current(state: str, key: list[str] | None) -> bool:
         and doc.get("key") == key
         and doc.get("config") == config_path(os.environ)[0]
         and _holds(doc.get("world"))
-        and _chain_holds(doc.get("chain"))
+        and filechain.holds(doc.get("chain"))
     )
-
-
-def _chain_holds(chain: Any) -> bool:
-    """Whether each [path, dev, ino, mode, uid, gid] of a plan's `chain` still holds (lstat)."""
-    try:
-        for path, *ident in chain:
-            st = os.lstat(path)
-            if ident != [st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_gid]:
-                return False
-    except (OSError, TypeError, ValueError):
-        return False
-    return isinstance(chain, list)
 
 
 def _write(state: str, name: str, doc: dict[str, Any]) -> bool:

@@ -36,7 +36,7 @@ from fixtures import cfront
 
 from gpuctk.cdi.specs import apply, speccache
 from gpuctk.errors import ValidationError
-from gpuctk.hook.shim import frontplan
+from gpuctk.hook.shim import filechain, frontplan
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 30  # seconds: only to catch a hang
@@ -761,7 +761,7 @@ def test_chain_of_takes_each_step_the_kernel_takes(tmp_path: Path) -> None:
     (tmp_path / "rel").symlink_to("a/./b")
     (tmp_path / "a" / "up").symlink_to("../a/b/f")
     (tmp_path / "abs").symlink_to(tmp_path / "a")
-    steps = frontplan.chain_of([f"{tmp_path}/rel/f", f"{tmp_path}/abs/up"])
+    steps = filechain.chain_of([f"{tmp_path}/rel/f", f"{tmp_path}/abs/up"])
     assert steps is not None
     here = [str(tmp_path / p) for p in ("rel", "a", "a/b", "a/b/f", "abs", "a/up")]
     assert set(here) <= set(steps)
@@ -769,10 +769,10 @@ def test_chain_of_takes_each_step_the_kernel_takes(tmp_path: Path) -> None:
     for path, ident in steps.items():
         st = os.lstat(path)
         assert ident == [st.st_dev, st.st_ino, st.st_mode, st.st_uid, st.st_gid]
-    assert frontplan.chain_of([f"{tmp_path}/missing"]) is None
-    assert frontplan.chain_of(["relative/path"]) is None
+    assert filechain.chain_of([f"{tmp_path}/missing"]) is None
+    assert filechain.chain_of(["relative/path"]) is None
     (tmp_path / "loop").symlink_to("loop")
-    assert frontplan.chain_of([f"{tmp_path}/loop"]) is None
+    assert filechain.chain_of([f"{tmp_path}/loop"]) is None
 
 
 @pytest.mark.parametrize("what", ["spec", "config", "new spec"])
@@ -909,6 +909,37 @@ def test_the_front_logs_what_the_shim_logs(tmp_path: Path, fmt: str) -> None:
     ] * 3
     stamps = {line.partition(" ")[0] for line in file_lines}
     assert all(s.startswith('time="') and s.endswith('"') and len(s) >= 27 for s in stamps)
+
+
+@pytest.mark.parametrize(
+    "spelling", ["logs//gpuctk.log", "via/gpuctk.log", "logs/../logs/gpuctk.log"]
+)
+def test_a_log_file_spelled_another_way_is_the_fronts_too(tmp_path: Path, spelling: str) -> None:
+    """A doubled slash, a link among its folders (as /var/run -> /run), a `..`: the plan
+    names the file the kernel reaches, and no create fails for the spelling."""
+    (tmp_path / "logs").mkdir(mode=0o755)
+    (tmp_path / "via").symlink_to("logs")
+    (tmp_path / "n").mkdir()
+    own = make_node(tmp_path / "n", conf=f'log-file = "{tmp_path}/{spelling}"\n')
+    doc = base_doc("/nonexistent-root")
+    runs = [shim_run(own, doc) for _ in range(3)]
+    assert all(done.returncode == 0 for done in runs), runs[-1].stderr
+    assert "front: plan " in runs[-1].stderr, runs[-1].stderr
+    lines = (tmp_path / "logs" / "gpuctk.log").read_text().splitlines()
+    assert sum("injected" in line for line in lines) == 3
+
+
+def test_the_chain_holds_typed_device_nodes_and_nothing_on_procfs(tmp_path: Path) -> None:
+    edits: Any = {"deviceNodes": [{"path": "/dev/null", "type": "c", "major": 1, "minor": 3}]}
+    made = filechain.trusted_chain(edits, "/bin/true", "")
+    assert made is not None and "/dev/null" in made[0], made  # runc in a userns mounts it
+    assert made[1] == []
+    proc_edits: Any = {
+        "mounts": [{"hostPath": "/proc/self/cwd", "containerPath": "/x", "options": ["bind"]}]
+    }
+    assert filechain.trusted_chain(proc_edits, "/bin/true", "") is None
+    for path in ("/proc/self/cwd", "/proc/1/root/etc", "/dev/fd/0"):
+        assert filechain.chain_of([path]) is None, path  # links that keep their identity
 
 
 @pytest.mark.parametrize(
