@@ -11,6 +11,7 @@ from gpuctk.cdi import cliopts, nvctk
 from gpuctk.cdi.discover import Roots
 from gpuctk.cdi.generate import HOOK_ACTIONS, LIBRARY_MODES, NAME_STRATEGIES
 from gpuctk.cdi.nicspec import nic_options
+from gpuctk.clitypes import ABSOLUTE_PATH
 
 
 class _InspectCommands(click.Group):
@@ -85,6 +86,7 @@ def cdi() -> None:
 )
 @click.option(
     "--hook-path",
+    type=ABSOLUTE_PATH,
     default=None,
     help="Host gpuctk-hook. Default: beside gpuctk.",
 )
@@ -98,6 +100,7 @@ def cdi() -> None:
 )
 @click.option(
     "--staging-dir",
+    type=ABSOLUTE_PATH,
     default="/var/lib/gpuctk/driver",
     show_default=True,
     metavar="DIR",

@@ -59,8 +59,6 @@ def check_flags(a: GenerateArgs, vendor: str, device_class: str) -> Checked:
     hook_path = a.hook_path
     if hook_path is None:
         hook_path = default_hook_path(note=a.library_mode in ("hook", "auto"))
-    elif not os.path.isabs(hook_path):
-        raise UsageError(f"--hook-path must be an absolute path, got {hook_path!r}")
     try:
         selected = parse_strict(a.driver_capabilities)
     except ValueError as exc:
@@ -179,8 +177,6 @@ def planned_stage(a: GenerateArgs, opts: Options, found: Found) -> Options:
     from gpuctk.cdi.generate_cmd import front_beside
     from gpuctk.cdi.stage import stage_path_of
 
-    if not os.path.isabs(a.staging_dir):
-        raise UsageError(f"--staging-dir must be an absolute path, got {a.staging_dir!r}")
     path = stage_path_of(found.files, found.machine.driver_version, a.staging_dir)
     return replace(opts, stage_path=path, front_path=front_beside(opts.hook_path))
 

@@ -10,6 +10,7 @@ from gpuctk import log
 from gpuctk.cdi import cliopts
 from gpuctk.cdi.node.devchar import DEV_CHAR, Change, Node
 from gpuctk.cdi.system_nodes import create_device_nodes
+from gpuctk.clitypes import ABSOLUTE_PATH
 
 
 @click.group("system", context_settings={"help_option_names": ["-h", "--help"]})
@@ -71,6 +72,7 @@ def _json(changes: list[Change], made: list[str], dev: str, dev_char: str) -> No
 @system.command("create-dev-char-symlinks", short_help="Link the NVIDIA device nodes in /dev/char.")
 @click.option(
     "--dev-char-path",
+    type=ABSOLUTE_PATH,
     default=DEV_CHAR,
     show_default=True,
     metavar="DIR",
@@ -79,6 +81,7 @@ def _json(changes: list[Change], made: list[str], dev: str, dev_char: str) -> No
 )
 @click.option(
     "--driver-root",
+    type=ABSOLUTE_PATH,
     default="/",
     show_default=True,
     metavar="DIR",
@@ -130,11 +133,8 @@ def create_dev_char_symlinks(
       gpuctk system create-dev-char-symlinks --driver-root /run/nvidia/driver
     """
     from gpuctk.cdi.node import devchar, devchar_all
-    from gpuctk.errors import GpuctkError, OutputError, UsageError
+    from gpuctk.errors import GpuctkError, OutputError
 
-    for flag, value in (("--dev-char-path", dev_char_path), ("--driver-root", driver_root)):
-        if not os.path.isabs(value):
-            raise UsageError(f"{flag} must be an absolute path, got {value!r}")
     dev = os.path.normpath(os.path.join(driver_root, "dev"))
     dev_char = os.path.normpath(dev_char_path)
     made: list[str] = []

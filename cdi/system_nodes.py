@@ -16,6 +16,7 @@ import click
 
 from gpuctk import log
 from gpuctk.cdi import cliopts
+from gpuctk.clitypes import ABSOLUTE_PATH
 
 CONTROL = ("nvidiactl", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools")
 
@@ -24,6 +25,7 @@ CONTROL = ("nvidiactl", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools")
 @click.option(
     "--root",
     "--driver-root",
+    type=ABSOLUTE_PATH,
     default="/",
     show_default=True,
     metavar="DIR",
@@ -32,6 +34,7 @@ CONTROL = ("nvidiactl", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools")
 )
 @click.option(
     "--dev-root",
+    type=ABSOLUTE_PATH,
     metavar="DIR",
     envvar=["NVIDIA_DEV_ROOT", "DEV_ROOT"],
     help="Nodes go in DIR/dev.  [default: --root]",
@@ -62,12 +65,9 @@ def create_device_nodes(
       gpuctk system create-device-nodes --control-devices --dev-root /run/nvidia/driver
     """
     from gpuctk.cdi.node import devchar_all
-    from gpuctk.errors import OutputError, UsageError
+    from gpuctk.errors import OutputError
 
     dev_root = dev_root or root
-    for flag, value in (("--root", root), ("--dev-root", dev_root)):
-        if not os.path.isabs(value):
-            raise UsageError(f"{flag} must be an absolute path, got {value!r}")
     if not control_devices and not load_kernel_modules:
         log.say(
             "gpuctk: nothing asked: --control-devices makes the nodes, --load-kernel-modules "

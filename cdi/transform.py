@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from gpuctk.clitypes import NORMAL_PATH
 from gpuctk.errors import InputError, UsageError
 
 IN_CONTAINER = ("createContainer", "startContainer")
@@ -90,12 +91,6 @@ def _read(source: str) -> tuple[dict[str, Any], bool]:
     return decode_spec(data, name, is_json=is_json), is_json
 
 
-def _absolute(value: str, flag: str) -> str:
-    if not value.startswith("/"):
-        raise UsageError(f"{flag} must be an absolute path, got {value!r}")
-    return posixpath.normpath(value)
-
-
 @click.group("transform")
 def transform() -> None:
     """Rewrite the paths of a CDI spec."""
@@ -103,8 +98,13 @@ def transform() -> None:
 
 @transform.command("root")
 @click.argument("source", default="-", metavar="[FILE|-]")
-@click.option("--from", "root", required=True, metavar="DIR", help="The root to replace.")
-@click.option("--to", "target", required=True, metavar="DIR", help="The root to put instead.")
+@click.option(
+    "--from", "root", type=NORMAL_PATH, required=True, metavar="DIR", help="The root to replace."
+)
+@click.option(
+    "--to", "target", type=NORMAL_PATH, required=True, metavar="DIR",
+    help="The root to put instead.",
+)  # fmt: skip
 @click.option(
     "--relative-to",
     type=click.Choice(["host", "container"]),
@@ -144,7 +144,6 @@ def root_cmd(
         if source not in ("-", input_):
             raise UsageError(f"--input {input_} and FILE {source}: give one")
         source = input_
-    root, target = _absolute(root, "--from"), _absolute(target, "--to")
     doc, is_json = _read(source)
     name = "<stdin>" if source == "-" else source
     check_spec_dict(doc, name)

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import click
 
 from gpuctk import log
+from gpuctk.clitypes import ABSOLUTE_PATH
 from gpuctk.containerd import options as optmod
 from gpuctk.containerd import plan as planmod
 from gpuctk.containerd.options import ENGINES, Options
@@ -111,6 +112,7 @@ def _run(opts: Options, planned: planmod.Plan, dry_run: bool, restart: bool) -> 
     "--runtime-path",
     "--nvidia-runtime-path",
     "runtime_path",
+    type=ABSOLUTE_PATH,
     default=optmod.DEFAULT_RUNTIME_PATH,
     show_default=True,
     help="The shim the handler runs (--mode shim).",
@@ -119,6 +121,7 @@ def _run(opts: Options, planned: planmod.Plan, dry_run: bool, restart: bool) -> 
     "--hook-path",
     "--nvidia-runtime-hook-path",
     "hook_path",
+    type=ABSOLUTE_PATH,
     default=optmod.DEFAULT_HOOK_PATH,
     show_default=True,
     help="The OCI hook binary (--mode hook, podman).",
@@ -126,6 +129,7 @@ def _run(opts: Options, planned: planmod.Plan, dry_run: bool, restart: bool) -> 
 @click.option(
     "--hook-config",
     "hook_config",
+    type=ABSOLUTE_PATH,
     metavar="PATH",
     help="The gpuctk config the hook reads.",
 )
@@ -151,6 +155,7 @@ def _run(opts: Options, planned: planmod.Plan, dry_run: bool, restart: bool) -> 
 @click.option(
     "--cdi-spec-dir",
     "cdi_spec_dirs",
+    type=ABSOLUTE_PATH,
     multiple=True,
     metavar="DIR",
     help="Its spec folders (repeatable).",

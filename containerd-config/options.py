@@ -94,17 +94,8 @@ def validate(opts: Options) -> None:
         )
     if opts.runtime_name in ("runc", "crun", "runsc", "kata"):
         raise UsageError(f"--runtime-name {opts.runtime_name!r} names an existing runtime")
-    for flag, path in (("--runtime-path", opts.runtime_path), ("--hook-path", opts.hook_path)):
-        if not os.path.isabs(path):
-            raise UsageError(f"{flag} {path!r} is not an absolute path")
-    if opts.hook_config is not None:
-        if opts.mode != "hook":
-            raise UsageError("--hook-config is for --mode hook (the shim reads GPUCTK_CONFIG)")
-        if not os.path.isabs(opts.hook_config):
-            raise UsageError(f"--hook-config {opts.hook_config!r} is not an absolute path")
-    for directory in opts.cdi_spec_dirs:
-        if not os.path.isabs(directory):
-            raise UsageError(f"--cdi-spec-dir {directory!r} is not an absolute path")
+    if opts.hook_config is not None and opts.mode != "hook":
+        raise UsageError("--hook-config is for --mode hook (the shim reads GPUCTK_CONFIG)")
     if opts.engine == "docker":
         if opts.drop_in:
             raise UsageError("Docker has no drop-in folder: daemon.json itself is edited")

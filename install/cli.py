@@ -41,8 +41,9 @@ from typing import Any, TypeVar
 import click
 
 from gpuctk import log
+from gpuctk.clitypes import NORMAL_PATH
 from gpuctk.containerd.plan import restart_service
-from gpuctk.errors import GpuctkError, InputError, OutputError, UsageError
+from gpuctk.errors import GpuctkError, InputError, OutputError
 from gpuctk.install import host as host_mod
 from gpuctk.install.host import Record, resolve, run_in_host
 
@@ -59,12 +60,6 @@ def _host_dir(host_root: str) -> str:
     if not os.path.isdir(host_root):
         raise InputError(f"--host-root {host_root}: not a folder (mount the node's / there)")
     return os.path.abspath(host_root)
-
-
-def _abs(flag: str, value: str) -> str:
-    if not os.path.isabs(value):
-        raise UsageError(f"{flag} {value!r} is not an absolute path")
-    return os.path.normpath(value)
 
 
 def _checked(host: str, argv: list[str], what: str) -> subprocess.CompletedProcess[str]:
@@ -240,7 +235,9 @@ _RESTART_COMMAND = click.option(
 
 
 def _path_option(name: str, default: str, help_: str, metavar: str = "PATH") -> Callable[[F], F]:
-    return click.option(name, default=default, show_default=True, metavar=metavar, help=help_)
+    return click.option(
+        name, type=NORMAL_PATH, default=default, show_default=True, metavar=metavar, help=help_
+    )
 
 
 @click.command("install", context_settings={"help_option_names": ["-h", "--help"]})
@@ -261,7 +258,9 @@ def _path_option(name: str, default: str, help_: str, metavar: str = "PATH") -> 
 @_path_option("--containerd-config", DEFAULT_CONFIG, "Host path of containerd's main config.")
 @_path_option("--drop-in", DEFAULT_DROP_IN, "Host path of the drop-in gpuctk owns.")
 @click.option("--no-containerd", is_flag=True, help="Do not configure containerd.")
-@_path_option("--runtime-name", "nvidia", "Handler name.", "NAME")
+@click.option(
+    "--runtime-name", default="nvidia", show_default=True, metavar="NAME", help="Handler name."
+)
 @click.option("--set-as-default", is_flag=True, help="Make it containerd's default runtime.")
 @click.option(
     "--config-source",
@@ -321,11 +320,11 @@ def install(
     host = _host_dir(host_root)
     src = os.path.abspath(source or sys.prefix)
     record = Record(
-        prefix=_abs("--prefix", prefix),
-        bin_dir=_abs("--bin-dir", bin_dir),
-        cdi_spec=None if no_cdi else _abs("--cdi-output", cdi_output),
-        containerd_config=None if no_containerd else _abs("--containerd-config", containerd_config),
-        drop_in=None if no_containerd else _abs("--drop-in", drop_in),
+        prefix=prefix,
+        bin_dir=bin_dir,
+        cdi_spec=None if no_cdi else cdi_output,
+        containerd_config=None if no_containerd else containerd_config,
+        drop_in=None if no_containerd else drop_in,
         runtime_name=runtime_name,
     )
     generate_flags: list[str] = []

@@ -266,8 +266,8 @@ def test_foreign_drop_in_is_neither_overwritten_nor_removed(
     [
         (("--runtime-name", "Bad_Name"), "DNS label"),
         (("--runtime-name", "runc"), "names an existing runtime"),
-        (("--runtime-path", "gpuctk-runtime"), "not an absolute path"),
-        (("--cdi-spec-dir", "cdi"), "not an absolute path"),
+        (("--runtime-path", "gpuctk-runtime"), "must be an absolute path"),
+        (("--cdi-spec-dir", "cdi"), "must be an absolute path"),
     ],
 )
 def test_bad_flags(

@@ -63,7 +63,7 @@ def test_podman_hooks_file_names_the_config(
     ("extra", "message"),
     [
         (("--hook-config", "/etc/gpuctk/hook.toml"), "--hook-config is for --mode hook"),
-        (("--mode", "hook", "--hook-config", "hook.toml"), "is not an absolute path"),
+        (("--mode", "hook", "--hook-config", "hook.toml"), "must be an absolute path"),
     ],
 )
 def test_bad_use_is_a_usage_error_and_writes_nothing(

@@ -129,6 +129,6 @@ def test_relative_paths_are_usage_errors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, _, err = gpuctk(capsys, "install", "--host-root", str(tmp_path), "--prefix", "opt/x")
-    assert code == 2 and "not an absolute path" in err
+    assert code == 2 and "must be an absolute path" in err
     code, _, err = gpuctk(capsys, "install", "--host-root", str(tmp_path / "missing"))
     assert code == 4 and "not a folder" in err
