@@ -80,16 +80,16 @@ Case = tuple[list[str], dict[str, str], bool, Edit | None]  # argv, env, asks fo
 
 class Bundles:
     """BURST bundles on fresh overlays of `image` in a new folder under `work`, bundle i asking
-    for GPU i (`gpus`) or for nothing; close() unmounts and removes them."""
+    for GPU i modulo `count` (`gpus`) or for nothing; close() unmounts and removes them."""
 
-    def __init__(self, image: Path, work: Path, gpus: bool) -> None:
+    def __init__(self, image: Path, work: Path, gpus: bool, count: int = BURST) -> None:
         self.work = Path(tempfile.mkdtemp(prefix="burst-", dir=work))
         self.rootfs: list[Path] = []
         self.paths: list[Path] = []
         try:
             for i in range(BURST):
                 self.rootfs.append(overlay(image, self.work / f"ov-{i}"))
-                env = [PATH_ENV, f"NVIDIA_VISIBLE_DEVICES={i}"] if gpus else [PATH_ENV]
+                env = [PATH_ENV, f"NVIDIA_VISIBLE_DEVICES={i % count}"] if gpus else [PATH_ENV]
                 bundle = self.work / f"bundle-{i}"
                 self.paths.append(make_bundle(bundle, self.rootfs[-1], ["/bin/true"], env=env))
         except BaseException:
