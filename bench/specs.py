@@ -5,8 +5,8 @@
 For each embedded profile and each of a set of generate flag sets (library modes, driver
 capabilities, JSON, device names), both installs write the spec of the same simulated node
 (the Debian driver root, mknod'ed device nodes, proc and sys roots) to standard output; the
-outputs, exit statuses and messages are compared (the folder mode's staging folder, one per
-install, is named alike first). Prints one line per difference and the count; exit status 1
+outputs, exit statuses and messages are compared (each install stages into a temporary
+folder of its own, named alike first). Prints one line per difference and the count; exit status 1
 when any differ. For a change meant to keep behaviour (a refactor): run it before landing.
 """
 
@@ -38,8 +38,12 @@ FLAG_SETS = (
 
 
 def generate(gpuctk: Path, argv: list[str], stage: Path) -> tuple[int, str, str]:
-    """(status, stdout, stderr) of one generate, the staging folder's name made neutral."""
+    """(status, stdout, stderr) of one generate, the staging folder's name made neutral. Every
+    generate stages into `stage` (the default and auto modes stage too): never into the
+    host's /var/lib/gpuctk, where one install's stage would be the other's to find."""
     args = [a.format(stage=stage) for a in argv]
+    if "--staging-dir" not in args:
+        args += ["--staging-dir", str(stage)]
     done = subprocess.run([str(gpuctk), "cdi", "generate", *args], capture_output=True, text=True)
     return done.returncode, *(t.replace(str(stage), "STAGE") for t in (done.stdout, done.stderr))
 
