@@ -84,6 +84,8 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_DEFAULT_STATE_DIR", "gpuctk.statedir.DEFAULT_STATE_DIR", ""),
     ("GPUCTK_FRONT_FOLDER", f"{_FRONT}.FOLDER_NAME", ""),
     ("GPUCTK_PLAN_FORMAT", f"{_FRONT}.FORMAT", ""),
+    ("GPUCTK_FRONT_PREFIXES", f"{_FRONT}.PREFIXES_NAME", ""),
+    ("GPUCTK_PREFIXES_FORMAT", f"{_FRONT}.PREFIXES_FORMAT", ""),
     ("GPUCTK_MAX_PLAN", f"{_FRONT}.MAX_BYTES", ""),
     ("GPUCTK_KEY_PREFIXES", f"{_FRONT}.KEY_PREFIXES", ""),
     ("GPUCTK_MAX_CONFIG", "gpuctk.hook.bundle.MAX_CONFIG", ""),

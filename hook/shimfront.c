@@ -16,12 +16,14 @@
  *     GPUCTK_SPEC_CACHE not `0`;
  *   - BUNDLE/config.json is a regular file (not a link) of plain JSON: ASCII only, strict, the
  *     keys of each object this program reads unescaped and unique in any case (runc folds case),
- *     every env entry unescaped, no mount destination with an escape or naming
- *     nvidia-container-devices, no annotation key starting with a configured CDI prefix, no
- *     field apply would refuse (a hook stage, additionalGids or netDevices of another type);
+ *     every env entry and CDI annotation unescaped, no mount destination with an escape or
+ *     naming nvidia-container-devices, no annotation the plan refuses, no field apply would
+ *     refuse (a hook stage, additionalGids or netDevices of another type);
  *   - a front plan (gpuctk.hook.shim.frontplan) for the request's key: the container's env entries
  *     that start with NVIDIA_ or CUDA_VERSION, in order, whether CAP_SYS_ADMIN is in its
- *     bounding set, its uid and gid. Python writes one when it resolved that key with no note
+ *     bounding set, its uid and gid, then the key and value of each annotation whose key starts
+ *     with one of the CDI prefixes Python names in front/keyed-on (for this config file; the
+ *     plan must name the same). Python writes one when it resolved that key with no note
  *     and no error and the spec's only hooks are gpuctk-cdi-hook createContainer entries. It is
  *     read only from a folder of this euid's that nobody else can write (nor any folder above
  *     it), a file of this euid's, and only while the config file, the spec dirs and files,
@@ -420,20 +422,19 @@ static int entries_hold(struct span v, int chain)
 	return ok;
 }
 
-/* The front plan named by the key, read through the state folder's descriptor; NULL if none
- * that may be used. */
-static char *read_plan(const struct span *keys, size_t nkeys, size_t *len)
+/* The file `name` of the front folder, read through the state folder's descriptor; NULL if
+ * none that may be used. */
+static char *read_front(const char *name, size_t *len)
 {
 	const char *state = getenv(GPUCTK_STATE_DIR_ENV);
 	if (!state || !*state)
 		state = GPUCTK_DEFAULT_STATE_DIR;
-	char folder[PATH_MAX], name[32];
+	char folder[PATH_MAX];
 	if (snprintf(folder, sizeof folder, "%s/" GPUCTK_FRONT_FOLDER, state) >= (int)sizeof folder)
 		return NULL;
 	int dir = private_folder(folder);
 	if (dir < 0)
 		return NULL;
-	snprintf(name, sizeof name, "%016llx.json", fnv(keys, nkeys));
 	int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 	close(dir);
 	if (fd < 0)
@@ -445,6 +446,32 @@ static char *read_plan(const struct span *keys, size_t nkeys, size_t *len)
 		text = NULL;
 	close(fd);
 	return text;
+}
+
+/* The front plan named by the key; NULL if none that may be used. */
+static char *read_plan(const struct span *keys, size_t nkeys, size_t *len)
+{
+	char name[32];
+	snprintf(name, sizeof name, "%016llx.json", fnv(keys, nkeys));
+	return read_front(name, len);
+}
+
+/* Whether the plan's list `v` holds exactly the strings of `want` (n of them). */
+static int same_strings(struct span v, const struct member *want, size_t n)
+{
+	struct member *m;
+	size_t k;
+	if (sf_kind(v) != '[' || sf_items(v, 0, &m, &k) != 0)
+		return 0;
+	int same = k == n;
+	for (size_t i = 0; same && i < n; i++) {
+		const char *a, *b;
+		size_t an, bn;
+		same = sf_plain(m[i].val, &a, &an) == 0 && sf_plain(want[i].val, &b, &bn) == 0 &&
+		       an == bn && memcmp(a, b, an) == 0;
+	}
+	free(m);
+	return same;
 }
 
 /* ---- the edits ---------------------------------------------------------------------------------- */
@@ -951,11 +978,56 @@ static int privileged_of(struct member *proc, size_t nproc)
 	return privileged;
 }
 
-/* The request's key: the env entries that start with one of GPUCTK_KEY_PREFIXES, in order, then privileged=, uid= and gid= (their text in `extra`). */
-static struct span *request_key(struct member *proc, size_t nproc, struct member *env, size_t nenv,
+/* The CDI annotation prefixes Python keys requests on for the config file `conf`
+ * (front/keyed-on: gpuctk.hook.shim.frontplan), as the members of their list. */
+static struct member *key_prefixes(const char *conf, size_t *n)
+{
+	size_t len, nd;
+	char *text = read_front(GPUCTK_FRONT_PREFIXES, &len);
+	need(text != NULL, "no front plan for this request (no front prefixes)");
+	struct span ps = { text, text + len };
+	struct member *doc;
+	need(sf_kind(ps) == '{' && sf_items(ps, 1, &doc, &nd) == 0, "the front prefixes are not plain");
+	const char *s;
+	size_t sn;
+	struct member *f = sf_get(doc, nd, "format");
+	need(f && sf_plain(f->val, &s, &sn) == 0 && sn == strlen(GPUCTK_PREFIXES_FORMAT) &&
+		     memcmp(s, GPUCTK_PREFIXES_FORMAT, sn) == 0,
+	     "the front prefixes are of another format");
+	f = sf_get(doc, nd, "config");
+	need(f && sf_plain(f->val, &s, &sn) == 0 && sn == strlen(conf) && memcmp(s, conf, sn) == 0,
+	     "the front prefixes are another config file's");
+	struct member *list = array_of(sf_get(doc, nd, "prefixes"), "no front prefixes", n);
+	for (size_t i = 0; i < *n; i++)
+		need(sf_plain(list[i].val, &s, &sn) == 0 && sn > 0, "the front prefixes are not plain");
+	return list;
+}
+
+/* Whether the annotation key `k` starts with one of the n prefixes. */
+static int prefixed(struct span k, const struct member *pre, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		const char *s;
+		size_t sn;
+		if (sf_plain(pre[i].val, &s, &sn) == 0 && (size_t)(k.end - k.p) >= sn &&
+		    memcmp(k.p, s, sn) == 0)
+			return 1;
+	}
+	return 0;
+}
+
+/* The request's key: the env entries that start with one of GPUCTK_KEY_PREFIXES, in order, then
+ * privileged=, uid= and gid= (their text in `extra`), then the key and value of each annotation
+ * whose key starts with one of the n `pre`fixes, in the document's order. */
+static struct span *request_key(struct member *top, size_t ntop, struct member *proc, size_t nproc,
+				struct member *env, size_t nenv, const struct member *pre, size_t npre,
 				char extra[3][32], size_t *nkeys)
 {
-	struct span *keys = calloc(nenv + 4, sizeof *keys);
+	size_t nann = 0;
+	struct member *ann = sf_get(top, ntop, "annotations"), *a = NULL;
+	if (ann)
+		a = object_of(ann, "annotations that are not plain", &nann);
+	struct span *keys = calloc(nenv + 4 + 2 * nann, sizeof *keys);
 	need(keys != NULL, "out of memory");
 	*nkeys = 0;
 	for (size_t i = 0; i < nenv; i++) {
@@ -987,12 +1059,22 @@ static struct span *request_key(struct member *proc, size_t nproc, struct member
 		keys[*nkeys].p = extra[i];
 		keys[(*nkeys)++].end = extra[i] + strlen(extra[i]);
 	}
+	for (size_t i = 0; i < nann; i++) {
+		if (!prefixed(a[i].key, pre, npre))
+			continue;
+		struct span v;
+		size_t vn;
+		need(sf_plain(a[i].val, &v.p, &vn) == 0, "a CDI annotation that is not a plain string");
+		v.end = v.p + vn;
+		keys[(*nkeys)++] = a[i].key;
+		keys[(*nkeys)++] = v;
+	}
 	return keys;
 }
 
 /* The front plan for `keys`, written for the config file `conf`, whose world still holds. */
 static struct member *front_plan(const struct span *keys, size_t nkeys, const char *conf,
-				 size_t *nplan)
+				 const struct member *pre, size_t npre, size_t *nplan)
 {
 	size_t plen;
 	char *text = read_plan(keys, nkeys, &plen);
@@ -1015,12 +1097,15 @@ static struct member *front_plan(const struct span *keys, size_t nkeys, const ch
 	f = sf_get(plan, *nplan, "config");
 	need(f && sf_plain(f->val, &s, &sn) == 0 && sn == strlen(conf) && memcmp(s, conf, sn) == 0,
 	     "the front plan is another config file's");
+	f = sf_get(plan, *nplan, "cdi_prefixes");
+	need(f && same_strings(f->val, pre, npre), "the front plan is keyed on other prefixes");
 	f = sf_get(plan, *nplan, "world");
 	need(f && entries_hold(f->val, 0), "the config, the specs or gpuctk changed since the front plan");
 	return plan;
 }
 
-/* What only the Python shim reads: a CDI annotation, a field apply refuses, a device-list mount,
+/* What only the Python shim reads: an annotation the plan refuses (a CRI runtime's marker where
+ * the plan's env request is a plain container's), a field apply refuses, a device-list mount,
  * a file or runtime other than the plan names. Returns the config's mounts. */
 static struct member *python_only(struct member *top, size_t ntop, struct member *proc,
 				  size_t nproc, struct member *plan, size_t nplan, const char *runtime,
@@ -1039,7 +1124,7 @@ static struct member *python_only(struct member *top, size_t ntop, struct member
 				need(sf_plain(pre[p].val, &s, &sn) == 0, "the front plan is not plain");
 				need((size_t)(a[i].key.end - a[i].key.p) < sn ||
 					     memcmp(a[i].key.p, s, sn) != 0,
-				     "a CDI annotation");
+				     "an annotation the front plan refuses");
 			}
 	}
 	shape(top, ntop, proc, nproc);
@@ -1286,8 +1371,11 @@ static int shim_create(int argc, char **argv)
 	e.envm = sf_get(proc, nproc, "env");
 	e.env = array_of(e.envm, "no process.env list", &e.nenv);
 	char extra[3][32];
-	struct span *keys = request_key(proc, nproc, e.env, e.nenv, extra, &nkeys);
-	struct member *plan = front_plan(keys, nkeys, conf, &nplan);
+	size_t npre;
+	struct member *pre = key_prefixes(conf, &npre);
+	struct span *keys = request_key(e.top, e.ntop, proc, nproc, e.env, e.nenv, pre, npre, extra,
+					&nkeys);
+	struct member *plan = front_plan(keys, nkeys, conf, pre, npre, &nplan);
 	e.mounts = python_only(e.top, e.ntop, proc, nproc, plan, nplan, runtime, &e.nm);
 	struct buf out = edited(&e, plan, nplan);
 

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+ANNOTATIONS = "annotations"  # a Request's source when CDI annotations ask
 MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 IMEX_MOUNTS = "imex/"  # IMEX channel mounts (gpuctk.hook.requests.imex)
 IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
@@ -340,7 +341,7 @@ def requested(
     that the device list may name."""
     names = from_annotations(config.get("annotations"), annotation_prefixes)
     if names:
-        return Request(names, source="annotations", kind=kind)
+        return Request(names, source=ANNOTATIONS, kind=kind)
     kinds = frozenset(device_list_kinds)
     process = config.get("process")
     env = process.get("env") if isinstance(process, dict) else None

@@ -11,22 +11,26 @@ The key is what the request and its edits depend on besides the specs and the co
 (gpuctk.hook.requests.devices, gpuctk.hook.requests.require, gpuctk.hook.requests.drivercaps, the
 device nodes' owner in gpuctk.cdi.specs.apply): every env entry that starts with `NVIDIA_` or
 `CUDA_VERSION`, in order; `privileged=0|1` (CAP_SYS_ADMIN in the bounding set); `uid=N`, `gid=N`
-(process.user). The front sends anything else that could carry a request to Python: a CDI annotation
-prefix among the annotation keys, a device-list mount, an escape in any env entry. Whether an env
-request is honoured also depends on whether the container is a Kubernetes one
-(gpuctk.hook.requests.devices.env_allowed), which the key does not say: a plan whose request only a
-plain container gets (unprivileged, accept-envvar-unprivileged auto) lists the CRI runtimes'
-marker annotations among its `prefixes`, so a Kubernetes container goes to Python (prefixes).
+(process.user); then the key and the value of each annotation whose key starts with one of the
+config's CDI annotation prefixes, in the document's order. Those prefixes are Python's to
+decide: `front/keyed-on` names them (for the config file in force) for the front to build the
+key with, and each plan names those it was keyed on (`cdi_prefixes`). The front sends anything
+else that could carry a request to Python: a device-list mount, an escape in any env entry or
+CDI annotation. Whether an env request is honoured also depends on whether the container is a
+Kubernetes one (gpuctk.hook.requests.devices.env_allowed), which the key does not say: a plan
+whose env request only a plain container gets (unprivileged, accept-envvar-unprivileged auto)
+lists the CRI runtimes' marker annotations among its `prefixes`, so a Kubernetes container goes
+to Python (refusals).
 
-A plan is written only for a request from NVIDIA_VISIBLE_DEVICES that resolved with no note
-and no error, in a world (gpuctk.hook.shim.plans.Plans.snapshot, plus the config file) left alone
-for SETTLE_NS, whose edits are env, device nodes, bind mounts and hooks only, each device path
-and mount destination once, and whose hooks are all `gpuctk-cdi-hook createContainer` entries
-(the compiled front of the spec hook) with the device node guard on or disabled in the entry
-itself. The front keeps that entry where the Python shim does its work in the shim
-(gpuctk.hook.shim.shimroot): inside runc it does nothing for the common image and hands the rest to
-gpuctk-hook, and it guards /proc/driver/nvidia/params, so every image is served as an engine
-that applies the spec itself (podman, containerd's CDI) serves it.
+A plan is written only for a request from CDI annotations or NVIDIA_VISIBLE_DEVICES that
+resolved with no note and no error, in a world (gpuctk.hook.shim.plans.Plans.snapshot, plus the
+config file) left alone for SETTLE_NS, whose edits are env, device nodes, bind mounts and hooks
+only, each device path and mount destination once, and whose hooks are all `gpuctk-cdi-hook
+createContainer` entries (the compiled front of the spec hook) with the device node guard on or
+disabled in the entry itself. The front keeps that entry where the Python shim does its work in
+the shim (gpuctk.hook.shim.shimroot): inside runc it does nothing for the common image and hands
+the rest to gpuctk-hook, and it guards /proc/driver/nvidia/params, so every image is served as
+an engine that applies the spec itself (podman, containerd's CDI) serves it.
 
 The lists are what gpuctk.cdi.specs.apply makes of the edits on an empty config (env by key,
 device entries and their cgroup rules, mounts sorted, hooks by stage); the front merges them
@@ -51,7 +55,7 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
     from gpuctk.cdi.specs.shape import EditsDoc
@@ -59,9 +63,11 @@ if TYPE_CHECKING:
     from gpuctk.hook.requests.devices import Request
 
 FOLDER_NAME = "front"
-FORMAT = "gpuctk-front-plan-2"
+FORMAT = "gpuctk-front-plan-3"
 FRONT = "gpuctk-cdi-hook"
 GUARD = "disable-device-node-modification"
+PREFIXES_NAME = "keyed-on"  # no .json: never evicted with the plans
+PREFIXES_FORMAT = "gpuctk-front-prefixes-1"
 MAX_PLANS = 64
 MAX_BYTES = 1 << 20
 KEY_PREFIXES = ("NVIDIA_", "CUDA_VERSION")  # the env entries a request's key holds
@@ -70,8 +76,9 @@ SHIM_FRONT_TRACE_ENV = "GPUCTK_SHIM_FRONT_TRACE"  # set: say which way each crea
 _EDIT_KEYS = frozenset(("env", "deviceNodes", "mounts", "hooks"))
 
 
-def key_of(doc: Mapping[str, Any]) -> list[str] | None:
-    """The front's key of the OCI config `doc`; None where the front would never find one."""
+def key_of(doc: Mapping[str, Any], cdi_prefixes: Sequence[str]) -> list[str] | None:
+    """The front's key of the OCI config `doc`, whose annotations with one of `cdi_prefixes`
+    ask for devices; None where the front would never find one."""
     from gpuctk.hook.requests.devices import is_privileged
 
     process = doc.get("process")
@@ -88,7 +95,21 @@ def key_of(doc: Mapping[str, Any]) -> list[str] | None:
             return None
         ids.append(f"{name}={value}")
     keys = [e for e in env if e.startswith(KEY_PREFIXES)]
-    return [*keys, f"privileged={int(is_privileged(doc))}", *ids]
+    annotations = doc.get("annotations", {})
+    if not isinstance(annotations, dict):
+        return None
+    asked: list[str] = []
+    for name, value in annotations.items():
+        if isinstance(name, str) and name.startswith(tuple(cdi_prefixes)):
+            if not isinstance(value, str) or not _plain(name) or not _plain(value):
+                return None  # the front reads no escape
+            asked += [name, value]
+    return [*keys, f"privileged={int(is_privileged(doc))}", *ids, *asked]
+
+
+def _plain(text: str) -> bool:
+    """Whether JSON writes `text` without an escape (the front reads no other string)."""
+    return text.isascii() and not any(c in '"\\' or c < " " or c == "\x7f" for c in text)
 
 
 def file_name(key: list[str]) -> str:
@@ -106,9 +127,9 @@ def wanted(key: list[str] | None, req: Request, edits: EditsDoc, settings: Setti
 
 def _eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:
     from gpuctk.cdi.specs.apply import BIND_TYPES
-    from gpuctk.hook.requests.devices import VISIBLE_DEVICES
+    from gpuctk.hook.requests.devices import ANNOTATIONS, VISIBLE_DEVICES
 
-    if req.source != VISIBLE_DEVICES or req.notes:
+    if req.source not in (VISIBLE_DEVICES, ANNOTATIONS) or req.notes:
         return False
     if any(v for k, v in edits.items() if k not in _EDIT_KEYS):
         return False
@@ -197,17 +218,21 @@ def render(edits: EditsDoc, uid: int, gid: int) -> dict[str, Any]:
     }
 
 
-def prefixes(key: list[str], settings: Settings) -> list[str]:
-    """The annotation key prefixes that send a create to Python: the CDI prefixes, and where
-    this plan's env request is honoured only outside Kubernetes (accept-envvar-unprivileged
-    auto, unprivileged: gpuctk.hook.requests.devices.env_allowed), the CRI runtimes' own markers, so
-    that the front never replays for a Kubernetes container a plan a plain one made."""
-    from gpuctk.hook.requests.devices import KUBERNETES_MARKERS
+def refusals(req: Request, key: list[str], settings: Settings) -> list[str]:
+    """The annotation key prefixes that send a create to Python: where this plan's env request
+    is honoured only outside Kubernetes (accept-envvar-unprivileged auto, unprivileged:
+    gpuctk.hook.requests.devices.env_allowed), the CRI runtimes' own markers, so that the front
+    never replays for a Kubernetes container a plan a plain one made."""
+    from gpuctk.hook.requests.devices import KUBERNETES_MARKERS, VISIBLE_DEVICES
 
-    out = list(settings.annotation_prefixes)
-    if settings.accept_envvar_unprivileged is None and "privileged=0" in key:
-        out += KUBERNETES_MARKERS
-    return out
+    env_only = req.source == VISIBLE_DEVICES and settings.accept_envvar_unprivileged is None
+    unprivileged = key[_privileged_at(key)] == "privileged=0"
+    return list(KUBERNETES_MARKERS) if env_only and unprivileged else []
+
+
+def _privileged_at(key: list[str]) -> int:
+    """Where `privileged=` is in a key: after the env entries, before uid, gid, annotations."""
+    return next(i for i, k in enumerate(key) if k.startswith("privileged="))
 
 
 def offer(
@@ -238,7 +263,8 @@ def offer(
     if identities is None or trusted is None:
         return False
     chain, log_id = trusted
-    uid, gid = (int(k.partition("=")[2]) for k in key[-2:])
+    at = _privileged_at(key)
+    uid, gid = (int(k.partition("=")[2]) for k in key[at + 1 : at + 3])
     try:
         lists = render(edits, uid, gid)
     except GpuctkError:
@@ -249,7 +275,8 @@ def offer(
         "key": key,
         "config": conf,
         "world": identities,
-        "prefixes": prefixes(key, settings),
+        "prefixes": refusals(req, key, settings),
+        "cdi_prefixes": list(settings.annotation_prefixes),
         "describe": describe(req),  # the shim's `injected` line, in the same logs
         "log_file": log_file,
         "log_level": settings.log_level,
@@ -258,6 +285,8 @@ def offer(
         "chain": [[path, *ident] for path, ident in sorted(chain.items())],
         **lists,
     }
+    if not _keyed_on(state, conf, list(settings.annotation_prefixes)):
+        return False
     return _write(state, file_name(key), doc)
 
 
@@ -285,6 +314,22 @@ def current(state: str, key: list[str] | None) -> bool:
         and _holds(doc.get("world"))
         and filechain.holds(doc.get("chain"))
     )
+
+
+def _keyed_on(state: str, conf: str, cdi_prefixes: list[str]) -> bool:
+    """`front/keyed-on` names `cdi_prefixes` for the config file `conf` (written if not)."""
+    from gpuctk.jsonfast import loads
+    from gpuctk.writes import read_private
+
+    doc = {"format": PREFIXES_FORMAT, "config": conf, "prefixes": cdi_prefixes}
+    folder = os.path.join(state, FOLDER_NAME)
+    data = read_private(folder, os.path.join(folder, PREFIXES_NAME), MAX_BYTES)
+    try:
+        if data is not None and loads(data.decode()) == doc:
+            return True
+    except ValueError:
+        pass
+    return _write(state, PREFIXES_NAME, doc)
 
 
 def _write(state: str, name: str, doc: dict[str, Any]) -> bool:

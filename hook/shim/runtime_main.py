@@ -265,7 +265,7 @@ def _inject(
     key = key_of(req, env_map(process.get("env") if isinstance(process, dict) else None))
     plans = Plans.for_this_process(settings.spec_dirs)
     plan = plans.get(key) if plans is not None else None
-    front_key = frontplan.key_of(doc) if plans is not None else None
+    front_key = frontplan.key_of(doc, settings.annotation_prefixes) if plans is not None else None
     if plan is not None and plans is not None:
         log.debug(f"{inv.container}: the request's plan remembered in {plans.path}")
         for note in plan["notes"]:

@@ -9,7 +9,10 @@
 #include "fuzz.h"
 
 static char shim_base[PATH_MAX], shim_bundle[PATH_MAX + 8], shim_state[PATH_MAX + 8],
-	shim_front[2 * PATH_MAX];
+	shim_front[2 * PATH_MAX], shim_prefixes[3 * PATH_MAX];
+/* the CDI prefixes the plans are keyed on, as gpuctk.hook.shim.frontplan writes them */
+static const char shim_prefix_doc[] = "{\"format\":\"" GPUCTK_PREFIXES_FORMAT "\",\"config\":\""
+	GPUCTK_DEFAULT_CONFIG "\",\"prefixes\":[\"cdi.k8s.io/\"]}";
 
 /* the folders gone at the end of the run (left where a report ends it) */
 static void shim_cleanup(void)
@@ -17,11 +20,14 @@ static void shim_cleanup(void)
 	char config[sizeof shim_bundle + 16];
 	snprintf(config, sizeof config, "%s/config.json", shim_bundle);
 	unlink(config);
+	unlink(shim_prefixes);
 	rmdir(shim_front);
 	rmdir(shim_state);
 	rmdir(shim_bundle);
 	rmdir(shim_base);
 }
+
+static void shim_write(const char *path, const char *text, size_t len);
 
 static void shim_folders(void)
 {
@@ -34,6 +40,8 @@ static void shim_folders(void)
 	snprintf(shim_front, sizeof shim_front, "%s/" GPUCTK_FRONT_FOLDER, shim_state);
 	if (mkdir(shim_bundle, 0700) || mkdir(shim_state, 0700) || mkdir(shim_front, 0700))
 		abort();
+	snprintf(shim_prefixes, sizeof shim_prefixes, "%s/" GPUCTK_FRONT_PREFIXES, shim_front);
+	shim_write(shim_prefixes, shim_prefix_doc, sizeof shim_prefix_doc - 1);
 	atexit(shim_cleanup);
 	setenv(GPUCTK_STATE_DIR_ENV, shim_state, 1);
 	static char *argv[] = { "gpuctk-cdi-hook", GPUCTK_SHIM_CREATE, "/usr/bin/python3", "pass",
@@ -79,13 +87,16 @@ static void shim_run(const char *conf, size_t clen, const char *text, size_t tle
 		struct member *proc = object_of(sf_get(e->top, e->ntop, "process"), "process", &nproc);
 		e->envm = sf_get(proc, nproc, "env");
 		e->env = array_of(e->envm, "env", &e->nenv);
-		struct span *keys = request_key(proc, nproc, e->env, e->nenv, extra, &nkeys);
+		size_t npre;
+		struct member *pre = key_prefixes(GPUCTK_DEFAULT_CONFIG, &npre);
+		struct span *keys = request_key(e->top, e->ntop, proc, nproc, e->env, e->nenv, pre,
+						npre, extra, &nkeys);
 		snprintf(shim_plan, sizeof shim_plan, "%s/%016llx.json", shim_front, fnv(keys, nkeys));
 		if (writer)
 			shim_write(shim_plan, made, writer(keys, nkeys, made, sizeof made));
 		else
 			shim_write(shim_plan, text, tlen);
-		struct member *plan = front_plan(keys, nkeys, GPUCTK_DEFAULT_CONFIG, &nplan);
+		struct member *plan = front_plan(keys, nkeys, GPUCTK_DEFAULT_CONFIG, pre, npre, &nplan);
 		e->mounts = python_only(e->top, e->ntop, proc, nproc, plan, nplan, "/bin/sh", &e->nm);
 		struct buf out = edited(e, plan, nplan);
 		char words[PATH_MAX];

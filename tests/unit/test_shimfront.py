@@ -41,6 +41,7 @@ from gpuctk.hook.shim import filechain, frontplan
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 30  # seconds: only to catch a hang
 VISIBLE = "NVIDIA_VISIBLE_DEVICES=0"
+CDI = ("cdi.k8s.io/",)  # the default CDI annotation prefixes
 SOCKETS: list[socket.socket] = []  # each node's nvidia-persistenced socket, kept listening
 BASE_ENV = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", VISIBLE]
 
@@ -286,7 +287,7 @@ def test_the_second_create_is_the_fronts_and_equals_apply(node: Node) -> None:
     first, config = node.create(doc)
     assert first.returncode == 0, first.stderr
     assert "front:" not in first.stderr  # no memo yet: the sh front starts Python at once
-    key = frontplan.key_of(doc)
+    key = frontplan.key_of(doc, CDI)
     assert key == [VISIBLE, "privileged=0", "uid=0", "gid=0"]
     plan = node.state / "front" / frontplan.file_name(key)
     assert plan.is_file()
@@ -447,6 +448,9 @@ def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str:
         return json.dumps(d, ensure_ascii=False)
     if change == "annotation":
         d["annotations"]["cdi.k8s.io/gpu"] = "nvidia.com/gpu=1"
+    elif change == "escaped annotation":
+        d["annotations"]["cdi.k8s.io/gpu"] = "nvidia.com/gpu=1"
+        return json.dumps(d).replace("nvidia.com/gpu=1", "nvidia.com\\/gpu=1")
     elif change == "device-list mount":
         d["mounts"].append({"destination": "/var/run/nvidia-container-devices/1",
                             "source": "/dev/null", "options": ["bind"]})  # fmt: skip
@@ -493,7 +497,7 @@ def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str:
     [
         ("escaped env", "an env entry that is not a plain string"),
         ("non-ASCII", "config.json is not ASCII"),
-        ("annotation", "a CDI annotation"),
+        ("escaped annotation", "a CDI annotation that is not a plain string"),
         ("device-list mount", "a mount that is not plain, or a device-list mount"),
         ("escaped mount", "a mount that is not plain, or a device-list mount"),
         ("Process too", "config.json is not plain JSON"),
@@ -591,7 +595,10 @@ def _with_args(
         ({"GPUCTK_SPEC_CACHE": "0"}, "GPUCTK_SPEC_CACHE=0"),
         ({"GPUCTK_FRONT_RUNTIME": "<unset>"}, "no runtime from the memo"),
         ({"GPUCTK_FRONT_RUNTIME": "true"}, "no runtime from the memo"),
-        ({"GPUCTK_CONFIG": "/etc/gpuctk/other.toml"}, "the front plan is another config file's"),
+        (
+            {"GPUCTK_CONFIG": "/etc/gpuctk/other.toml"},
+            "the front prefixes are another config file's",
+        ),
     ],
 )
 def test_the_environment_can_send_it_to_python(
@@ -608,7 +615,7 @@ def test_a_config_json_link_goes_to_python(node: Node, planned: dict[str, Any]) 
 
 
 def plan_of(node: Node, doc: dict[str, Any]) -> Path:
-    key = frontplan.key_of(doc)
+    key = frontplan.key_of(doc, CDI)
     assert key is not None
     return node.state / "front" / frontplan.file_name(key)
 
@@ -626,8 +633,8 @@ def test_a_kubernetes_container_never_takes_a_plain_containers_plan(
     container's create wrote: it hands over, and the shim injects nothing."""
     doc = copy.deepcopy(planned)
     doc["annotations"].update(markers)
-    assert frontplan.key_of(doc) == frontplan.key_of(planned)
-    handed_over(*direct(node, doc), "a CDI annotation")
+    assert frontplan.key_of(doc, CDI) == frontplan.key_of(planned, CDI)
+    handed_over(*direct(node, doc), "an annotation the front plan refuses")
     done, config = node.create(doc)
     assert done.returncode == 0, done.stderr
     assert json.loads(config.read_text()) == doc  # left as it is: no GPU
@@ -649,6 +656,48 @@ def test_a_plan_honoured_everywhere_is_replayed_for_kubernetes(tmp_path: Path) -
     own = make_node(tmp_path / "on", conf="accept-envvar-unprivileged = true\n")
     doc["process"]["capabilities"]["bounding"].remove("CAP_SYS_ADMIN")
     assert fronted(own, doc) == expected(own, doc)
+
+
+@pytest.mark.parametrize("kubernetes", [False, True], ids=["plain", "kubernetes"])
+def test_a_cdi_annotation_request_is_the_fronts_the_second_time(
+    tmp_path: Path, kubernetes: bool
+) -> None:
+    """What the device plugin's cdi-annotations strategy hands over, in a Kubernetes container
+    too (where an unprivileged env would be no grant): the second create is the front's and
+    equals apply; an annotation naming another device is another key, Python's again."""
+    own = make_node(tmp_path)
+    doc = base_doc("/nonexistent-root")
+    doc["process"]["env"] = [BASE_ENV[0], "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
+    doc["annotations"]["cdi.k8s.io/gpuctk-device-plugin"] = "nvidia.com/gpu=1"
+    if kubernetes:
+        doc["annotations"].update(CRI)
+    got = fronted(own, doc)
+    assert got == expected(own, doc)
+    assert {d["path"] for d in got["linux"]["devices"]} == {"/dev/nvidiactl", "/dev/nvidia1"}
+    other = copy.deepcopy(doc)
+    other["annotations"]["cdi.k8s.io/gpuctk-device-plugin"] = "nvidia.com/gpu=0"
+    done, config = own.create(other)
+    assert done.returncode == 0 and "front: plan " not in done.stderr, done.stderr
+    assert "/dev/nvidia0" in {d["path"] for d in json.loads(config.read_text())["linux"]["devices"]}
+
+
+def test_the_prefixes_the_key_holds_are_the_configs(tmp_path: Path) -> None:
+    """Under annotation-prefixes = ["gpu.example/"], a cdi.k8s.io/ annotation asks for nothing
+    and is no part of the key: the env request's plan serves it; a gpu.example/ one is."""
+    own = make_node(tmp_path, conf='annotation-prefixes = ["gpu.example/"]\n')
+    doc = base_doc("/nonexistent-root")
+    fronted(own, doc)
+    ignored = copy.deepcopy(doc)
+    ignored["annotations"]["cdi.k8s.io/x"] = "nvidia.com/gpu=1"
+    assert frontplan.key_of(ignored, ("gpu.example/",)) == frontplan.key_of(doc, ("gpu.example/",))
+    done, config = own.create(ignored)
+    assert "front: plan " in done.stderr, done.stderr
+    assert json.loads(config.read_text()) == expected(own, ignored)
+    asked = copy.deepcopy(doc)
+    asked["annotations"]["gpu.example/x"] = "nvidia.com/gpu=1"
+    got = fronted(own, asked)
+    assert got == expected(own, asked)
+    assert "/dev/nvidia1" in {d["path"] for d in got["linux"]["devices"]}
 
 
 @pytest.mark.parametrize(
