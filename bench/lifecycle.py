@@ -29,7 +29,9 @@ run so that machine noise hits them alike:
                     (gpuctk.cdi.stage).
 - runc + folder edits  the same on the folder spec's edits (1 GPU): runc's own floor there.
 - gpuctk ..., default install  1 and 8 GPUs on the spec the deb and the DaemonSet write
-                    (`generate` with no mode flag: the folder spec of every capability);
+                    (`generate` with no mode flag: the folder spec of every capability), and
+                    1 GPU asked for by a CDI annotation (the device plugin's cdi-annotations
+                    strategy);
 - nvidia-container-runtime ...  with --nvidia-ctk-bin DIR: 1 and 8 GPUs through NVIDIA's
                     runtime from DIR in its CDI mode, on the spec DIR's nvidia-ctk writes for
                     the same node (bench/nvidiaspec.py); gpuctk's default install over it is
@@ -339,9 +341,16 @@ def _run(
     }
 
     envs: dict[str, dict[str, str]] = {}
+
     # Two staged specs (gpuctk.cdi.stage): a compute node's `--library-mode folder` spec, three
     # mounts for the driver where the hook spec has the files and their links, and the default
     # install's spec (`generate` with no mode flag: the folder spec of every capability).
+    def annotate(bundle: Path) -> None:
+        """GPU 0 asked for as the device plugin's cdi-annotations strategy asks (off the clock)."""
+        config = json.loads((bundle / "config.json").read_text())
+        config.setdefault("annotations", {})["cdi.k8s.io/gpuctk-bench"] = "nvidia.com/gpu=0"
+        (bundle / "config.json").write_text(json.dumps(config))
+
     for label, mode in (("folder spec", ("folder", "--driver-capabilities", "utility,compute")),
                         ("default install", ("auto",))):  # fmt: skip
         folder = work / label.replace(" ", "-")
@@ -365,6 +374,17 @@ def _run(
                                request, None)  # fmt: skip
                 envs[name] = {**os.environ, "GPUCTK_CONFIG": str(ftoml),
                               "GPUCTK_STATE_DIR": str(folder / "state-against")}  # fmt: skip
+        if label == "default install":  # the device plugin's cdi-annotations strategy
+            name = f"gpuctk 1 GPU by CDI annotation, {label}"
+            cases[name] = ([shim], [], annotate)
+            envs[name] = envs[f"gpuctk 1 GPU, {label}"]
+            if args.against:
+                cases[f"{name} @{args.against}"] = (
+                    [str(installed_bin_at(args.against) / "gpuctk-runtime")],
+                    [],
+                    annotate,
+                )
+                envs[f"{name} @{args.against}"] = envs[f"gpuctk 1 GPU, {label} @{args.against}"]
     if args.against:
         other = str(installed_bin_at(args.against) / "gpuctk-runtime")
         for gpus, request in (("1 GPU", one), ("8 GPUs", cases["gpuctk 8 GPUs"][1])):
@@ -432,7 +452,8 @@ def _run(
             print(f"  gpuctk over NVIDIA's runtime, {gpus}, default install: {x:.2f}x"
                   f" ({'ahead' if x < 1 else 'BEHIND'})")  # fmt: skip
     if args.against:
-        for gpus in ("1 GPU", "8 GPUs", "1 GPU, default install", "8 GPUs, default install"):
+        for gpus in ("1 GPU", "8 GPUs", "1 GPU, default install", "8 GPUs, default install",
+                     "1 GPU by CDI annotation, default install"):  # fmt: skip
             here, there = samples[f"gpuctk {gpus}"], samples[f"gpuctk {gpus} @{args.against}"]
             paired = statistics.median(a - b for a, b in zip(here, there, strict=True))
             print(f"  this checkout against {args.against}, {gpus}: median"
