@@ -1,5 +1,9 @@
 """The CDI JSON shape, as types: what a spec file holds, key for key.
 
+Written by gpuctk.cdi.specs.shapegen from the strict decoder's table
+(gpuctk.cdi.specs.strict.OBJECTS), the shape's one declaration: edit that table, then run
+`python -m gpuctk.cdi.specs.shapegen > cdi/specs/shape.py`.
+
 One model for both sides. The generators build gpuctk.cdi.specs.spec records, whose `to_dict()`
 returns these shapes; the create path (the registry, merge, apply and the host-path checks)
 reads specs as these shapes. TypedDicts cost nothing at run time: modules on the create path
@@ -53,14 +57,16 @@ class IntelRdtDoc(TypedDict, total=False):
     memBwSchema: str
     schemata: list[str]
     enableMonitoring: bool
+    enableCMT: bool
+    enableMBM: bool
 
 
 class EditsDoc(TypedDict, total=False):
     env: list[str]
     deviceNodes: list[DeviceNodeDoc]
-    mounts: list[MountDoc]
-    hooks: list[HookDoc]
     netDevices: list[NetDeviceDoc]
+    hooks: list[HookDoc]
+    mounts: list[MountDoc]
     intelRdt: IntelRdtDoc
     additionalGids: list[int]
 
