@@ -11,7 +11,11 @@ from gpuctk.cdi import cliopts, nvctk
 from gpuctk.cdi.discover import Roots
 from gpuctk.cdi.generate import HOOK_ACTIONS, LIBRARY_MODES, NAME_STRATEGIES
 from gpuctk.cdi.nicspec import nic_options
-from gpuctk.clitypes import ABSOLUTE_PATH
+from gpuctk.cdi.node import capabilities
+from gpuctk.cdi.specs.names import class_name_problem, vendor_name_problem
+from gpuctk.clitypes import ABSOLUTE_PATH, Checked
+
+NAMES_HINT = "example: --vendor nvidia.com --class gpu"
 
 
 class _InspectCommands(click.Group):
@@ -66,8 +70,17 @@ def cdi() -> None:
     type=click.Choice(["yaml", "json"]),
     help="Default: by --output's extension, else yaml.",
 )
-@click.option("--vendor", default="nvidia.com", show_default=True, help="The kind's vendor.")
-@click.option("--class", "device_class", default="gpu", show_default=True, help="The kind's class.")
+@click.option(
+    "--vendor",
+    type=Checked(vendor_name_problem, NAMES_HINT),
+    default="nvidia.com",
+    show_default=True,
+    help="The kind's vendor.",
+)
+@click.option(
+    "--class", "device_class", type=Checked(class_name_problem, NAMES_HINT), default="gpu",
+    show_default=True, help="The kind's class.",
+)  # fmt: skip
 @click.option(
     "--device-name-strategy",
     "strategies",
@@ -127,6 +140,7 @@ def cdi() -> None:
 )
 @click.option(
     "--driver-capabilities",
+    type=Checked(capabilities.list_problem),
     default="all",
     show_default=True,
     metavar="LIST",

@@ -47,22 +47,11 @@ def check_flags(a: GenerateArgs, vendor: str, device_class: str) -> Checked:
     """Every check of the flags alone (UsageError), before anything is read or written."""
     from gpuctk.cdi.generate_cmd import default_hook_path, output_format
     from gpuctk.cdi.node.capabilities import UTILITY, parse_strict
-    from gpuctk.cdi.specs.names import class_name_problem, vendor_name_problem
 
-    for check, value, flag in (
-        (vendor_name_problem, vendor, "--vendor"),
-        (class_name_problem, device_class, "--class"),
-    ):
-        problem = check(value)
-        if problem:
-            raise UsageError(f"{flag}: {problem} (example: --vendor nvidia.com --class gpu)")
     hook_path = a.hook_path
     if hook_path is None:
         hook_path = default_hook_path(note=a.library_mode in ("hook", "auto"))
-    try:
-        selected = parse_strict(a.driver_capabilities)
-    except ValueError as exc:
-        raise UsageError(f"--driver-capabilities: {exc}") from None
+    selected = parse_strict(a.driver_capabilities)  # checked where click read it
     if a.mode == "management" and a.driver_capabilities == "all":
         selected = frozenset((UTILITY,))  # NVML and nvidia-smi: what monitoring needs
     output = None if a.output == "-" else a.output  # "-": standard output

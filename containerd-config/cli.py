@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import click
 
 from gpuctk import log
-from gpuctk.clitypes import ABSOLUTE_PATH
+from gpuctk.clitypes import ABSOLUTE_PATH, Checked
 from gpuctk.containerd import options as optmod
 from gpuctk.containerd import plan as planmod
 from gpuctk.containerd.options import ENGINES, Options
@@ -55,6 +55,7 @@ def _common(func: F) -> F:
             "--runtime-name",
             "--nvidia-runtime-name",
             "runtime_name",
+            type=Checked(optmod.runtime_name_problem),
             default=optmod.DEFAULT_RUNTIME_NAME,
             show_default=True,
             help="Handler name.",

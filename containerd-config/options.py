@@ -84,16 +84,21 @@ def default_drop_in(engine: Engine, mode: object) -> str:
     return CRIO_HOOKS_FILE if engine == "crio" and mode == "hook" else DEFAULT_DROP_IN[engine]
 
 
+def runtime_name_problem(name: str) -> str | None:
+    """Why `name` cannot be the handler's name (a RuntimeClass handler), or None."""
+    if not _NAME.match(name) or len(name) > 63:
+        return (
+            f"{name!r}: use lower-case letters, digits and '-' (a Kubernetes RuntimeClass "
+            "handler is a DNS label)"
+        )
+    if name in ("runc", "crun", "runsc", "kata"):
+        return f"{name!r} names an existing runtime"
+    return None
+
+
 def validate(opts: Options) -> None:
     if opts.engine not in ENGINES:
         raise UsageError(f"unknown --runtime {opts.engine!r}: use one of {', '.join(ENGINES)}")
-    if not _NAME.match(opts.runtime_name) or len(opts.runtime_name) > 63:
-        raise UsageError(
-            f"--runtime-name {opts.runtime_name!r}: use lower-case letters, digits and '-' "
-            "(a Kubernetes RuntimeClass handler is a DNS label)"
-        )
-    if opts.runtime_name in ("runc", "crun", "runsc", "kata"):
-        raise UsageError(f"--runtime-name {opts.runtime_name!r} names an existing runtime")
     if opts.hook_config is not None and opts.mode != "hook":
         raise UsageError("--hook-config is for --mode hook (the shim reads GPUCTK_CONFIG)")
     if opts.engine == "docker":

@@ -18,9 +18,10 @@ import click
 
 from gpuctk import log
 from gpuctk.cdi import cliopts
+from gpuctk.clitypes import Checked
 from gpuctk.deviceplugin.allocate import LIST_STRATEGIES, parse_strategies
 from gpuctk.deviceplugin.resources import DEFAULT_KIND, ID_STRATEGIES, MIG_STRATEGIES
-from gpuctk.errors import NoDevicesError, UsageError
+from gpuctk.errors import NoDevicesError
 
 PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 
@@ -59,7 +60,10 @@ def _machine(
 
 @click.command("device-plugin")
 @click.option(
-    "--resource-name", default=DEFAULT_KIND, help="Whole GPUs' resource [nvidia.com/gpu]."
+    "--resource-name",
+    type=Checked(lambda name: None if "/" in name else f"{name!r} must be DOMAIN/NAME"),
+    default=DEFAULT_KIND,
+    help="Whole GPUs' resource [nvidia.com/gpu].",
 )
 @click.option(
     "--mig-strategy",
@@ -90,14 +94,14 @@ def _machine(
 )
 @click.option(
     "--health-interval",
-    type=float,
+    type=click.FloatRange(min=0.05),
     default=5.0,
     metavar="SECONDS",
     help="Between probes of every device [5].",
 )
 @click.option(
     "--health-recovery",
-    type=float,
+    type=click.FloatRange(min=0),
     default=30.0,
     metavar="SECONDS",
     help="Fault-free time before reuse [30].",
@@ -149,10 +153,6 @@ def device_plugin(
     from gpuctk.deviceplugin.resources import build_units
 
     strategies = parse_strategies(list_strategy)
-    if health_interval < 0.05 or health_recovery < 0:
-        raise UsageError("--health-interval must be at least 0.05 s, --health-recovery >= 0")
-    if "/" not in resource_name:
-        raise UsageError(f"--resource-name {resource_name!r} must be DOMAIN/NAME (nvidia.com/gpu)")
     machine, links, library = _machine(simulate, driver_root, sys_root, nvml_library)
     resources = build_units(
         machine,

@@ -41,7 +41,8 @@ from typing import Any, TypeVar
 import click
 
 from gpuctk import log
-from gpuctk.clitypes import NORMAL_PATH
+from gpuctk.clitypes import NORMAL_PATH, Checked
+from gpuctk.containerd.options import runtime_name_problem
 from gpuctk.containerd.plan import restart_service
 from gpuctk.errors import GpuctkError, InputError, OutputError
 from gpuctk.install import host as host_mod
@@ -259,7 +260,12 @@ def _path_option(name: str, default: str, help_: str, metavar: str = "PATH") -> 
 @_path_option("--drop-in", DEFAULT_DROP_IN, "Host path of the drop-in gpuctk owns.")
 @click.option("--no-containerd", is_flag=True, help="Do not configure containerd.")
 @click.option(
-    "--runtime-name", default="nvidia", show_default=True, metavar="NAME", help="Handler name."
+    "--runtime-name",
+    type=Checked(runtime_name_problem),
+    default="nvidia",
+    show_default=True,
+    metavar="NAME",
+    help="Handler name.",
 )
 @click.option("--set-as-default", is_flag=True, help="Make it containerd's default runtime.")
 @click.option(

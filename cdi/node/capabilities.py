@@ -87,6 +87,15 @@ def capability_of(basename: str, *, elf32: bool = False) -> str:
     return _BY_STEM.get(stem, UTILITY)
 
 
+def list_problem(value: str) -> str | None:
+    """Why `value` is not an operator's capability list (parse_strict), or None."""
+    try:
+        parse_strict(value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def parse_strict(value: str) -> frozenset[str]:
     """An operator's capability list ("utility,compute", "all"): ValueError naming any word
     that is not a capability (unlike the container's variable, where unknown words are
