@@ -8,19 +8,20 @@ config.json, finds the plan, applies it, writes config.json back and execs the r
 about a millisecond; anything it does not fully understand goes to Python as before.
 
 The key is what the request and its edits depend on besides the specs and the config
-(gpuctk.hook.requests.devices, gpuctk.hook.requests.require, gpuctk.hook.requests.drivercaps, the
-device nodes' owner in gpuctk.cdi.specs.apply): every env entry that starts with `NVIDIA_` or
-`CUDA_VERSION`, in order; `privileged=0|1` (CAP_SYS_ADMIN in the bounding set); `uid=N`, `gid=N`
-(process.user); then the key and the value of each annotation whose key starts with one of the
-config's CDI annotation prefixes, in the document's order. Those prefixes are Python's to
+(gpuctk.hook.requests.devices, gpuctk.hook.requests.require, gpuctk.hook.requests.drivercaps,
+the device nodes' owner in gpuctk.cdi.specs.apply): every env entry that starts with `NVIDIA_`
+or `CUDA_VERSION`, in order; `privileged=0|1` (CAP_SYS_ADMIN in the bounding set); `uid=N`,
+`gid=N` (process.user); then the key and the value of each annotation whose key starts with one
+of the config's CDI annotation prefixes, in the document's order. Those prefixes are Python's to
 decide: `front/keyed-on` names them (for the config file in force) for the front to build the
 key with, and each plan names those it was keyed on (`cdi_prefixes`). The front sends anything
-else that could carry a request to Python: a device-list mount, an escape in any env entry or
-CDI annotation. Whether an env request is honoured also depends on whether the container is a
-Kubernetes one (gpuctk.hook.requests.devices.env_allowed), which the key does not say: a plan
-whose env request only a plain container gets (unprivileged, accept-envvar-unprivileged auto)
-lists the CRI runtimes' marker annotations among its `prefixes`, so a Kubernetes container goes
-to Python (refusals).
+else that could carry a request to Python: a device-list mount (and no plan is written for a
+config that has one), an escape in any env entry or CDI annotation. Whether an env request is
+honoured also depends on whether the container is a Kubernetes one
+(gpuctk.hook.requests.devices.env_allowed), which the key does not say: a plan whose env request
+only a plain container gets (unprivileged, accept-envvar-unprivileged auto) lists the CRI
+runtimes' marker annotations among its `prefixes`, so a Kubernetes container goes to Python
+(refusals).
 
 A plan is written only for a request from CDI annotations or NVIDIA_VISIBLE_DEVICES that
 resolved with no note and no error, in a world (gpuctk.hook.shim.plans.Plans.snapshot, plus the
@@ -79,7 +80,7 @@ _EDIT_KEYS = frozenset(("env", "deviceNodes", "mounts", "hooks"))
 def key_of(doc: Mapping[str, Any], cdi_prefixes: Sequence[str]) -> list[str] | None:
     """The front's key of the OCI config `doc`, whose annotations with one of `cdi_prefixes`
     ask for devices; None where the front would never find one."""
-    from gpuctk.hook.requests.devices import is_privileged
+    from gpuctk.hook.requests.devices import MOUNTS_ROOT, is_privileged
 
     process = doc.get("process")
     env = process.get("env") if isinstance(process, dict) else None
@@ -94,6 +95,11 @@ def key_of(doc: Mapping[str, Any], cdi_prefixes: Sequence[str]) -> list[str] | N
         if type(value) is not int or value < 0:
             return None
         ids.append(f"{name}={value}")
+    mounts, listed = doc.get("mounts", []), os.path.basename(MOUNTS_ROOT)
+    if not isinstance(mounts, list) or any(
+        not isinstance(m, dict) or listed in str(m.get("destination", "")) for m in mounts
+    ):
+        return None  # a device-list mount (devices, IMEX channels): the key does not hold it
     keys = [e for e in env if e.startswith(KEY_PREFIXES)]
     annotations = doc.get("annotations", {})
     if not isinstance(annotations, dict):
@@ -290,9 +296,10 @@ def offer(
     return _write(state, file_name(key), doc)
 
 
-def current(state: str, key: list[str] | None) -> bool:
-    """Whether the front plan of `key` is there and its world still holds (or none could be
-    written): a create that found the request's plan then need not offer one again."""
+def current(state: str, key: list[str] | None, cdi_prefixes: Sequence[str]) -> bool:
+    """Whether the front plan of `key` is there, its world still holds and `front/keyed-on`
+    names `cdi_prefixes` for this config (or no plan could be written): a create that found
+    the request's plan then need not offer one again."""
     from gpuctk.hook.config import config_path
     from gpuctk.hook.shim import filechain
     from gpuctk.jsonfast import loads
@@ -313,11 +320,19 @@ def current(state: str, key: list[str] | None) -> bool:
         and doc.get("config") == config_path(os.environ)[0]
         and _holds(doc.get("world"))
         and filechain.holds(doc.get("chain"))
+        and _keyed_on_holds(state, doc["config"], list(cdi_prefixes))
     )
 
 
 def _keyed_on(state: str, conf: str, cdi_prefixes: list[str]) -> bool:
     """`front/keyed-on` names `cdi_prefixes` for the config file `conf` (written if not)."""
+    if _keyed_on_holds(state, conf, cdi_prefixes):
+        return True
+    doc = {"format": PREFIXES_FORMAT, "config": conf, "prefixes": cdi_prefixes}
+    return _write(state, PREFIXES_NAME, doc)
+
+
+def _keyed_on_holds(state: str, conf: str, cdi_prefixes: list[str]) -> bool:
     from gpuctk.jsonfast import loads
     from gpuctk.writes import read_private
 
@@ -325,11 +340,9 @@ def _keyed_on(state: str, conf: str, cdi_prefixes: list[str]) -> bool:
     folder = os.path.join(state, FOLDER_NAME)
     data = read_private(folder, os.path.join(folder, PREFIXES_NAME), MAX_BYTES)
     try:
-        if data is not None and loads(data.decode()) == doc:
-            return True
+        return data is not None and bool(loads(data.decode()) == doc)
     except ValueError:
-        pass
-    return _write(state, PREFIXES_NAME, doc)
+        return False
 
 
 def _write(state: str, name: str, doc: dict[str, Any]) -> bool:

@@ -273,7 +273,7 @@ def _inject(
         edits: EditsDoc = plan["edits"]
         prep = plan["prep"]
         wanted = not plan["notes"] and frontplan.wanted(front_key, req, edits, settings)
-        if wanted and not frontplan.current(plans.state, front_key):
+        if wanted and not frontplan.current(plans.state, front_key, settings.annotation_prefixes):
             frontplan.offer(plans.state, front_key, req, edits, settings, plans.snapshot(), runtime)
     else:
         before = plans.snapshot() if plans is not None else None

@@ -681,6 +681,50 @@ def test_a_cdi_annotation_request_is_the_fronts_the_second_time(
     assert "/dev/nvidia0" in {d["path"] for d in json.loads(config.read_text())["linux"]["devices"]}
 
 
+def test_a_device_list_mount_gets_no_plan_another_container_could_take(tmp_path: Path) -> None:
+    """Under accept-volume-mounts, an IMEX channel mount beside the env's GPU is part of the
+    request but not of the key: Python writes no plan for it, so a container with the same env
+    and no such mount never gets the channel."""
+    own = make_node(tmp_path, conf="accept-volume-mounts = true\n")
+    channel = "/dev/nvidia-caps-imex-channels/channel0"
+    node = {"path": channel, "hostPath": "/dev/urandom", "type": "c", "major": 1, "minor": 9}
+    imex = {"cdiVersion": "0.6.0", "kind": "nvidia.com/imex-channel",
+            "devices": [{"name": "0", "containerEdits": {"deviceNodes": [node]}}]}  # fmt: skip
+    (own.spec_dir / "imex.json").write_text(json.dumps(imex))
+    time.sleep(speccache.SETTLE_NS / 1e9 + 0.2)
+    asking = base_doc("/nonexistent-root")
+    asking["mounts"].append({"destination": "/var/run/nvidia-container-devices/imex/0",
+                             "source": "/dev/null", "options": ["bind"]})  # fmt: skip
+    assert frontplan.key_of(asking, CDI) is None
+    for _ in range(2):
+        done, config = own.create(asking)
+        assert done.returncode == 0, done.stderr
+        assert channel in {d["path"] for d in json.loads(config.read_text())["linux"]["devices"]}
+    plain = base_doc("/nonexistent-root")
+    done, config = own.create(plain)
+    assert done.returncode == 0, done.stderr
+    devices = {d["path"] for d in json.loads(config.read_text())["linux"]["devices"]}
+    assert devices == {"/dev/nvidiactl", "/dev/nvidia0"}, done.stderr  # no channel
+
+
+def test_a_keyed_on_file_of_another_config_is_written_again(tmp_path: Path) -> None:
+    """Two configs sharing one state folder: a plan still current is no reason to leave
+    keyed-on naming the other's prefixes (every create would then go to Python)."""
+    own = make_node(tmp_path)
+    doc = base_doc("/nonexistent-root")
+    fronted(own, doc)
+    keyed_on = own.state / frontplan.FOLDER_NAME / frontplan.PREFIXES_NAME
+    mine = keyed_on.read_text()
+    other = json.loads(mine)
+    other.update(config="/etc/gpuctk/other.toml", prefixes=["x/"])
+    keyed_on.write_text(json.dumps(other))
+    first, _ = own.create(doc)
+    assert "front: python: the front prefixes are another config file's" in first.stderr
+    assert json.loads(keyed_on.read_text()) == json.loads(mine)  # Python wrote it again
+    again, _ = own.create(doc)
+    assert "front: plan " in again.stderr, again.stderr
+
+
 def test_the_prefixes_the_key_holds_are_the_configs(tmp_path: Path) -> None:
     """Under annotation-prefixes = ["gpu.example/"], a cdi.k8s.io/ annotation asks for nothing
     and is no part of the key: the env request's plan serves it; a gpu.example/ one is."""
