@@ -331,7 +331,7 @@ static void put_span(struct buf *b, struct span v) { put(b, v.p, (size_t)(v.end 
  * write, reached from / through folders each root's or this euid's and not group/world
  * writable unless sticky (the next one then still root's or this euid's), no link on the way
  * and no `..`; -1 for anything else. The plan is the one file this program trusts on its own
- * reading: every other file it is to use, the plan names with its identity (chain_holds). */
+ * reading: every other file it is to use, the plan names with its identity (entries_hold). */
 static int private_folder(const char *path)
 {
 	char rest[PATH_MAX];
@@ -456,8 +456,8 @@ static char *read_plan(const struct span *keys, size_t nkeys, size_t *len)
 	return read_front(name, len);
 }
 
-/* Whether the plan's list `v` holds exactly the strings of `want` (n of them). */
-static int same_strings(struct span v, const struct member *want, size_t n)
+/* Whether the list `v` holds exactly the n plain strings of `want`, in order. */
+static int same_strings(struct span v, const struct span *want, size_t n)
 {
 	struct member *m;
 	size_t k;
@@ -465,13 +465,22 @@ static int same_strings(struct span v, const struct member *want, size_t n)
 		return 0;
 	int same = k == n;
 	for (size_t i = 0; same && i < n; i++) {
-		const char *a, *b;
-		size_t an, bn;
-		same = sf_plain(m[i].val, &a, &an) == 0 && sf_plain(want[i].val, &b, &bn) == 0 &&
-		       an == bn && memcmp(a, b, an) == 0;
+		const char *a;
+		size_t an;
+		same = sf_plain(m[i].val, &a, &an) == 0 && an == (size_t)(want[i].end - want[i].p) &&
+		       memcmp(a, want[i].p, an) == 0;
 	}
 	free(m);
 	return same;
+}
+
+/* Whether the object's member `name` is the plain string `want`. */
+static int field_is(struct member *m, size_t n, const char *name, const char *want)
+{
+	struct member *f = sf_get(m, n, name);
+	const char *s;
+	size_t sn;
+	return f && sf_plain(f->val, &s, &sn) == 0 && sn == strlen(want) && memcmp(s, want, sn) == 0;
 }
 
 /* ---- the edits ---------------------------------------------------------------------------------- */
@@ -979,8 +988,8 @@ static int privileged_of(struct member *proc, size_t nproc)
 }
 
 /* The CDI annotation prefixes Python keys requests on for the config file `conf`
- * (front/keyed-on: gpuctk.hook.shim.frontplan), as the members of their list. */
-static struct member *key_prefixes(const char *conf, size_t *n)
+ * (front/keyed-on: gpuctk.hook.shim.frontplan): n non-empty plain strings. */
+static struct span *key_prefixes(const char *conf, size_t *n)
 {
 	size_t len, nd;
 	char *text = read_front(GPUCTK_FRONT_PREFIXES, &len);
@@ -988,29 +997,27 @@ static struct member *key_prefixes(const char *conf, size_t *n)
 	struct span ps = { text, text + len };
 	struct member *doc;
 	need(sf_kind(ps) == '{' && sf_items(ps, 1, &doc, &nd) == 0, "the front prefixes are not plain");
-	const char *s;
-	size_t sn;
-	struct member *f = sf_get(doc, nd, "format");
-	need(f && sf_plain(f->val, &s, &sn) == 0 && sn == strlen(GPUCTK_PREFIXES_FORMAT) &&
-		     memcmp(s, GPUCTK_PREFIXES_FORMAT, sn) == 0,
+	need(field_is(doc, nd, "format", GPUCTK_PREFIXES_FORMAT),
 	     "the front prefixes are of another format");
-	f = sf_get(doc, nd, "config");
-	need(f && sf_plain(f->val, &s, &sn) == 0 && sn == strlen(conf) && memcmp(s, conf, sn) == 0,
-	     "the front prefixes are another config file's");
+	need(field_is(doc, nd, "config", conf), "the front prefixes are another config file's");
 	struct member *list = array_of(sf_get(doc, nd, "prefixes"), "no front prefixes", n);
-	for (size_t i = 0; i < *n; i++)
-		need(sf_plain(list[i].val, &s, &sn) == 0 && sn > 0, "the front prefixes are not plain");
-	return list;
+	struct span *pre = calloc(*n + 1, sizeof *pre);
+	need(pre != NULL, "out of memory");
+	for (size_t i = 0; i < *n; i++) {
+		size_t sn;
+		need(sf_plain(list[i].val, &pre[i].p, &sn) == 0 && sn > 0,
+		     "the front prefixes are not plain");
+		pre[i].end = pre[i].p + sn;
+	}
+	return pre;
 }
 
 /* Whether the annotation key `k` starts with one of the n prefixes. */
-static int prefixed(struct span k, const struct member *pre, size_t n)
+static int prefixed(struct span k, const struct span *pre, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
-		const char *s;
-		size_t sn;
-		if (sf_plain(pre[i].val, &s, &sn) == 0 && (size_t)(k.end - k.p) >= sn &&
-		    memcmp(k.p, s, sn) == 0)
+		size_t sn = (size_t)(pre[i].end - pre[i].p);
+		if ((size_t)(k.end - k.p) >= sn && memcmp(k.p, pre[i].p, sn) == 0)
 			return 1;
 	}
 	return 0;
@@ -1020,7 +1027,7 @@ static int prefixed(struct span k, const struct member *pre, size_t n)
  * privileged=, uid= and gid= (their text in `extra`), then the key and value of each annotation
  * whose key starts with one of the n `pre`fixes, in the document's order. */
 static struct span *request_key(struct member *top, size_t ntop, struct member *proc, size_t nproc,
-				struct member *env, size_t nenv, const struct member *pre, size_t npre,
+				struct member *env, size_t nenv, const struct span *pre, size_t npre,
 				char extra[3][32], size_t *nkeys)
 {
 	size_t nann = 0;
@@ -1074,7 +1081,7 @@ static struct span *request_key(struct member *top, size_t ntop, struct member *
 
 /* The front plan for `keys`, written for the config file `conf`, whose world still holds. */
 static struct member *front_plan(const struct span *keys, size_t nkeys, const char *conf,
-				 const struct member *pre, size_t npre, size_t *nplan)
+				 const struct span *pre, size_t npre, size_t *nplan)
 {
 	size_t plen;
 	char *text = read_plan(keys, nkeys, &plen);
@@ -1082,21 +1089,10 @@ static struct member *front_plan(const struct span *keys, size_t nkeys, const ch
 	struct span ps = { text, text + plen };
 	struct member *plan;
 	need(sf_kind(ps) == '{' && sf_items(ps, 1, &plan, nplan) == 0, "the front plan is not plain");
-	const char *s;
-	size_t sn, nk;
-	struct member *f = sf_get(plan, *nplan, "format");
-	need(f && sf_plain(f->val, &s, &sn) == 0 && sn == strlen(GPUCTK_PLAN_FORMAT) &&
-		     memcmp(s, GPUCTK_PLAN_FORMAT, sn) == 0,
-	     "the front plan is of another format");
-	struct member *pk = array_of(sf_get(plan, *nplan, "key"), "the front plan has no key", &nk);
-	need(nk == nkeys, "the front plan is another request's");
-	for (size_t i = 0; i < nk; i++)
-		need(sf_plain(pk[i].val, &s, &sn) == 0 && sn == (size_t)(keys[i].end - keys[i].p) &&
-			     memcmp(s, keys[i].p, sn) == 0,
-		     "the front plan is another request's");
-	f = sf_get(plan, *nplan, "config");
-	need(f && sf_plain(f->val, &s, &sn) == 0 && sn == strlen(conf) && memcmp(s, conf, sn) == 0,
-	     "the front plan is another config file's");
+	need(field_is(plan, *nplan, "format", GPUCTK_PLAN_FORMAT), "the front plan is of another format");
+	struct member *f = sf_get(plan, *nplan, "key");
+	need(f && same_strings(f->val, keys, nkeys), "the front plan is another request's");
+	need(field_is(plan, *nplan, "config", conf), "the front plan is another config file's");
 	f = sf_get(plan, *nplan, "cdi_prefixes");
 	need(f && same_strings(f->val, pre, npre), "the front plan is keyed on other prefixes");
 	f = sf_get(plan, *nplan, "world");
@@ -1372,7 +1368,7 @@ static int shim_create(int argc, char **argv)
 	e.env = array_of(e.envm, "no process.env list", &e.nenv);
 	char extra[3][32];
 	size_t npre;
-	struct member *pre = key_prefixes(conf, &npre);
+	struct span *pre = key_prefixes(conf, &npre);
 	struct span *keys = request_key(e.top, e.ntop, proc, nproc, e.env, e.nenv, pre, npre, extra,
 					&nkeys);
 	struct member *plan = front_plan(keys, nkeys, conf, pre, npre, &nplan);

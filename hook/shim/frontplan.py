@@ -105,8 +105,9 @@ def key_of(doc: Mapping[str, Any], cdi_prefixes: Sequence[str]) -> list[str] | N
     if not isinstance(annotations, dict):
         return None
     asked: list[str] = []
+    prefixes = tuple(cdi_prefixes)
     for name, value in annotations.items():
-        if isinstance(name, str) and name.startswith(tuple(cdi_prefixes)):
+        if isinstance(name, str) and name.startswith(prefixes):
             if not isinstance(value, str) or not _plain(name) or not _plain(value):
                 return None  # the front reads no escape
             asked += [name, value]
@@ -265,7 +266,8 @@ def offer(
     numbered = [n.get("hostPath") or n["path"] for n in nodes
                 if not (n.get("type") and "major" in n and "minor" in n)]  # fmt: skip
     identities = _identities(world, conf, settings, numbered)  # before the numbers are read
-    trusted = filechain.trusted_chain(edits, runtime, settings.log_file or "")
+    log_file = settings.log_file or ""
+    trusted = filechain.trusted_chain(edits, runtime, log_file)
     if identities is None or trusted is None:
         return False
     chain, log_id = trusted
@@ -275,7 +277,6 @@ def offer(
         lists = render(edits, uid, gid)
     except GpuctkError:
         return False
-    log_file = settings.log_file or ""
     doc = {
         "format": FORMAT,
         "key": key,
@@ -326,17 +327,20 @@ def current(state: str, key: list[str] | None, cdi_prefixes: Sequence[str]) -> b
 
 def _keyed_on(state: str, conf: str, cdi_prefixes: list[str]) -> bool:
     """`front/keyed-on` names `cdi_prefixes` for the config file `conf` (written if not)."""
-    if _keyed_on_holds(state, conf, cdi_prefixes):
-        return True
-    doc = {"format": PREFIXES_FORMAT, "config": conf, "prefixes": cdi_prefixes}
-    return _write(state, PREFIXES_NAME, doc)
+    return _keyed_on_holds(state, conf, cdi_prefixes) or _write(
+        state, PREFIXES_NAME, _keyed_on_doc(conf, cdi_prefixes)
+    )
+
+
+def _keyed_on_doc(conf: str, cdi_prefixes: list[str]) -> dict[str, Any]:
+    return {"format": PREFIXES_FORMAT, "config": conf, "prefixes": cdi_prefixes}
 
 
 def _keyed_on_holds(state: str, conf: str, cdi_prefixes: list[str]) -> bool:
     from gpuctk.jsonfast import loads
     from gpuctk.writes import read_private
 
-    doc = {"format": PREFIXES_FORMAT, "config": conf, "prefixes": cdi_prefixes}
+    doc = _keyed_on_doc(conf, cdi_prefixes)
     folder = os.path.join(state, FOLDER_NAME)
     data = read_private(folder, os.path.join(folder, PREFIXES_NAME), MAX_BYTES)
     try:

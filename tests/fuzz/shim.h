@@ -88,7 +88,7 @@ static void shim_run(const char *conf, size_t clen, const char *text, size_t tle
 		e->envm = sf_get(proc, nproc, "env");
 		e->env = array_of(e->envm, "env", &e->nenv);
 		size_t npre;
-		struct member *pre = key_prefixes(GPUCTK_DEFAULT_CONFIG, &npre);
+		struct span *pre = key_prefixes(GPUCTK_DEFAULT_CONFIG, &npre);
 		struct span *keys = request_key(e->top, e->ntop, proc, nproc, e->env, e->nenv, pre,
 						npre, extra, &nkeys);
 		snprintf(shim_plan, sizeof shim_plan, "%s/%016llx.json", shim_front, fnv(keys, nkeys));
