@@ -60,7 +60,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import CACHE, installed_bin, installed_bin_at, persistenced
+from common import CACHE, installed_bin, installed_bin_at, node_options, persistenced
 from fixtures.burst import many_gpu_node, wait_exit
 from fixtures.driver_root import build_driver_root
 from fixtures.images import build_image, make_bundle, overlay, unmount
@@ -288,16 +288,7 @@ def main() -> None:
         help="also time gpuctk as of git revision REV (built once into its own venv, with its "
         "own state folder), alternating with this checkout's, and print both side by side",
     )
-    parser.add_argument(
-        "--nvidia-ctk-bin", type=Path, metavar="DIR",
-        help="also time NVIDIA's nvidia-container-runtime from DIR (with nvidia-ctk and "
-        "nvidia-cdi-hook: its CDI mode, on nvidia-ctk's spec of the same node)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--no-persistenced", action="store_true",
-        help="no nvidia-persistenced socket on the node (by default one listens, as on most "
-        "nodes, and every spec mounts it)",
-    )  # fmt: skip
+    node_options(parser)
     parser.add_argument(
         "--library-mode", default="auto",
         help="the spec's `gpuctk cdi generate --library-mode` (default auto: the default "

@@ -3,6 +3,7 @@ Python the way an installed package runs (with its .pyc files)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shutil
@@ -154,6 +155,21 @@ def paired(times: dict[str, list[float]], case: str, base: str) -> list[float]:
 
 
 PERSISTENCED = "run/nvidia-persistenced/socket"  # under the driver root, as on a node
+
+
+def node_options(parser: argparse.ArgumentParser, cases: str = "") -> None:
+    """The container benches' --nvidia-ctk-bin DIR (NVIDIA's runtime beside, `cases` saying
+    which) and --no-persistenced (persistenced() off)."""
+    parser.add_argument(
+        "--nvidia-ctk-bin", type=Path, metavar="DIR",
+        help="also time NVIDIA's nvidia-container-runtime from DIR (with nvidia-ctk and "
+        f"nvidia-cdi-hook: its CDI mode, on nvidia-ctk's spec of the same node){cases}",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-persistenced", action="store_true",
+        help="no nvidia-persistenced socket on the node (by default one listens, as on most "
+        "nodes, and every spec mounts it)",
+    )  # fmt: skip
 
 
 @contextlib.contextmanager

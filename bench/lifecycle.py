@@ -76,7 +76,14 @@ from pathlib import Path
 from typing import Any
 
 import podman
-from common import CACHE, installed_bin, installed_bin_at, installed_python, persistenced
+from common import (
+    CACHE,
+    installed_bin,
+    installed_bin_at,
+    installed_python,
+    node_options,
+    persistenced,
+)
 from fixtures.driver_root import build_driver_root
 from fixtures.gpucheck import generate
 from fixtures.images import build_image, make_bundle, overlay, unmount
@@ -252,16 +259,7 @@ def main() -> None:
     parser.add_argument(
         "--no-podman", action="store_true", help="skip the podman cases (bench/podman.py)"
     )
-    parser.add_argument(
-        "--nvidia-ctk-bin", type=Path, metavar="DIR",
-        help="also time NVIDIA's nvidia-container-runtime from DIR (with nvidia-ctk and "
-        "nvidia-cdi-hook: its CDI mode, on nvidia-ctk's spec of the same node), 1 and 8 GPUs",
-    )  # fmt: skip
-    parser.add_argument(
-        "--no-persistenced", action="store_true",
-        help="no nvidia-persistenced socket on the node (by default one listens, as on most "
-        "nodes, and every spec mounts it)",
-    )  # fmt: skip
+    node_options(parser, ", 1 and 8 GPUs")
     parser.add_argument(
         "--against",
         metavar="REV",
