@@ -38,6 +38,12 @@ if "GPUCTK_STATE_DIR" not in os.environ:
     os.environ["GPUCTK_STATE_DIR"] = os.path.join(_STATE_BASE, "state")
     atexit.register(shutil.rmtree, _STATE_BASE, True)  # one per pytest process: never kept
 
+# The device-plugin tests run gRPC servers in this process, and the hook's tests fork it
+# afterwards (hook/verbs/namespaces.py): gRPC's fork handlers can then leave os.fork() waiting
+# on a lock for ever. Every fork here is followed by an exec or an exit, the case gRPC's
+# GRPC_ENABLE_FORK_SUPPORT=0 is for (read when grpc is first imported).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+
 pytest_plugins = [
     "fixtures.fake_nvml",
     "fixtures.driver_root",
