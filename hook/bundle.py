@@ -70,10 +70,11 @@ def _open_config(dir_fd: int, name: str, where: str) -> tuple[int, str | None]:
 
 def read_config(
     dir_fd: int, name: str, where: str
-) -> tuple[dict[str, Any], os.stat_result, str | None]:
+) -> tuple[dict[str, Any], os.stat_result, str | None, bytes]:
     """The OCI config `name` in the folder `dir_fd` (`where`: its path, for messages) as a
-    dict, its stat, and the name in that folder to write it back to (_open_config; None when
-    it is a symlink out of the folder). InputError/ValidationError."""
+    dict, its stat, the name in that folder to write it back to (_open_config; None when it
+    is a symlink out of the folder), and the text it was read from.
+    InputError/ValidationError."""
     from gpuctk.fs import read_limited
 
     try:
@@ -106,7 +107,7 @@ def read_config(
     from gpuctk.hook.ocikeys import check_keys
 
     check_keys(doc, where)  # runc's decoder folds case: a "Process" would be its process
-    return doc, st, write_name
+    return doc, st, write_name, data
 
 
 def write_config(

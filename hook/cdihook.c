@@ -1170,6 +1170,8 @@ int main(int argc, char **argv)
 {
 	if (argc > 1 && strcmp(argv[1], GPUCTK_SHIM_CREATE) == 0)
 		return shim_create(argc, argv);
+	if (argc > 1 && strcmp(argv[1], GPUCTK_FRONT_KEY) == 0)
+		return front_key(argc, argv);
 	g_argv = argv;
 	if (argc < 2)
 		python("no verb");

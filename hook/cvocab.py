@@ -73,6 +73,7 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_LAUNCHER_MARK", "gpuctk.install.launchers.LAUNCHER_MARK", ""),
     # gpuctk-runtime's compiled create
     ("GPUCTK_SHIM_CREATE", "gpuctk.install.launchers.SHIM_CREATE", ""),
+    ("GPUCTK_FRONT_KEY", f"{_FRONT}.KEY_VERB", ""),
     ("GPUCTK_SHIM_FRONT_ENV", f"{_FRONT}.SHIM_FRONT_ENV", ""),
     ("GPUCTK_SHIM_FRONT_TRACE_ENV", f"{_FRONT}.SHIM_FRONT_TRACE_ENV", ""),
     ("GPUCTK_SPEC_CACHE_ENV", "gpuctk.cdi.specs.speccache.CACHE_ENV", ""),

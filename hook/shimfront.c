@@ -56,8 +56,14 @@ static int sf_argc;
 
 /* ---- hand over to the Python shim ---------------------------------------------------------- */
 
+static int sf_keying; /* front-key: a refusal is an exit, not a hand-over */
+
 static void shim_python(const char *why)
 {
+	if (sf_keying) {
+		fprintf(stderr, "gpuctk-cdi-hook: " GPUCTK_FRONT_KEY ": no key: %s\n", why);
+		exit(1);
+	}
 	if (getenv(GPUCTK_SHIM_FRONT_TRACE_ENV))
 		fprintf(stderr, "gpuctk-runtime: front: python: %s\n", why);
 	char **argv = calloc((size_t)sf_argc + 2, sizeof *argv);
@@ -950,6 +956,15 @@ static void shape(struct member *top, size_t ntop, struct member *proc, size_t n
 /* ---- the create, step by step: each need() that fails hands the create to Python ----------- */
 
 /* config.json, read through the bundle's descriptor `bfd`: ASCII, strict JSON. */
+/* config.json's text is ASCII and strict JSON. */
+static void plain_config(const char *doc, size_t len)
+{
+	for (size_t i = 0; i < len; i++)
+		need((unsigned char)doc[i] < 0x80, "config.json is not ASCII");
+	struct json whole = { doc, doc + len, 0 };
+	need(compound(&whole, NULL, NULL) >= 0 && whole.p == whole.end, "config.json is not plain JSON");
+}
+
 static void read_config(int bfd, struct stat *cst, char **doc, size_t *len)
 {
 	int cfd = openat(bfd, "config.json", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
@@ -957,10 +972,7 @@ static void read_config(int bfd, struct stat *cst, char **doc, size_t *len)
 		     read_all(cfd, GPUCTK_MAX_CONFIG, doc, len) == 0,
 	     "config.json is not a regular file that could be read");
 	close(cfd);
-	for (size_t i = 0; i < *len; i++)
-		need((unsigned char)(*doc)[i] < 0x80, "config.json is not ASCII");
-	struct json whole = { *doc, *doc + *len, 0 };
-	need(compound(&whole, NULL, NULL) >= 0 && whole.p == whole.end, "config.json is not plain JSON");
+	plain_config(*doc, *len);
 }
 
 /* Whether CAP_SYS_ADMIN is in the process's bounding set. */
@@ -1024,11 +1036,17 @@ static int prefixed(struct span k, const struct span *pre, size_t n)
 }
 
 /* The request's key: the env entries that start with one of GPUCTK_KEY_PREFIXES, in order, then
- * privileged=, uid= and gid= (their text in `extra`), then the key and value of each annotation
+ * privileged=, uid= and gid= (in `w`, their text too), then the key and value of each annotation
  * whose key starts with one of the n `pre`fixes, in the document's order. */
+struct who {
+	int privileged;
+	unsigned long long uid, gid;
+	char text[3][32]; /* privileged=, uid=, gid=: key strings */
+};
+
 static struct span *request_key(struct member *top, size_t ntop, struct member *proc, size_t nproc,
 				struct member *env, size_t nenv, const struct span *pre, size_t npre,
-				char extra[3][32], size_t *nkeys)
+				struct who *w, size_t *nkeys)
 {
 	size_t nann = 0;
 	struct member *ann = sf_get(top, ntop, "annotations"), *a = NULL;
@@ -1048,23 +1066,23 @@ static struct span *request_key(struct member *top, size_t ntop, struct member *
 		if (keyed)
 			keys[(*nkeys)++] = s;
 	}
-	int privileged = privileged_of(proc, nproc);
-	unsigned long long uid = 0, gid = 0;
+	w->privileged = privileged_of(proc, nproc);
+	w->uid = w->gid = 0;
 	struct member *user = sf_get(proc, nproc, "user");
 	if (user) {
 		size_t nu;
 		struct member *u = object_of(user, "process.user is not an object", &nu);
 		struct member *f = sf_get(u, nu, "uid");
-		need(!f || sf_uint(f->val, &uid) == 0, "process.user.uid is not a plain number");
+		need(!f || sf_uint(f->val, &w->uid) == 0, "process.user.uid is not a plain number");
 		f = sf_get(u, nu, "gid");
-		need(!f || sf_uint(f->val, &gid) == 0, "process.user.gid is not a plain number");
+		need(!f || sf_uint(f->val, &w->gid) == 0, "process.user.gid is not a plain number");
 	}
-	snprintf(extra[0], 32, "privileged=%d", privileged);
-	snprintf(extra[1], 32, "uid=%llu", uid);
-	snprintf(extra[2], 32, "gid=%llu", gid);
+	snprintf(w->text[0], 32, "privileged=%d", w->privileged);
+	snprintf(w->text[1], 32, "uid=%llu", w->uid);
+	snprintf(w->text[2], 32, "gid=%llu", w->gid);
 	for (int i = 0; i < 3; i++) {
-		keys[*nkeys].p = extra[i];
-		keys[(*nkeys)++].end = extra[i] + strlen(extra[i]);
+		keys[*nkeys].p = w->text[i];
+		keys[(*nkeys)++].end = w->text[i] + strlen(w->text[i]);
 	}
 	for (size_t i = 0; i < nann; i++) {
 		if (!prefixed(a[i].key, pre, npre))
@@ -1077,6 +1095,21 @@ static struct span *request_key(struct member *top, size_t ntop, struct member *
 		keys[(*nkeys)++] = v;
 	}
 	return keys;
+}
+
+/* The config's mounts: each a plain destination, none a device-list mount (a request the key
+ * does not hold). */
+static struct member *plain_mounts(struct member *top, size_t ntop, size_t *nm)
+{
+	struct member *mounts = array_of(sf_get(top, ntop, "mounts"), "no mounts list", nm);
+	for (size_t i = 0; i < *nm; i++) {
+		struct span d;
+		size_t dn;
+		need(member_string(mounts[i].val, "destination", &d.p, &dn) == 0 &&
+			     !memmem(d.p, dn, GPUCTK_DEVICE_LIST_MOUNTS, strlen(GPUCTK_DEVICE_LIST_MOUNTS)),
+		     "a mount that is not plain, or a device-list mount");
+	}
+	return mounts;
 }
 
 /* The front plan for `keys`, written for the config file `conf`, whose world still holds. */
@@ -1124,14 +1157,7 @@ static struct member *python_only(struct member *top, size_t ntop, struct member
 			}
 	}
 	shape(top, ntop, proc, nproc);
-	struct member *mounts = array_of(sf_get(top, ntop, "mounts"), "no mounts list", nm);
-	for (size_t i = 0; i < *nm; i++) {
-		struct span d;
-		size_t dn;
-		need(member_string(mounts[i].val, "destination", &d.p, &dn) == 0 &&
-			     !memmem(d.p, dn, GPUCTK_DEVICE_LIST_MOUNTS, strlen(GPUCTK_DEVICE_LIST_MOUNTS)),
-		     "a mount that is not plain, or a device-list mount");
-	}
+	struct member *mounts = plain_mounts(top, ntop, nm);
 	char planned[PATH_MAX];
 	need(plan_string(plan, nplan, "runtime", planned, sizeof planned) == 0 &&
 		     strcmp(planned, runtime) == 0,
@@ -1366,10 +1392,10 @@ static int shim_create(int argc, char **argv)
 	struct member *proc = object_of(sf_get(e.top, e.ntop, "process"), "no process object", &nproc);
 	e.envm = sf_get(proc, nproc, "env");
 	e.env = array_of(e.envm, "no process.env list", &e.nenv);
-	char extra[3][32];
+	struct who who;
 	size_t npre;
 	struct span *pre = key_prefixes(conf, &npre);
-	struct span *keys = request_key(e.top, e.ntop, proc, nproc, e.env, e.nenv, pre, npre, extra,
+	struct span *keys = request_key(e.top, e.ntop, proc, nproc, e.env, e.nenv, pre, npre, &who,
 					&nkeys);
 	struct member *plan = front_plan(keys, nkeys, conf, pre, npre, &nplan);
 	e.mounts = python_only(e.top, e.ntop, proc, nproc, plan, nplan, runtime, &e.nm);
@@ -1392,4 +1418,49 @@ static int shim_create(int argc, char **argv)
 	execv(runtime, rargv);
 	fprintf(stderr, "gpuctk-runtime: error: cannot run %s: %s\n", runtime, strerror(errno));
 	exit(1);
+}
+
+/* ---- the key, for Python ------------------------------------------------------------------------ */
+
+/* Whether JSON writes `t` as it is: printable ASCII, no quote, no backslash. */
+static int plain_text(struct span t)
+{
+	for (const char *p = t.p; p < t.end; p++)
+		if (*p < 0x20 || *p > 0x7e || *p == '"' || *p == '\\')
+			return 0;
+	return 1;
+}
+
+/* gpuctk-cdi-hook front-key [PREFIX...] < config.json: the key shim-create looks a plan up by,
+ * for the config's text on stdin and the CDI annotation prefixes front/keyed-on would name, as
+ * {"file": NAME, "key": [...], "privileged": 0|1, "uid": N, "gid": N}; exit 1 with why where
+ * shim-create would take no plan. The Python shim writes its plans under it
+ * (gpuctk.hook.shim.frontplan): the key has this one home. */
+static int front_key(int argc, char **argv)
+{
+	sf_keying = 1;
+	size_t npre = (size_t)(argc - 2), len, ntop, nproc, nenv, nm, nkeys;
+	struct span *pre = calloc(npre + 1, sizeof *pre);
+	need(pre != NULL, "out of memory");
+	for (size_t i = 0; i < npre; i++) {
+		pre[i] = (struct span){ argv[i + 2], argv[i + 2] + strlen(argv[i + 2]) };
+		need(pre[i].p < pre[i].end && plain_text(pre[i]), "a prefix that is not plain");
+	}
+	char *doc;
+	need(read_all(0, GPUCTK_MAX_CONFIG, &doc, &len) == 0, "config.json could not be read");
+	plain_config(doc, len);
+	struct member *top;
+	need(sf_kind((struct span){ doc, doc + len }) == '{' &&
+		     sf_items((struct span){ doc, doc + len }, 1, &top, &ntop) == 0,
+	     "config.json is not plain JSON");
+	struct member *proc = object_of(sf_get(top, ntop, "process"), "no process object", &nproc);
+	struct member *env = array_of(sf_get(proc, nproc, "env"), "no process.env list", &nenv);
+	struct who w;
+	struct span *keys = request_key(top, ntop, proc, nproc, env, nenv, pre, npre, &w, &nkeys);
+	plain_mounts(top, ntop, &nm);
+	printf("{\"file\":\"%016llx.json\",\"key\":[", fnv(keys, nkeys));
+	for (size_t i = 0; i < nkeys; i++)
+		printf("%s\"%.*s\"", i ? "," : "", (int)(keys[i].end - keys[i].p), keys[i].p);
+	printf("],\"privileged\":%d,\"uid\":%llu,\"gid\":%llu}\n", w.privileged, w.uid, w.gid);
+	_exit(fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1); /* the kernel frees the rest */
 }

@@ -118,7 +118,9 @@ def launcher_text(python: str, module: str, function: str) -> str:
 
 GREPS = ("/usr/bin/grep", "/bin/grep")
 
-# The Python half of the runtime front: run with `-IS -c CODE "$0" "$@"` (no single quotes).
+# The Python half of the runtime front: run with `-IS -c CODE "$0" "$@"` (no single quotes);
+# @COMPILED@: the compiled create it writes front plans for ("" where none runs:
+# gpuctk.hook.shim.frontplan).
 _RUNTIME_PYTHON = """import sys
 del sys.argv[0]
 sys.path.append(
@@ -132,7 +134,7 @@ except ImportError:
 
     site.main()
     from gpuctk.hook.shim.runtime_main import main
-raise SystemExit(main())
+raise SystemExit(main(compiled="@COMPILED@"))
 """
 
 
@@ -161,7 +163,7 @@ def runtime_front_text(python: str, front: str = "") -> str:
 unset {FRONT_RUNTIME_ENV}
 sdir=${{{STATE_DIR_ENV}:-{DEFAULT_STATE_DIR}}}
 memo=$sdir/runtime
-pycode='{_RUNTIME_PYTHON}'
+pycode='{_RUNTIME_PYTHON.replace("@COMPILED@", front)}'
 # shellcheck disable=SC3013 # -nt: not POSIX, but in the test of dash, bash and busybox sh
 memo_holds() {{ # the memo is ours, current, and its runtime ours and unchanged since
 	! [ -h "$sdir" ] && [ -O "$sdir" ] && ! [ -h "$memo" ] && [ -f "$memo" ] && [ -O "$memo" ] ||

@@ -9,7 +9,11 @@ about a millisecond; anything it does not fully understand goes to Python as bef
 
 The key is what the request and its edits depend on besides the specs and the config
 (gpuctk.hook.requests.devices, gpuctk.hook.requests.require, gpuctk.hook.requests.drivercaps,
-the device nodes' owner in gpuctk.cdi.specs.apply): every env entry that starts with `NVIDIA_`
+the device nodes' owner in gpuctk.cdi.specs.apply). The compiled create alone computes it
+(hook/shimfront.c request_key); the shim asks it (`gpuctk-cdi-hook front-key`, `key_of`) for
+the config's text as read, and writes the plan under the file name and key it says. So only
+a shim started by the launchers' front (gpuctk.install.launchers, which names it) writes
+plans: nothing else would read them. The key: every env entry that starts with `NVIDIA_`
 or `CUDA_VERSION`, in order; `privileged=0|1` (CAP_SYS_ADMIN in the bounding set); `uid=N`,
 `gid=N` (process.user); then the key and the value of each annotation whose key starts with one
 of the config's CDI annotation prefixes, in the document's order. Those prefixes are Python's to
@@ -53,10 +57,11 @@ MAX_PLANS files. `GPUCTK_SPEC_CACHE=0` turns this off with the other caches.
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
     from typing import Any
 
     from gpuctk.cdi.specs.shape import EditsDoc
@@ -67,69 +72,78 @@ FOLDER_NAME = "front"
 FORMAT = "gpuctk-front-plan-3"
 FRONT = "gpuctk-cdi-hook"
 GUARD = "disable-device-node-modification"
+KEY_VERB = "front-key"  # gpuctk-cdi-hook's verb that says a config's key (hook/shimfront.c)
 PREFIXES_NAME = "keyed-on"  # no .json: never evicted with the plans
 PREFIXES_FORMAT = "gpuctk-front-prefixes-1"
 MAX_PLANS = 64
 MAX_BYTES = 1 << 20
 KEY_PREFIXES = ("NVIDIA_", "CUDA_VERSION")  # the env entries a request's key holds
+KEY_TIMEOUT = 10  # seconds for `gpuctk-cdi-hook front-key` (it reads one config.json)
 SHIM_FRONT_ENV = "GPUCTK_SHIM_FRONT"  # =off (gpuctk.cdi.node.facts.FRONT_OFF): all to Python
 SHIM_FRONT_TRACE_ENV = "GPUCTK_SHIM_FRONT_TRACE"  # set: say which way each create went
 _EDIT_KEYS = frozenset(("env", "deviceNodes", "mounts", "hooks"))
 
 
-def key_of(doc: Mapping[str, Any], cdi_prefixes: Sequence[str]) -> list[str] | None:
-    """The front's key of the OCI config `doc`, whose annotations with one of `cdi_prefixes`
-    ask for devices; None where the front would never find one."""
-    from gpuctk.hook.requests.devices import MOUNTS_ROOT, is_privileged
+class FrontKey(NamedTuple):
+    """A config's key as the compiled create reads it (`gpuctk-cdi-hook front-key`)."""
 
-    process = doc.get("process")
-    env = process.get("env") if isinstance(process, dict) else None
-    user = process.get("user", {}) if isinstance(process, dict) else None
-    if not isinstance(env, list) or not isinstance(user, dict):
+    file: str  # the plan's file name in the front folder
+    key: list[str]
+    privileged: int
+    uid: int
+    gid: int
+
+
+def key_of(compiled: str, config: bytes, cdi_prefixes: Sequence[str]) -> FrontKey | None:
+    """The key by which the compiled create `compiled` looks up the front plan of the OCI
+    config whose text is `config`, whose annotations with one of `cdi_prefixes` ask for
+    devices (hook/shimfront.c front_key: the key's one home); None where it would take none."""
+    import json
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            [compiled, KEY_VERB, *cdi_prefixes],
+            input=config, capture_output=True, env={}, timeout=KEY_TIMEOUT, check=False,
+        )  # fmt: skip
+        doc = json.loads(done.stdout) if done.returncode == 0 else None
+        key = FrontKey(**doc) if isinstance(doc, dict) else None
+    except (OSError, subprocess.SubprocessError, ValueError, TypeError):
         return None
-    if not all(isinstance(e, str) and e.isascii() for e in env):
-        return None
-    ids = []
-    for name in ("uid", "gid"):
-        value = user.get(name, 0)
-        if type(value) is not int or value < 0:
-            return None
-        ids.append(f"{name}={value}")
-    mounts, listed = doc.get("mounts", []), os.path.basename(MOUNTS_ROOT)
-    if not isinstance(mounts, list) or any(
-        not isinstance(m, dict) or listed in str(m.get("destination", "")) for m in mounts
-    ):
-        return None  # a device-list mount (devices, IMEX channels): the key does not hold it
-    keys = [e for e in env if e.startswith(KEY_PREFIXES)]
-    annotations = doc.get("annotations", {})
-    if not isinstance(annotations, dict):
-        return None
-    asked: list[str] = []
-    prefixes = tuple(cdi_prefixes)
-    for name, value in annotations.items():
-        if isinstance(name, str) and name.startswith(prefixes):
-            if not isinstance(value, str) or not _plain(name) or not _plain(value):
-                return None  # the front reads no escape
-            asked += [name, value]
-    return [*keys, f"privileged={int(is_privileged(doc))}", *ids, *asked]
+    return key if key is not None and _key_shape(key) else None
 
 
-def _plain(text: str) -> bool:
-    """Whether JSON writes `text` without an escape (the front reads no other string)."""
-    return text.isascii() and not any(c in '"\\' or c < " " or c == "\x7f" for c in text)
+def _key_shape(key: FrontKey) -> bool:
+    return (
+        isinstance(key.file, str)
+        and isinstance(key.key, list)
+        and all(isinstance(k, str) for k in key.key)
+        and key.privileged in (0, 1)
+        and all(type(n) is int and n >= 0 for n in (key.uid, key.gid))
+    )
 
 
-def file_name(key: list[str]) -> str:
-    """FNV-1a (64 bits) of each key string and a NUL after it (hook/shimfront.c: fnv)."""
-    h = 0xCBF29CE484222325
-    for byte in b"".join(part.encode() + b"\0" for part in key):
-        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
-    return f"{h:016x}.json"
-
-
-def wanted(key: list[str] | None, req: Request, edits: EditsDoc, settings: Settings) -> bool:
-    """Whether the front could take this request (before any file is looked at)."""
-    return key is not None and _eligible(req, edits, settings)
+def keep(
+    compiled: str,
+    config: bytes,
+    state: str,
+    req: Request,
+    edits: EditsDoc,
+    settings: Settings,
+    world: tuple[Any, ...] | None,
+    runtime: str,
+) -> bool:
+    """Write the front plan of this request unless one that holds is there: for the compiled
+    create `compiled` (the launchers' gpuctk-cdi-hook; "" when none runs: no plan), the OCI
+    config whose text was `config` before any edit, the `edits` resolved in `world`
+    (Plans.snapshot before the resolution, None: not settled), a create that execs `runtime`.
+    True if written."""
+    if not compiled or world is None or not runtime or not _eligible(req, edits, settings):
+        return False
+    key = key_of(compiled, config, settings.annotation_prefixes)
+    if key is None or current(state, key, settings.annotation_prefixes):
+        return False
+    return offer(state, key, req, edits, settings, world, runtime)
 
 
 def _eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:
@@ -225,7 +239,7 @@ def render(edits: EditsDoc, uid: int, gid: int) -> dict[str, Any]:
     }
 
 
-def refusals(req: Request, key: list[str], settings: Settings) -> list[str]:
+def refusals(req: Request, key: FrontKey, settings: Settings) -> list[str]:
     """The annotation key prefixes that send a create to Python: where this plan's env request
     is honoured only outside Kubernetes (accept-envvar-unprivileged auto, unprivileged:
     gpuctk.hook.requests.devices.env_allowed), the CRI runtimes' own markers, so that the front
@@ -233,34 +247,24 @@ def refusals(req: Request, key: list[str], settings: Settings) -> list[str]:
     from gpuctk.hook.requests.devices import KUBERNETES_MARKERS, VISIBLE_DEVICES
 
     env_only = req.source == VISIBLE_DEVICES and settings.accept_envvar_unprivileged is None
-    unprivileged = key[_privileged_at(key)] == "privileged=0"
-    return list(KUBERNETES_MARKERS) if env_only and unprivileged else []
-
-
-def _privileged_at(key: list[str]) -> int:
-    """Where `privileged=` is in a key: after the env entries, before uid, gid, annotations."""
-    return next(i for i, k in enumerate(key) if k.startswith("privileged="))
+    return list(KUBERNETES_MARKERS) if env_only and not key.privileged else []
 
 
 def offer(
     state: str,
-    key: list[str] | None,
+    key: FrontKey,
     req: Request,
     edits: EditsDoc,
     settings: Settings,
-    world: tuple[Any, ...] | None,
+    world: tuple[Any, ...],
     runtime: str,
 ) -> bool:
-    """Write the front plan of `key` (key_of the config before any edit) for `edits`, resolved
-    in `world` (Plans.snapshot before the resolution, None: not settled), whose create execs
-    `runtime`; True if written."""
+    """Write the front plan of `key` for `edits` (as `keep`); True if written."""
     from gpuctk.errors import GpuctkError
     from gpuctk.hook.config import config_path
     from gpuctk.hook.requests.cdiedits import describe
     from gpuctk.hook.shim import filechain
 
-    if world is None or key is None or not runtime or not _eligible(req, edits, settings):
-        return False
     conf, _ = config_path(os.environ)
     nodes = edits.get("deviceNodes") or []
     numbered = [n.get("hostPath") or n["path"] for n in nodes
@@ -271,15 +275,13 @@ def offer(
     if identities is None or trusted is None:
         return False
     chain, log_id = trusted
-    at = _privileged_at(key)
-    uid, gid = (int(k.partition("=")[2]) for k in key[at + 1 : at + 3])
     try:
-        lists = render(edits, uid, gid)
+        lists = render(edits, key.uid, key.gid)
     except GpuctkError:
         return False
     doc = {
         "format": FORMAT,
-        "key": key,
+        "key": key.key,
         "config": conf,
         "world": identities,
         "prefixes": refusals(req, key, settings),
@@ -294,22 +296,20 @@ def offer(
     }
     if not _keyed_on(state, conf, list(settings.annotation_prefixes)):
         return False
-    return _write(state, file_name(key), doc)
+    return _write(state, key.file, doc)
 
 
-def current(state: str, key: list[str] | None, cdi_prefixes: Sequence[str]) -> bool:
+def current(state: str, key: FrontKey, cdi_prefixes: Sequence[str]) -> bool:
     """Whether the front plan of `key` is there, its world still holds and `front/keyed-on`
-    names `cdi_prefixes` for this config (or no plan could be written): a create that found
-    the request's plan then need not offer one again."""
+    names `cdi_prefixes` for this config: a create that found the request's plan then need
+    not offer one again."""
     from gpuctk.hook.config import config_path
     from gpuctk.hook.shim import filechain
     from gpuctk.jsonfast import loads
     from gpuctk.writes import read_private
 
-    if key is None:
-        return True
     folder = os.path.join(state, FOLDER_NAME)
-    data = read_private(folder, os.path.join(folder, file_name(key)), MAX_BYTES)
+    data = read_private(folder, os.path.join(folder, key.file), MAX_BYTES)
     try:  # read as the front reads it: a file of ours alone, no link
         doc = loads(data.decode()) if data is not None else None
     except ValueError:
@@ -317,7 +317,7 @@ def current(state: str, key: list[str] | None, cdi_prefixes: Sequence[str]) -> b
     return (
         isinstance(doc, dict)
         and doc.get("format") == FORMAT
-        and doc.get("key") == key
+        and doc.get("key") == key.key
         and doc.get("config") == config_path(os.environ)[0]
         and _holds(doc.get("world"))
         and filechain.holds(doc.get("chain"))

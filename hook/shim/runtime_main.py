@@ -217,15 +217,18 @@ def find_runtime(names: Sequence[str], search: str = DEFAULT_PATH) -> str:
     )
 
 
-def inject(inv: Invocation, settings: Settings, log: RuncLog, runtime: str = "") -> None:
+def inject(
+    inv: Invocation, settings: Settings, log: RuncLog, runtime: str = "", compiled: str = ""
+) -> None:
     """Steps 1-4 for a `create`/`run` (no-op when the container asks for nothing). A request
-    resolved before in the same specs takes its remembered plan (gpuctk.hook.shim.plans)."""
+    resolved before in the same specs takes its remembered plan (gpuctk.hook.shim.plans).
+    `compiled`: as main's."""
     from gpuctk.hook.bundle import open_bundle
 
     bundle = inv.bundle or os.getcwd()
     bundle_fd, dir_fd, name = open_bundle(bundle, inv.config_name)
     try:
-        _inject(inv, settings, log, bundle, bundle_fd, dir_fd, name, runtime)
+        _inject(inv, settings, log, bundle, bundle_fd, dir_fd, name, (runtime, compiled))
     finally:
         if dir_fd != bundle_fd:
             os.close(dir_fd)
@@ -240,16 +243,17 @@ def _inject(
     bundle_fd: int,
     dir_fd: int,
     name: str,
-    runtime: str,
+    runtimes: tuple[str, str],
 ) -> None:
     from gpuctk.cdi.specs import apply
     from gpuctk.hook.bundle import read_config, write_config
     from gpuctk.hook.requests import cdiedits
+    from gpuctk.hook.requests.devices import env_map
     from gpuctk.hook.shim import frontplan, shimroot
     from gpuctk.hook.shim.plans import Plans, key_of
 
     path = os.path.join(bundle, inv.config_name)
-    doc, st, write_name = read_config(dir_fd, name, path)
+    doc, st, write_name, text = read_config(dir_fd, name, path)
     req = cdiedits.request(doc, settings, log.warning)
     if req is None:
         log.debug(f"{inv.container}: no GPU requested; {path} left as it is")
@@ -259,22 +263,20 @@ def _inject(
             f"{path} is a symlink out of its folder: not edited for a GPU request; "
             "fix: make it a regular file in the bundle"
         )
-    from gpuctk.hook.requests.devices import env_map
-
     process = doc.get("process")
     key = key_of(req, env_map(process.get("env") if isinstance(process, dict) else None))
     plans = Plans.for_this_process(settings.spec_dirs)
     plan = plans.get(key) if plans is not None else None
-    front_key = frontplan.key_of(doc, settings.annotation_prefixes) if plans is not None else None
+    runtime, compiled = runtimes
     if plan is not None and plans is not None:
         log.debug(f"{inv.container}: the request's plan remembered in {plans.path}")
         for note in plan["notes"]:
             log.warning(note)
         edits: EditsDoc = plan["edits"]
         prep = plan["prep"]
-        wanted = not plan["notes"] and frontplan.wanted(front_key, req, edits, settings)
-        if wanted and not frontplan.current(plans.state, front_key, settings.annotation_prefixes):
-            frontplan.offer(plans.state, front_key, req, edits, settings, plans.snapshot(), runtime)
+        if not plan["notes"] and compiled:
+            world = plans.snapshot()
+            frontplan.keep(compiled, text, plans.state, req, edits, settings, world, runtime)
     else:
         before = plans.snapshot() if plans is not None else None
         notes: list[str] = []
@@ -291,8 +293,8 @@ def _inject(
             and plans.offer(key, before, {"edits": edits, "notes": notes, "prep": prep})
             and not notes
         ):
-            frontplan.offer(plans.state, front_key, req, edits, settings, before, runtime)
-    from gpuctk.hook.shim import nodeafter
+            frontplan.keep(compiled, text, plans.state, req, edits, settings, before, runtime)
+    from gpuctk.hook.shim import nodeafter  # a GPU create's only (main looks)
 
     guard, spec_edits = nodeafter.choose(inv.verb, inv.pid_file, settings), edits
     edits = shimroot.take_over(
@@ -305,12 +307,12 @@ def _inject(
     log.info(f"{inv.container}: injected {cdiedits.describe(req)}")
 
 
-def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
+def prepare(args: list[str], front: str = "", compiled: str = "") -> tuple[int, str, RuncLog]:
     """Everything `main` does before it execs the low-level runtime: (exit status, runtime,
     log). Status 0: exec the runtime with `args`; anything else: the error is already logged.
     `front`: the runtime the sh front's memo names (then neither searched for nor
     remembered, once find_runtime finds the file trusted; ignored unless an absolute
-    path)."""
+    path); `compiled`: as main's."""
     front = front if front.startswith("/") else ""
     inv = parse_argv(args)
     log = RuncLog(inv.log, inv.log_format, level="debug" if inv.debug else "info")
@@ -346,7 +348,7 @@ def prepare(args: list[str], front: str = "") -> tuple[int, str, RuncLog]:
         if inv.verb in INJECT_VERBS and broken is not None:  # no GPU: left as it is
             failsafe.gate_create(inv.bundle or os.getcwd(), inv.config_name, settings, broken, log)
         elif inv.verb in INJECT_VERBS:
-            inject(inv, settings, log, runtime)
+            inject(inv, settings, log, runtime, compiled)
     except GpuctkError as exc:
         log.error(f"gpuctk-runtime: {exc.message}")
         return 1, runtime, log
@@ -366,7 +368,8 @@ def usage_problem(inv: Invocation) -> str:
     return ""
 
 
-def main(argv: Sequence[str] | None = None) -> NoReturn:
+def main(argv: Sequence[str] | None = None, compiled: str = "") -> NoReturn:
+    """`compiled`: the launchers' compiled create, which front plans are written for."""
     args = list(sys.argv[1:] if argv is None else argv)
     front = os.environ.pop(FRONT_RUNTIME_ENV, "")
     inv = parse_argv(args)
@@ -384,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             RuncLog(inv.log, inv.log_format).error(message)
         sys.stderr.write(f"{message}\nTry 'gpuctk-runtime --help'.\n")
         sys.exit(EXIT_USAGE)
-    status, runtime, log = prepare(args, front)
+    status, runtime, log = prepare(args, front, compiled)
     if status:
         sys.exit(status)
     after = sys.modules.get("gpuctk.hook.shim.nodeafter")  # imported by a GPU create only

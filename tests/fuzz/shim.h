@@ -76,7 +76,8 @@ static void shim_run(const char *conf, size_t clen, const char *text, size_t tle
 	if (setjmp(fuzz_back) == 0) {
 		fuzz_armed = 1;
 		struct stat cst;
-		char *doc, extra[3][32];
+		char *doc;
+		struct who who;
 		size_t len, nproc, nplan, nkeys;
 		memset(&shim_e, 0, sizeof shim_e);
 		shim_bfd = open(shim_bundle, O_PATH | O_DIRECTORY | O_CLOEXEC);
@@ -90,7 +91,7 @@ static void shim_run(const char *conf, size_t clen, const char *text, size_t tle
 		size_t npre;
 		struct span *pre = key_prefixes(GPUCTK_DEFAULT_CONFIG, &npre);
 		struct span *keys = request_key(e->top, e->ntop, proc, nproc, e->env, e->nenv, pre,
-						npre, extra, &nkeys);
+						npre, &who, &nkeys);
 		snprintf(shim_plan, sizeof shim_plan, "%s/%016llx.json", shim_front, fnv(keys, nkeys));
 		if (writer)
 			shim_write(shim_plan, made, writer(keys, nkeys, made, sizeof made));

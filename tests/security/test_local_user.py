@@ -433,7 +433,7 @@ def test_a_link_swapped_in_after_the_rename_is_never_chowned(
     monkeypatch.setattr(os, "replace", then_swap(os.replace))
     fd = os.open(bundle, os.O_PATH | os.O_DIRECTORY)
     try:
-        doc, st, name = ocibundle.read_config(fd, "config.json", str(config))
+        doc, st, name, _ = ocibundle.read_config(fd, "config.json", str(config))
         assert name == "config.json"
         ocibundle.write_config(fd, name, str(config), {**doc, "edited": True}, st)
     finally:

@@ -270,6 +270,13 @@ def expected(node: Node, doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def key_of(
+    node: Node, doc: dict[str, Any], prefixes: tuple[str, ...] = CDI
+) -> frontplan.FrontKey | None:
+    """The key the node's compiled create takes `doc` by (as the shim asks it)."""
+    return frontplan.key_of(str(node.hook), json.dumps(doc).encode(), prefixes)
+
+
 def fronted(node: Node, doc: dict[str, Any]) -> dict[str, Any]:
     """`doc` created twice: the first by Python (it writes the plan), the second by the front,
     whose result is returned."""
@@ -287,9 +294,10 @@ def test_the_second_create_is_the_fronts_and_equals_apply(node: Node) -> None:
     first, config = node.create(doc)
     assert first.returncode == 0, first.stderr
     assert "front:" not in first.stderr  # no memo yet: the sh front starts Python at once
-    key = frontplan.key_of(doc, CDI)
-    assert key == [VISIBLE, "privileged=0", "uid=0", "gid=0"]
-    plan = node.state / "front" / frontplan.file_name(key)
+    key = key_of(node, doc)
+    assert key is not None and key.key == [VISIBLE, "privileged=0", "uid=0", "gid=0"]
+    assert (key.privileged, key.uid, key.gid) == (0, 0, 0)
+    plan = node.state / "front" / key.file
     assert plan.is_file()
     assert plan.stat().st_mode & 0o777 == 0o600
     done, config = node.create(doc)
@@ -615,9 +623,9 @@ def test_a_config_json_link_goes_to_python(node: Node, planned: dict[str, Any]) 
 
 
 def plan_of(node: Node, doc: dict[str, Any]) -> Path:
-    key = frontplan.key_of(doc, CDI)
+    key = key_of(node, doc)
     assert key is not None
-    return node.state / "front" / frontplan.file_name(key)
+    return node.state / "front" / key.file
 
 
 CRI = {"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-id": "x"}
@@ -633,7 +641,7 @@ def test_a_kubernetes_container_never_takes_a_plain_containers_plan(
     container's create wrote: it hands over, and the shim injects nothing."""
     doc = copy.deepcopy(planned)
     doc["annotations"].update(markers)
-    assert frontplan.key_of(doc, CDI) == frontplan.key_of(planned, CDI)
+    assert key_of(node, doc) == key_of(node, planned)
     handed_over(*direct(node, doc), "an annotation the front plan refuses")
     done, config = node.create(doc)
     assert done.returncode == 0, done.stderr
@@ -695,7 +703,7 @@ def test_a_device_list_mount_gets_no_plan_another_container_could_take(tmp_path:
     asking = base_doc("/nonexistent-root")
     asking["mounts"].append({"destination": "/var/run/nvidia-container-devices/imex/0",
                              "source": "/dev/null", "options": ["bind"]})  # fmt: skip
-    assert frontplan.key_of(asking, CDI) is None
+    assert key_of(own, asking) is None
     for _ in range(2):
         done, config = own.create(asking)
         assert done.returncode == 0, done.stderr
@@ -733,7 +741,7 @@ def test_the_prefixes_the_key_holds_are_the_configs(tmp_path: Path) -> None:
     fronted(own, doc)
     ignored = copy.deepcopy(doc)
     ignored["annotations"]["cdi.k8s.io/x"] = "nvidia.com/gpu=1"
-    assert frontplan.key_of(ignored, ("gpu.example/",)) == frontplan.key_of(doc, ("gpu.example/",))
+    assert key_of(own, ignored, ("gpu.example/",)) == key_of(own, doc, ("gpu.example/",))
     done, config = own.create(ignored)
     assert "front: plan " in done.stderr, done.stderr
     assert json.loads(config.read_text()) == expected(own, ignored)
@@ -919,6 +927,52 @@ def test_a_node_whose_numbers_come_from_the_host_is_checked_again(tmp_path: Path
     assert {"path": "/dev/nvidia2", "type": "c", "major": 1, "minor": 7} in devices
 
 
+def test_the_key_is_the_compiled_creates_to_say(node: Node) -> None:
+    """`gpuctk-cdi-hook front-key` (the key's one home) says the fields the key holds and
+    their order; a config the compiled create would hand over has no key, and no plan."""
+    doc = base_doc("/nonexistent-root")
+    doc["process"]["user"] = {"uid": 7, "gid": 8}
+    doc["process"]["capabilities"]["bounding"].append("CAP_SYS_ADMIN")
+    doc["process"]["env"].append("CUDA_VERSION=12.4")
+    doc["annotations"].update({"cdi.k8s.io/a": "nvidia.com/gpu=1", "other/b": "x"})
+    key = key_of(node, doc)
+    assert key is not None
+    assert key.key == [VISIBLE, "CUDA_VERSION=12.4", "privileged=1", "uid=7", "gid=8",
+                       "cdi.k8s.io/a", "nvidia.com/gpu=1"]  # fmt: skip
+    assert (key.privileged, key.uid, key.gid) == (1, 7, 8)
+    assert key_of(node, doc, ("other/",)) != key  # the prefixes are the caller's
+    escaped = copy.deepcopy(doc)
+    escaped["annotations"]["cdi.k8s.io/a"] = 'nvidia.com/gpu="1"'
+    unicode = copy.deepcopy(doc)
+    unicode["process"]["env"].append("NVIDIA_DRIVER_CAPABILITIES=\u00e9")
+    for refused in (escaped, unicode):
+        assert key_of(node, refused) is None
+    assert key_of(node, doc, ('cdi"',)) is None
+    assert key_of(node, doc, ("",)) is None
+    assert frontplan.key_of(str(node.hook), b"{not json", CDI) is None
+    assert frontplan.key_of(str(node.bin / "missing"), json.dumps(doc).encode(), CDI) is None
+
+
+def test_a_shim_no_compiled_create_started_writes_no_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pip's console script (Python all the way): no front reads plans, none is written;
+    the same create that names the compiled create writes one."""
+    from gpuctk.hook.shim import runtime_main
+
+    own = make_node(tmp_path)
+    for key, value in own.env().items():
+        monkeypatch.setenv(key, value)
+    doc = base_doc("/nonexistent-root")
+    for n, compiled in enumerate(("", str(own.hook))):
+        bundle = tmp_path / f"b{n}"
+        bundle.mkdir()
+        (bundle / "config.json").write_text(json.dumps(doc))
+        args = ["create", "--bundle", str(bundle), f"c{n}"]
+        assert runtime_main.prepare(args, compiled=compiled)[0] == 0
+        assert plan_of(own, doc).exists() == bool(compiled)
+
+
 def test_a_config_changed_during_the_resolution_is_not_taken_for_the_one_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -943,7 +997,8 @@ def test_a_config_changed_during_the_resolution_is_not_taken_for_the_one_read(
     bundle = tmp_path / "race"
     bundle.mkdir()
     (bundle / "config.json").write_text(json.dumps(doc))
-    assert runtime_main.prepare(["create", "--bundle", str(bundle), "c1"])[0] == 0
+    args = ["create", "--bundle", str(bundle), "c1"]
+    assert runtime_main.prepare(args, compiled=str(own.hook))[0] == 0
     why = "the config, the specs or gpuctk changed since the front plan"
     assert plan_of(own, doc).exists()  # for the config as it was read
     handed_over(*direct(own, doc), why)
