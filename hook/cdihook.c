@@ -25,7 +25,7 @@
  *   - another verb, any other argument, --help, --version, GPUCTK_HOOK_FRONT=off;
  *   - anything this program does not fully understand: the OCI state or config.json not the
  *     plain JSON it expects (not strict JSON, a key with an escape or a byte above 127, a key
- *     that is "root" or "path" in another case, a duplicate, more than MAX_DEPTH levels, a
+ *     that is root or path in another case, a duplicate, more than MAX_DEPTH levels, a
  *     state over MAX_STATE bytes: gpuctk-hook still gets all of it), no openat2;
  *   - createContainer, with update-ldcache not disabled: no --folder or no --ld-cache; the
  *     image has no x86-64 glibc loader, or also a 32-bit or a musl loader; with
@@ -1102,7 +1102,7 @@ static void parse_args(int argc, char **argv, struct hook_args *a)
 static int open_root(char **doc, size_t *doclen)
 {
 	read_state();
-	char *bundle = lookup(g_state, g_state_len, "bundle", NULL);
+	char *bundle = lookup(g_state, g_state_len, GPUCTK_STATE_BUNDLE, NULL);
 	if (!bundle || bundle[0] != '/' || strstr(bundle, "/../") || strlen(bundle) > PATH_MAX - 16)
 		python("the OCI state is not plain");
 	char config[PATH_MAX + 16];
@@ -1113,7 +1113,7 @@ static int open_root(char **doc, size_t *doclen)
 	    read_all(cfd, MAX_CONFIG, doc, doclen) != 0)
 		python("config.json could not be read");
 	close(cfd);
-	char *rootpath = lookup(*doc, *doclen, "root", "path");
+	char *rootpath = lookup(*doc, *doclen, GPUCTK_CONFIG_ROOT, "path");
 	if (!rootpath || strlen(rootpath) > PATH_MAX - 16 || !no_dots(rootpath) || !no_dots(bundle))
 		python("config.json's root.path is not plain");
 	char rootbuf[2 * PATH_MAX + 2];

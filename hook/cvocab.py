@@ -27,6 +27,7 @@ _CAPS = "gpuctk.cdi.node.capabilities"
 _FACTS = "gpuctk.cdi.node.facts"
 _FRONT = "gpuctk.hook.shim.frontplan"
 _GUARD = "gpuctk.hook.verbs.nodeprotect"
+_ARGS = "gpuctk.hook.shim.runcargs"
 
 # (C name, the Python constant as module.NAME, what of its value the C takes: "" the value,
 # "dir" / "name" a path's folder / last name, "sorted" a set in order, "mask" the capabilities'
@@ -50,6 +51,9 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_LD_CACHE_OPT", f"{_FACTS}.LD_CACHE_OPT", ""),
     ("GPUCTK_DISABLE_OPT", f"{_FACTS}.DISABLE_OPT", ""),
     ("GPUCTK_DRIVER_VERSION_ENV", f"{_FACTS}.DRIVER_KEY", ""),
+    # the OCI state and config fields it reads
+    ("GPUCTK_STATE_BUNDLE", "gpuctk.hook.oci_state.BUNDLE_FIELD", ""),
+    ("GPUCTK_CONFIG_ROOT", "gpuctk.hook.oci_state.ROOT_FIELD", ""),
     ("GPUCTK_HOOK_FRONT_ENV", f"{_FACTS}.HOOK_FRONT_ENV", ""),
     ("GPUCTK_HOOK_FRONT_TRACE_ENV", f"{_FACTS}.HOOK_FRONT_TRACE_ENV", ""),
     ("GPUCTK_FRONT_OFF", f"{_FACTS}.FRONT_OFF", ""),
@@ -73,6 +77,15 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_LAUNCHER_MARK", "gpuctk.install.launchers.LAUNCHER_MARK", ""),
     # gpuctk-runtime's compiled create
     ("GPUCTK_SHIM_CREATE", "gpuctk.install.launchers.SHIM_CREATE", ""),
+    ("GPUCTK_CREATE_VERB", f"{_ARGS}.CREATE", ""),
+    ("GPUCTK_BUNDLE_FLAG", f"{_ARGS}.BUNDLE", ""),
+    ("GPUCTK_BUNDLE_SHORT", f"{_ARGS}.BUNDLE_SHORT", ""),
+    ("GPUCTK_LOG_FLAG", f"{_ARGS}.LOG", ""),
+    ("GPUCTK_LOG_FORMAT_FLAG", f"{_ARGS}.LOG_FORMAT", ""),
+    ("GPUCTK_GLOBAL_VALUE_FLAGS", f"{_ARGS}.GLOBAL_VALUE_FLAGS", "sorted"),
+    ("GPUCTK_GLOBAL_BOOL_FLAGS", f"{_ARGS}.FRONT_GLOBAL_BOOL_FLAGS", "sorted"),
+    ("GPUCTK_VERB_VALUE_FLAGS", f"{_ARGS}.FRONT_VERB_VALUE_FLAGS", "sorted"),
+    ("GPUCTK_VERB_BOOL_FLAGS", f"{_ARGS}.FRONT_VERB_BOOL_FLAGS", "sorted"),
     ("GPUCTK_FRONT_KEY", f"{_FRONT}.KEY_VERB", ""),
     ("GPUCTK_SHIM_FRONT_ENV", f"{_FRONT}.SHIM_FRONT_ENV", ""),
     ("GPUCTK_SHIM_FRONT_TRACE_ENV", f"{_FRONT}.SHIM_FRONT_TRACE_ENV", ""),

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 MAX_STATE = 1 << 20  # bytes; a real state is a few hundred
 MAX_CONFIG = 16 << 20  # bytes; a config.json with many CDI edits is well under 1 MiB
+BUNDLE_FIELD = "bundle"  # the state's bundle folder (gpuctk-cdi-hook reads it too)
+ROOT_FIELD = "root"  # the config's root object, its path the container root
 
 
 class State:
@@ -77,7 +79,7 @@ def parse_state(data: bytes) -> State:
     doc = parse_json(data, "OCI state on stdin")
     if not isinstance(doc, dict):
         raise InputError("OCI state on stdin is not a JSON object")
-    bundle = _check_path(doc.get("bundle"), "OCI state field 'bundle'")
+    bundle = _check_path(doc.get(BUNDLE_FIELD), "OCI state field 'bundle'")
     if not bundle.startswith("/") or ".." in bundle.split("/"):
         raise InputError(
             f"OCI state field 'bundle' must be an absolute path without '..': {bundle}"
@@ -118,7 +120,7 @@ def read_config(path: str) -> dict[str, Any]:
 
 def rootfs_path(config: dict[str, Any], bundle: str, where: str = "config.json") -> str:
     """The host path of the container root: root.path, relative to the bundle when relative."""
-    root = config.get("root")
+    root = config.get(ROOT_FIELD)
     if not isinstance(root, dict):
         raise InputError(f"{where} has no 'root' object")
     path = _check_path(root.get("path"), f"{where} field root.path")

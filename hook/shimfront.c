@@ -9,11 +9,9 @@
  * it execs `PYTHON -IS -c PYCODE SHIM ARGS...`, the shim itself, with the environment as given
  * (nothing written, nothing changed):
  *
- *   - the arguments are runc's usual create (--root, --log, --log-format, --systemd-cgroup,
- *     --rootless, --cgroup-manager, --criu, --log-level before it; --bundle, --pid-file,
- *     --console-socket, --pidfd-socket, --preserve-fds, --no-pivot, --no-new-keyring and one
- *     container id after it; each once), not --debug, GPUCTK_SHIM_FRONT not `off`,
- *     GPUCTK_SPEC_CACHE not `0`;
+ *   - the arguments are runc's usual create, the flags gpuctk.hook.shim.runcargs names for
+ *     this program (in gpuctk_vocab.h) and one container id, each once: not --debug nor crun's
+ *     --config; GPUCTK_SHIM_FRONT not `off`, GPUCTK_SPEC_CACHE not `0`;
  *   - BUNDLE/config.json is a regular file (not a link) of plain JSON: ASCII only, strict, the
  *     keys of each object this program reads unescaped and unique in any case (runc folds case),
  *     every env entry and CDI annotation unescaped, no mount destination with an escape or
@@ -730,27 +728,26 @@ static int edit_append(struct span cur, struct span plan, struct buf *out)
 
 /* ---- runc's arguments ------------------------------------------------------------------------ */
 
-static int listed(const char *name, size_t n, const char *const *names)
+/* The index of the flag `name` (n bytes) among the `count` names of `table`; -1 where none. */
+static int flag_at(const char *name, size_t n, const char *const *table, int count)
 {
-	for (; *names; names++)
-		if (strlen(*names) == n && memcmp(*names, name, n) == 0)
-			return 1;
-	return 0;
+	for (int x = 0; x < count; x++)
+		if (strlen(table[x]) == n && memcmp(table[x], name, n) == 0)
+			return x;
+	return -1;
 }
 
-/* The bundle of a create in runc's usual arguments (NULL: the current folder); -1 for any other
- * shape (the Python shim reads every shape runc does). */
+/* The bundle of a create in runc's usual arguments (NULL: the current folder), its --log,
+ * --log-format and id; -1 for any other shape (the Python shim reads every shape runc does).
+ * Which flags, and which take a value: gpuctk.hook.shim.runcargs's tables. */
 struct call { const char *bundle, *log, *log_format, *id; };
+
+_Static_assert(GPUCTK_GLOBAL_VALUE_FLAGS_COUNT <= 32 && GPUCTK_VERB_VALUE_FLAGS_COUNT <= 32,
+	       "a flag's bit in `seen`");
 
 static int parse_create(int argc, char **argv, struct call *c)
 {
-	static const char *const gvalue[] = { "root", "log", "log-format", "criu", "rootless",
-					      "cgroup-manager", "log-level", NULL };
-	static const char *const gbool[] = { "systemd-cgroup", NULL };
-	static const char *const vvalue[] = { "bundle", "b", "pid-file", "console-socket",
-					      "pidfd-socket", "preserve-fds", NULL };
-	static const char *const vbool[] = { "no-pivot", "no-new-keyring", NULL };
-	unsigned seen = 0;
+	unsigned long long seen = 0;
 	int i = 0, ids = 0, verb = 0;
 	memset(c, 0, sizeof *c);
 	for (; i < argc; i++) {
@@ -761,7 +758,7 @@ static int parse_create(int argc, char **argv, struct call *c)
 				c->id = a;
 				continue;
 			}
-			if (strcmp(a, "create") != 0)
+			if (strcmp(a, GPUCTK_CREATE_VERB) != 0)
 				return -1;
 			verb = 1;
 			continue;
@@ -773,31 +770,29 @@ static int parse_create(int argc, char **argv, struct call *c)
 			return -1;
 		const char *eq = strchr(name, '=');
 		size_t n = eq ? (size_t)(eq - name) : strlen(name);
-		const char *const *values = verb ? vvalue : gvalue;
-		const char *const *bools = verb ? vbool : gbool;
-		int k = -1;
-		for (int x = 0; values[x]; x++)
-			if (strlen(values[x]) == n && memcmp(values[x], name, n) == 0)
-				k = x;
+		if (verb && n == strlen(GPUCTK_BUNDLE_SHORT) && memcmp(name, GPUCTK_BUNDLE_SHORT, n) == 0)
+			name = GPUCTK_BUNDLE_FLAG, n = strlen(GPUCTK_BUNDLE_FLAG); /* -b is --bundle */
+		int k = verb ? flag_at(name, n, GPUCTK_VERB_VALUE_FLAGS, GPUCTK_VERB_VALUE_FLAGS_COUNT)
+			     : flag_at(name, n, GPUCTK_GLOBAL_VALUE_FLAGS, GPUCTK_GLOBAL_VALUE_FLAGS_COUNT);
 		if (k >= 0) {
-			unsigned bit = 1U << (k + (verb ? 16 : 0));
-			if (strcmp(values[k], "b") == 0)
-				bit = 1U << 16; /* -b is --bundle */
+			unsigned long long bit = 1ULL << (k + (verb ? 32 : 0));
 			if (seen & bit)
 				return -1;
 			seen |= bit;
 			const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
 			if (!v)
 				return -1;
-			if (verb && bit == 1U << 16)
+			if (verb && strcmp(GPUCTK_VERB_VALUE_FLAGS[k], GPUCTK_BUNDLE_FLAG) == 0)
 				c->bundle = v;
-			else if (!verb && strcmp(values[k], "log") == 0)
+			else if (!verb && strcmp(GPUCTK_GLOBAL_VALUE_FLAGS[k], GPUCTK_LOG_FLAG) == 0)
 				c->log = v;
-			else if (!verb && strcmp(values[k], "log-format") == 0)
+			else if (!verb && strcmp(GPUCTK_GLOBAL_VALUE_FLAGS[k], GPUCTK_LOG_FORMAT_FLAG) == 0)
 				c->log_format = v;
 			continue;
 		}
-		if (!eq && listed(name, n, bools))
+		if (!eq && (verb ? flag_at(name, n, GPUCTK_VERB_BOOL_FLAGS, GPUCTK_VERB_BOOL_FLAGS_COUNT)
+				 : flag_at(name, n, GPUCTK_GLOBAL_BOOL_FLAGS,
+					   GPUCTK_GLOBAL_BOOL_FLAGS_COUNT)) >= 0)
 			continue;
 		return -1;
 	}

@@ -67,11 +67,14 @@ import sys
 from gpuctk import hook
 from gpuctk.hook.config import DEFAULT_PATH as DEFAULT_CONFIG
 from gpuctk.hook.shim.memo import MEMO_TAG
-from gpuctk.hook.shim.runtime_main import (
-    FRONT_RUNTIME_ENV,
+from gpuctk.hook.shim.runcargs import (
+    BUNDLE,
+    BUNDLE_SHORT,
+    CONFIG_FLAGS,
     GLOBAL_VALUE_FLAGS,
     VERB_VALUE_FLAGS,
 )
+from gpuctk.hook.shim.runtime_main import FRONT_RUNTIME_ENV
 from gpuctk.statedir import DEFAULT_STATE_DIR, STATE_DIR_ENV
 
 LAUNCHER_MARK = "# gpuctk launcher"  # every launcher's second line starts so
@@ -155,7 +158,7 @@ def runtime_front_text(python: str, front: str = "") -> str:
         )
     global_flags = "|".join(sorted(GLOBAL_VALUE_FLAGS))
     # bundle/b and config/f have their own patterns before this one in the front
-    verb_flags = "|".join(sorted(VERB_VALUE_FLAGS - {"bundle", "b", "config", "f"}))
+    verb_flags = "|".join(sorted(VERB_VALUE_FLAGS - {BUNDLE, BUNDLE_SHORT, *CONFIG_FLAGS}))
     return f"""#!/bin/sh
 {LAUNCHER_MARK} (gpuctk.install.launchers): gpuctk-runtime's POSIX sh front; see that module.
 # Verbs other than create/run go to the low-level runtime in the memo; so does a create whose

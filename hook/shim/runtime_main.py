@@ -10,17 +10,17 @@
       5. execv the low-level runtime (config `runtimes`) with the original arguments
 
 Any error: message in the engine's log (runc's format) and on stderr, exit 1, config.json as it
-was. Flags are read as runc (Go flag + urfave/cli) reads them: `--bundle X`, `--bundle=X`,
-`-b X`, `-b=X`, `-bundle X`, flags after the container id; crun's `-bX` too.
+was. Flags are read as runc reads them (gpuctk.hook.shim.runcargs).
 
 Arguments the shim itself cannot read are a usage error (two lines on stderr, exit 2): no verb, or
 a create/run whose --bundle/--config has no value. Every other argument, unknown flags included,
 goes to the runtime untouched, under runc's conventions. `--help` (no verb) prints HELP and a
 Details line; `--version` (no verb), `gpuctk-runtime version X`, then the runtime's own.
 
-Imports at start: os, sys, time and gpuctk.errors; the rest only on `create`/`run`. config.json
-is read and written with the C scanner and encoder of the stdlib `_json` module directly
-(gpuctk.jsonfast): the `json` package would import `re` (and `enum`) for nothing.
+Imports at start: os, sys, time, gpuctk.errors and gpuctk.hook.shim.runcargs (runc's arguments);
+the rest only on `create`/`run`. config.json is read and written with the C scanner and encoder
+of the stdlib `_json` module directly (gpuctk.jsonfast): the `json` package would import `re`
+(and `enum`) for nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import sys
 
 from gpuctk import __version__
 from gpuctk.errors import EXIT_USAGE, GpuctkError, InputError
+from gpuctk.hook.shim.runcargs import INJECT_VERBS, Invocation, parse_argv, usage_problem
 from gpuctk.log import RuncLog
 
 TYPE_CHECKING = False
@@ -41,15 +42,8 @@ if TYPE_CHECKING:
     from gpuctk.hook.config import Settings
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-INJECT_VERBS = frozenset(("create", "run"))
 # set by the sh front (gpuctk.install.launchers) for the Python it starts when its memo holds
 FRONT_RUNTIME_ENV = "GPUCTK_FRONT_RUNTIME"
-GLOBAL_VALUE_FLAGS = frozenset(
-    ("log", "log-format", "root", "criu", "rootless", "cgroup-manager", "log-level")
-)
-VERB_VALUE_FLAGS = frozenset(
-    ("bundle", "b", "console-socket", "pid-file", "preserve-fds", "config", "f", "pidfd-socket")
-)
 HELP = """Usage: gpuctk-runtime [GLOBAL OPTIONS] VERB [OPTIONS] CONTAINER-ID
 
   The runc shim: `create` and `run` get the CDI edits for the GPUs the
@@ -66,95 +60,6 @@ Options (before the verb; every other flag is the runtime's own):
 
 Configuration: /etc/gpuctk/config.toml (GPUCTK_CONFIG names another).
 """  # + details_line
-
-
-class Invocation:
-    """What the engine asked for, as far as the shim cares."""
-
-    __slots__ = (
-        "bundle",
-        "config_name",
-        "container",
-        "debug",
-        "global_args",
-        "globals",
-        "log",
-        "log_format",
-        "no_value",
-        "pid_file",
-        "verb",
-    )
-
-    def __init__(self) -> None:
-        self.verb = ""
-        self.log = ""
-        self.log_format = "text"
-        self.debug = False
-        self.bundle = ""
-        self.config_name = "config.json"
-        self.container = ""
-        self.globals: list[str] = []  # the flag names before the verb
-        self.global_args: list[str] = []  # the arguments before the verb, as given
-        self.no_value = ""  # the verb's --bundle/--config flag given without a value
-        self.pid_file = ""  # the verb's --pid-file (gpuctk.hook.shim.nodeafter)
-
-
-def _flag(token: str) -> tuple[str, str | None]:
-    """("bundle", "X") from "--bundle=X", ("b", None) from "-b"."""
-    name, sep, value = token.lstrip("-").partition("=")
-    return name, (value if sep else None)
-
-
-def parse_argv(args: Sequence[str]) -> Invocation:
-    """The invocation in runc's arguments (argv without argv[0])."""
-    inv = Invocation()
-    i = 0
-    while i < len(args):  # global flags, up to the verb
-        token = args[i]
-        i += 1
-        if token == "--":
-            break
-        if not token.startswith("-") or token == "-":
-            inv.verb, inv.global_args = token, list(args[: i - 1])
-            break
-        name, value = _flag(token)
-        inv.globals.append(name)
-        if value is None and name in GLOBAL_VALUE_FLAGS and i < len(args):
-            value, i = args[i], i + 1
-        if name == "log":
-            inv.log = value or ""
-        elif name == "log-format":
-            inv.log_format = value or "text"
-        elif name == "debug":
-            inv.debug = value is None or value.lower() in ("1", "t", "true")
-    if not inv.verb and i < len(args) and args[i - 1] == "--":
-        inv.verb, i = args[i], i + 1
-    while i < len(args):  # the verb's flags and positionals
-        token = args[i]
-        i += 1
-        if token == "--":
-            if not inv.container and i < len(args):
-                inv.container = args[i]
-            break
-        if not token.startswith("-") or token == "-":
-            inv.container = inv.container or token
-            continue
-        name, value = _flag(token)
-        crun_attached = token[1:2] in ("b", "f") and len(token) > 2  # crun's -bDIR, -fFILE
-        if value is None and name not in VERB_VALUE_FLAGS and crun_attached:
-            name, value = token[1], token[2:]
-        if value is None and name in VERB_VALUE_FLAGS:
-            if i >= len(args):
-                inv.no_value = token
-                break
-            value, i = args[i], i + 1
-        if name in ("bundle", "b") and value is not None:
-            inv.bundle = value
-        elif name in ("config", "f") and value is not None:
-            inv.config_name = value
-        elif name == "pid-file" and value is not None:
-            inv.pid_file = value
-    return inv
 
 
 def find_runtime(names: Sequence[str], search: str = DEFAULT_PATH) -> str:
@@ -357,15 +262,6 @@ def prepare(args: list[str], front: str = "", compiled: str = "") -> tuple[int, 
         log.internal_error(message, exc, inv.debug)
         return 1, runtime, log
     return 0, runtime, log
-
-
-def usage_problem(inv: Invocation) -> str:
-    """What makes the arguments unreadable to the shim ("" when nothing does)."""
-    if not inv.verb:
-        return "no verb given (create, start, state, delete, ...)"
-    if inv.no_value and inv.verb in INJECT_VERBS:
-        return f"{inv.verb}: {inv.no_value} needs a value"
-    return ""
 
 
 def main(argv: Sequence[str] | None = None, compiled: str = "") -> NoReturn:

@@ -579,6 +579,33 @@ def test_arguments_the_front_does_not_read_go_to_python(
     handed_over(*_with_args(node, planned, args), why)
 
 
+def test_the_front_reads_the_flags_runcargs_names(
+    node: Node, planned: dict[str, Any], tmp_path: Path
+) -> None:
+    """The flags the compiled create takes are gpuctk.hook.shim.runcargs's tables (generated
+    into its header): each, with a value where runc's takes one, and the create is the
+    front's; a verb value flag of runc's it leaves out is Python's."""
+    from gpuctk.hook.shim import runcargs
+
+    value = {"log": str(tmp_path / "log"), "log-format": "text"}
+    before = [(f"--{f}", value.get(f, "x")) for f in sorted(runcargs.GLOBAL_VALUE_FLAGS)]
+    before += [(f"--{f}",) for f in sorted(runcargs.FRONT_GLOBAL_BOOL_FLAGS)]
+    after = [(f"--{f}", "x") for f in sorted(runcargs.FRONT_VERB_VALUE_FLAGS)
+             if f not in (runcargs.BUNDLE, runcargs.BUNDLE_SHORT)]  # fmt: skip
+    after += [(f"--{f}",) for f in sorted(runcargs.FRONT_VERB_BOOL_FLAGS)]
+    cases = [(b, ()) for b in before] + [((), ())] + [((), a) for a in after]
+    for ahead, behind in cases:
+        args = (*ahead, "create", *behind, "--bundle", "B", "c1")
+        done, _, after_text = _with_args(node, planned, args)
+        assert done.returncode == 0 and "front: plan " in done.stderr, (args, done.stderr)
+        assert json.loads(after_text) == expected(node, planned)
+    left = sorted(runcargs.VERB_VALUE_FLAGS - runcargs.FRONT_VERB_VALUE_FLAGS)
+    assert left
+    for flag in left:
+        args = ("create", f"--{flag}", "config.json", "--bundle", "B", "c1")
+        handed_over(*_with_args(node, planned, args), "arguments only the shim reads")
+
+
 def _with_args(
     node: Node, doc: dict[str, Any], args: tuple[str, ...]
 ) -> tuple[subprocess.CompletedProcess[str], bytes, bytes]:
