@@ -42,11 +42,15 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from typing import TextIO
+    from typing import Any, TextIO
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
-_STDERR_PATHS = ("", "/dev/stderr", "/proc/self/fd/2")
+STDERR_PATHS = ("/dev/stderr", "/proc/self/fd/2")  # an engine --log that is stderr, as none
 SHIM_PREFIX = "gpuctk-runtime: "
+ENGINE_FORMATS = ("text", "json")  # runc's --log-format; the first for any other
+# where gpuctk-runtime's compiled create puts the time and the container id in a line the shim
+# wrote for it (shim_lines; hook/shimfront.c)
+STAMP_MARK, ID_MARK = "@time@", "@id@"
 
 # --- the command ---------------------------------------------------------------------------
 
@@ -121,9 +125,12 @@ def _json_string(text: str) -> str:
     return f'"{out}"'
 
 
-def format_line(level: str, msg: str, fmt: str = "text", now: float | None = None) -> str:
-    """One log line (with its newline) in runc's `fmt` ("text" or "json")."""
-    stamp = rfc3339(now)
+def format_line(
+    level: str, msg: str, fmt: str = "text", now: float | None = None, stamp: str = ""
+) -> str:
+    """One log line (with its newline) in runc's `fmt` ("text" or "json"), at `now` (or with
+    the time `stamp`)."""
+    stamp = stamp or rfc3339(now)
     if fmt == "json":
         # keys in logrus's (sorted) order; _json_string escapes what JSON needs here
         return f'{{"level":"{level}","msg":{_json_string(msg)},"time":"{stamp}"}}\n'
@@ -174,7 +181,7 @@ class RuncLog:
         stderr: TextIO | None = None,
     ) -> None:
         self.engine_path = engine_path or ""
-        self.engine_format = engine_format if engine_format in ("text", "json") else "text"
+        self.engine_format = engine_format if engine_format in ENGINE_FORMATS else "text"
         self.extra_path = ""
         self.threshold = LEVELS.get(level, 20)
         self.stderr = stderr
@@ -198,15 +205,13 @@ class RuncLog:
         rank = LEVELS[level]
         if rank < self.threshold:
             return
-        if self.engine_path not in _STDERR_PATHS:
+        if self.engine_path not in ("", *STDERR_PATHS):
             _append(self.engine_path, format_line(level, msg, self.engine_format))
         elif rank >= LEVELS["warning"] or self.threshold <= LEVELS["debug"]:
             # no --log: the engine's stderr; routine info lines only with --debug
             self._write_stderr(format_line(level, msg, self.engine_format))
         if self.extra_path:
-            msg = self._tagged(rank, msg)
-            named = msg if msg.startswith(SHIM_PREFIX) else SHIM_PREFIX + msg  # the prefix once
-            line = format_line(level, named, "text")
+            line = file_line(level, self._tagged(rank, msg))
             why = _append_trusted(self.extra_path, line, 0o644)
             if why is not None:  # say so once, then log without it
                 path, self.extra_path = self.extra_path, ""
@@ -237,14 +242,14 @@ class RuncLog:
             self.log("error", msg)
         finally:
             self.threshold = saved
-        if self.engine_path not in _STDERR_PATHS:
+        if self.engine_path not in ("", *STDERR_PATHS):
             self._write_stderr(msg + "\n")
 
     def internal_error(self, msg: str, exc: BaseException, debug: bool) -> None:
         """A bug: its traceback goes to the log files always (before the error line, so that
         the engine still reads the one-line reason last), to stderr only with `debug`."""
         text = traceback_text(exc)
-        if self.engine_path not in _STDERR_PATHS:
+        if self.engine_path not in ("", *STDERR_PATHS):
             _append(self.engine_path, format_line("error", text, self.engine_format))
         if self.extra_path:
             _append_trusted(
@@ -253,6 +258,25 @@ class RuncLog:
         if debug:
             self._write_stderr(text + "\n")
         self.error(msg)
+
+
+def file_line(level: str, msg: str, stamp: str = "") -> str:
+    """The line of the configured log file: text, the shim's prefix once."""
+    named = msg if msg.startswith(SHIM_PREFIX) else SHIM_PREFIX + msg
+    return format_line(level, named, "text", stamp=stamp)
+
+
+def shim_lines(level: str, log_file: str, msg: str) -> dict[str, Any] | None:
+    """The lines RuncLog writes for the info `msg` under the config's log `level` (a RuncLog
+    without --debug), the time as STAMP_MARK: {"engine": {--log-format or "": line}, "file":
+    line}, none where `level` leaves info out; None at the debug level (more lines then)."""
+    if LEVELS.get(level, LEVELS["info"]) <= LEVELS["debug"]:
+        return None
+    if LEVELS.get(level, LEVELS["info"]) > LEVELS["info"]:
+        return {}
+    engine = {"" if f == ENGINE_FORMATS[0] else f: format_line("info", msg, f, stamp=STAMP_MARK)
+              for f in ENGINE_FORMATS}  # fmt: skip
+    return {"engine": engine, **({"file": file_line("info", msg, STAMP_MARK)} if log_file else {})}
 
 
 # --- the hook ------------------------------------------------------------------------------

@@ -33,9 +33,9 @@
  *     plan names: Python checked them by gpuctk's trusted-path rules when it wrote the plan
  *     (gpuctk.hook.shim.frontplan), and nobody but root can change them unseen since; this
  *     program checks no rule of its own there;
- *   - the config's log-level is not debug (Python logs more there), and its log-file (if
- *     any) opens, without a link followed, as the file the plan names: the shim's `injected`
- *     line goes there and to the engine's --log, as the Python shim writes it.
+ *   - the config's log-file (if the plan has a line for it) opens, without a link followed,
+ *     as the file the plan names: the plan's lines (the shim's `injected` line, written by
+ *     gpuctk.log) go there and to the engine's --log, the time and the container id filled.
  *
  * The edits are CDI's: env replaced by key else appended, a
  * device node's first entry by path removed and the next replaced or the node appended, its
@@ -298,6 +298,20 @@ static int sf_uint(struct span v, unsigned long long *out)
 		return -1;
 	*out = x;
 	return 0;
+}
+
+static struct member *object_of(struct member *m, const char *why, size_t *n)
+{
+	struct member *items;
+	need(m && sf_kind(m->val) == '{' && sf_items(m->val, 1, &items, n) == 0, why);
+	return items;
+}
+
+static struct member *array_of(struct member *m, const char *why, size_t *n)
+{
+	struct member *items;
+	need(m && sf_kind(m->val) == '[' && sf_items(m->val, 0, &items, n) == 0, why);
+	return items;
 }
 
 /* ---- text being built -------------------------------------------------------------------------- */
@@ -822,34 +836,94 @@ static void rfc3339(char *out, size_t size)
 			 labs(off) / 60 % 60);
 }
 
-/* The shim's `injected` info line (in runc's log format), its message in `line`: the engine's
- * --log opened for appending (created if missing), the config's log-file opened without a
- * link followed and only as the file the plan names (its chain holds): Python where that
- * fails, or at the debug level (Python logs more there). */
-static size_t log_lines(const struct call *c, struct member *plan, size_t n, int *engine,
-			int *file, char *line, size_t size)
+/* The JSON string v, its escapes decoded, as a C string in out (size bytes): 0, else -1 (a
+ * byte above 127 or a NUL). */
+static int sf_text(struct span v, char *out, size_t size)
 {
-	char level[16], path[PATH_MAX], what[PATH_MAX];
-	need(plan_string(plan, n, "log_level", level, sizeof level) == 0 &&
-		     plan_string(plan, n, "log_file", path, sizeof path) == 0 &&
-		     plan_string(plan, n, "describe", what, sizeof what) == 0,
-	     "the front plan is not plain");
-	need(strcmp(level, "debug") != 0, "log-level debug");
-	if (strcmp(level, "info") != 0)
-		return 0;
+	struct json j = { sf_start(v), v.end, 0 };
+	const char *s;
+	size_t n, o = 0;
+	int esc;
+	if (string(&j, &s, &n, &esc))
+		return -1;
+	for (size_t i = 0; i < n; i++) {
+		unsigned x = (unsigned char)s[i];
+		if (x == '\\' && i + 1 < n) { /* string() checked every escape */
+			switch (s[++i]) {
+			case 'b': x = '\b'; break;
+			case 'f': x = '\f'; break;
+			case 'n': x = '\n'; break;
+			case 'r': x = '\r'; break;
+			case 't': x = '\t'; break;
+			case 'u': {
+				char hex[5] = { 0 };
+				memcpy(hex, s + i + 1, i + 4 < n ? 4 : 0);
+				x = i + 4 < n ? (unsigned)strtoul(hex, NULL, 16) : 0;
+				i += 4;
+				break;
+			}
+			default: x = (unsigned char)s[i]; /* " \\ / */
+			}
+		}
+		if (x == 0 || x > 0x7f || o + 1 >= size)
+			return -1;
+		out[o++] = (char)x;
+	}
+	out[o] = 0;
+	return 0;
+}
+
+/* The shim's lines for this create (the plan's `lines`, gpuctk.log's shim_lines), their marks
+ * still in them, and where they go: the engine's --log (unless that is stderr) its line for
+ * the --log-format (else the "" one), opened for appending (created if missing); the config's
+ * log-file its line, the file opened without a link followed and only as the file the plan
+ * names (its chain holds). Python where that fails. */
+struct lines {
+	int engine, file;
+	char etext[8192], ftext[8192];
+};
+
+static int stderr_path(const char *log)
+{
+	if (!log || !*log)
+		return 1;
+	for (int i = 0; i < GPUCTK_STDERR_PATHS_COUNT; i++)
+		if (strcmp(log, GPUCTK_STDERR_PATHS[i]) == 0)
+			return 1;
+	return 0;
+}
+
+static void log_lines(const struct call *c, struct member *plan, size_t n, struct lines *l)
+{
+	size_t nl, ne;
+	struct member *lines = object_of(sf_get(plan, n, "lines"), "the front plan has no lines", &nl);
+	struct member *engine = sf_get(lines, nl, "engine"), *file = sf_get(lines, nl, "file");
+	l->engine = l->file = -1;
+	if (!engine && !file)
+		return;
 	need(c->id && strspn(c->id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 				     "._:@+=-") == strlen(c->id) && strlen(c->id) < 256,
 	     "a container id to quote");
-	const char *elog = c->log;
-	if (elog && *elog && strcmp(elog, "/dev/stderr") != 0 && strcmp(elog, "/proc/self/fd/2") != 0)
-		*engine = open(elog, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-	if (*path) {
-		*file = open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	if (engine && !stderr_path(c->log)) {
+		struct member *e = object_of(engine, "the front plan's lines are not plain", &ne);
+		struct member *t = sf_get(e, ne, c->log_format ? c->log_format : "");
+		t = t ? t : sf_get(e, ne, "");
+		need(t && sf_text(t->val, l->etext, sizeof l->etext) == 0,
+		     "the front plan's lines are not plain");
+		l->engine = open(c->log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+	}
+	if (file) {
+		char path[PATH_MAX];
+		need(plan_string(plan, n, "log_file", path, sizeof path) == 0 && *path &&
+			     sf_text(file->val, l->ftext, sizeof l->ftext) == 0,
+		     "the front plan's lines are not plain");
+		l->file = open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 		struct member *id = sf_get(plan, n, "log_id"), *dev_ino;
 		size_t k;
 		unsigned long long dev, ino;
 		struct stat st;
-		need(*file >= 0 && fstat(*file, &st) == 0 && id && sf_items(id->val, 0, &dev_ino, &k) == 0,
+		need(l->file >= 0 && fstat(l->file, &st) == 0 && id &&
+			     sf_items(id->val, 0, &dev_ino, &k) == 0,
 		     "the log-file");
 		int same = k == 2 && sf_uint(dev_ino[0].val, &dev) == 0 &&
 			   sf_uint(dev_ino[1].val, &ino) == 0 && dev == (unsigned long long)st.st_dev &&
@@ -857,51 +931,35 @@ static size_t log_lines(const struct call *c, struct member *plan, size_t n, int
 		free(dev_ino);
 		need(same, "the log-file is not the front plan's");
 	}
-	int len = snprintf(line, size, "%s: injected %s", c->id, what);
-	return len > 0 && (size_t)len < size ? (size_t)len : 0;
 }
 
-static void write_lines(const struct call *c, int engine, int file, const char *msg, size_t n)
+/* `line` with each time mark the time and each id mark the id, appended to fd (then closed);
+ * a log that cannot be written is left, as Python leaves it. */
+static void write_line(int fd, const char *line, const char *stamp, const char *id)
 {
-	char stamp[64], out[2 * PATH_MAX + 640];
-	if (!n)
+	char out[sizeof ((struct lines *)0)->etext + 1024];
+	size_t o = 0, ns = strlen(GPUCTK_STAMP_MARK), ni = strlen(GPUCTK_ID_MARK);
+	if (fd < 0)
 		return;
-	rfc3339(stamp, sizeof stamp);
-	int len;
-	if (engine >= 0) {
-		if (c->log_format && strcmp(c->log_format, "json") == 0)
-			len = snprintf(out, sizeof out, "{\"level\":\"info\",\"msg\":\"%s\",\"time\":\"%s\"}\n",
-				       msg, stamp);
-		else
-			len = snprintf(out, sizeof out, "time=\"%s\" level=info msg=\"%s\"\n", stamp, msg);
-		if (len > 0 && (size_t)len < sizeof out && write(engine, out, (size_t)len) < 0)
-			len = 0; /* as Python: a log that cannot be written is left */
-		close(engine);
+	for (const char *p = line; *p && o < sizeof out - 512;) {
+		const char *with = strncmp(p, GPUCTK_STAMP_MARK, ns) == 0 ? stamp
+				   : strncmp(p, GPUCTK_ID_MARK, ni) == 0    ? id
+									    : NULL;
+		if (with) {
+			size_t wn = strlen(with);
+			memcpy(out + o, with, wn); /* both under 256 bytes */
+			o += wn;
+			p += with == stamp ? ns : ni;
+		} else {
+			out[o++] = *p++;
+		}
 	}
-	if (file >= 0) {
-		len = snprintf(out, sizeof out, "time=\"%s\" level=info msg=\"gpuctk-runtime: %s\"\n",
-			       stamp, msg);
-		if (len > 0 && (size_t)len < sizeof out && write(file, out, (size_t)len) < 0)
-			len = 0;
-		close(file);
-	}
+	if (o && write(fd, out, o) < 0)
+		o = 0;
+	close(fd);
 }
 
 /* ---- create ------------------------------------------------------------------------------------- */
-
-static struct member *object_of(struct member *m, const char *why, size_t *n)
-{
-	struct member *items;
-	need(m && sf_kind(m->val) == '{' && sf_items(m->val, 1, &items, n) == 0, why);
-	return items;
-}
-
-static struct member *array_of(struct member *m, const char *why, size_t *n)
-{
-	struct member *items;
-	need(m && sf_kind(m->val) == '[' && sf_items(m->val, 0, &items, n) == 0, why);
-	return items;
-}
 
 static int starts(struct span s, const char *prefix)
 {
@@ -1399,11 +1457,13 @@ static int shim_create(int argc, char **argv)
 	char **rargv = calloc((size_t)argc, sizeof *rargv); /* before the write: after it, no Python */
 	need(rargv != NULL, "out of memory");
 	/* the log lines Python would write: opened now, written once config.json is */
-	int engine_log = -1, log_file = -1;
-	char line[2 * PATH_MAX + 512];
-	size_t line_len = log_lines(&call, plan, nplan, &engine_log, &log_file, line, sizeof line);
+	static struct lines lines;
+	log_lines(&call, plan, nplan, &lines);
 	write_config(bfd, &cst, &out);
-	write_lines(&call, engine_log, log_file, line, line_len);
+	char stamp[64];
+	rfc3339(stamp, sizeof stamp);
+	write_line(lines.engine, lines.etext, stamp, call.id);
+	write_line(lines.file, lines.ftext, stamp, call.id);
 	if (getenv(GPUCTK_SHIM_FRONT_TRACE_ENV))
 		fprintf(stderr, "gpuctk-runtime: front: plan %016llx\n", fnv(keys, nkeys));
 	unsetenv(GPUCTK_FRONT_RUNTIME_ENV);

@@ -115,3 +115,8 @@ def describe(req: Request) -> str:
     if req.driver_only:
         what = ", ".join((f"{req.kind} driver files (no GPU)", *req.devices))
     return f"{what} (from {req.source})"
+
+
+def injected(container: str, req: Request) -> str:
+    """The shim's info line once `container` got what it asked for."""
+    return f"{container}: injected {describe(req)}"

@@ -40,9 +40,11 @@ an engine that applies the spec itself (podman, containerd's CDI) serves it.
 The lists are what gpuctk.cdi.specs.apply makes of the edits on an empty config (env by key,
 device entries and their cgroup rules, mounts sorted, hooks by stage); the front merges them
 into the container's lists with apply's rules. `world` is the identity of gpuctk's code, the
-config file, the spec dirs and files, checked at every create. `describe`, `log_file` and
-`log_level` let the front write the shim's `injected` line where the shim would (the front
-leaves a debug level to Python, which logs more there).
+config file, the spec dirs and files, checked at every create. `lines` are the shim's
+`injected` line as gpuctk.log writes it (shim_lines) for the engine's --log by its format and
+for the config's `log-file`, with the time and the container id as marks the front fills: the
+front writes them where the shim would, and knows no line format (no plan at the debug level,
+where the shim logs more).
 
 Which host files root may use (hook files, mount sources, device nodes, the runtime, the log
 file) is decided in Python when a plan is written, and the plan's `chain` and `log_id` let the
@@ -69,7 +71,7 @@ if TYPE_CHECKING:
     from gpuctk.hook.requests.devices import Request
 
 FOLDER_NAME = "front"
-FORMAT = "gpuctk-front-plan-3"
+FORMAT = "gpuctk-front-plan-4"
 FRONT = "gpuctk-cdi-hook"
 GUARD = "disable-device-node-modification"
 KEY_VERB = "front-key"  # gpuctk-cdi-hook's verb that says a config's key (hook/shimfront.c)
@@ -262,8 +264,9 @@ def offer(
     """Write the front plan of `key` for `edits` (as `keep`); True if written."""
     from gpuctk.errors import GpuctkError
     from gpuctk.hook.config import config_path
-    from gpuctk.hook.requests.cdiedits import describe
+    from gpuctk.hook.requests.cdiedits import injected
     from gpuctk.hook.shim import filechain
+    from gpuctk.log import ID_MARK, STAMP_MARK, shim_lines
 
     conf, _ = config_path(os.environ)
     nodes = edits.get("deviceNodes") or []
@@ -275,6 +278,10 @@ def offer(
     if identities is None or trusted is None:
         return False
     chain, log_id = trusted
+    said = injected(ID_MARK, req)  # the shim's info line, in the same logs
+    lines = shim_lines(settings.log_level, log_file, said)
+    if lines is None or STAMP_MARK in said or said.count(ID_MARK) != 1:
+        return False
     try:
         lists = render(edits, key.uid, key.gid)
     except GpuctkError:
@@ -286,9 +293,8 @@ def offer(
         "world": identities,
         "prefixes": refusals(req, key, settings),
         "cdi_prefixes": list(settings.annotation_prefixes),
-        "describe": describe(req),  # the shim's `injected` line, in the same logs
+        "lines": lines,
         "log_file": log_file,
-        "log_level": settings.log_level,
         "log_id": log_id,
         "runtime": runtime,
         "chain": [[path, *ident] for path, ident in sorted(chain.items())],

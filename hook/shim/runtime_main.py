@@ -209,7 +209,7 @@ def _inject(
     apply.apply(doc, edits)
     write_config(dir_fd, write_name, path, doc, st)
     nodeafter.arm(guard, spec_edits, doc, bundle, inv)  # main() then guards
-    log.info(f"{inv.container}: injected {cdiedits.describe(req)}")
+    log.info(cdiedits.injected(inv.container, req))
 
 
 def prepare(args: list[str], front: str = "", compiled: str = "") -> tuple[int, str, RuncLog]:

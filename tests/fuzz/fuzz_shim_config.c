@@ -6,7 +6,8 @@
 static const char plan_head[] = "{\"format\":\"" GPUCTK_PLAN_FORMAT "\",\"key\":[";
 static const char plan_tail[] =
 	"],\"config\":\"" GPUCTK_DEFAULT_CONFIG "\",\"world\":[],\"prefixes\":[],"
-	"\"describe\":\"nvidia.com/gpu=0\",\"log_file\":\"\",\"log_level\":\"info\","
+	"\"lines\":{\"engine\":{\"\":\"time=\\\"" GPUCTK_STAMP_MARK "\\\" level=info msg=\\\""
+	GPUCTK_ID_MARK ": injected nvidia.com/gpu=0\\\"\\n\"}},\"log_file\":\"\","
 	"\"runtime\":\"/bin/sh\",\"chain\":[],\"log_id\":[],\"cdi_prefixes\":[\"cdi.k8s.io/\"],"
 	"\"env\":[\"NVIDIA_VISIBLE_DEVICES=void\",\"PATH=/usr/local/nvidia/bin\"],"
 	"\"devices\":[{\"path\":\"/dev/nvidia0\",\"type\":\"c\",\"major\":195,\"minor\":0}],"

@@ -64,6 +64,30 @@ static struct edits shim_e; /* static: it outlives a hand-over's jump */
 static volatile int shim_bfd = -1;
 static char shim_plan[2 * PATH_MAX]; /* the plan file written, removed after the input */
 
+/* The plan's log lines decoded and filled as the front fills them, written to /dev/null (never
+ * to the log-file the plan names: an input could name any file). */
+static void shim_line(struct span v)
+{
+	static char text[8192];
+	if (sf_text(v, text, sizeof text) == 0)
+		write_line(open("/dev/null", O_WRONLY | O_CLOEXEC), text, "2026-01-01T00:00:00Z", "c1");
+}
+
+static void shim_lines(struct member *plan, size_t nplan)
+{
+	size_t nl, ne;
+	struct member *lines = object_of(sf_get(plan, nplan, "lines"), "lines", &nl);
+	for (size_t i = 0; i < nl; i++) {
+		if (sf_kind(lines[i].val) != '{') {
+			shim_line(lines[i].val);
+			continue;
+		}
+		struct member *e = object_of(&lines[i], "engine", &ne);
+		for (size_t k = 0; k < ne; k++)
+			shim_line(e[k].val);
+	}
+}
+
 /* One create over the config `conf` and the plan (`text`, or made by `writer`). */
 static void shim_run(const char *conf, size_t clen, const char *text, size_t tlen,
 		     plan_writer writer)
@@ -100,9 +124,7 @@ static void shim_run(const char *conf, size_t clen, const char *text, size_t tle
 		struct member *plan = front_plan(keys, nkeys, GPUCTK_DEFAULT_CONFIG, pre, npre, &nplan);
 		e->mounts = python_only(e->top, e->ntop, proc, nproc, plan, nplan, "/bin/sh", &e->nm);
 		struct buf out = edited(e, plan, nplan);
-		char words[PATH_MAX];
-		(void)plan_string(plan, nplan, "log_level", words, sizeof words);
-		(void)plan_string(plan, nplan, "describe", words, sizeof words);
+		shim_lines(plan, nplan);
 		struct json j = { out.p, out.p + out.n, 0 };
 		if (compound(&j, NULL, NULL) < 0 || j.p != j.end)
 			abort(); /* the front wrote a config it would not read */
