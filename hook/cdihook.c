@@ -160,7 +160,7 @@ static int read_all(int fd, size_t limit, char **out, size_t *len)
 				errno = EFBIG;
 				return -1;
 			}
-			cap *= 2;
+			cap = cap * 2 > limit + 1 ? limit + 1 : cap * 2; /* never past limit + 1 */
 			char *b = realloc(buf, cap + 1);
 			if (!b) {
 				free(buf);

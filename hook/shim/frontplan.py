@@ -116,8 +116,11 @@ def key_of(compiled: str, config: bytes, cdi_prefixes: Sequence[str]) -> FrontKe
 
 
 def _key_shape(key: FrontKey) -> bool:
+    name = key.file if isinstance(key.file, str) else ""
     return (
-        isinstance(key.file, str)
+        len(name) == 21  # 16 hex digits, .json: a name in the front folder, nothing else
+        and name.endswith(".json")
+        and all(c in "0123456789abcdef" for c in name[:16])
         and isinstance(key.key, list)
         and all(isinstance(k, str) for k in key.key)
         and key.privileged in (0, 1)

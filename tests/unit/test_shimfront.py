@@ -36,6 +36,7 @@ from fixtures import cfront
 
 from gpuctk.cdi.specs import apply, speccache
 from gpuctk.errors import ValidationError
+from gpuctk.hook import bundle as ocibundle
 from gpuctk.hook.shim import filechain, frontplan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -275,6 +276,10 @@ def key_of(
 ) -> frontplan.FrontKey | None:
     """The key the node's compiled create takes `doc` by (as the shim asks it)."""
     return frontplan.key_of(str(node.hook), json.dumps(doc).encode(), prefixes)
+
+
+def key_of_text(node: Node, text: bytes) -> frontplan.FrontKey | None:
+    return frontplan.key_of(str(node.hook), text, CDI)
 
 
 def fronted(node: Node, doc: dict[str, Any]) -> dict[str, Any]:
@@ -977,6 +982,11 @@ def test_the_key_is_the_compiled_creates_to_say(node: Node) -> None:
     assert key_of(node, doc, ('cdi"',)) is None
     assert key_of(node, doc, ("",)) is None
     assert frontplan.key_of(str(node.hook), b"{not json", CDI) is None
+    assert not frontplan._key_shape(key._replace(file="../x.json"))  # a name in the folder only
+    text = json.dumps(doc).encode()
+    limit = ocibundle.MAX_CONFIG  # what the shim reads, and the compiled create
+    assert key_of_text(node, text + b" " * (limit - len(text))) == key
+    assert key_of_text(node, text + b" " * (limit + 1 - len(text))) is None
     assert frontplan.key_of(str(node.bin / "missing"), json.dumps(doc).encode(), CDI) is None
 
 
