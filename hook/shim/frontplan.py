@@ -63,7 +63,7 @@ from typing import NamedTuple
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
 
     from gpuctk.cdi.specs.shape import EditsDoc
@@ -135,23 +135,25 @@ def keep(
     req: Request,
     edits: EditsDoc,
     settings: Settings,
-    world: tuple[Any, ...] | None,
+    world: Callable[[], tuple[Any, ...] | None],
     runtime: str,
 ) -> bool:
     """Write the front plan of this request unless one that holds is there: for the compiled
     create `compiled` (the launchers' gpuctk-cdi-hook; "" when none runs: no plan), the OCI
-    config whose text was `config` before any edit, the `edits` resolved in `world`
-    (Plans.snapshot before the resolution, None: not settled), a create that execs `runtime`.
-    True if written."""
-    if not compiled or world is None or not runtime or not _eligible(req, edits, settings):
+    config whose text was `config` before any edit, the `edits` resolved in `world()`
+    (Plans.snapshot, called only where a plan may be written; None: not settled), a create
+    that execs `runtime`. True if written."""
+    if not compiled or not runtime or not eligible(req, edits, settings):
         return False
     key = key_of(compiled, config, settings.annotation_prefixes)
     if key is None or current(state, key, settings.annotation_prefixes):
         return False
-    return offer(state, key, req, edits, settings, world, runtime)
+    held = world()
+    return held is not None and offer(state, key, req, edits, settings, held, runtime)
 
 
-def _eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:
+def eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:
+    """Whether the compiled create could apply these edits for this request."""
     from gpuctk.cdi.specs.apply import BIND_TYPES
     from gpuctk.hook.requests.devices import ANNOTATIONS, VISIBLE_DEVICES
 

@@ -179,9 +179,10 @@ def _inject(
             log.warning(note)
         edits: EditsDoc = plan["edits"]
         prep = plan["prep"]
-        if not plan["notes"] and compiled:
-            world = plans.snapshot()
-            frontplan.keep(compiled, text, plans.state, req, edits, settings, world, runtime)
+        if not plan["notes"]:  # the world now: a plan found holds for the specs as they are
+            frontplan.keep(
+                compiled, text, plans.state, req, edits, settings, plans.snapshot, runtime
+            )
     else:
         before = plans.snapshot() if plans is not None else None
         notes: list[str] = []
@@ -198,7 +199,9 @@ def _inject(
             and plans.offer(key, before, {"edits": edits, "notes": notes, "prep": prep})
             and not notes
         ):
-            frontplan.keep(compiled, text, plans.state, req, edits, settings, before, runtime)
+            frontplan.keep(
+                compiled, text, plans.state, req, edits, settings, lambda: before, runtime
+            )
     from gpuctk.hook.shim import nodeafter  # a GPU create's only (main looks)
 
     guard, spec_edits = nodeafter.choose(inv.verb, inv.pid_file, settings), edits
