@@ -387,6 +387,8 @@ def test_hot_path_imports(env: Env) -> None:
     assert "gpuctk.hook.requests.require" in loaded and "gpuctk.cdi.specs.apply" in loaded
     for banned in ("click", "jsonschema", "pynvml", "pyroute2", "tomllib", "tomlkit"):
         assert banned not in loaded
+    for heavy in ("typing", "dataclasses"):  # milliseconds on every GPU create
+        assert heavy not in loaded, heavy
     start = subprocess.run(
         [sys.executable, "-c", "import sys, gpuctk.hook.shim.runtime_main; print(*sys.modules)"],
         capture_output=True, text=True, check=True,

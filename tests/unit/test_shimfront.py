@@ -982,7 +982,8 @@ def test_the_key_is_the_compiled_creates_to_say(node: Node) -> None:
     assert key_of(node, doc, ('cdi"',)) is None
     assert key_of(node, doc, ("",)) is None
     assert frontplan.key_of(str(node.hook), b"{not json", CDI) is None
-    assert not frontplan._key_shape(key._replace(file="../x.json"))  # a name in the folder only
+    elsewhere = frontplan.FrontKey("../x.json", key.key, key.privileged, key.uid, key.gid)
+    assert not frontplan._key_shape(elsewhere)  # a name in the front folder only
     text = json.dumps(doc).encode()
     limit = ocibundle.MAX_CONFIG  # what the shim reads, and the compiled create
     assert key_of_text(node, text + b" " * (limit - len(text))) == key
