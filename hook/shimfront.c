@@ -1460,8 +1460,9 @@ static int shim_create(int argc, char **argv)
 	static struct lines lines;
 	log_lines(&call, plan, nplan, &lines);
 	write_config(bfd, &cst, &out);
-	char stamp[64];
-	rfc3339(stamp, sizeof stamp);
+	char stamp[64] = "";
+	if (lines.engine >= 0 || lines.file >= 0) /* the time zone's file read only for a line */
+		rfc3339(stamp, sizeof stamp);
 	write_line(lines.engine, lines.etext, stamp, call.id);
 	write_line(lines.file, lines.ftext, stamp, call.id);
 	if (getenv(GPUCTK_SHIM_FRONT_TRACE_ENV))
