@@ -88,7 +88,7 @@ _EDIT_KEYS = frozenset(("env", "deviceNodes", "mounts", "hooks"))
 class FrontKey:
     """A config's key as the compiled create reads it (`gpuctk-cdi-hook front-key`): the
     plan's file name in the front folder, the key's strings, and three of them as numbers.
-    Not a NamedTuple: `typing` alone would cost a create 9 ms."""
+    Not a NamedTuple: importing `typing` costs every create (docs/benchmarks.md)."""
 
     __slots__ = ("file", "gid", "key", "privileged", "uid")
 
