@@ -110,17 +110,18 @@ def key_of(compiled: str, config: bytes, cdi_prefixes: Sequence[str]) -> FrontKe
     """The key by which the compiled create `compiled` looks up the front plan of the OCI
     config whose text is `config`, whose annotations with one of `cdi_prefixes` ask for
     devices (hook/shimfront.c front_key: the key's one home); None where it would take none."""
-    import json
     import subprocess
+
+    from gpuctk.jsonfast import loads
 
     try:
         done = subprocess.run(
             [compiled, KEY_VERB, *cdi_prefixes],
             input=config, capture_output=True, env={}, timeout=KEY_TIMEOUT, check=False,
         )  # fmt: skip
-        doc = json.loads(done.stdout) if done.returncode == 0 else None
+        doc = loads(done.stdout.decode("ascii")) if done.returncode == 0 else None
         key = FrontKey(**doc) if isinstance(doc, dict) else None
-    except (OSError, subprocess.SubprocessError, ValueError, TypeError):
+    except (OSError, subprocess.SubprocessError, ValueError, TypeError):  # UnicodeError too
         return None
     return key if key is not None and _key_shape(key) else None
 
