@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 STDERR_PATHS = ("/dev/stderr", "/proc/self/fd/2")  # an engine --log that is stderr, as none
+_TO_STDERR = ("", *STDERR_PATHS)
 SHIM_PREFIX = "gpuctk-runtime: "
 ENGINE_FORMATS = ("text", "json")  # runc's --log-format; the first for any other
 # where gpuctk-runtime's compiled create puts the time and the container id in a line the shim
@@ -205,7 +206,7 @@ class RuncLog:
         rank = LEVELS[level]
         if rank < self.threshold:
             return
-        if self.engine_path not in ("", *STDERR_PATHS):
+        if self.engine_path not in _TO_STDERR:
             _append(self.engine_path, format_line(level, msg, self.engine_format))
         elif rank >= LEVELS["warning"] or self.threshold <= LEVELS["debug"]:
             # no --log: the engine's stderr; routine info lines only with --debug
@@ -242,14 +243,14 @@ class RuncLog:
             self.log("error", msg)
         finally:
             self.threshold = saved
-        if self.engine_path not in ("", *STDERR_PATHS):
+        if self.engine_path not in _TO_STDERR:
             self._write_stderr(msg + "\n")
 
     def internal_error(self, msg: str, exc: BaseException, debug: bool) -> None:
         """A bug: its traceback goes to the log files always (before the error line, so that
         the engine still reads the one-line reason last), to stderr only with `debug`."""
         text = traceback_text(exc)
-        if self.engine_path not in ("", *STDERR_PATHS):
+        if self.engine_path not in _TO_STDERR:
             _append(self.engine_path, format_line("error", text, self.engine_format))
         if self.extra_path:
             _append_trusted(
@@ -270,9 +271,10 @@ def shim_lines(level: str, log_file: str, msg: str) -> dict[str, Any] | None:
     """The lines RuncLog writes for the info `msg` under the config's log `level` (a RuncLog
     without --debug), the time as STAMP_MARK: {"engine": {--log-format or "": line}, "file":
     line}, none where `level` leaves info out; None at the debug level (more lines then)."""
-    if LEVELS.get(level, LEVELS["info"]) <= LEVELS["debug"]:
+    rank = LEVELS.get(level, LEVELS["info"])
+    if rank <= LEVELS["debug"]:
         return None
-    if LEVELS.get(level, LEVELS["info"]) > LEVELS["info"]:
+    if rank > LEVELS["info"]:
         return {}
     engine = {"" if f == ENGINE_FORMATS[0] else f: format_line("info", msg, f, stamp=STAMP_MARK)
               for f in ENGINE_FORMATS}  # fmt: skip

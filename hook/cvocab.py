@@ -51,12 +51,12 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_LD_CACHE_OPT", f"{_FACTS}.LD_CACHE_OPT", ""),
     ("GPUCTK_DISABLE_OPT", f"{_FACTS}.DISABLE_OPT", ""),
     ("GPUCTK_DRIVER_VERSION_ENV", f"{_FACTS}.DRIVER_KEY", ""),
-    # the OCI state and config fields it reads
-    ("GPUCTK_STATE_BUNDLE", "gpuctk.hook.oci_state.BUNDLE_FIELD", ""),
-    ("GPUCTK_CONFIG_ROOT", "gpuctk.hook.oci_state.ROOT_FIELD", ""),
     ("GPUCTK_HOOK_FRONT_ENV", f"{_FACTS}.HOOK_FRONT_ENV", ""),
     ("GPUCTK_HOOK_FRONT_TRACE_ENV", f"{_FACTS}.HOOK_FRONT_TRACE_ENV", ""),
     ("GPUCTK_FRONT_OFF", f"{_FACTS}.FRONT_OFF", ""),
+    # the OCI state and config fields it reads
+    ("GPUCTK_STATE_BUNDLE", "gpuctk.hook.oci_state.BUNDLE_FIELD", ""),
+    ("GPUCTK_CONFIG_ROOT", "gpuctk.hook.oci_state.ROOT_FIELD", ""),
     # the container root's files
     ("GPUCTK_MAX_CACHE", "gpuctk.hook.verbs.ldmerge.MAX_CACHE", ""),
     ("GPUCTK_LD_CACHE", "gpuctk.hook.verbs.ldmerge.LD_CACHE", ""),

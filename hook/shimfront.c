@@ -466,11 +466,17 @@ static char *read_front(const char *name, size_t *len)
 	return text;
 }
 
+/* The plan's file name in the front folder: the key's checksum in 16 hex digits, .json. */
+static void plan_name(const struct span *keys, size_t nkeys, char name[32])
+{
+	snprintf(name, 32, "%016llx.json", fnv(keys, nkeys));
+}
+
 /* The front plan named by the key; NULL if none that may be used. */
 static char *read_plan(const struct span *keys, size_t nkeys, size_t *len)
 {
 	char name[32];
-	snprintf(name, sizeof name, "%016llx.json", fnv(keys, nkeys));
+	plan_name(keys, nkeys, name);
 	return read_front(name, len);
 }
 
@@ -1008,7 +1014,6 @@ static void shape(struct member *top, size_t ntop, struct member *proc, size_t n
 
 /* ---- the create, step by step: each need() that fails hands the create to Python ----------- */
 
-/* config.json, read through the bundle's descriptor `bfd`: ASCII, strict JSON. */
 /* config.json's text is ASCII and strict JSON. */
 static void plain_config(const char *doc, size_t len)
 {
@@ -1018,6 +1023,7 @@ static void plain_config(const char *doc, size_t len)
 	need(compound(&whole, NULL, NULL) >= 0 && whole.p == whole.end, "config.json is not plain JSON");
 }
 
+/* config.json, read through the bundle's descriptor `bfd`: ASCII, strict JSON. */
 static void read_config(int bfd, struct stat *cst, char **doc, size_t *len)
 {
 	int cfd = openat(bfd, "config.json", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
@@ -1514,7 +1520,9 @@ static int front_key(int argc, char **argv)
 	struct who w;
 	struct span *keys = request_key(top, ntop, proc, nproc, env, nenv, pre, npre, &w, &nkeys);
 	plain_mounts(top, ntop, &nm);
-	printf("{\"file\":\"%016llx.json\",\"key\":[", fnv(keys, nkeys));
+	char name[32];
+	plan_name(keys, nkeys, name);
+	printf("{\"file\":\"%s\",\"key\":[", name);
 	for (size_t i = 0; i < nkeys; i++)
 		printf("%s\"%.*s\"", i ? "," : "", (int)(keys[i].end - keys[i].p), keys[i].p);
 	printf("],\"privileged\":%d,\"uid\":%llu,\"gid\":%llu}\n", w.privileged, w.uid, w.gid);

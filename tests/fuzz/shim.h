@@ -68,7 +68,7 @@ static char shim_plan[2 * PATH_MAX]; /* the plan file written, removed after the
  * to the log-file the plan names: an input could name any file). */
 static void shim_line(struct span v)
 {
-	static char text[8192];
+	static char text[sizeof ((struct lines *)0)->etext]; /* as the front's */
 	if (sf_text(v, text, sizeof text) == 0)
 		write_line(open("/dev/null", O_WRONLY | O_CLOEXEC), text, "2026-01-01T00:00:00Z", "c1");
 }
@@ -116,7 +116,9 @@ static void shim_run(const char *conf, size_t clen, const char *text, size_t tle
 		struct span *pre = key_prefixes(GPUCTK_DEFAULT_CONFIG, &npre);
 		struct span *keys = request_key(e->top, e->ntop, proc, nproc, e->env, e->nenv, pre,
 						npre, &who, &nkeys);
-		snprintf(shim_plan, sizeof shim_plan, "%s/%016llx.json", shim_front, fnv(keys, nkeys));
+		char name[32];
+		plan_name(keys, nkeys, name);
+		snprintf(shim_plan, sizeof shim_plan, "%s/%s", shim_front, name);
 		if (writer)
 			shim_write(shim_plan, made, writer(keys, nkeys, made, sizeof made));
 		else

@@ -271,15 +271,17 @@ def expected(node: Node, doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def key_of_text(
+    node: Node, text: bytes, prefixes: tuple[str, ...] = CDI
+) -> frontplan.FrontKey | None:
+    """The key the node's compiled create takes config.json's `text` by (as the shim asks)."""
+    return frontplan.key_of(str(node.hook), text, prefixes)
+
+
 def key_of(
     node: Node, doc: dict[str, Any], prefixes: tuple[str, ...] = CDI
 ) -> frontplan.FrontKey | None:
-    """The key the node's compiled create takes `doc` by (as the shim asks it)."""
-    return frontplan.key_of(str(node.hook), json.dumps(doc).encode(), prefixes)
-
-
-def key_of_text(node: Node, text: bytes) -> frontplan.FrontKey | None:
-    return frontplan.key_of(str(node.hook), text, CDI)
+    return key_of_text(node, json.dumps(doc).encode(), prefixes)
 
 
 def fronted(node: Node, doc: dict[str, Any]) -> dict[str, Any]:
@@ -981,7 +983,7 @@ def test_the_key_is_the_compiled_creates_to_say(node: Node) -> None:
         assert key_of(node, refused) is None
     assert key_of(node, doc, ('cdi"',)) is None
     assert key_of(node, doc, ("",)) is None
-    assert frontplan.key_of(str(node.hook), b"{not json", CDI) is None
+    assert key_of_text(node, b"{not json") is None
     elsewhere = frontplan.FrontKey("../x.json", key.key, key.privileged, key.uid, key.gid)
     assert not frontplan._key_shape(elsewhere)  # a name in the front folder only
     text = json.dumps(doc).encode()
