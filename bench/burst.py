@@ -39,9 +39,11 @@ In the same rounds, one container at a time (bench/lifecycle.py's lifecycle(), t
 ratios come from), SINGLES of each case, interleaved: runc, runc + GPU edits, gpuctk 1 GPU and
 gpuctk 1 GPU @REV.
 
-Prints the medians, the burst's ratio over bare runc with the same edits (the target: at most
-1.5x) and over runc without a GPU, the single-create ratios beside REV's, and this checkout
-over REV (median ratio and paired difference, within this run). Builds the fixtures (driver
+Prints the medians, the CPU seconds a burst's runtime processes spent (user and system: what
+the wall time hides when the machine is shared), the burst's ratio over bare runc with the
+same edits (the target: at most 1.5x) and over runc without a GPU, the single-create ratios
+beside REV's, and this checkout over REV (median ratio and paired difference, within this
+run). Builds the fixtures (driver
 root, device nodes, image) if needed; needs root and runc.
 """
 
@@ -50,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -118,8 +121,17 @@ def editor(shim: str, dry: Path, state: Path) -> Edit:
     return edit
 
 
-def burst(argv: list[str], bundles: Bundles, proc_env: dict[str, str]) -> float:
-    """Seconds for every bundle's create, start, wait, delete through `argv`, all at once."""
+def children_cpu() -> float:
+    """CPU seconds (user and system) of every child this process has waited for so far."""
+    use = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return use.ru_utime + use.ru_stime
+
+
+def burst(argv: list[str], bundles: Bundles, proc_env: dict[str, str]) -> tuple[float, float]:
+    """Seconds for every bundle's create, start, wait, delete through `argv`, all at once, and
+    the CPU seconds the runtime's processes spent on them (each waited for by then; the
+    containers' own processes, reparented, are not counted)."""
+    cpu = children_cpu()
     tag = f"gpuctk-burst-{os.getpid()}-{time.monotonic_ns()}"
     gate = threading.Barrier(BURST + 1, timeout=WAIT)
     ends = [0.0] * BURST
@@ -166,16 +178,17 @@ def burst(argv: list[str], bundles: Bundles, proc_env: dict[str, str]) -> float:
         thread.join()
     if failures:
         raise SystemExit(f"{argv[0]}: {len(failures)} of {BURST} failed:\n" + "\n".join(failures))
-    return max(ends) - start
+    return max(ends) - start, children_cpu() - cpu
 
 
 def measure(
     cases: dict[str, Case], image: Path, work: Path, rounds: int
 ) -> dict[str, dict[str, list[float]]]:
-    """{"burst" | "single": {case: seconds in each measured round}}, after a warm-up round."""
+    """{"burst" | "burst_cpu" | "single": {case: seconds in each measured round}}, after a
+    warm-up round ("burst_cpu": the CPU seconds of each burst)."""
     names = list(cases)
     out: dict[str, dict[str, list[float]]] = {
-        k: {c: [] for c in names} for k in ("burst", "single")
+        k: {c: [] for c in names} for k in ("burst", "burst_cpu", "single")
     }
     time.sleep(1.1)  # the spec settles (gpuctk.cdi.specs.speccache.SETTLE_NS), as on a node
     for n in range(rounds + 1):  # round 0 warms the page cache, the .pyc files, the caches
@@ -186,11 +199,12 @@ def measure(
             try:
                 if edit is not None:
                     edit(bundles.paths)
-                took = burst(argv, bundles, env)
+                took, cpu = burst(argv, bundles, env)
             finally:
                 bundles.close()
             if n:
                 out["burst"][name].append(took)
+                out["burst_cpu"][name].append(cpu)
         for _ in range(SINGLES):
             for name in order:
                 argv, env, gpus, edit = cases[name]
@@ -248,6 +262,12 @@ def report(
     print("  the same from the minima (the least of the machine's other load)")
     for case in gpuctk:
         print(row(case, low))
+    cpu = med["burst_cpu"]
+    print("  CPU seconds of a burst's runtime processes (less noisy than the wall on a shared "
+          "machine)")  # fmt: skip
+    for case, m in cpu.items():
+        print(f"  {case:24s} median {m:7.2f} s  ({m / cpu['runc + GPU edits']:4.2f}x runc + "
+              "GPU edits)")  # fmt: skip
     x = ratios["burst"]["gpuctk"]["x_runc_edits"]
     print(
         f"  target: a burst at most {TARGET}x bare runc with the same GPU edits -> {x:.2f}x"
@@ -264,12 +284,12 @@ def report(
             print(f"  gpuctk over NVIDIA's runtime, {kind}: {x:.2f}x"
                   f" ({'ahead' if x < 1 else 'BEHIND'})")  # fmt: skip
     if against:
-        for kind in ("burst", "single"):
+        for kind in ("burst", "burst_cpu", "single"):
             here, there = times[kind]["gpuctk"], times[kind][f"gpuctk @{against}"]
             paired = statistics.median(a - b for a, b in zip(here, there, strict=True))
-            unit, scale = ("s", 1.0) if kind == "burst" else ("ms", 1e3)
+            unit, scale = ("ms", 1e3) if kind == "single" else ("s", 1.0)
             print(
-                f"  this checkout against {against}, {kind}: median"
+                f"  this checkout against {against}, {kind.replace('_', ' ')}: median"
                 f" {statistics.median(here) / statistics.median(there):.3f}x, paired difference"
                 f" {paired * scale:+.2f} {unit}"
             )
