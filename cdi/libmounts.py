@@ -88,16 +88,17 @@ def hwcaps_dirs(arch: str | None, families: tuple[str, ...] = FAMILIES) -> tuple
 
 def names_of(lib: DriverFile) -> tuple[str, ...]:
     """The names (relative to a loader folder) by which `lib` is found: its SONAME, then the
-    extra names hook mode links (development link, GLVND entry point, gbm/vdpau backends)."""
+    extra names hook mode links (development links, GLVND entry point, gbm/vdpau backends)."""
     soname = lib.soname
     if not soname or "/" in soname or soname in (".", ".."):
         return ()
     names = [soname]
     names += [link for _target, link in DEV_LINKS.get(soname, ())]
+    names += lib.links
     loader = LOADER_LINKS.get(soname)
     if loader:
         names.append(loader)
-    return tuple(names)
+    return tuple(dict.fromkeys(names))
 
 
 def library_mounts(

@@ -7,13 +7,15 @@ a compute-only L4 spec in one loader family). Folder mode stages the selected li
 SONAME and development links and the binaries in one folder on the host, once per driver, and
 the spec mounts that folder at /usr/local/nvidia, read-only (and its lib64/ twice more, below):
 
-    /usr/local/nvidia/lib64/   64-bit libraries (versioned files, SONAME links, libcuda.so)
+    /usr/local/nvidia/lib64/   64-bit libraries (versioned files, SONAME links, development
+                               links: libcuda.so and each libX.so the driver root holds)
     /usr/local/nvidia/lib/     32-bit libraries (compat32)
     /usr/local/nvidia/bin/     nvidia-smi, nvidia-debugdump, the MPS binaries, ...
     /usr/local/nvidia/files/   the firmware and config files, each at its container path
                                (files/usr/share/vulkan/icd.d/nvidia_icd.json, ...)
     /usr/local/nvidia/ld.so.cache  the stage's own ld cache (cache_of): each library under
-                               its SONAME at its path here, as ldconfig would list it
+                               its SONAME and development links at its path here, as
+                               ldconfig would list it
 
 That is the layout GKE mounts and that nvidia-docker 1.0's volume had, and the one every
 nvidia/cuda and NGC image still searches: their image config sets
@@ -134,12 +136,13 @@ def plan(files: DriverFiles) -> tuple[dict[str, str], dict[str, str]]:
 
 def cache_of(files: DriverFiles) -> bytes:
     """The stage's own ld cache (CACHE): one entry per staged library under its SONAME, at
-    the container path MOUNT/lib64/SONAME (lib/ for compat32), with the flags ldconfig gives
+    the container path MOUNT/lib64/SONAME (lib/ for compat32), and one under each of its
+    development links (libcuda.so, ...) as ldconfig makes them, with the flags ldconfig gives
     its ELF class and machine, in ldconfig's order and format. gpuctk-cdi-hook merges it into
     each image's cache (hook/ldcache.c) without reading an ELF header or running ldconfig; the
     names are those plan() links (the first library to claim a name keeps it)."""
     from gpuctk.cdi.node.elf import MACHINES
-    from gpuctk.cdi.node.ldcache import CACHE_FLAGS, LdCacheEntry, build_ld_cache
+    from gpuctk.cdi.node.ldcache import CACHE_FLAGS, LdCacheEntry, build_ld_cache, cached_name
 
     by_arch = {MACHINES.get(machine): flags for (_c, machine), flags in CACHE_FLAGS.items()}
     copies, links = plan(files)
@@ -150,11 +153,11 @@ def cache_of(files: DriverFiles) -> bytes:
         flags = by_arch.get(lib.arch or "")
         if not lib.soname or flags is None or copies.get(own) != lib.host_path:
             continue
-        name = f"{folder}/{lib.soname}"
-        if name == own or links.get(name) == posixpath.basename(own):
-            entries.setdefault(
-                (lib.soname, flags), LdCacheEntry(lib.soname, f"{MOUNT}/{name}", flags)
-            )
+        # its SONAME, and each development link (libX.so), as ldconfig caches them
+        for key in (n for n in names_of(lib) if cached_name(n, lib.soname)):
+            name = f"{folder}/{key}"
+            if name == own or links.get(name) == posixpath.basename(own):
+                entries.setdefault((key, flags), LdCacheEntry(key, f"{MOUNT}/{name}", flags))
     return build_ld_cache(list(entries.values()))
 
 

@@ -85,6 +85,9 @@ class DriverFile:
     arch: str | None = (
         None  # ELF machine ("x86_64", "i386", ...: gpuctk.cdi.node.elf), libraries only
     )
+    # the development link the driver root holds beside a library (libX.so, leading to it),
+    # by name: the container gets it too, as from the reference toolkit (_dev_links)
+    links: tuple[str, ...] = ()
 
 
 @record
@@ -160,8 +163,24 @@ def _libraries(r: DriverRoot, version: str) -> dict[str, DriverFile]:
         if info is None:
             continue
         capability = caps.capability_of(name, elf32=info.elf_class == 32)
-        found[real] = DriverFile(r.host(real), real, "library", capability, info.soname, info.arch)
+        found[real] = DriverFile(
+            r.host(real), real, "library", capability, info.soname, info.arch,
+            _dev_links(r, real, suffix),
+        )  # fmt: skip
     return found
+
+
+def _dev_links(r: DriverRoot, real: str, suffix: str) -> tuple[str, ...]:
+    """The development link beside the library `real` (`<dir>/libX.so.<version>`): its
+    folder's libX.so when that leads to it, by name; () where there is none. What ldconfig
+    caches and the linker finds, and a loader's dlopen("libX.so") too: NVML's Rust binding,
+    for one, opens libnvidia-ml.so."""
+    folder, name = posixpath.split(real)
+    if not name.endswith(suffix):
+        return ()
+    link = name[: -len(suffix)] + ".so"
+    hit = r.stat(f"{folder}/{link}")
+    return (link,) if hit is not None and hit[0] == real else ()
 
 
 def _links(libraries: list[DriverFile]) -> list[tuple[str, str]]:
@@ -172,6 +191,8 @@ def _links(libraries: list[DriverFile]) -> list[tuple[str, str]]:
             links.setdefault(f"{folder}/{lib.soname}", name)
             for target, link in DEV_LINKS.get(lib.soname, ()):
                 links.setdefault(f"{folder}/{link}", target.format(soname=lib.soname, name=name))
+            for link in lib.links:
+                links.setdefault(f"{folder}/{link}", lib.soname)
         loader = LOADER_LINKS.get(lib.soname or "")
         if loader:
             libdir = folder.removesuffix("/nvidia/current").removesuffix("/vdpau")

@@ -71,6 +71,15 @@ _REQUIRED_NAMES = {
 }  # fmt: skip
 
 
+def cached_name(name: str, soname: str | None) -> bool:
+    """Whether ldconfig caches a library reached by the file name `name` (a file or a link in
+    a folder it scans) whose SONAME is `soname`: under the SONAME itself, or under its
+    development link, libX.so for libX.so.N (`ldconfig -p` lists libz.so beside libz.so.1)."""
+    if not soname or "/" in name:
+        return False
+    return name == soname or (name.endswith(".so") and soname.startswith(name + "."))
+
+
 @record
 class LdCacheEntry:
     """One cache entry: `key` (the SONAME a program asks for) resolves to `value` (a path)."""

@@ -14,7 +14,8 @@ with every path in container terms (the driver root at /). Keys:
 - `libraries`, `binaries`, `firmware`, `configs`, `sockets`: lists of files in discovery's order,
   each `{"path", "capability"}` plus `"host"` where the real file is elsewhere than the mount
   target (nvidia-smi mounted at /usr/bin/nvidia-smi is /usr/lib/nvidia/current/nvidia-smi),
-  and `"soname"`, `"arch"` for libraries that have them.
+  and `"soname"`, `"arch"`, `"links"` (the development links beside it, by name) for
+  libraries that have them.
 - `symlinks`: `[target, link]` pairs; `ld_folders`: the folders holding libraries.
 
 `document()` makes one from a discovery run (tests/fixtures/driver_manifest.py writes the
@@ -73,8 +74,8 @@ def _strip(root: str, host: str) -> str:
     return host[len(prefix) :]
 
 
-def _entry(f: DriverFile, root: str) -> dict[str, str]:
-    entry = {"path": f.container_path, "capability": f.capability}
+def _entry(f: DriverFile, root: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {"path": f.container_path, "capability": f.capability}
     host = _strip(root, f.host_path)
     if host != f.container_path:
         entry["host"] = host
@@ -82,6 +83,8 @@ def _entry(f: DriverFile, root: str) -> dict[str, str]:
         entry["soname"] = f.soname
     if f.arch is not None:
         entry["arch"] = f.arch
+    if f.links:
+        entry["links"] = list(f.links)
     return entry
 
 
@@ -130,13 +133,18 @@ def _path(value: Any, what: str) -> str:
 def _file(entry: Any, kind: str, prefix: str) -> DriverFile:
     if not isinstance(entry, dict):
         raise ValueError(f"a {kind} entry must be an object, got {entry!r}")
-    unknown = set(entry) - {"path", "host", "capability", "soname", "arch"}
+    unknown = set(entry) - {"path", "host", "capability", "soname", "arch", "links"}
     if unknown:
         raise ValueError(f"a {kind} entry has unknown keys {sorted(unknown)}")
     container = _path(entry.get("path"), f"{kind} path")
     host = _path(entry.get("host", container), f"{kind} host")
     soname = entry.get("soname")
     arch = entry.get("arch")
+    links = entry.get("links", [])
+    if not isinstance(links, list) or any(
+        not isinstance(n, str) or not n or "/" in n or "\0" in n or n in (".", "..") for n in links
+    ):
+        raise ValueError(f"{kind} links must be a list of file names, got {links!r}")
     return DriverFile(
         host_path=prefix + host,
         container_path=container,
@@ -144,6 +152,7 @@ def _file(entry: Any, kind: str, prefix: str) -> DriverFile:
         capability=_text(entry.get("capability"), f"{kind} capability"),
         soname=None if soname is None else _text(soname, f"{kind} soname"),
         arch=None if arch is None else _text(arch, f"{kind} arch"),
+        links=tuple(links),
     )
 
 

@@ -8,7 +8,9 @@ one hook entry, the compiled front gpuctk-cdi-hook. The front merges the stage's
 into the image's and writes /etc/ld.so.conf.d/00-gpuctk.conf ("written by gpuctk-cdi-hook");
 it hands the other images to gpuctk-hook, whose file says "written by gpuctk-hook": the file
 tells whether Python ran. Each image holds /bin/cuda-probe, which dlopens libcuda.so.1 as CUDA
-does and prints the loader's path for it (DLOPEN, from its link map) and the file mapped (MAPS).
+does and prints the loader's path for it (DLOPEN, from its link map) and the file mapped (MAPS),
+then dlopens two development links' names as programs do (libnvidia-ml.so: NVML's Rust binding;
+libcuda.so: numba) and prints what each found.
 
     plain   the debian test image (glibc 2.36, Debian/Ubuntu loader family): the ld cache
     cuda    the same with the CUDA images' LD_LIBRARY_PATH: /usr/local/nvidia/lib64, also as
@@ -80,7 +82,25 @@ PROBE_C = r"""
 #include <link.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void by_name(const char *name) { /* what dlopen(name) finds, in a fresh process */
+    fflush(stdout);
+    if (fork() == 0) {
+        void *h = dlopen(name, RTLD_LAZY | RTLD_LOCAL);
+        struct link_map *map = NULL;
+        if (h == NULL || dlinfo(h, RTLD_DI_LINKMAP, &map) != 0)
+            printf("DEV:%s ERROR %s\n", name, dlerror());
+        else
+            printf("DEV:%s %s\n", name, map->l_name);
+        fflush(stdout);
+        _exit(0);
+    }
+    wait(NULL);
+}
 int main(void) {
+    by_name("libnvidia-ml.so"); /* NVML's Rust binding, nvtop */
+    by_name("libcuda.so"); /* numba's first name */
     void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
     struct link_map *map = NULL;
     if (h == NULL || dlinfo(h, RTLD_DI_LINKMAP, &map) != 0) {
@@ -129,6 +149,7 @@ def make_root(work: Path, name: str) -> Path:
         real = root / "usr/local/cuda-12.9/compat"
         stub_lib(work, real / f"libcuda.so.{COMPAT[name]}")
         (real / "libcuda.so.1").symlink_to(f"libcuda.so.{COMPAT[name]}")
+        (real / "libcuda.so").symlink_to("libcuda.so.1")
         (root / "usr/local/cuda").symlink_to("cuda-12.9")
     elif name == "stub":  # registered in the image's own ld cache
         stub_lib(work, root / STUB_LIB.lstrip("/"))
@@ -230,6 +251,15 @@ def expect_file(report: dict[str, str], path: str, version: str = "") -> None:
         assert os.path.dirname(mapped) == os.path.dirname(path), report
 
 
+def expect_dev_links(report: dict[str, str], name: str) -> None:
+    """dlopen of a development link's name (libnvidia-ml.so, libcuda.so) found the stage's,
+    through the ld cache (not glibc-hwcaps); `newer`'s libcuda.so the compat folder's, as
+    its libcuda.so.1."""
+    assert report["DEV:libnvidia-ml.so"] == f"{STAGE}/lib64/libnvidia-ml.so", report
+    cuda = "/usr/local/cuda/compat" if name == "newer" else f"{STAGE}/lib64"
+    assert report["DEV:libcuda.so"] == f"{cuda}/libcuda.so", report
+
+
 def test_the_default_spec_is_a_folder_spec_with_the_front(world: World) -> None:
     doc = world.spec()
     blocks = [doc["containerEdits"], *(d["containerEdits"] for d in doc["devices"])]
@@ -304,6 +334,7 @@ def test_podman_runs_each_image_on_the_default_spec(world: World, name: str) -> 
     _, path, python, _ = CASES[name]
     report = probe(world.podman.run(SCRIPT, spec="default", image=world.need(name)))
     expect_file(report, path, COMPAT["newer"] if name == "newer" else "")
+    expect_dev_links(report, name)
     assert ("PYTHON" in report) is python, report
     assert report["UID"] == "0"
 
@@ -313,6 +344,7 @@ def test_podman_runs_the_cuda_image_as_an_unprivileged_user(world: World) -> Non
                             extra=("--user", "65534:65534"))  # fmt: skip
     report = probe(done)
     expect_file(report, STAGE_LIB)
+    expect_dev_links(report, "cuda")
     assert report["UID"] == "65534" and "PYTHON" not in report, report
 
 
@@ -353,6 +385,7 @@ def test_the_shim_serves_each_image_on_the_default_spec(
     assert STAGE in {m["destination"] for m in config["mounts"]}
     report = probe(runc_run(bundle, config, SCRIPT, f"gpuctk-default-{os.getpid()}-{name}"))
     expect_file(report, CASES[name][3], COMPAT["newer"] if name == "newer" else "")
+    expect_dev_links(report, name)
     assert "PYTHON" in report, report  # 00-gpuctk.conf: written by the shim, not by a hook
 
 
@@ -388,6 +421,7 @@ def test_the_shims_front_serves_each_image_on_the_default_spec(
     report = probe(runc_run(bundle, config, SCRIPT, f"gpuctk-front-{os.getpid()}-{name}"))
     _kind, path, python_ran, _ = CASES[name]
     expect_file(report, path, COMPAT["newer"] if name == "newer" else "")
+    expect_dev_links(report, name)
     assert ("PYTHON" in report) == python_ran, report
 
 

@@ -90,6 +90,7 @@ def test_a_newer_compat_folder_is_found_with_its_sonames(tmp_path: Path, root_fd
     found = cudacompat.find(root_fd, (535, 309, 1))
     assert found is not None and found.version == (550, 54, 15)
     assert sorted((e.key, e.value, e.flags) for e in found.entries) == [
+        ("libcuda.so", f"{COMPAT}/libcuda.so", 0x0303),  # the development link, as ldconfig
         ("libcuda.so.1", f"{COMPAT}/libcuda.so.1", 0x0303),
         ("libnvidia-nvvm.so.4", f"{COMPAT}/libnvidia-nvvm.so.4", 0x0303),
         ("libnvidia-ptxjitcompiler.so.1", f"{COMPAT}/libnvidia-ptxjitcompiler.so.1", 0x0303),
@@ -122,7 +123,9 @@ def test_hostile_compat_folders(tmp_path: Path, root_fd: int) -> None:
     os.mkfifo(root / "usr/local/cuda/compat/libfifo.so.1")
     found = cudacompat.find(root_fd, (535, 309, 1))
     assert found is not None
-    assert {e.key for e in found.entries} == {"libcuda.so.1", "libnvidia-ptxjitcompiler.so.1"}
+    assert {e.key for e in found.entries} == {
+        "libcuda.so.1", "libcuda.so", "libnvidia-ptxjitcompiler.so.1"
+    }  # fmt: skip
     for i in range(cudacompat.MAX_ENTRIES):
         (root / f"usr/local/cuda/compat/x{i}").touch()
     assert cudacompat.find(root_fd, (535, 309, 1)) is None  # more names than a compat folder
@@ -175,6 +178,8 @@ def test_shim_cache_puts_a_newer_compat_folder_first(
         assert sorted(os.listdir(conf.parent))[0] == conf.name  # before 00-gpuctk.conf
         values = [e.value for e in read_ld_cache(str(cache)) if e.key == "libcuda.so.1"]
         assert values == [f"{COMPAT}/libcuda.so.1", f"{LIBDIR}/libcuda.so.1"]  # as ldconfig
+        # dlopen("libcuda.so") (numba's first name) gets the same libcuda as libcuda.so.1
+        assert first(cache, "libcuda.so") == f"{COMPAT}/libcuda.so"
     else:
         assert not conf.exists()
 

@@ -56,13 +56,7 @@ EXCEPTIONS = {
         "/usr/local/nvidia/bin/nvidia-smi, a path a container does not have; gpuctk mounts that "
         "ELF program at /usr/bin/nvidia-smi"
     ),
-    **{("*", f"link {name}"): (
-        "a development link (libX.so -> libX.so.1) the driver root holds: NVIDIA copies each; "
-        "gpuctk makes NVIDIA's fixed two, libcuda.so and libnvidia-opticalflow.so; the others "
-        "serve only a linker building against the driver"
-    ) for name in ("libnvidia-ml.so", "libnvidia-cfg.so", "libnvcuvid.so", "libnvidia-encode.so",
-                   "libnvidia-fbc.so")},
-}  # fmt: skip
+}
 
 
 def excepted(layout: str, what: str) -> bool:

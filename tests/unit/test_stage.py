@@ -31,8 +31,9 @@ TRIPLET = "/usr/lib/x86_64-linux-gnu"
 
 @pytest.fixture
 def driver(tmp_path: Path) -> DriverFiles:
-    """A small driver under tmp_path/drv: four libraries (one 32-bit, one without SONAME), the
-    gbm backend's library and two binaries, each file's content its own name."""
+    """A small driver under tmp_path/drv: four libraries (one 32-bit, one without SONAME, one
+    with a development link beside it in the driver root), the gbm backend's library and two
+    binaries, each file's content its own name."""
     entries = [
         (f"{TRIPLET}/libcuda.so.{V}", "library", "compute", "libcuda.so.1", "x86_64"),
         (f"{TRIPLET}/libnvidia-ml.so.{V}", "library", "utility", "libnvidia-ml.so.1", "x86_64"),
@@ -49,7 +50,8 @@ def driver(tmp_path: Path) -> DriverFiles:
         host.parent.mkdir(parents=True, exist_ok=True)
         host.write_text(path)
         host.chmod(0o755 if kind == "binary" else 0o644)
-        files[kind].append(DriverFile(str(host), path, kind, cap, soname, arch))
+        links = ("libnvidia-ml.so",) if soname == "libnvidia-ml.so.1" else ()
+        files[kind].append(DriverFile(str(host), path, kind, cap, soname, arch, links))
     return DriverFiles(libraries=tuple(files["library"]), binaries=tuple(files["binary"]))
 
 
@@ -87,16 +89,20 @@ def test_the_layout(driver: DriverFiles, tmp_path: Path) -> None:
         f"lib64/libcuda.so.{V}": f"{TRIPLET}/libcuda.so.{V}",
         "lib64/libnvidia-allocator.so.1": f"-> libnvidia-allocator.so.{V}",
         f"lib64/libnvidia-allocator.so.{V}": f"{TRIPLET}/libnvidia-allocator.so.{V}",
+        "lib64/libnvidia-ml.so": f"-> libnvidia-ml.so.{V}",
         "lib64/libnvidia-ml.so.1": f"-> libnvidia-ml.so.{V}",
         f"lib64/libnvidia-ml.so.{V}": f"{TRIPLET}/libnvidia-ml.so.{V}",
         f"lib64/libnvidia-nosoname.so.{V}": f"{TRIPLET}/libnvidia-nosoname.so.{V}",
         "ld.so.cache": "; ".join(
-            [  # each library under its SONAME, at its container path
+            [  # each library under its SONAME and development links, at its path
                 f"libnvidia-ml.so.1 libc6,x86-64 {STAGE_PATH}/lib64/libnvidia-ml.so.1",
+                f"libnvidia-ml.so libc6,x86-64 {STAGE_PATH}/lib64/libnvidia-ml.so",
                 "libnvidia-allocator.so.1 libc6,x86-64 "
                 f"{STAGE_PATH}/lib64/libnvidia-allocator.so.1",
                 f"libcuda.so.1 libc6,x86-64 {STAGE_PATH}/lib64/libcuda.so.1",
                 f"libcuda.so.1 libc6 {STAGE_PATH}/lib/libcuda.so.1",
+                f"libcuda.so libc6,x86-64 {STAGE_PATH}/lib64/libcuda.so",
+                f"libcuda.so libc6 {STAGE_PATH}/lib/libcuda.so",
             ]
         ),
     }
@@ -151,7 +157,7 @@ def test_across_filesystems_the_files_are_copied(
     said: list[str] = []
     folder = Path(stage.stage_driver(driver, V, str(tmp_path / "staging"), said.append))
     assert said == [f"driver staged in {folder}: 0 hard-linked, 7 copied (0 MiB: another "
-                    "filesystem), 7 links"]  # fmt: skip
+                    "filesystem), 8 links"]  # fmt: skip
     smi, source = folder / "bin/nvidia-smi", tmp_path / "drv/usr/bin/nvidia-smi"
     assert smi.stat().st_ino != source.stat().st_ino
     assert smi.read_text() == "/usr/bin/nvidia-smi" and smi.stat().st_mode & 0o777 == 0o755
