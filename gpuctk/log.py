@@ -96,17 +96,29 @@ def debug(message: str) -> None:
 # --- runc's line format --------------------------------------------------------------------
 
 
+STAMP_FORMAT = "%Y-%m-%dT%H:%M:%S"  # Go's time.RFC3339 up to the zone, for strftime
+
+
+def zone(offset: int) -> str:
+    """Go's time.RFC3339 zone for `offset` seconds east of UTC: "Z", else "+HH:MM"."""
+    if offset == 0:
+        return "Z"
+    hours, minutes = divmod(abs(offset) // 60, 60)
+    return f"{'+' if offset > 0 else '-'}{hours:02d}:{minutes:02d}"
+
+
 def rfc3339(now: float | None = None) -> str:
     """Local time as Go's time.RFC3339 ("2006-01-02T15:04:05Z07:00")."""
     t = time.localtime(now)
-    offset = t.tm_gmtoff or 0
-    if offset == 0:
-        zone = "Z"
-    else:
-        sign = "+" if offset > 0 else "-"
-        hours, minutes = divmod(abs(offset) // 60, 60)
-        zone = f"{sign}{hours:02d}:{minutes:02d}"
-    return time.strftime("%Y-%m-%dT%H:%M:%S", t) + zone
+    return time.strftime(STAMP_FORMAT, t) + zone(t.tm_gmtoff or 0)
+
+
+def stamp_zone() -> list[Any]:
+    """[offset, zone] of the local time now: what gpuctk-runtime's compiled create stamps the
+    plan's lines with (STAMP_FORMAT, then this zone) while the local offset is still this one
+    (hook/shimfront.c); the zone's rule stays here."""
+    offset = time.localtime().tm_gmtoff or 0
+    return [offset, zone(offset)]
 
 
 def _quote(text: str) -> str:
@@ -270,7 +282,8 @@ def file_line(level: str, msg: str, stamp: str = "") -> str:
 def shim_lines(level: str, log_file: str, msg: str) -> dict[str, Any] | None:
     """The lines RuncLog writes for the info `msg` under the config's log `level` (a RuncLog
     without --debug), the time as STAMP_MARK: {"engine": {--log-format or "": line}, "file":
-    line}, none where `level` leaves info out; None at the debug level (more lines then)."""
+    line, "zone": stamp_zone()}, none where `level` leaves info out; None at the debug level
+    (more lines then)."""
     rank = LEVELS.get(level, LEVELS["info"])
     if rank <= LEVELS["debug"]:
         return None
@@ -278,7 +291,8 @@ def shim_lines(level: str, log_file: str, msg: str) -> dict[str, Any] | None:
         return {}
     engine = {"" if f == ENGINE_FORMATS[0] else f: format_line("info", msg, f, stamp=STAMP_MARK)
               for f in ENGINE_FORMATS}  # fmt: skip
-    return {"engine": engine, **({"file": file_line("info", msg, STAMP_MARK)} if log_file else {})}
+    file = {"file": file_line("info", msg, STAMP_MARK)} if log_file else {}
+    return {"engine": engine, **file, "zone": stamp_zone()}
 
 
 # --- the hook ------------------------------------------------------------------------------

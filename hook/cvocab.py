@@ -88,6 +88,7 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_VERB_BOOL_FLAGS", f"{_ARGS}.FRONT_VERB_BOOL_FLAGS", "sorted"),
     ("GPUCTK_FRONT_KEY", f"{_FRONT}.KEY_VERB", ""),
     ("GPUCTK_STAMP_MARK", "gpuctk.log.STAMP_MARK", ""),
+    ("GPUCTK_STAMP_FORMAT", "gpuctk.log.STAMP_FORMAT", ""),
     ("GPUCTK_ID_MARK", "gpuctk.log.ID_MARK", ""),
     ("GPUCTK_STDERR_PATHS", "gpuctk.log.STDERR_PATHS", ""),
     ("GPUCTK_SHIM_FRONT_ENV", f"{_FRONT}.SHIM_FRONT_ENV", ""),

@@ -827,19 +827,16 @@ static int plan_string(struct member *plan, size_t n, const char *name, char *ou
 	return f ? sf_cstr(f->val, out, size) : -1;
 }
 
-/* Go's time.RFC3339 in local time. */
-static void rfc3339(char *out, size_t size)
+/* The JSON integer v, a sign allowed, at most a day's seconds either way: 0, else -1. */
+static int sf_seconds(struct span v, long *out)
 {
-	time_t now = time(NULL);
-	struct tm t;
-	localtime_r(&now, &t);
-	size_t n = strftime(out, size, "%Y-%m-%dT%H:%M:%S", &t);
-	long off = t.tm_gmtoff;
-	if (off == 0)
-		snprintf(out + n, size - n, "Z");
-	else
-		snprintf(out + n, size - n, "%c%02ld:%02ld", off > 0 ? '+' : '-', labs(off) / 3600,
-			 labs(off) / 60 % 60);
+	const char *p = sf_start(v);
+	int minus = p < v.end && *p == '-';
+	unsigned long long x;
+	if (sf_uint((struct span){ p + minus, v.end }, &x) != 0 || x > 86400)
+		return -1;
+	*out = minus ? -(long)x : (long)x;
+	return 0;
 }
 
 /* The JSON string v, its escapes decoded, as a C string in out (size bytes): 0, else -1 (a
@@ -887,7 +884,39 @@ static int sf_text(struct span v, char *out, size_t size)
 struct lines {
 	int engine, file;
 	char etext[8192], ftext[8192];
+	long offset; /* the zone the plan's time is written in: seconds east of UTC, its text */
+	char zone[16];
 };
+
+/* The plan's lines' `zone` ([seconds east of UTC, its text], as gpuctk.log spells a zone)
+ * into l: 0, else -1. */
+static int read_zone(struct member *lines, size_t nl, struct lines *l)
+{
+	struct member *z = sf_get(lines, nl, "zone"), *pair;
+	size_t k;
+	if (!z || sf_items(z->val, 0, &pair, &k) != 0)
+		return -1;
+	int rc = k == 2 && sf_seconds(pair[0].val, &l->offset) == 0 &&
+			 sf_cstr(pair[1].val, l->zone, sizeof l->zone) == 0 ? 0 : -1;
+	free(pair);
+	return rc;
+}
+
+/* The time now as the shim stamps its lines: gpuctk.log's STAMP_FORMAT in local time, then
+ * the plan's zone, while the local offset is the zone's; -1 where it is not (the clocks changed
+ * since the plan: Python writes the create's lines, and a plan in the new zone). */
+static int stamp_now(const struct lines *l, char *out, size_t size)
+{
+	time_t now = time(NULL);
+	struct tm t;
+	if (!localtime_r(&now, &t) || t.tm_gmtoff != l->offset)
+		return -1;
+	size_t n = strftime(out, size, GPUCTK_STAMP_FORMAT, &t), zn = strlen(l->zone);
+	if (n == 0 || n + zn >= size)
+		return -1;
+	memcpy(out + n, l->zone, zn + 1);
+	return 0;
+}
 
 static int stderr_path(const char *log)
 {
@@ -907,6 +936,7 @@ static void log_lines(const struct call *c, struct member *plan, size_t n, struc
 	l->engine = l->file = -1;
 	if (!engine && !file)
 		return;
+	need(read_zone(lines, nl, l) == 0, "the front plan's lines have no zone");
 	need(c->id && strspn(c->id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 				     "._:@+=-") == strlen(c->id) && strlen(c->id) < 256,
 	     "a container id to quote");
@@ -1465,10 +1495,10 @@ static int shim_create(int argc, char **argv)
 	/* the log lines Python would write: opened now, written once config.json is */
 	static struct lines lines;
 	log_lines(&call, plan, nplan, &lines);
-	write_config(bfd, &cst, &out);
 	char stamp[64] = "";
 	if (lines.engine >= 0 || lines.file >= 0) /* the time zone's file read only for a line */
-		rfc3339(stamp, sizeof stamp);
+		need(stamp_now(&lines, stamp, sizeof stamp) == 0, "the local time's offset changed");
+	write_config(bfd, &cst, &out);
 	write_line(lines.engine, lines.etext, stamp, call.id);
 	write_line(lines.file, lines.ftext, stamp, call.id);
 	if (getenv(GPUCTK_SHIM_FRONT_TRACE_ENV))

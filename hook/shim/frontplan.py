@@ -42,9 +42,10 @@ device entries and their cgroup rules, mounts sorted, hooks by stage); the front
 into the container's lists with apply's rules. `world` is the identity of gpuctk's code, the
 config file, the spec dirs and files, checked at every create. `lines` are the shim's
 `injected` line as gpuctk.log writes it (shim_lines) for the engine's --log by its format and
-for the config's `log-file`, with the time and the container id as marks the front fills: the
-front writes them where the shim would, and knows no line format (no plan at the debug level,
-where the shim logs more).
+for the config's `log-file`, with the time and the container id as marks the front fills (the
+time as gpuctk.log.STAMP_FORMAT and the lines' `zone`, while the local offset is the zone's):
+the front writes them where the shim would, and knows no line format and no zone's spelling (no
+plan at the debug level, where the shim logs more).
 
 Which host files root may use (hook files, mount sources, device nodes, the runtime, the log
 file) is decided in Python when a plan is written, and the plan's `chain` and `log_id` let the
@@ -70,7 +71,7 @@ if TYPE_CHECKING:
     from gpuctk.hook.requests.devices import Request
 
 FOLDER_NAME = "front"
-FORMAT = "gpuctk-front-plan-4"
+FORMAT = "gpuctk-front-plan-5"
 FRONT = "gpuctk-cdi-hook"
 GUARD = "disable-device-node-modification"
 KEY_VERB = "front-key"  # gpuctk-cdi-hook's verb that says a config's key (hook/shimfront.c)
@@ -322,12 +323,14 @@ def offer(
 
 
 def current(state: str, key: FrontKey, cdi_prefixes: Sequence[str]) -> bool:
-    """Whether the front plan of `key` is there, its world still holds and `front/keyed-on`
+    """Whether the front plan of `key` is there, its world still holds, its lines' zone is
+    the local one (the offset changes twice a year where clocks change) and `front/keyed-on`
     names `cdi_prefixes` for this config: a create that found the request's plan then need
     not offer one again."""
     from gpuctk.hook.config import config_path
     from gpuctk.hook.shim import filechain
     from gpuctk.jsonfast import loads
+    from gpuctk.log import stamp_zone
     from gpuctk.writes import read_private
 
     folder = os.path.join(state, FOLDER_NAME)
@@ -341,6 +344,8 @@ def current(state: str, key: FrontKey, cdi_prefixes: Sequence[str]) -> bool:
         and doc.get("format") == FORMAT
         and doc.get("key") == key.key
         and doc.get("config") == config_path(os.environ)[0]
+        and isinstance(doc.get("lines"), dict)
+        and doc["lines"].get("zone", None) in (None, stamp_zone())
         and _holds(doc.get("world"))
         and filechain.holds(doc.get("chain"))
         and _keyed_on_holds(state, doc["config"], list(cdi_prefixes))

@@ -77,6 +77,10 @@ static void shim_lines(struct member *plan, size_t nplan)
 {
 	size_t nl, ne;
 	struct member *lines = object_of(sf_get(plan, nplan, "lines"), "lines", &nl);
+	static struct lines zoned;
+	char stamp[64];
+	if (read_zone(lines, nl, &zoned) == 0)
+		(void)stamp_now(&zoned, stamp, sizeof stamp);
 	for (size_t i = 0; i < nl; i++) {
 		if (sf_kind(lines[i].val) != '{') {
 			shim_line(lines[i].val);

@@ -1056,17 +1056,42 @@ def test_a_stale_plan_is_written_again(tmp_path: Path) -> None:
     assert "front: plan " in done.stderr, done.stderr
 
 
-def shim_run(node: Node, doc: dict[str, Any], *flags: str) -> subprocess.CompletedProcess[str]:
-    """gpuctk-runtime GLOBAL-FLAGS create --bundle B c1, through the launchers."""
+def shim_run(
+    node: Node, doc: dict[str, Any], *flags: str, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """gpuctk-runtime GLOBAL-FLAGS create --bundle B c1, through the launchers (`env`: more
+    of its environment)."""
     bundle = Path(os.path.join(node.work, f"log-{time.monotonic_ns()}"))
     bundle.mkdir()
     (bundle / "config.json").write_text(json.dumps(doc))
     argv = [str(node.bin / "gpuctk-runtime"), *flags, "create", "--bundle", str(bundle), "c1"]
     return clean(
         subprocess.run(
-            argv, env=node.env(), capture_output=True, text=True, timeout=TIMEOUT, check=False
+            argv, env=node.env(**env), capture_output=True, text=True, timeout=TIMEOUT, check=False
         )
     )
+
+
+def test_the_fronts_time_is_in_the_zone_python_spells(tmp_path: Path) -> None:
+    """The plan's lines carry the zone Python spells for the local offset (gpuctk.log); under
+    another offset (the clocks changed) the front hands the create to Python, which writes
+    the line in the new zone and a plan for it, which the front then serves."""
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o755)
+    (tmp_path / "n").mkdir()
+    own = make_node(tmp_path / "n", conf=f'log-file = "{logs}/gpuctk.log"\n')
+    doc = base_doc("/nonexistent-root")
+    runs = [shim_run(own, doc, TZ=tz) for tz in ("UTC0", "UTC0", "UTC0", "XST-5:30", "XST-5:30")]
+    assert all(r.returncode == 0 for r in runs), runs
+    served = ["front: plan " in r.stderr for r in runs]
+    assert served == [False, True, True, False, True], [r.stderr for r in runs]
+    assert "offset changed" in runs[3].stderr, runs[3].stderr
+    stamps = [line.partition(" ")[0] for line in (logs / "gpuctk.log").read_text().splitlines()]
+    assert len(stamps) == 5 and all(
+        len(s) == len('time="2026-01-01T00:00:00Z"') for s in stamps[:3]
+    )
+    assert [s[-2:] for s in stamps[:3]] == ['Z"'] * 3, stamps
+    assert [s[-7:] for s in stamps[3:]] == ['+05:30"'] * 2, stamps
 
 
 @pytest.mark.parametrize("fmt", ["text", "json", "other"])  # other: runc writes text
