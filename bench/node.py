@@ -16,9 +16,10 @@ folder (an overlay of / is then legal), removed at the end:
    own userland) scrubbed of the driver (ld.so.conf.d entries, libraries and nvidia-smi that
    name it, the ld cache rebuilt), asking for GPU 0 by NVIDIA_VISIBLE_DEVICES, runs what users
    run, through each runtime: `nvidia-smi -L` by name (smi), `ldconfig -p` listing
-   libcuda.so.1 as Triton reads it (cache), and the CUDA probe (probe: --probe names its C
-   source, built here with gcc -ldl, or a binary; it must print PROBE OK). A failed check
-   stops the run: speed is reported only beside a path shown to serve the image.
+   libcuda.so.1 as Triton reads it and libcuda.so as numba opens it (cache), and the CUDA
+   probe (probe: --probe names its C source, built here with gcc -ldl, or a binary; it must
+   print PROBE OK). A failed check stops the run: speed is reported only beside a path shown
+   to serve the image.
 3. The speed: --runs rounds of one container each (create --pid-file, start, wait for /bin/true,
    delete, as containerd's shim drives a runtime: bench/lifecycle.py), alternating bare runc,
    gpuctk-runtime and NVIDIA's runtime; then --rounds bursts of 32 containers at once
@@ -119,7 +120,8 @@ def proof_script(checks: list[str]) -> str:
     if "smi" in checks:
         lines += ['echo "smi: $(command -v nvidia-smi)"', "nvidia-smi -L"]
     if "cache" in checks:
-        lines += ["ldconfig -p | grep -q 'libcuda.so.1 ' && echo 'cache: libcuda.so.1'"]
+        lines += ["ldconfig -p | grep -q 'libcuda.so.1 ' && ldconfig -p | grep -q 'libcuda.so ' "
+                  "&& echo 'cache: libcuda.so.1 libcuda.so'"]  # fmt: skip
     if "probe" in checks:
         lines += ["/usr/local/bin/cudaprobe"]
     return "; ".join([*lines, "echo CHECKS-DONE"])
@@ -162,7 +164,7 @@ def prove(
     finally:
         unmount(rootfs)
     text = out.read_text(errors="replace")
-    wanted = {"smi": "GPU 0:", "cache": "cache: libcuda.so.1", "probe": "PROBE OK"}
+    wanted = {"smi": "GPU 0:", "cache": "cache: libcuda.so.1 libcuda.so", "probe": "PROBE OK"}
     missing = [c for c in checks if wanted[c] not in text]
     if missing or "CHECKS-DONE" not in text:
         raise SystemExit(f"{label}: the proof failed ({', '.join(missing) or 'exit'}):\n{text}")

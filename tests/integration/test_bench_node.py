@@ -29,7 +29,9 @@ def node(*args: str) -> subprocess.CompletedProcess[str]:
 def test_the_proof_then_the_times() -> None:
     done = node("--checks", "cache", "--runs", "1", "--rounds", "1")
     assert done.returncode == 0, done.stderr
-    assert "proof through gpuctk-runtime: cache: libcuda.so.1 | CHECKS-DONE" in done.stdout
+    assert (
+        "proof through gpuctk-runtime: cache: libcuda.so.1 libcuda.so | CHECKS-DONE" in done.stdout
+    )
     assert "one container, create+start+delete" in done.stdout
     assert "32 containers at once, create+start+delete" in done.stdout  # bench/burst's burst()
     assert "CPU seconds of the runtime's processes" in done.stdout
