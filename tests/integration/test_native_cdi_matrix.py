@@ -1,7 +1,7 @@
 """The default spec in engines that apply CDI themselves: every image class x every engine x
 every request form, checked with what real applications do (fixtures.appimages: Triton's
-`ldconfig -p` lookup, `nvidia-smi` by name, dlopen of libcuda.so.1 and libnvidia-ml.so.1, the
-firmware and config files).
+`ldconfig -p` lookup, `nvidia-smi` by name, dlopen of libcuda.so.1 and libnvidia-ml.so.1 and
+of the development links' names libnvidia-ml.so and libcuda.so, the firmware and config files).
 
 The spec is `gpuctk cdi generate` with no mode flag (the default folder spec) over the Debian
 535 driver root and mknod'ed nodes of a simulated L4, with a private staging dir, exactly what
