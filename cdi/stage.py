@@ -95,7 +95,7 @@ from gpuctk.errors import InputError, OutputError
 from gpuctk.fs import private_folder, stat_identity
 from gpuctk.writes import atomic_write
 
-LAYOUT = "gpuctk-stage-3"  # bump when the layout below changes
+LAYOUT = "gpuctk-stage-4"  # bump when the layout below changes
 
 MOUNT = "/usr/local/nvidia"  # where a folder spec mounts the stage in containers
 FILES = "files"  # the stage's folder of firmware and config files, at their container paths
@@ -161,10 +161,12 @@ def cache_of(files: DriverFiles) -> bytes:
     return build_ld_cache(list(entries.values()))
 
 
-def stage_name(version: str, copies: dict[str, str], links: dict[str, str]) -> str:
-    """`<version>-<digest>`: the digest of the layout, the links and the identity of every
-    source file (InputError if one cannot be read)."""
+def stage_name(version: str, copies: dict[str, str], links: dict[str, str], cache: bytes) -> str:
+    """`<version>-<digest>`: the digest of the layout, the links, the stage's ld cache
+    (cache_of: a new rule for its entries makes a new stage, not a reused one without them)
+    and the identity of every source file (InputError if one cannot be read)."""
     digest = hashlib.sha256(LAYOUT.encode())
+    digest.update(b"\0c\0" + cache)
     for path, host in sorted(copies.items()):
         try:
             identity = stat_identity(os.stat(host))[:4]
@@ -260,7 +262,8 @@ def stage_path_of(files: DriverFiles, version: str, staging_dir: str) -> str:
     """The folder stage_driver gives `files` (nothing is written; InputError for a driver
     file that cannot be read): a spec can be built, and its errors found, before the copy."""
     copies, links = plan(files)
-    return os.path.join(os.path.abspath(staging_dir), stage_name(version, copies, links))
+    name = stage_name(version, copies, links, cache_of(files))
+    return os.path.join(os.path.abspath(staging_dir), name)
 
 
 def stage_driver(
@@ -273,8 +276,9 @@ def stage_driver(
     docstring); `report` gets one line on what was done. InputError for an unreadable driver
     file, OutputError for a staging dir that cannot be used or written."""
     copies, links = plan(files)
+    cache = cache_of(files)
     staging_dir = os.path.abspath(staging_dir)
-    name = stage_name(version, copies, links)
+    name = stage_name(version, copies, links, cache)
     _check_staging_dir(staging_dir)
     final = os.path.join(staging_dir, name)
     if os.path.isdir(final) and not os.path.islink(final):
@@ -306,7 +310,7 @@ def stage_driver(
             os.makedirs(os.path.dirname(dest), 0o755, exist_ok=True)
             os.symlink(target, dest)
         with open(os.path.join(tmp, CACHE), "xb") as f:
-            f.write(cache_of(files))
+            f.write(cache)
         os.chmod(os.path.join(tmp, CACHE), 0o644)
         try:
             os.rename(tmp, final)

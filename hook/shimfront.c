@@ -827,13 +827,14 @@ static int plan_string(struct member *plan, size_t n, const char *name, char *ou
 	return f ? sf_cstr(f->val, out, size) : -1;
 }
 
-/* The JSON integer v, a sign allowed, at most a day's seconds either way: 0, else -1. */
+/* The JSON integer v, a sign allowed, at most 24:59:59 in seconds either way (the most a
+ * POSIX TZ offset can be): 0, else -1. */
 static int sf_seconds(struct span v, long *out)
 {
 	const char *p = sf_start(v);
 	int minus = p < v.end && *p == '-';
 	unsigned long long x;
-	if (sf_uint((struct span){ p + minus, v.end }, &x) != 0 || x > 86400)
+	if (sf_uint((struct span){ p + minus, v.end }, &x) != 0 || x > 89999)
 		return -1;
 	*out = minus ? -(long)x : (long)x;
 	return 0;
@@ -936,7 +937,7 @@ static void log_lines(const struct call *c, struct member *plan, size_t n, struc
 	l->engine = l->file = -1;
 	if (!engine && !file)
 		return;
-	need(read_zone(lines, nl, l) == 0, "the front plan's lines have no zone");
+	need(read_zone(lines, nl, l) == 0, "the front plan's lines have no usable zone");
 	need(c->id && strspn(c->id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 				     "._:@+=-") == strlen(c->id) && strlen(c->id) < 256,
 	     "a container id to quote");

@@ -50,7 +50,7 @@ from gpuctk.cdi.node.driverpaths import (
 )
 from gpuctk.cdi.node.driverroot import DriverRoot
 from gpuctk.cdi.node.elf import elf_info
-from gpuctk.cdi.node.ldcache import read_ld_cache
+from gpuctk.cdi.node.ldcache import cached_name, read_ld_cache
 from gpuctk.errors import InputError
 from gpuctk.records import record
 
@@ -165,22 +165,28 @@ def _libraries(r: DriverRoot, version: str) -> dict[str, DriverFile]:
         capability = caps.capability_of(name, elf32=info.elf_class == 32)
         found[real] = DriverFile(
             r.host(real), real, "library", capability, info.soname, info.arch,
-            _dev_links(r, real, suffix),
+            _dev_links(r, real, info.soname),
         )  # fmt: skip
     return found
 
 
-def _dev_links(r: DriverRoot, real: str, suffix: str) -> tuple[str, ...]:
-    """The development link beside the library `real` (`<dir>/libX.so.<version>`): its
-    folder's libX.so when that leads to it, by name; () where there is none. What ldconfig
-    caches and the linker finds, and a loader's dlopen("libX.so") too: NVML's Rust binding,
-    for one, opens libnvidia-ml.so."""
+def dev_link_name(name: str, soname: str | None) -> str | None:
+    """The development link's name of the library file `name` with SONAME `soname`:
+    libX.so for libX.so.<version> with SONAME libX.so.N (ldcache.cached_name); None for a
+    library that has none (no SONAME, or one of another stem)."""
+    link = name.partition(".so.")[0] + ".so"
+    return link if link != name and cached_name(link, soname) else None
+
+
+def _dev_links(r: DriverRoot, real: str, soname: str | None) -> tuple[str, ...]:
+    """The development link beside the library `real`: its folder's libX.so (dev_link_name)
+    when that leads to it, by name; () where there is none. What ldconfig caches and the
+    linker finds, and a loader's dlopen("libX.so") too: NVML's Rust binding, for one, opens
+    libnvidia-ml.so."""
     folder, name = posixpath.split(real)
-    if not name.endswith(suffix):
-        return ()
-    link = name[: -len(suffix)] + ".so"
-    hit = r.stat(f"{folder}/{link}")
-    return (link,) if hit is not None and hit[0] == real else ()
+    link = dev_link_name(name, soname)
+    hit = r.stat(f"{folder}/{link}") if link else None
+    return (link,) if link and hit is not None and hit[0] == real else ()
 
 
 def _links(libraries: list[DriverFile]) -> list[tuple[str, str]]:

@@ -72,9 +72,10 @@ _REQUIRED_NAMES = {
 
 
 def cached_name(name: str, soname: str | None) -> bool:
-    """Whether ldconfig caches a library reached by the file name `name` (a file or a link in
-    a folder it scans) whose SONAME is `soname`: under the SONAME itself, or under its
-    development link, libX.so for libX.so.N (`ldconfig -p` lists libz.so beside libz.so.1)."""
+    """Whether gpuctk's ld caches list a library reached by the file name `name` whose SONAME
+    is `soname`: under the SONAME itself, or under its development link, libX.so for
+    libX.so.N, the two names `ldconfig -p` lists for a library installed the usual way
+    (libz.so.1 and libz.so); ldconfig's own rules for other names are not followed."""
     if not soname or "/" in name:
         return False
     return name == soname or (name.endswith(".so") and soname.startswith(name + "."))

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 from typing import Any
 
-from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles
+from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles, dev_link_name
 from gpuctk.errors import InputError
 from gpuctk.records import record
 
@@ -139,18 +140,20 @@ def _file(entry: Any, kind: str, prefix: str) -> DriverFile:
     container = _path(entry.get("path"), f"{kind} path")
     host = _path(entry.get("host", container), f"{kind} host")
     soname = entry.get("soname")
+    soname = None if soname is None else _text(soname, f"{kind} soname")
     arch = entry.get("arch")
     links = entry.get("links", [])
-    if not isinstance(links, list) or any(
-        not isinstance(n, str) or not n or "/" in n or "\0" in n or n in (".", "..") for n in links
-    ):
-        raise ValueError(f"{kind} links must be a list of file names, got {links!r}")
+    if links:  # only what discovery records: the library's own development link
+        link = dev_link_name(posixpath.basename(container), soname)
+        if kind != "library" or link is None or links != [link]:
+            want = f"[] or [{link!r}]" if kind == "library" and link else "[]"
+            raise ValueError(f"{kind} {container}: links must be {want}, got {links!r}")
     return DriverFile(
         host_path=prefix + host,
         container_path=container,
         kind=kind,
         capability=_text(entry.get("capability"), f"{kind} capability"),
-        soname=None if soname is None else _text(soname, f"{kind} soname"),
+        soname=soname,
         arch=None if arch is None else _text(arch, f"{kind} arch"),
         links=tuple(links),
     )

@@ -1081,17 +1081,19 @@ def test_the_fronts_time_is_in_the_zone_python_spells(tmp_path: Path) -> None:
     (tmp_path / "n").mkdir()
     own = make_node(tmp_path / "n", conf=f'log-file = "{logs}/gpuctk.log"\n')
     doc = base_doc("/nonexistent-root")
-    runs = [shim_run(own, doc, TZ=tz) for tz in ("UTC0", "UTC0", "UTC0", "XST-5:30", "XST-5:30")]
+    zones = ("UTC0", "UTC0", "UTC0", "XST-5:30", "XST-5:30", "YST+24:59:59", "YST+24:59:59")
+    runs = [shim_run(own, doc, TZ=tz) for tz in zones]
     assert all(r.returncode == 0 for r in runs), runs
     served = ["front: plan " in r.stderr for r in runs]
-    assert served == [False, True, True, False, True], [r.stderr for r in runs]
+    assert served == [False, True, True, False, True, False, True], [r.stderr for r in runs]
     assert "offset changed" in runs[3].stderr, runs[3].stderr
     stamps = [line.partition(" ")[0] for line in (logs / "gpuctk.log").read_text().splitlines()]
-    assert len(stamps) == 5 and all(
+    assert len(stamps) == 7 and all(
         len(s) == len('time="2026-01-01T00:00:00Z"') for s in stamps[:3]
     )
     assert [s[-2:] for s in stamps[:3]] == ['Z"'] * 3, stamps
-    assert [s[-7:] for s in stamps[3:]] == ['+05:30"'] * 2, stamps
+    assert [s[-7:] for s in stamps[3:5]] == ['+05:30"'] * 2, stamps
+    assert [s[-7:] for s in stamps[5:]] == ['-24:59"'] * 2, stamps  # the most POSIX TZ allows
 
 
 @pytest.mark.parametrize("fmt", ["text", "json", "other"])  # other: runc writes text

@@ -117,6 +117,17 @@ def test_the_layout(driver: DriverFiles, tmp_path: Path) -> None:
     assert [p.name for p in (tmp_path / "staging").iterdir()] == [folder.name]  # no leftovers
 
 
+def test_a_new_rule_for_the_stages_cache_makes_a_new_stage(
+    driver: DriverFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stage's name covers its ld cache: a gpuctk whose cache_of lists more names (the
+    development links) stages anew instead of reusing a stage whose cache lacks them."""
+    first = stage.stage_path_of(driver, V, str(tmp_path))
+    real = stage.cache_of
+    monkeypatch.setattr(stage, "cache_of", lambda files: real(files) + b"\0")
+    assert stage.stage_path_of(driver, V, str(tmp_path)) != first
+
+
 def test_a_rerun_reuses_the_stage_and_a_changed_file_makes_a_new_one(
     driver: DriverFiles, tmp_path: Path
 ) -> None:
