@@ -129,8 +129,9 @@ def children_cpu() -> float:
 
 def burst(argv: list[str], bundles: Bundles, proc_env: dict[str, str]) -> tuple[float, float]:
     """Seconds for every bundle's create, start, wait, delete through `argv`, all at once, and
-    the CPU seconds the runtime's processes spent on them (each waited for by then; the
-    containers' own processes, reparented, are not counted)."""
+    the CPU seconds the runtime's processes spent on them (each waited for by then, the
+    cleanup's `delete --force` too, a no-op after a delete; the containers' own processes,
+    reparented, are not counted)."""
     cpu = children_cpu()
     tag = f"gpuctk-burst-{os.getpid()}-{time.monotonic_ns()}"
     gate = threading.Barrier(BURST + 1, timeout=WAIT)
