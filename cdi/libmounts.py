@@ -88,9 +88,12 @@ def hwcaps_dirs(arch: str | None, families: tuple[str, ...] = FAMILIES) -> tuple
 
 def names_of(lib: DriverFile) -> tuple[str, ...]:
     """The names (relative to a loader folder) by which `lib` is found: its SONAME, then the
-    extra names hook mode links (development links, GLVND entry point, gbm/vdpau backends)."""
+    extra names hook mode links (development links, GLVND entry point, gbm/vdpau backends);
+    a library without SONAME, its development link alone."""
     soname = lib.soname
-    if not soname or "/" in soname or soname in (".", ".."):
+    if not soname:  # found by its development link alone, if it has one
+        return tuple(lib.links)
+    if "/" in soname or soname in (".", ".."):
         return ()
     names = [soname]
     names += [link for _target, link in DEV_LINKS.get(soname, ())]

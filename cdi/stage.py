@@ -151,10 +151,12 @@ def cache_of(files: DriverFiles) -> bytes:
         folder = "lib" if lib.capability == caps.COMPAT32 else "lib64"
         own = f"{folder}/{posixpath.basename(lib.container_path)}"
         flags = by_arch.get(lib.arch or "")
-        if not lib.soname or flags is None or copies.get(own) != lib.host_path:
+        if flags is None or copies.get(own) != lib.host_path:
             continue
-        # its SONAME, and each development link (libX.so), as ldconfig caches them
-        for key in (n for n in names_of(lib) if cached_name(n, lib.soname)):
+        # its SONAME, and each development link (libX.so), as ldconfig caches them (a file
+        # without SONAME is its own)
+        soname = lib.soname or posixpath.basename(own)
+        for key in (n for n in names_of(lib) if cached_name(n, soname)):
             name = f"{folder}/{key}"
             if name == own or links.get(name) == posixpath.basename(own):
                 entries.setdefault((key, flags), LdCacheEntry(key, f"{MOUNT}/{name}", flags))

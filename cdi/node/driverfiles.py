@@ -172,21 +172,25 @@ def _libraries(r: DriverRoot, version: str) -> dict[str, DriverFile]:
 
 def dev_link_name(name: str, soname: str | None) -> str | None:
     """The development link's name of the library file `name` with SONAME `soname`:
-    libX.so for libX.so.<version> with SONAME libX.so.N (ldcache.cached_name); None for a
-    library that has none (no SONAME, or one of another stem)."""
+    libX.so for libX.so.<version> with SONAME libX.so.N, or with none (then, as for
+    ldconfig, the file's name is its SONAME: ldcache.cached_name); None for a library of
+    another stem."""
     link = name.partition(".so.")[0] + ".so"
-    return link if link != name and cached_name(link, soname) else None
+    return link if link != name and cached_name(link, soname or name) else None
 
 
 def _dev_links(r: DriverRoot, real: str, soname: str | None) -> tuple[str, ...]:
-    """The development link beside the library `real`: its folder's libX.so (dev_link_name)
-    when that leads to it, by name; () where there is none. What ldconfig caches and the
-    linker finds, and a loader's dlopen("libX.so") too: NVML's Rust binding, for one, opens
-    libnvidia-ml.so."""
+    """The development link of the library `real` (dev_link_name), by name: where its folder
+    holds one that leads to it, or always for a library without SONAME, which is loaded by
+    that name alone (the driver dlopens libnvidia-vulkan-producer.so for Vulkan on Wayland,
+    and NVIDIA's spec links it); () where there is none. What ldconfig caches and the linker
+    finds, and a loader's dlopen("libX.so") too: NVML's Rust binding opens libnvidia-ml.so."""
     folder, name = posixpath.split(real)
     link = dev_link_name(name, soname)
-    hit = r.stat(f"{folder}/{link}") if link else None
-    return (link,) if link and hit is not None and hit[0] == real else ()
+    if link is None:
+        return ()
+    hit = r.stat(f"{folder}/{link}") if soname else None
+    return (link,) if not soname or (hit is not None and hit[0] == real) else ()
 
 
 def _links(libraries: list[DriverFile]) -> list[tuple[str, str]]:
@@ -199,6 +203,9 @@ def _links(libraries: list[DriverFile]) -> list[tuple[str, str]]:
                 links.setdefault(f"{folder}/{link}", target.format(soname=lib.soname, name=name))
             for link in lib.links:
                 links.setdefault(f"{folder}/{link}", lib.soname)
+        elif not lib.soname:  # a library found by its development link alone
+            for link in lib.links:
+                links.setdefault(f"{folder}/{link}", name)
         loader = LOADER_LINKS.get(lib.soname or "")
         if loader:
             libdir = folder.removesuffix("/nvidia/current").removesuffix("/vdpau")

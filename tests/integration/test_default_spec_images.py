@@ -101,6 +101,7 @@ static void by_name(const char *name) { /* what dlopen(name) finds, in a fresh p
 int main(void) {
     by_name("libnvidia-ml.so"); /* NVML's Rust binding, nvtop */
     by_name("libcuda.so"); /* numba's first name */
+    by_name("libnvidia-vulkan-producer.so"); /* the driver's, for Vulkan on Wayland */
     void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
     struct link_map *map = NULL;
     if (h == NULL || dlinfo(h, RTLD_DI_LINKMAP, &map) != 0) {
@@ -258,6 +259,10 @@ def expect_dev_links(report: dict[str, str], name: str) -> None:
     assert report["DEV:libnvidia-ml.so"] == f"{STAGE}/lib64/libnvidia-ml.so", report
     cuda = "/usr/local/cuda/compat" if name == "newer" else f"{STAGE}/lib64"
     assert report["DEV:libcuda.so"] == f"{cuda}/libcuda.so", report
+    # a library without SONAME, found by that name alone; it needs GLVND's libEGL.so.1,
+    # which these images lack: the loader found the driver's file and failed on that
+    producer = report["DEV:libnvidia-vulkan-producer.so"]
+    assert producer.startswith("ERROR libEGL.so.1: cannot open"), report
 
 
 def test_the_default_spec_is_a_folder_spec_with_the_front(world: World) -> None:

@@ -309,14 +309,29 @@ def test_loader_and_dev_links(tmp_path: Path) -> None:
     lib(root, f"{T}/libnvidia-allocator.so.{V}", "libnvidia-allocator.so.1")
     lib(root, f"{T}/vdpau/libvdpau_nvidia.so.{V}", "libvdpau_nvidia.so.1")
     lib(root, f"{T}/libnvidia-opticalflow.so.{V}", "libnvidia-opticalflow.so.1")
-    links = set(df.discover_driver_files(str(root), V).symlinks)
+    lib(root, f"{T}/libnvidia-ml.so.{V}", "libnvidia-ml.so.1")
+    (root / T.lstrip("/") / "libnvidia-ml.so").symlink_to(f"libnvidia-ml.so.{V}")
+    lib(root, f"{T}/libnvidia-cfg.so.{V}", "libnvidia-cfg.so.1")
+    (root / T.lstrip("/") / "libnvidia-cfg.so").symlink_to("libnvidia-ml.so.1")  # not its own
+    # no SONAME: the driver loads it by its development link's name, which NVIDIA's spec makes
+    lib(root, f"{T}/libnvidia-vulkan-producer.so.{V}", None)
+    files = df.discover_driver_files(str(root), V)
+    links = set(files.symlinks)
     assert links == {
         (f"libnvidia-allocator.so.{V}", f"{T}/libnvidia-allocator.so.1"),
         ("../libnvidia-allocator.so.1", f"{T}/gbm/nvidia-drm_gbm.so"),
         (f"libvdpau_nvidia.so.{V}", f"{T}/vdpau/libvdpau_nvidia.so.1"),
         (f"libnvidia-opticalflow.so.{V}", f"{T}/libnvidia-opticalflow.so.1"),
         ("libnvidia-opticalflow.so.1", f"{T}/libnvidia-opticalflow.so"),
+        (f"libnvidia-ml.so.{V}", f"{T}/libnvidia-ml.so.1"),
+        ("libnvidia-ml.so.1", f"{T}/libnvidia-ml.so"),  # the driver root's development link
+        (f"libnvidia-cfg.so.{V}", f"{T}/libnvidia-cfg.so.1"),
+        (f"libnvidia-vulkan-producer.so.{V}", f"{T}/libnvidia-vulkan-producer.so"),
     }
+    by_name = {os.path.basename(f.container_path): f.links for f in files.libraries}
+    assert by_name[f"libnvidia-ml.so.{V}"] == ("libnvidia-ml.so",)
+    assert by_name[f"libnvidia-cfg.so.{V}"] == ()  # its libX.so leads elsewhere
+    assert by_name[f"libnvidia-vulkan-producer.so.{V}"] == ("libnvidia-vulkan-producer.so",)
 
 
 # ---------------------------------------------------------------------------------------------
