@@ -85,8 +85,9 @@ class DriverFile:
     arch: str | None = (
         None  # ELF machine ("x86_64", "i386", ...: gpuctk.cdi.node.elf), libraries only
     )
-    # the development link the driver root holds beside a library (libX.so, leading to it),
-    # by name: the container gets it too, as from the reference toolkit (_dev_links)
+    # a library's development link (libX.so), by name: where the driver root holds it beside
+    # the library, or always for a library without SONAME; the container gets it too, as
+    # from the reference toolkit (_dev_links)
     links: tuple[str, ...] = ()
 
 
