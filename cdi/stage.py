@@ -153,12 +153,11 @@ def cache_of(files: DriverFiles) -> bytes:
         flags = by_arch.get(lib.arch or "")
         if flags is None or copies.get(own) != lib.host_path:
             continue
-        # its SONAME, and each development link (libX.so), as ldconfig caches them (a file
-        # without SONAME is its own)
-        soname = lib.soname or posixpath.basename(own)
-        for key in (n for n in names_of(lib) if cached_name(n, soname)):
+        # its SONAME, and each development link (libX.so), as ldconfig caches them
+        file = posixpath.basename(own)
+        for key in (n for n in names_of(lib) if cached_name(n, lib.soname, file)):
             name = f"{folder}/{key}"
-            if name == own or links.get(name) == posixpath.basename(own):
+            if name == own or links.get(name) == file:
                 entries.setdefault((key, flags), LdCacheEntry(key, f"{MOUNT}/{name}", flags))
     return build_ld_cache(list(entries.values()))
 

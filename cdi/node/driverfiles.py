@@ -173,11 +173,10 @@ def _libraries(r: DriverRoot, version: str) -> dict[str, DriverFile]:
 
 def dev_link_name(name: str, soname: str | None) -> str | None:
     """The development link's name of the library file `name` with SONAME `soname`:
-    libX.so for libX.so.<version> with SONAME libX.so.N, or with none (then, as for
-    ldconfig, the file's name is its SONAME: ldcache.cached_name); None for a library of
-    another stem."""
+    libX.so for libX.so.<version> with SONAME libX.so.N, or with none (ldcache.cached_name);
+    None for a library of another stem."""
     link = name.partition(".so.")[0] + ".so"
-    return link if link != name and cached_name(link, soname or name) else None
+    return link if link != name and cached_name(link, soname, name) else None
 
 
 def _dev_links(r: DriverRoot, real: str, soname: str | None) -> tuple[str, ...]:

@@ -71,11 +71,13 @@ _REQUIRED_NAMES = {
 }  # fmt: skip
 
 
-def cached_name(name: str, soname: str | None) -> bool:
+def cached_name(name: str, soname: str | None, file: str = "") -> bool:
     """Whether gpuctk's ld caches list a library reached by the file name `name` whose SONAME
     is `soname`: under the SONAME itself, or under its development link, libX.so for
     libX.so.N, the two names `ldconfig -p` lists for a library installed the usual way
-    (libz.so.1 and libz.so); ldconfig's own rules for other names are not followed."""
+    (libz.so.1 and libz.so); ldconfig's own rules for other names are not followed. `file`:
+    the library's own file name, which stands for a SONAME it lacks, as for ldconfig."""
+    soname = soname or file
     if not soname or "/" in name:
         return False
     return name == soname or (name.endswith(".so") and soname.startswith(name + "."))
