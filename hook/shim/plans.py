@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from gpuctk.hook.requests.devices import Request
 
 FOLDER_NAME = "plans"
-FORMAT = "gpuctk-plan-3"  # 3: prep carries the --disable-hook names
+FORMAT = "gpuctk-plan-4"  # 4: a stage's prep carries its own ld cache's entries
 MAX_BYTES = 1 << 20  # one plan
 MAX_PLANS = 64
 CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"  # as gpuctk.hook.requests.drivercaps.ENV

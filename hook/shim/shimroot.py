@@ -1,31 +1,26 @@
 """The shim does the hook's in-root work itself, so that no hook process runs at container start.
 
-A generated spec carries ONE `gpuctk-hook createContainer --link TARGET::LINK... --folder DIR...`
-entry: make the SONAME links, list the driver folders for the loader, refresh the ld cache. A
-hook process costs a Python start plus an ldconfig run, most of a runc lifecycle
-(docs/benchmarks.md). When gpuctk-runtime applies the spec, the container root is already
-mounted (the engine mounts it before `create`), so the shim can do the same before runc runs:
+A `--library-mode mounts` spec carries ONE `gpuctk-hook createContainer --link TARGET::LINK...
+--folder DIR...` entry: make the SONAME links, list the driver folders for the loader, refresh
+the ld cache. A hook process costs a Python start plus an ldconfig run (docs/benchmarks.md).
+The engine mounts the container root before `create`, so the shim does the same before runc:
 
 - each LINK whose TARGET is a driver file the spec mounts becomes one more bind mount of that
   host file at LINK (what a loader sees through a symlink, without writing into the image);
 - `/etc/ld.so.conf.d/00-gpuctk.conf` lists the folders (an image's later ldconfig keeps them);
-- `/etc/ld.so.cache` is rewritten with the image's own entries plus one per injected library
-  under its SONAME (read from the host file's ELF header), in ldconfig's order and format
-  (gpuctk.cdi.node.ldcache.build_ld_cache), so `ldconfig -p` and the loader find libcuda.so.1
-  without any ldconfig running; an image's CUDA compat folder whose libcuda is newer than the
-  driver comes first in both (gpuctk.hook.verbs.cudacompat).
+- `/etc/ld.so.cache` is the image's own entries plus the driver's libraries under the names
+  ldconfig caches (gpuctk.hook.verbs.ldmerge, from the host files' ELF headers), in ldconfig's
+  order and format, so `ldconfig -p` and the loader find libcuda.so.1 without any ldconfig;
+  an image's CUDA compat folder newer than the driver comes first (gpuctk.hook.verbs.cudacompat).
 
-A spec of `gpuctk cdi generate --library-mode folder` (the default) mounts the driver staged
-on the host at /usr/local/nvidia (gpuctk.cdi.stage), which CUDA images find through their
-LD_LIBRARY_PATH, and names one entry of the stage's folders (`gpuctk-cdi-hook createContainer
---folder /usr/local/nvidia/lib64`, or gpuctk-hook; none with --disable-hook all). Here the
-shim does that entry's work, drops it, and adds the folder's libraries to the image's ld cache the
-same way (entries under /usr/local/nvidia/lib64, and lib for 32-bit, with the folders in the
-ld.so.conf.d file), so that every glibc image with a cache loads the driver, not only the ones
-that set LD_LIBRARY_PATH, and makes the entry's links to the stage's firmware and config files
-(`--link /usr/local/nvidia/files/PATH::PATH`, `--link-for CAPABILITY:...` where the container's
-NVIDIA_DRIVER_CAPABILITIES asks for it) as the entry would. The stage's SONAME links are
-read on the host, never in the image.
+The default folder spec mounts the driver staged on the host at /usr/local/nvidia
+(gpuctk.cdi.stage), which CUDA images find through their LD_LIBRARY_PATH, with one entry
+(`gpuctk-cdi-hook createContainer --folder /usr/local/nvidia/lib64 ... --ld-cache FILE`, or
+gpuctk-hook; none with --disable-hook all). The shim does that entry's work and drops it: the
+stage's own ld cache (the file the entry merges, read on the host) merged into the image's,
+its folders in the ld.so.conf.d file, so that every glibc image with a cache loads the driver,
+and the entry's links to the stage's binaries, firmware and config files (`--link`, and
+`--link-for CAPABILITY:...` where the container's NVIDIA_DRIVER_CAPABILITIES asks for it).
 
 Writes go through gpuctk.rootfs (resolved inside the root, never following the image's
 symlinks out of it). Anything this cannot do exactly as the hook would (an option other than
@@ -51,6 +46,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from gpuctk.cdi.node.ldcache import LdCacheEntry
     from gpuctk.cdi.specs.shape import EditsDoc, MountDoc
 
 
@@ -227,45 +223,55 @@ STAGE_LIBS = tuple(f"{STAGE_PATH}/{sub}" for sub in STAGE_FOLDERS)
 
 
 def _stage_files(host: str) -> dict[str, Any] | None:
-    """The cache's view of a staged driver folder on the host: (container path, host file)
-    of each SONAME link in its lib64/ and lib/ whose target is a regular file in the same
-    folder, their ELF facts, and the container folders. None if `host` holds no stage."""
-    files: list[tuple[str, str]] = []
+    """The cache's view of a staged driver folder on the host: the entries of the stage's own
+    ld cache (gpuctk.cdi.stage.cache_of, the file gpuctk-cdi-hook merges: one list of the names
+    a stage's libraries are cached under) as (key, value, flags, hwcap), the container folders
+    (its lib64/ and lib/ that exist) and the driver's version (its libcuda.so.<version>).
+    None if `host` holds no lib folder, or no stage cache this uid may trust and read
+    (gpuctk.fs.open_trusted_file)."""
+    from gpuctk.cdi.node.ldcache import parse_ld_cache
+    from gpuctk.errors import GpuctkError
+    from gpuctk.fs import open_trusted_file, read_limited
+
+    names: list[str] = []
     folders = []
     for sub in STAGE_FOLDERS:
-        here = os.path.join(host, sub)
         try:
-            names = sorted(e.name for e in os.scandir(here) if e.is_symlink())
+            names += [e.name for e in os.scandir(os.path.join(host, sub)) if not e.is_symlink()]
         except OSError:
             continue
         folders.append(f"{STAGE_PATH}/{sub}")
-        for name in names:
-            target = os.readlink(os.path.join(here, name))
-            if "/" in target:
-                continue  # the stage's SONAME links are plain names in the same folder
-            files.append((f"{STAGE_PATH}/{sub}/{name}", os.path.join(here, target)))
     if not folders:
         return None
-    elf = {h: ldmerge.elf_facts(h) for _, h in files}
-    return {"files": files, "folders": folders, "elf": elf}
+    try:
+        fd, _ = open_trusted_file(host + STAGE_CACHE)
+        try:
+            data = read_limited(fd, ldmerge.MAX_CACHE)
+        finally:
+            os.close(fd)
+        entries = parse_ld_cache(data, max_size=ldmerge.MAX_CACHE)
+    except (GpuctkError, OSError, ValueError):
+        return None
+    wanted = set(folders)
+    kept = [(e.key, e.value, e.flags, e.hwcap) for e in entries
+            if posixpath.dirname(e.value) in wanted]  # fmt: skip
+    return {"entries": kept, "folders": folders, "version": cudacompat.host_version(names)}
 
 
 def _cache_stage(
-    config: dict[str, Any],
-    bundle: str,
-    stage: dict[str, Any],
-    debug: Callable[[str], None],
-    bundle_fd: int | None = None,
-    with_compat: bool = True,
-) -> bool:
+    config: dict[str, Any], bundle: str, stage: dict[str, Any], debug: Callable[[str], None],
+    bundle_fd: int | None = None, with_compat: bool = True,
+) -> bool:  # fmt: skip
     """Add a staged driver folder's libraries to the image's ld cache (the module docstring);
     an image without a cache, or a musl image, is left as it is (LD_LIBRARY_PATH only, or the
     spec's entry, which then runs): False."""
+    from gpuctk.cdi.node.ldcache import LdCacheEntry
+
     try:
         root_fd = _open_glibc_root(config, bundle, bundle_fd)
         try:
-            files = [tuple(f) for f in stage["files"]]
-            _merge_cache(root_fd, files, list(stage["folders"]), stage["elf"], with_compat)
+            entries = [LdCacheEntry(*e) for e in stage["entries"]]
+            _merge_cache(root_fd, entries, list(stage["folders"]), stage["version"], with_compat)
         finally:
             os.close(root_fd)
     except (_Fallback, rootfs.InRootError, OSError, ValueError) as exc:
@@ -327,24 +333,19 @@ def _open_root(config: dict[str, Any], bundle: str, bundle_fd: int | None = None
 
 
 def _merge_cache(
-    root_fd: int,
-    files: list[Any],
-    folders: list[str],
-    elf: dict[str, Any] | None,
-    with_compat: bool = True,
-) -> None:
-    """List `folders` in ld.so.conf.d and write the image's ld cache plus an entry for each
-    (container path, host file) of `files` named by its SONAME (gpuctk.hook.verbs.ldmerge; `elf`:
-    the facts already read), with an image's newer CUDA compat folder first (gpuctk.hook.
-    cudacompat). _Fallback when the image has no cache; ValueError when it is too large
-    (ldmerge.MAX_CACHE) or malformed."""
+    root_fd: int, entries: list[LdCacheEntry], folders: list[str],
+    version: tuple[int, ...] | None, with_compat: bool = True,
+) -> None:  # fmt: skip
+    """List `folders` in ld.so.conf.d and write the image's ld cache plus `entries` (the
+    driver's libraries), with an image's CUDA compat folder newer than the driver's `version`
+    first (gpuctk.hook.verbs.cudacompat). _Fallback when the image has no cache; ValueError
+    when it is too large (ldmerge.MAX_CACHE) or malformed."""
     cache = ldmerge.read_image_cache(root_fd)
     if cache is None:
         raise _Fallback(f"the image has no {ldmerge.LD_CACHE}")
-    entries = ldmerge.library_entries(files, folders, dict(elf or {}))
     compat = None
     if with_compat:  # not with --disable-hook enable-cuda-compat
-        compat = cudacompat.find(root_fd, cudacompat.host_version(p for f in files for p in f))
+        compat = cudacompat.find(root_fd, version)
     inroot.write_ld_conf(root_fd, folders)
     cudacompat.write_conf(root_fd, compat)
     ldmerge.write_cache(root_fd, cache, cudacompat.ahead(compat, entries))
@@ -359,12 +360,9 @@ def _by_dest(edits: EditsDoc) -> dict[str, MountDoc]:
 
 
 def _work(
-    config: dict[str, Any],
-    bundle: str,
-    edits: EditsDoc,
-    prep: dict[str, Any],
+    config: dict[str, Any], bundle: str, edits: EditsDoc, prep: dict[str, Any],
     bundle_fd: int | None = None,
-) -> list[MountDoc]:
+) -> list[MountDoc]:  # fmt: skip
     links, folders = prep["links"], prep["folders"]
     by_dest = _by_dest(edits)
     root_fd = _open_glibc_root(config, bundle, bundle_fd)
@@ -376,7 +374,9 @@ def _work(
                 for m in [*by_dest.values(), *new_mounts]
                 if isinstance(m.get("hostPath"), str)
             ]
-            _merge_cache(root_fd, files, folders, prep.get("elf"), prep.get("compat", True))
+            entries = ldmerge.library_entries(files, folders, dict(prep.get("elf") or {}))
+            version = cudacompat.host_version(p for f in files for p in f)
+            _merge_cache(root_fd, entries, folders, version, prep.get("compat", True))
     finally:
         os.close(root_fd)
     return new_mounts

@@ -219,7 +219,8 @@ def _target(dir_fd: int, name: str, kinds: dict[str, bool]) -> str | None:
 
 def _entries(dir_fd: int, entries: list[os.DirEntry[str]], folder: str) -> list[LdCacheEntry]:
     """A cache entry for each name in the folder that ldconfig caches for the file it leads
-    to: its SONAME, or its development link (cached_name: libcuda.so for libcuda.so.1)."""
+    to: its SONAME, or its development link (cached_name: libcuda.so for libcuda.so.1); the
+    file's own name stands for a SONAME it lacks, as for ldconfig."""
     from gpuctk.cdi.node.ldcache import LdCacheEntry, cached_name
 
     kinds: dict[str, bool] = {}  # name -> is a symlink (regular files and links only)
@@ -239,7 +240,7 @@ def _entries(dir_fd: int, entries: list[os.DirEntry[str]], folder: str) -> list[
         if target not in known:
             known[target] = _facts(dir_fd, target)
         facts = known[target]
-        if facts is not None and facts[0] is not None and cached_name(name, facts[1]):
+        if facts is not None and facts[0] is not None and cached_name(name, facts[1], target):
             out.append(LdCacheEntry(name, posixpath.join(folder, name), facts[0]))
     return out
 

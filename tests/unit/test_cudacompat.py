@@ -12,7 +12,7 @@ from fixtures.driver_root import make_elf
 
 from gpuctk.cdi.node.ldcache import LdCacheEntry, build_ld_cache, read_ld_cache
 from gpuctk.hook.shim import shimroot
-from gpuctk.hook.verbs import actions, cudacompat
+from gpuctk.hook.verbs import actions, cudacompat, ldmerge
 
 HOST = "535.309.01"
 NEWER = "550.54.15"
@@ -86,12 +86,16 @@ def root_fd(tmp_path: Path) -> Iterator[int]:
 
 
 def test_a_newer_compat_folder_is_found_with_its_sonames(tmp_path: Path, root_fd: int) -> None:
-    compat_image(tmp_path / "root", NEWER)
+    real = compat_image(tmp_path / "root", NEWER)
+    (real / "libnoname.so.2.0").write_bytes(make_elf(None))  # no SONAME: known by its name
+    (real / "libnoname.so").symlink_to("libnoname.so.2.0")
     found = cudacompat.find(root_fd, (535, 309, 1))
     assert found is not None and found.version == (550, 54, 15)
     assert sorted((e.key, e.value, e.flags) for e in found.entries) == [
         ("libcuda.so", f"{COMPAT}/libcuda.so", 0x0303),  # the development link, as ldconfig
         ("libcuda.so.1", f"{COMPAT}/libcuda.so.1", 0x0303),
+        ("libnoname.so", f"{COMPAT}/libnoname.so", 0x0303),  # as ldconfig lists them
+        ("libnoname.so.2.0", f"{COMPAT}/libnoname.so.2.0", 0x0303),
         ("libnvidia-nvvm.so.4", f"{COMPAT}/libnvidia-nvvm.so.4", 0x0303),
         ("libnvidia-ptxjitcompiler.so.1", f"{COMPAT}/libnvidia-ptxjitcompiler.so.1", 0x0303),
     ]
@@ -155,6 +159,12 @@ def image_cache(root: Path) -> None:
     (root / "etc/ld.so.cache").write_bytes(build_ld_cache(old))
 
 
+def merge(root_fd: int, files: list[tuple[str, str]]) -> None:
+    """The shim's cache of a mounts spec's `files` (hook/shim/shimroot.py _work)."""
+    entries = ldmerge.library_entries(files, [LIBDIR], {})
+    shimroot._merge_cache(root_fd, entries, [LIBDIR], cudacompat.parse_version(HOST))
+
+
 def first(cache: Path, key: str) -> str:
     return next(e.value for e in read_ld_cache(str(cache)) if e.key == key)
 
@@ -166,7 +176,7 @@ def test_shim_cache_puts_a_newer_compat_folder_first(
     root = tmp_path / "root"
     compat_image(root, version)
     image_cache(root)
-    shimroot._merge_cache(root_fd, driver(tmp_path), [LIBDIR], None)
+    merge(root_fd, driver(tmp_path))
     cache = root / "etc/ld.so.cache"
     assert first(cache, "libcuda.so.1") == f"{wins}/libcuda.so.1"
     assert first(cache, "libnvidia-ptxjitcompiler.so.1").startswith(wins + "/")
@@ -191,7 +201,7 @@ def test_a_stale_compat_conf_is_emptied(tmp_path: Path, root_fd: int) -> None:
     conf = root / cudacompat.COMPAT_CONF.lstrip("/")
     conf.parent.mkdir(parents=True)
     conf.write_text(f"{COMPAT}\n")
-    shimroot._merge_cache(root_fd, driver(tmp_path), [LIBDIR], None)
+    merge(root_fd, driver(tmp_path))
     assert COMPAT not in conf.read_text().splitlines()
 
 

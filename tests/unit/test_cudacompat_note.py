@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 from fixtures.driver_root import make_elf
-from test_cudacompat import compat_image, driver, first, image_cache
+from test_cudacompat import compat_image, driver, first, image_cache, merge
 
 from gpuctk.cdi.node.elf import read_elf_fd, read_note_section
-from gpuctk.hook.shim import shimroot
 from gpuctk.hook.verbs import actions, cudacompat
 
 HOST = (535, 309, 1)
@@ -186,7 +185,7 @@ def test_shim_and_hook_agree_on_the_note(
     put_note(real, version, note(*drivers))
     image_cache(root)
     files = driver(tmp_path)
-    shimroot._merge_cache(root_fd, files, [LIBDIR], None)
+    merge(root_fd, files)
     assert first(root / "etc/ld.so.cache", "libcuda.so.1") == f"{wins}/libcuda.so.1"
     (root / "etc/ld.so.cache").unlink()
     image_cache(root)

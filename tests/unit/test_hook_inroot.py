@@ -99,11 +99,11 @@ def test_create_container_on_a_debian_image(
 
 
 def mounted_lib(tmp_path: Path, rootfs: Path, libfoo: Path, folder: str = FOLDER) -> Path:
-    """A bundle whose config.json bind-mounts the host libfoo at folder/libfoo.so.1.2.3, as an
+    """A bundle whose config.json bind-mounts the host libfoo at folder/<its name>, as an
     engine writes it from the spec; the file is copied there (the mount, without a container)."""
     bundle = bundle_for(tmp_path, rootfs)
     config = json.loads((bundle / "config.json").read_text())
-    dest = f"{folder}/libfoo.so.1.2.3"
+    dest = f"{folder}/{libfoo.name}"
     config["mounts"] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {"destination": dest, "type": "bind", "source": str(libfoo), "options": ["ro", "rbind"]},
@@ -140,6 +140,40 @@ def test_create_container_merges_the_cache_without_ldconfig(
     assert "driver libraries (no ldconfig)" in log.read_text()
     conf = (rootfs / "etc/ld.so.conf.d/00-gpuctk.conf").read_text().splitlines()
     assert FOLDER in conf and other in conf  # an image's later ldconfig keeps them
+
+
+def test_a_library_without_soname_is_cached_by_its_names_as_ldconfig_does(
+    tmp_path: Path, fresh_rootfs: Any
+) -> None:
+    # the driver's libnvidia-vulkan-producer.so.<version> has no SONAME and is dlopened by its
+    # development link's name: ldconfig caches such a file under its own name and the link's
+    # (run here on a copy of the folder); the merge must list both, without ldconfig
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    lib = tmp_path / "libbar.so.1.2.3"
+    (tmp_path / "bar.c").write_text("int bar(void) { return 1; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-nostdlib", "-o", str(lib),
+                    str(tmp_path / "bar.c")], check=True)  # fmt: skip
+    rootfs = fresh_rootfs("debian")
+    bundle = mounted_lib(tmp_path, rootfs, lib)
+    log = tmp_path / "hook.log"
+    args = ["createContainer", "--link", f"libbar.so.1.2.3::{FOLDER}/libbar.so", "--folder", FOLDER]
+    env = {"GPUCTK_HOOK_LOG": str(log), "GPUCTK_HOOK_LOG_LEVEL": "debug"}
+    done = hook(args, state(bundle), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "driver libraries (no ldconfig)" in log.read_text()
+    ours = {line for line in cache_listing(rootfs).splitlines() if "libbar" in line}
+    ref = tmp_path / "ref"
+    (ref / "etc").mkdir(parents=True)
+    (ref / "etc/ld.so.conf").write_text(FOLDER + "\n")
+    shutil.copytree(rootfs / FOLDER.lstrip("/"), ref / FOLDER.lstrip("/"), symlinks=True)
+    subprocess.run(["/sbin/ldconfig", "-r", str(ref)], capture_output=True, check=False)
+    theirs = {line for line in cache_listing(ref).splitlines() if "libbar" in line}
+    want = {
+        f"\tlibbar.so.1.2.3 (libc6,x86-64) => {FOLDER}/libbar.so.1.2.3",
+        f"\tlibbar.so (libc6,x86-64) => {FOLDER}/libbar.so",
+    }
+    assert ours == theirs == want
 
 
 @pytest.mark.parametrize(

@@ -335,26 +335,28 @@ def test_doctor_reads_the_driver_version_off_the_stage_folder() -> None:
     assert _spec_driver_version(doc, None) is None
 
 
-def test_the_shim_reads_only_the_stages_own_links(tmp_path: Path) -> None:
-    """gpuctk-runtime's view of a stage (hook/shim/shimroot.py): each SONAME link in lib64/ and lib/
-    whose target is a plain name in the same folder; a link out of the folder is skipped, and
-    a mount that holds no lib folder is no stage."""
+def test_the_shim_merges_the_stages_own_cache(driver: DriverFiles, tmp_path: Path) -> None:
+    """gpuctk-runtime's view of a stage (hook/shim/shimroot.py) is the stage's own ld cache, the
+    file gpuctk-cdi-hook merges (stage.cache_of: one list of the names a stage's libraries are
+    cached under), with the lib folders there are and the driver's version; a stage whose
+    cache is missing, or that others may write, is no stage to it."""
     from gpuctk.hook.shim import shimroot
 
-    lib64 = tmp_path / "stage" / "lib64"
-    lib64.mkdir(parents=True)
-    (lib64 / f"libcuda.so.{V}").write_bytes(b"not an ELF file")
-    (lib64 / "libcuda.so.1").symlink_to(f"libcuda.so.{V}")
-    (lib64 / "libout.so.1").symlink_to("/etc/passwd")
-    (lib64 / "libup.so.1").symlink_to("../../etc/passwd")
-    seen = shimroot._stage_files(str(tmp_path / "stage"))
+    folder = Path(stage.stage_driver(driver, V, str(tmp_path / "staging")))
+    seen = shimroot._stage_files(str(folder))
     assert seen is not None
-    assert seen["folders"] == [f"{STAGE_PATH}/lib64"]
-    assert seen["files"] == [(f"{STAGE_PATH}/lib64/libcuda.so.1", str(lib64 / f"libcuda.so.{V}"))]
-    assert shimroot._stage_files(str(tmp_path)) is None
-    edits = {"mounts": [{"hostPath": str(tmp_path / "stage"), "containerPath": STAGE_PATH}]}
-    assert shimroot.prepare(edits)["stage"]["folders"] == [f"{STAGE_PATH}/lib64"]
+    want = [(e.key, e.value, e.flags, e.hwcap) for e in parse_ld_cache(stage.cache_of(driver))]
+    assert seen["entries"] == want and len(want) == 7
+    assert seen["folders"] == [f"{STAGE_PATH}/lib64", f"{STAGE_PATH}/lib"]
+    assert seen["version"] == (535, 309, 1)
+    edits = {"mounts": [{"hostPath": str(folder), "containerPath": STAGE_PATH}]}
+    assert shimroot.prepare(edits)["stage"] == seen
     assert shimroot.prepare({"mounts": []}) == {}
+    (folder / stage.CACHE).chmod(0o666)
+    assert shimroot._stage_files(str(folder)) is None
+    (folder / stage.CACHE).unlink()
+    assert shimroot._stage_files(str(folder)) is None
+    assert shimroot._stage_files(str(tmp_path)) is None  # no lib folder: no stage
 
 
 def test_prune_keeps_what_a_spec_names(tmp_path: Path) -> None:
