@@ -170,19 +170,18 @@ def _is_bind(mount: Mapping[str, Any]) -> bool:
 def host_sources(edits: Mapping[str, Any]) -> list[tuple[str, str]]:
     """Each host path runc opens for `edits`, with what names it: ("CDI mount DEST: source",
     PATH) for each mount source (a bind mount's, or an absolute one) and ("CDI device PATH:
-    host path", HOST) for each device node's host path (its `hostPath`, else its `path` when
-    the node must be read from the host)."""
+    host path", HOST) for each device node's host path: its `hostPath`, else its `path`, which
+    runc reads on the host where the spec leaves the node's numbers out, and bind-mounts from
+    the host in a user namespace (where it cannot make nodes) whatever the spec says."""
     found = []
     for mount in edits.get("mounts") or ():
         host = mount["hostPath"]
         if host.startswith("/") or _is_bind(mount):  # else a file system's name ("tmpfs")
             found.append((f"CDI mount {mount['containerPath']}: source", host))
     for node in edits.get("deviceNodes") or ():
-        host = node.get("hostPath")
-        if not host and (not node.get("type") or (not node.get("major") and node["type"] != "p")):
-            host = node["path"]
-        if host:
-            found.append((f"CDI device {node['path']}: host path", host))
+        found.append(
+            (f"CDI device {node['path']}: host path", node.get("hostPath") or node["path"])
+        )
     return found
 
 

@@ -33,9 +33,7 @@ def trusted_chain(
 ) -> tuple[dict[str, list[int]], list[int]] | None:
     """(chain_of every file the front's create makes root use, the log file's [dev, ino] or
     []), once each passes gpuctk's rules (the same ones the Python shim applies); None if one
-    does not. Device nodes count with their `path` when they have no `hostPath` (runc in a
-    user namespace bind-mounts the node from there), checked here where host_sources leaves
-    it out."""
+    does not."""
     from gpuctk.cdi.specs import hostpaths
     from gpuctk.errors import InputError
     from gpuctk.fs import append_trusted
@@ -43,14 +41,6 @@ def trusted_chain(
 
     hooks = edits.get("hooks") or []
     sources = [path for _, path in hostpaths.host_sources(edits)]
-    nodes = [n["path"] for n in edits.get("deviceNodes") or []
-             if not n.get("hostPath") and n["path"] not in sources]  # fmt: skip
-    folders: dict[str, int] = {}
-    try:
-        if any(hostpaths.source_problem(path, folders) for path in nodes):
-            return None
-    finally:
-        hostpaths.close_folders(folders)
     if hostpaths.source_problems(edits) or hostpaths.hook_problems(hooks):
         return None
     try:
@@ -67,7 +57,7 @@ def trusted_chain(
         except OSError:
             return None
         log_id = [st.st_dev, st.st_ino]
-    paths = [runtime, *(h["path"] for h in hooks), *sources, *nodes]
+    paths = [runtime, *(h["path"] for h in hooks), *sources]
     chain = chain_of([*paths, log_file] if log_file else paths)
     return (chain, log_id) if chain is not None else None
 

@@ -383,6 +383,12 @@ def test_a_world_writable_mount_source_and_a_device_host_path_are_refused(
     with pytest.raises(TrustError, match=f"CDI device /dev/nvidia0: host path {user}/nvidia0"):
         apply(oci, {"deviceNodes": [node]})
     assert oci == {}
+    # a node with its numbers and no hostPath: runc in a user namespace bind-mounts it from
+    # its `path` on the host (it cannot make nodes there), which others must not be able to swap
+    node = {"path": f"{user}/nvidia0", "type": "c", "major": 195, "minor": 0}
+    with pytest.raises(TrustError, match=f"CDI device {user}/nvidia0: host path {user}/nvidia0"):
+        apply(oci, {"deviceNodes": [node]})
+    assert oci == {}
 
 
 def test_sources_missing_from_trusted_folders_pass_and_links_of_root_are_followed(
