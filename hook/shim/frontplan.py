@@ -197,45 +197,28 @@ def eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:
 def _identities(
     world: tuple[Any, ...], conf: str, settings: Settings, nodes: list[str]
 ) -> list[list[Any]] | None:
-    """The plans' world (Plans.snapshot), the config file as `settings` were read from it
-    (its identity then: a file changed since is not this plan's) and the host `nodes` whose
-    numbers the edits take from the host, as the front's [path, dev, ino, size, mtime_ns,
-    ctime_ns] (or [path]: missing); None when the config is not settled or a file cannot be
-    looked at."""
+    """The plans' world (Plans.snapshot), this module, the config file as `settings` were read
+    from it (its identity then: a file changed since is not this plan's) and the host `nodes`
+    whose numbers the edits take from the host, as gpuctk.hook.shim.plans.entries records
+    them; None when the config is not settled or a file cannot be looked at."""
     import time
 
     from gpuctk.cdi.specs.speccache import SETTLE_NS
-    from gpuctk.hook.shim import plans
-    from gpuctk.hook.shim.plans import identity
+    from gpuctk.hook.shim.plans import entries, identity
 
     conf_id = settings.source_identity if settings.source else None
     if settings.source and (settings.source != conf or conf_id is None):
         return None
     if conf_id is not None and time.time_ns() - max(conf_id[3], conf_id[4]) < SETTLE_NS:
         return None
-    code, _, dirs, files = world
     try:
-        pairs = [(plans.__file__, code), (__file__, identity(__file__)), (conf, conf_id),
-                 *dirs, *files, *((n, identity(n)) for n in nodes)]  # fmt: skip
+        pairs = [(__file__, identity(__file__)), (conf, conf_id),
+                 *((n, identity(n)) for n in nodes)]  # fmt: skip
     except OSError:
         return None
-    if any(ident is None for _, ident in (pairs[:2] + pairs[len(pairs) - len(nodes) :])):
+    if any(ident is None for _, ident in (pairs[:1] + pairs[2:])):
         return None
-    return [[path, *ident] if ident is not None else [path] for path, ident in pairs]
-
-
-def _holds(world: Any) -> bool:
-    """Whether a plan's `world` (as _identities writes it) still holds."""
-    from gpuctk.hook.shim.plans import identity
-
-    try:
-        return isinstance(world, list) and all(
-            isinstance(entry, list) and entry
-            and identity(entry[0]) == (tuple(entry[1:]) if len(entry) > 1 else None)
-            for entry in world
-        )  # fmt: skip
-    except (OSError, TypeError, ValueError):
-        return False
+    return [*world[1], *entries(pairs)]
 
 
 def render(edits: EditsDoc, uid: int, gid: int) -> dict[str, Any]:
@@ -328,7 +311,7 @@ def current(state: str, key: FrontKey, cdi_prefixes: Sequence[str]) -> bool:
     names `cdi_prefixes` for this config: a create that found the request's plan then need
     not offer one again."""
     from gpuctk.hook.config import config_path
-    from gpuctk.hook.shim import filechain
+    from gpuctk.hook.shim import filechain, plans
     from gpuctk.jsonfast import loads
     from gpuctk.log import stamp_zone
     from gpuctk.writes import read_private
@@ -346,7 +329,7 @@ def current(state: str, key: FrontKey, cdi_prefixes: Sequence[str]) -> bool:
         and doc.get("config") == config_path(os.environ)[0]
         and isinstance(doc.get("lines"), dict)
         and doc["lines"].get("zone", None) in (None, stamp_zone())
-        and _holds(doc.get("world"))
+        and plans.holds(doc.get("world"))
         and filechain.holds(doc.get("chain"))
         and _keyed_on_holds(state, doc["config"], list(cdi_prefixes))
     )

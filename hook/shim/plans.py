@@ -47,13 +47,13 @@ import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Iterable, Mapping, Sequence
     from typing import Any
 
     from gpuctk.hook.requests.devices import Request
 
 FOLDER_NAME = "plans"
-FORMAT = "gpuctk-plan-4"  # 4: a stage's prep carries its own ld cache's entries
+FORMAT = "gpuctk-plan-4"  # 4: a stage's own ld cache entries; the world as entries()
 MAX_BYTES = 1 << 20  # one plan
 MAX_PLANS = 64
 CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"  # as gpuctk.hook.requests.drivercaps.ENV
@@ -81,6 +81,25 @@ def key_of(req: Request, env: Mapping[str, str]) -> tuple[Any, ...]:
     else:
         reqs = ()
     return (req.kind, req.driver_only, req.devices, env.get(CAPS_ENV), reqs)
+
+
+def entries(pairs: Iterable[tuple[str, tuple[int, ...] | None]]) -> list[list[Any]]:
+    """A world as the plans and the front plans record it: [path, dev, ino, size, mtime_ns,
+    ctime_ns] for each (path, identity), [path] for one missing (hook/shimfront.c reads it)."""
+    return [[path, *ident] if ident is not None else [path] for path, ident in pairs]
+
+
+def holds(world: Any) -> bool:
+    """Whether each entry of a recorded world (entries()) still has its identity: stat calls
+    only. False for anything that is not such a list, or a path that cannot be looked at."""
+    try:
+        return isinstance(world, list) and all(
+            isinstance(entry, list) and entry
+            and identity(entry[0]) == (tuple(entry[1:]) if len(entry) > 1 else None)
+            for entry in world
+        )  # fmt: skip
+    except (OSError, TypeError, ValueError):
+        return False
 
 
 def file_name(key: tuple[Any, ...]) -> str:
@@ -112,42 +131,39 @@ class Plans:
         return cls(state_dir(env), spec_dirs)
 
     def snapshot(self) -> tuple[Any, ...] | None:
-        """The world as it is now: this module, each spec dir and each spec file listed in it,
-        by identity. None when something in it is not settled yet (or cannot be listed)."""
+        """The world as it is now: the spec dirs in force, then this module, each spec dir and
+        each spec file listed in it, by identity (entries()). None when something in it is
+        not settled yet (or cannot be listed)."""
         import time
 
         from gpuctk.cdi.specs.registry import spec_paths
         from gpuctk.cdi.specs.speccache import SETTLE_NS
 
         now = time.time_ns()
-        dirs, files = [], []
+        pairs = []
         try:
-            code = identity(__file__)
+            pairs.append((__file__, identity(__file__)))
             for directory in self.spec_dirs:
                 ident = identity(directory)
-                dirs.append((directory, ident))
+                pairs.append((directory, ident))
                 if ident is not None:
-                    files += [(path, identity(path)) for path in spec_paths(directory)]
+                    pairs += [(path, identity(path)) for path in spec_paths(directory)]
         except OSError:
             return None
-        for _, ident in (("", code), *dirs, *files):
+        for _, ident in pairs:
             if ident is not None and now - max(ident[3], ident[4]) < SETTLE_NS:
                 return None
-        return (code, self.spec_dirs, tuple(dirs), tuple(files))
+        return (self.spec_dirs, entries(pairs))
 
     def _holds(self, world: object) -> bool:
-        """Whether a stored world still holds: only stat calls, no listing (a dir's own
-        identity changes with its entries)."""
-        try:
-            return (
-                isinstance(world, tuple)
-                and len(world) == 4
-                and world[1] == self.spec_dirs
-                and world[0] == identity(__file__)
-                and all(identity(p) == ident for p, ident in (*world[2], *world[3]))
-            )
-        except (OSError, TypeError, ValueError):  # cannot be looked at, or not a world
-            return False
+        """Whether a stored world still holds for these spec dirs (holds(): stat calls only,
+        no listing: a dir's own identity changes with its entries)."""
+        return (
+            isinstance(world, tuple)
+            and len(world) == 2
+            and world[0] == self.spec_dirs
+            and holds(world[1])
+        )
 
     def get(self, key: tuple[Any, ...]) -> dict[str, Any] | None:
         """The plan for `key`, if one was remembered in the world that still holds."""

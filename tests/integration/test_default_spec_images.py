@@ -395,27 +395,17 @@ def test_the_shim_serves_each_image_on_the_default_spec(
 
 
 def test_the_shim_serves_a_loader_that_searches_no_glibc_hwcaps(
-    world: World, tmp_path: Path
+    world: World, fresh_rootfs: Callable[[str], Path], tmp_path: Path
 ) -> None:
     """glibc 2.31 (Debian 11, Ubuntu 20.04) looks in no glibc-hwcaps folder: only the ld cache
     the shim writes finds the development links' names, the Vulkan producer's too (a library
     without SONAME, cached by its link's name as ldconfig caches it): the stage's own cache."""
-    try:
-        base = build_image("bullseye")
-    except ImageError as exc:
-        if os.environ.get("GPUCTK_REQUIRE_IMAGES") == "1":
-            pytest.fail(f"cannot build the bullseye image: {exc}")
-        pytest.skip(f"cannot build the bullseye image: {exc}")
-    rootfs = overlay(base, tmp_path / "overlay")
-    try:
-        bundle = make_bundle(tmp_path / "bundle", rootfs, ["/bin/true"],
-                             env=[PATH, "NVIDIA_VISIBLE_DEVICES=0"])  # fmt: skip
-        config = shim_edit(bundle, world.podman.specs["default"], tmp_path / "state")
-        assert work_hooks(config) == []  # the shim did the entry's work
-        names = "libnvidia-ml.so libcuda.so libnvidia-vulkan-producer.so"
-        done = runc_run(bundle, config, f"/bin/dlopen-test {names}", f"gpuctk-old-{os.getpid()}")
-    finally:
-        unmount(rootfs)
+    bundle = make_bundle(tmp_path / "bundle", fresh_rootfs("bullseye"), ["/bin/true"],
+                         env=[PATH, "NVIDIA_VISIBLE_DEVICES=0"])  # fmt: skip
+    config = shim_edit(bundle, world.podman.specs["default"], tmp_path / "state")
+    assert work_hooks(config) == []  # the shim did the entry's work
+    names = "libnvidia-ml.so libcuda.so libnvidia-vulkan-producer.so"
+    done = runc_run(bundle, config, f"/bin/dlopen-test {names}", f"gpuctk-old-{os.getpid()}")
     lines = done.stdout.splitlines()
     assert lines[:2] == ["OK libnvidia-ml.so", "OK libcuda.so"], done.stdout + done.stderr
     # found by name; it then needs GLVND's libEGL.so.1, which the image lacks
