@@ -5,7 +5,8 @@ pkg/cdi/container-edits.go, `ContainerEdits.Apply` after `Append`):
 
 - edits are first merged (`merge`): the spec-level edits of a spec once, before the edits of the
   first device requested from it, then each device's own edits, every list concatenated;
-- `env`: replaced by key (the first entry with that key in the OCI env), else appended;
+- `env`: replaced by key (the last entry with that key in the OCI env: the reference keeps
+  their indexes in a map), else appended;
 - `deviceNodes`: missing type/major/minor filled from the host node (`hostPath`, else `path`;
   the only I/O here, skipped when the spec carries them); the first `linux.devices` entry with
   the same path is removed, then the node replaces a second one in place or is appended; uid and

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,13 +72,16 @@ def test_parse_capabilities(value: str | None, expected: set[str]) -> None:
     assert parse_capabilities(value) == expected
 
 
-def test_import_is_light() -> None:
+def test_import_is_light(tmp_path: Path) -> None:
     code = (
         "import sys; before = set(sys.modules); import gpuctk.cdi.node.capabilities; "
         "print(' '.join(sorted(set(sys.modules) - before)))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    # run away from a checkout's root, whose gpuctk/ (the source) `-c` would import instead
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=tmp_path)  # fmt: skip
     assert set(out.stdout.split()) <= {
+        "__future__",  # what `from __future__ import annotations` loads, where site did not
         "gpuctk",
         "gpuctk.cdi",
         "gpuctk.cdi.node",
