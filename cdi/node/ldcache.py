@@ -71,14 +71,20 @@ _REQUIRED_NAMES = {
 }  # fmt: skip
 
 
+def library_name(name: str) -> bool:
+    """Whether ldconfig looks at a file of this name in a folder: lib* or ld-*, with .so."""
+    return name.startswith(("lib", "ld-")) and ".so" in name
+
+
 def cached_name(name: str, soname: str | None, file: str = "") -> bool:
     """Whether gpuctk's ld caches list a library reached by the file name `name` whose SONAME
     is `soname`: under the SONAME itself, or under its development link, libX.so for
     libX.so.N, the two names `ldconfig -p` lists for a library installed the usual way
-    (libz.so.1 and libz.so); ldconfig's own rules for other names are not followed. `file`:
-    the library's own file name, which stands for a SONAME it lacks, as for ldconfig."""
+    (libz.so.1 and libz.so); ldconfig's own rules for other names are not followed, but
+    like it, only a library_name. `file`: the name that stands for a SONAME the library
+    lacks (ldconfig takes the name it found it by)."""
     soname = soname or file
-    if not soname or "/" in name:
+    if not soname or "/" in name or not library_name(name):
         return False
     return name == soname or (name.endswith(".so") and soname.startswith(name + "."))
 

@@ -3,13 +3,14 @@
 What a container gets for a request depends only on the request and the CDI specs: the same
 `NVIDIA_VISIBLE_DEVICES=0` on the same spec files always resolves to the same merged edits, the
 same notes and the same in-root preparation (the hook's links and folders, the SONAME of each
-injected library from its ELF header). gpuctk-runtime resolves a request once, in full, and keeps
-the result (a "plan") in `$GPUCTK_STATE_DIR/plans/` (default /run/gpuctk, a tmpfs), one
-`marshal` file per request, so that creates running at once each add their own plan and none
-overwrites another's (at most MAX_PLANS files: a write past that removes the oldest). The next
-create with the same request takes the plan, after a few stat calls, instead of importing and
-running the registry, the capability filter, the merge, the hook argument parser and the ELF
-reader (a quarter of a create: docs/benchmarks.md).
+injected library from its ELF header, or a stage's own ld cache entries, with that file's
+identity: read again at a create where it changed). gpuctk-runtime resolves a request once, in
+full, and keeps the result (a "plan") in `$GPUCTK_STATE_DIR/plans/` (default /run/gpuctk, a
+tmpfs), one `marshal` file per request, so that creates running at once each add their own plan
+and none overwrites another's (at most MAX_PLANS files: a write past that removes the oldest).
+The next create with the same request takes the plan, after a few stat calls, instead of
+importing and running the registry, the capability filter, the merge, the hook argument parser
+and the ELF reader (a quarter of a create: docs/benchmarks.md).
 
 A plan is keyed on the request as gpuctk.hook.requests.devices read it (kind, device names or driver
 only), the raw NVIDIA_DRIVER_CAPABILITIES value and the NVIDIA_REQUIRE_* requirements that

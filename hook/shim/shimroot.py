@@ -39,6 +39,7 @@ import os
 import posixpath
 
 from gpuctk import rootfs
+from gpuctk.hook.shim.rootcache import Fallback, merge_cache, open_glibc_root, open_root
 from gpuctk.hook.verbs import cudacompat, inroot, ldmerge, nodeguard
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
@@ -46,7 +47,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-    from gpuctk.cdi.node.ldcache import LdCacheEntry
     from gpuctk.cdi.specs.shape import EditsDoc, MountDoc
 
 
@@ -111,10 +111,6 @@ def _stage_links(hook: Any, config: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
-class _Fallback(Exception):
-    """This container needs the hook after all (the message says why, for the debug log)."""
-
-
 def take_over(
     config: dict[str, Any],
     bundle: str,
@@ -140,23 +136,23 @@ def take_over(
         return nodeguard.guard(edits, ours or staged, protect, debug, params=params)
     if not ours and prep.get("stage"):
         off = nodeguard.disabled(staged[0]) if staged else []
+        stage, compat = _by_dest(edits)[STAGE_PATH]["hostPath"], "enable-cuda-compat" not in off
         cached = "update-ldcache" in off or _cache_stage(
-            config, bundle, prep["stage"], debug, bundle_fd, "enable-cuda-compat" not in off
+            config, bundle, (stage, prep["stage"]), debug, bundle_fd, compat
         )
         links = _stage_links(staged[0], config) if staged and "create-symlinks" not in off else []
-        stage = _by_dest(edits)[STAGE_PATH]["hostPath"]
         linked = not links or _link_staged(config, bundle, links, stage, debug, bundle_fd)
         if staged and cached and linked:  # the entry's work is done: it need not run
             edits = edits.copy()
             edits["hooks"] = [h for h in hooks if h not in staged]
         return nodeguard.guard(edits, staged, protect, debug, taken=cached, params=params)
-    if len(ours) != 1:
-        return nodeguard.guard(edits, ours, protect, debug, params=params)
+    if len(ours) != 1:  # none: a stage whose cache is not to be read here, its entry runs
+        return nodeguard.guard(edits, ours or staged, protect, debug, params=params)
     try:
         if prep.get("fallback") is not None:
-            raise _Fallback(prep["fallback"])
+            raise Fallback(prep["fallback"])
         mounts = _work(config, bundle, edits, prep, bundle_fd)
-    except (_Fallback, rootfs.InRootError, OSError, ValueError) as exc:
+    except (Fallback, rootfs.InRootError, OSError, ValueError) as exc:
         debug(f"in-root work left to gpuctk-hook: {exc}")
         return nodeguard.guard(edits, ours, protect, debug, params=params)
     done = edits.copy()
@@ -168,13 +164,20 @@ def take_over(
 def prepare(edits: EditsDoc) -> dict[str, Any]:
     """What the in-root work needs from `edits` alone, for any container: the hook's links
     (link -> target) and folders, and the ELF facts (file identity, cache flags, SONAME) of
-    every mounted file a cache entry may name. {"fallback": why} when the hook must run;
-    {} when there is no hook of ours. Plain data (gpuctk.hook.shim.plans keeps it)."""
+    every mounted file a cache entry may name; for a stage, its own cache (_stage_files).
+    {"fallback": why} when the hook must run; {} when there is no hook of ours. Plain data
+    (gpuctk.hook.shim.plans keeps it)."""
     ours = [h for h in edits.get("hooks") or [] if _our_hook(h)]
-    if not ours:
+    if not ours:  # the stage's cache, where its entry names no other (_stage_files)
         stage = _by_dest(edits).get(STAGE_PATH)
         host = stage.get("hostPath") if stage else None
-        return {"stage": _stage_files(host)} if isinstance(host, str) else {}
+        named = set()
+        for h in (h for h in edits.get("hooks") or [] if _stage_hook(h)):  # even: args in pairs
+            pairs = zip(h["args"][2::2], h["args"][3::2], strict=True)
+            named |= {v for k, v in pairs if k == "--ld-cache"}
+        if not isinstance(host, str) or not named <= {f"{host}{STAGE_CACHE}"}:
+            return {}
+        return {"stage": _stage_files(host)}
     if len(ours) != 1:
         return {}
     from gpuctk.hook.verbs.hook_main import parse
@@ -231,7 +234,7 @@ def _stage_files(host: str) -> dict[str, Any] | None:
     (gpuctk.fs.open_trusted_file)."""
     from gpuctk.cdi.node.ldcache import parse_ld_cache
     from gpuctk.errors import GpuctkError
-    from gpuctk.fs import open_trusted_file, read_limited
+    from gpuctk.fs import open_trusted_file, read_limited, stat_identity
 
     names: list[str] = []
     folders = []
@@ -244,7 +247,7 @@ def _stage_files(host: str) -> dict[str, Any] | None:
     if not folders:
         return None
     try:
-        fd, _ = open_trusted_file(host + STAGE_CACHE)
+        fd, st = open_trusted_file(host + STAGE_CACHE)
         try:
             data = read_limited(fd, ldmerge.MAX_CACHE)
         finally:
@@ -253,29 +256,38 @@ def _stage_files(host: str) -> dict[str, Any] | None:
     except (GpuctkError, OSError, ValueError):
         return None
     wanted = set(folders)
-    kept = [(e.key, e.value, e.flags, e.hwcap) for e in entries
-            if posixpath.dirname(e.value) in wanted]  # fmt: skip
-    return {"entries": kept, "folders": folders, "version": cudacompat.host_version(names)}
+    kept = [
+        (e.key, e.value, e.flags, e.hwcap)
+        for e in entries
+        if posixpath.dirname(e.value) in wanted and posixpath.normpath(e.value) == e.value
+    ]
+    version = cudacompat.host_version(names)
+    return {"entries": kept, "folders": folders, "version": version, "id": stat_identity(st)}
 
 
 def _cache_stage(
-    config: dict[str, Any], bundle: str, stage: dict[str, Any], debug: Callable[[str], None],
-    bundle_fd: int | None = None, with_compat: bool = True,
+    config: dict[str, Any], bundle: str, staged: tuple[str, dict[str, Any]],
+    debug: Callable[[str], None], bundle_fd: int | None = None, with_compat: bool = True,
 ) -> bool:  # fmt: skip
-    """Add a staged driver folder's libraries to the image's ld cache (the module docstring);
-    an image without a cache, or a musl image, is left as it is (LD_LIBRARY_PATH only, or the
-    spec's entry, which then runs): False."""
+    """Add a staged driver folder's libraries to the image's ld cache (the module docstring):
+    `staged` is (its host path, _stage_files of it, maybe remembered: read again when its
+    cache is not the file it was read from). An image without a cache, or a musl image, is
+    left as it is (LD_LIBRARY_PATH only, or the spec's entry, which then runs): False."""
     from gpuctk.cdi.node.ldcache import LdCacheEntry
+    from gpuctk.fs import stat_identity
 
+    host, stage = staged
     try:
-        root_fd = _open_glibc_root(config, bundle, bundle_fd)
+        if stat_identity(os.stat(host + STAGE_CACHE)) != tuple(stage["id"]):
+            stage = _stage_files(host) or {}  # changed since the plan: as it is now
+        root_fd = open_glibc_root(config, bundle, bundle_fd)
         try:
             entries = [LdCacheEntry(*e) for e in stage["entries"]]
-            _merge_cache(root_fd, entries, list(stage["folders"]), stage["version"], with_compat)
+            merge_cache(root_fd, entries, list(stage["folders"]), stage["version"], with_compat)
         finally:
             os.close(root_fd)
-    except (_Fallback, rootfs.InRootError, OSError, ValueError) as exc:
-        debug(f"{STAGE_PATH} not added to the ld cache: {exc}")
+    except (Fallback, rootfs.InRootError, OSError, ValueError, KeyError) as exc:
+        debug(f"{STAGE_PATH} not added to the ld cache: {exc!r}")
         return False
     return True
 
@@ -289,7 +301,7 @@ def _link_staged(
     (runc mounts the stage after this); False when the entry must run after all."""
     present = lambda target: os.path.isfile(stage + target[len(STAGE_PATH) :])  # noqa: E731
     try:
-        root_fd = _open_root(config, bundle, bundle_fd)
+        root_fd = open_root(config, bundle, bundle_fd)
         try:
             inroot.create_symlinks(root_fd, links, present)
         finally:
@@ -298,57 +310,6 @@ def _link_staged(
         debug(f"the stage's links left to the hook: {exc}")
         return False
     return True
-
-
-def _open_glibc_root(config: dict[str, Any], bundle: str, bundle_fd: int | None = None) -> int:
-    """The container root, opened (the caller closes it); _Fallback for a musl image. A
-    relative root.path is opened from `bundle_fd` when given."""
-    root_fd = _open_root(config, bundle, bundle_fd)
-    try:
-        if inroot.has_runnable_musl(root_fd):
-            raise _Fallback("a musl loader in the image")
-    except BaseException:
-        os.close(root_fd)
-        raise
-    return root_fd
-
-
-def _open_root(config: dict[str, Any], bundle: str, bundle_fd: int | None = None) -> int:
-    from gpuctk.hook import oci_state
-
-    path = oci_state.rootfs_path(config, bundle)
-    rel = config["root"]["path"]  # checked by rootfs_path
-    if bundle_fd is None or rel.startswith("/"):
-        root_fd = rootfs.open_root(path)
-    else:
-        flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
-        try:
-            root_fd = os.open(posixpath.normpath(rel), flags, dir_fd=bundle_fd)
-        except OSError as exc:
-            err = exc.errno or 5
-            raise rootfs.InRootError(
-                f"cannot open container root {path}: {os.strerror(err)}", err
-            ) from exc
-    return root_fd
-
-
-def _merge_cache(
-    root_fd: int, entries: list[LdCacheEntry], folders: list[str],
-    version: tuple[int, ...] | None, with_compat: bool = True,
-) -> None:  # fmt: skip
-    """List `folders` in ld.so.conf.d and write the image's ld cache plus `entries` (the
-    driver's libraries), with an image's CUDA compat folder newer than the driver's `version`
-    first (gpuctk.hook.verbs.cudacompat). _Fallback when the image has no cache; ValueError
-    when it is too large (ldmerge.MAX_CACHE) or malformed."""
-    cache = ldmerge.read_image_cache(root_fd)
-    if cache is None:
-        raise _Fallback(f"the image has no {ldmerge.LD_CACHE}")
-    compat = None
-    if with_compat:  # not with --disable-hook enable-cuda-compat
-        compat = cudacompat.find(root_fd, version)
-    inroot.write_ld_conf(root_fd, folders)
-    cudacompat.write_conf(root_fd, compat)
-    ldmerge.write_cache(root_fd, cache, cudacompat.ahead(compat, entries))
 
 
 def _by_dest(edits: EditsDoc) -> dict[str, MountDoc]:
@@ -365,7 +326,7 @@ def _work(
 ) -> list[MountDoc]:  # fmt: skip
     links, folders = prep["links"], prep["folders"]
     by_dest = _by_dest(edits)
-    root_fd = _open_glibc_root(config, bundle, bundle_fd)
+    root_fd = open_glibc_root(config, bundle, bundle_fd)
     try:
         new_mounts = _link_mounts(root_fd, links, by_dest)
         if folders:
@@ -376,7 +337,7 @@ def _work(
             ]
             entries = ldmerge.library_entries(files, folders, dict(prep.get("elf") or {}))
             version = cudacompat.host_version(p for f in files for p in f)
-            _merge_cache(root_fd, entries, folders, version, prep.get("compat", True))
+            merge_cache(root_fd, entries, folders, version, prep.get("compat", True))
     finally:
         os.close(root_fd)
     return new_mounts
@@ -392,7 +353,7 @@ def _link_mounts(
         mount = by_dest.get(path)
         if mount is None:
             if rootfs.stat_in_root(root_fd, path) is not None:
-                raise _Fallback(f"link {link} -> {target} targets a file of the image")
+                raise Fallback(f"link {link} -> {target} targets a file of the image")
             continue  # as the hook: a target not in the container (a capability left out)
         if link in by_dest:
             continue

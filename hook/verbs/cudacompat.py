@@ -220,8 +220,8 @@ def _target(dir_fd: int, name: str, kinds: dict[str, bool]) -> str | None:
 def _entries(dir_fd: int, entries: list[os.DirEntry[str]], folder: str) -> list[LdCacheEntry]:
     """A cache entry for each name in the folder that ldconfig caches for the file it leads
     to: its SONAME, or its development link (cached_name: libcuda.so for libcuda.so.1); the
-    file's own name stands for a SONAME it lacks, as for ldconfig."""
-    from gpuctk.cdi.node.ldcache import LdCacheEntry, cached_name
+    name stands for a SONAME the file lacks, as for ldconfig."""
+    from gpuctk.cdi.node.ldcache import LdCacheEntry, cached_name, library_name
 
     kinds: dict[str, bool] = {}  # name -> is a symlink (regular files and links only)
     for e in entries:
@@ -232,7 +232,7 @@ def _entries(dir_fd: int, entries: list[os.DirEntry[str]], folder: str) -> list[
     known: dict[str, tuple[int | None, str | None] | None] = {}
     out: list[LdCacheEntry] = []
     for name in kinds:
-        if not name.startswith("lib") or ".so" not in name:
+        if not library_name(name):
             continue
         target = _target(dir_fd, name, kinds)
         if target is None:
@@ -240,7 +240,7 @@ def _entries(dir_fd: int, entries: list[os.DirEntry[str]], folder: str) -> list[
         if target not in known:
             known[target] = _facts(dir_fd, target)
         facts = known[target]
-        if facts is not None and facts[0] is not None and cached_name(name, facts[1], target):
+        if facts is not None and facts[0] is not None and cached_name(name, facts[1], name):
             out.append(LdCacheEntry(name, posixpath.join(folder, name), facts[0]))
     return out
 

@@ -94,8 +94,9 @@ def library_entries(
     files: list[tuple[str, str]], folders: list[str], known: dict[str, Any]
 ) -> list[LdCacheEntry]:
     """A cache entry for each (container path, host file) in `folders` whose name ldconfig
-    caches: the host file's SONAME or its development link, the file's own name standing for a
-    SONAME it lacks (cached_name). ELF facts through facts_for(host, known)."""
+    caches: the host file's SONAME or its development link, the name in the container standing
+    for a SONAME it lacks, as for ldconfig (cached_name). ELF facts through facts_for(host,
+    known)."""
     from gpuctk.cdi.node.ldcache import LdCacheEntry, cached_name
 
     wanted = set(folders)
@@ -109,7 +110,7 @@ def library_entries(
             continue
         _, flags, soname = facts
         name = posixpath.basename(dest)
-        if flags is not None and cached_name(name, soname, posixpath.basename(host)):
+        if flags is not None and cached_name(name, soname, name):
             entries.append(LdCacheEntry(name, dest, flags))
     return entries
 

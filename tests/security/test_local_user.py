@@ -480,14 +480,14 @@ def test_a_bundle_path_flipped_to_a_root_folder_is_never_written(
 def test_a_relative_root_path_is_found_from_the_bundle_descriptor(node: Node) -> None:
     """The in-root work opens a relative root.path from the bundle the shim opened, not by
     joining the bundle path again (which may name another folder by then)."""
-    from gpuctk.hook.shim import shimroot
+    from gpuctk.hook.shim import rootcache
 
     mine, other = node.root / "mine", node.root / "other"
     for bundle in (mine, other):
         (bundle / "rootfs").mkdir(parents=True)
     fd = os.open(mine, os.O_PATH | os.O_DIRECTORY)
     try:
-        root_fd = shimroot._open_glibc_root({"root": {"path": "rootfs"}}, str(other), fd)
+        root_fd = rootcache.open_glibc_root({"root": {"path": "rootfs"}}, str(other), fd)
     finally:
         os.close(fd)
     try:

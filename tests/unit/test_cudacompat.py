@@ -11,7 +11,7 @@ import pytest
 from fixtures.driver_root import make_elf
 
 from gpuctk.cdi.node.ldcache import LdCacheEntry, build_ld_cache, read_ld_cache
-from gpuctk.hook.shim import shimroot
+from gpuctk.hook.shim import rootcache
 from gpuctk.hook.verbs import actions, cudacompat, ldmerge
 
 HOST = "535.309.01"
@@ -162,7 +162,7 @@ def image_cache(root: Path) -> None:
 def merge(root_fd: int, files: list[tuple[str, str]]) -> None:
     """The shim's cache of a mounts spec's `files` (hook/shim/shimroot.py _work)."""
     entries = ldmerge.library_entries(files, [LIBDIR], {})
-    shimroot._merge_cache(root_fd, entries, [LIBDIR], cudacompat.parse_version(HOST))
+    rootcache.merge_cache(root_fd, entries, [LIBDIR], cudacompat.parse_version(HOST))
 
 
 def first(cache: Path, key: str) -> str:

@@ -98,12 +98,15 @@ def test_create_container_on_a_debian_image(
     assert (rootfs / "etc/ld.so.conf").read_text().startswith("include")  # the image's own
 
 
-def mounted_lib(tmp_path: Path, rootfs: Path, libfoo: Path, folder: str = FOLDER) -> Path:
-    """A bundle whose config.json bind-mounts the host libfoo at folder/<its name>, as an
-    engine writes it from the spec; the file is copied there (the mount, without a container)."""
+def mounted_lib(
+    tmp_path: Path, rootfs: Path, libfoo: Path, folder: str = FOLDER, name: str = ""
+) -> Path:
+    """A bundle whose config.json bind-mounts the host libfoo at folder/`name` (default its
+    own), as an engine writes it from the spec; the file is copied there (the mount, without
+    a container)."""
     bundle = bundle_for(tmp_path, rootfs)
     config = json.loads((bundle / "config.json").read_text())
-    dest = f"{folder}/{libfoo.name}"
+    dest = f"{folder}/{name or libfoo.name}"
     config["mounts"] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {"destination": dest, "type": "bind", "source": str(libfoo), "options": ["ro", "rbind"]},
@@ -146,16 +149,17 @@ def test_a_library_without_soname_is_cached_by_its_names_as_ldconfig_does(
     tmp_path: Path, fresh_rootfs: Any
 ) -> None:
     # the driver's libnvidia-vulkan-producer.so.<version> has no SONAME and is dlopened by its
-    # development link's name: ldconfig caches such a file under its own name and the link's
-    # (run here on a copy of the folder); the merge must list both, without ldconfig
+    # development link's name: ldconfig caches such a file under each name it finds it by
+    # (run here on a copy of the folder); the merge must list both, without ldconfig, by the
+    # names in the container (the host file's own name is another here)
     if shutil.which("gcc") is None:
         pytest.skip("needs gcc")
-    lib = tmp_path / "libbar.so.1.2.3"
+    lib = tmp_path / "bar-build.out"
     (tmp_path / "bar.c").write_text("int bar(void) { return 1; }\n")
     subprocess.run(["gcc", "-shared", "-fPIC", "-nostdlib", "-o", str(lib),
                     str(tmp_path / "bar.c")], check=True)  # fmt: skip
     rootfs = fresh_rootfs("debian")
-    bundle = mounted_lib(tmp_path, rootfs, lib)
+    bundle = mounted_lib(tmp_path, rootfs, lib, name="libbar.so.1.2.3")
     log = tmp_path / "hook.log"
     args = ["createContainer", "--link", f"libbar.so.1.2.3::{FOLDER}/libbar.so", "--folder", FOLDER]
     env = {"GPUCTK_HOOK_LOG": str(log), "GPUCTK_HOOK_LOG_LEVEL": "debug"}

@@ -508,3 +508,39 @@ def test_a_refused_cache_is_left_as_it_is_for_the_hosts_ldconfig(tmp_path: Path)
     finally:
         os.close(fd)
     assert (tmp_path / "etc/ld.so.cache").read_bytes() == data
+
+
+def test_cached_name_takes_the_names_ldconfig_caches(tmp_path: Path) -> None:
+    """The names cached_name gives an entry, each asked with the name it is found by standing
+    for a SONAME the file lacks (as gpuctk's merges ask it), are the keys ldconfig itself
+    caches for the same folder: SONAME and development links, every lib*.so* name of a file
+    without SONAME, and no name ldconfig does not look at (an Xorg module's)."""
+    if shutil.which("gcc") is None or not os.path.exists("/sbin/ldconfig"):
+        pytest.skip("needs gcc and ldconfig")
+    folder = tmp_path / "root/opt/lib"
+    folder.mkdir(parents=True)
+    (tmp_path / "x.c").write_text("int x(void) { return 1; }\n")
+    sonames = {"libx.so.1.0": "libx.so.1", "libnosoname.so.2": None, "nvidia_drv.so": None}
+    for name, soname in sonames.items():
+        flag = [f"-Wl,-soname,{soname}"] if soname else []
+        subprocess.run(["gcc", "-shared", "-fPIC", "-nostdlib", *flag, "-o", str(folder / name),
+                        str(tmp_path / "x.c")], check=True)  # fmt: skip
+    links = {
+        "libx.so.1": "libx.so.1.0",
+        "libx.so": "libx.so.1",
+        "libnosoname.so": "libnosoname.so.2",
+    }
+    for link, target in links.items():
+        (folder / link).symlink_to(target)
+    (tmp_path / "root/etc").mkdir()
+    (tmp_path / "root/etc/ld.so.conf").write_text("/opt/lib\n")
+    subprocess.run(
+        ["/sbin/ldconfig", "-r", str(tmp_path / "root")], capture_output=True, check=False
+    )
+    theirs = {e.key for e in ldcache.read_ld_cache(str(tmp_path / "root/etc/ld.so.cache"))}
+
+    def file_of(name: str) -> str:
+        return file_of(links[name]) if name in links else name
+
+    ours = {n for n in [*sonames, *links] if ldcache.cached_name(n, sonames[file_of(n)], n)}
+    assert ours == theirs == {"libx.so.1", "libx.so", "libnosoname.so.2", "libnosoname.so"}
