@@ -179,16 +179,16 @@ def host_sources(edits: Mapping[str, Any]) -> list[tuple[str, str]]:
         if host.startswith("/") or _is_bind(mount):  # else a file system's name ("tmpfs")
             found.append((f"CDI mount {mount['containerPath']}: source", host))
     for node in edits.get("deviceNodes") or ():
-        found.append(
-            (f"CDI device {node['path']}: host path", node.get("hostPath") or node["path"])
-        )
+        host = node.get("hostPath")  # else the node's own path, as runc takes it on the host
+        what = "host path" if host else "path on the host"
+        found.append((f"CDI device {node['path']}: {what}", host or node["path"]))
     return found
 
 
 def source_problems(edits: Mapping[str, Any]) -> list[str]:
     """ "CDI mount DEST: source PATH refused: WHY" and "CDI device PATH: host path HOST
-    refused: WHY" for each of host_sources that source_problem refuses. Each folder is walked
-    once per call."""
+    refused: WHY" (or "path on the host ...") for each of host_sources that source_problem
+    refuses. Each folder is walked once per call."""
     folders: dict[str, int] = {}
     found = []
     try:

@@ -386,7 +386,7 @@ def test_a_world_writable_mount_source_and_a_device_host_path_are_refused(
     # a node with its numbers and no hostPath: runc in a user namespace bind-mounts it from
     # its `path` on the host (it cannot make nodes there), which others must not be able to swap
     node = {"path": f"{user}/nvidia0", "type": "c", "major": 195, "minor": 0}
-    with pytest.raises(TrustError, match=f"CDI device {user}/nvidia0: host path {user}/nvidia0"):
+    with pytest.raises(TrustError, match=f"CDI device {user}/nvidia0: path on the host {user}/"):
         apply(oci, {"deviceNodes": [node]})
     assert oci == {}
 
