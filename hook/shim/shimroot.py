@@ -136,11 +136,11 @@ def take_over(
         return nodeguard.guard(edits, ours or staged, protect, debug, params=params)
     if not ours and prep.get("stage"):
         off = nodeguard.disabled(staged[0]) if staged else []
-        stage, compat = _by_dest(edits)[STAGE_PATH]["hostPath"], "enable-cuda-compat" not in off
         cached = "update-ldcache" in off or _cache_stage(
-            config, bundle, (stage, prep["stage"]), debug, bundle_fd, compat
+            config, bundle, prep["stage"], debug, bundle_fd, "enable-cuda-compat" not in off
         )
         links = _stage_links(staged[0], config) if staged and "create-symlinks" not in off else []
+        stage = prep["stage"]["host"]
         linked = not links or _link_staged(config, bundle, links, stage, debug, bundle_fd)
         if staged and cached and linked:  # the entry's work is done: it need not run
             edits = edits.copy()
@@ -229,7 +229,8 @@ def _stage_files(host: str) -> dict[str, Any] | None:
     """The cache's view of a staged driver folder on the host: the entries of the stage's own
     ld cache (gpuctk.cdi.stage.cache_of, the file gpuctk-cdi-hook merges: one list of the names
     a stage's libraries are cached under) as (key, value, flags, hwcap), the container folders
-    (its lib64/ and lib/ that exist) and the driver's version (its libcuda.so.<version>).
+    (its lib64/ and lib/ that exist), the driver's version (its libcuda.so.<version>), `host`
+    and the cache file's identity.
     None if `host` holds no lib folder, or no stage cache this uid may trust and read
     (gpuctk.fs.open_trusted_file)."""
     from gpuctk.cdi.node.ldcache import parse_ld_cache
@@ -262,32 +263,35 @@ def _stage_files(host: str) -> dict[str, Any] | None:
         if posixpath.dirname(e.value) in wanted and posixpath.normpath(e.value) == e.value
     ]
     version = cudacompat.host_version(names)
-    return {"entries": kept, "folders": folders, "version": version, "id": stat_identity(st)}
+    return {"entries": kept, "folders": folders, "version": version, "host": host,
+            "id": stat_identity(st)}  # fmt: skip
 
 
 def _cache_stage(
-    config: dict[str, Any], bundle: str, staged: tuple[str, dict[str, Any]],
-    debug: Callable[[str], None], bundle_fd: int | None = None, with_compat: bool = True,
+    config: dict[str, Any], bundle: str, stage: dict[str, Any], debug: Callable[[str], None],
+    bundle_fd: int | None = None, with_compat: bool = True,
 ) -> bool:  # fmt: skip
     """Add a staged driver folder's libraries to the image's ld cache (the module docstring):
-    `staged` is (its host path, _stage_files of it, maybe remembered: read again when its
-    cache is not the file it was read from). An image without a cache, or a musl image, is
-    left as it is (LD_LIBRARY_PATH only, or the spec's entry, which then runs): False."""
+    `stage` is _stage_files, maybe remembered: read again when its cache is not the file it
+    was read from. An image without a cache, or a musl image, is left as it is
+    (LD_LIBRARY_PATH only, or the spec's entry, which then runs): False."""
     from gpuctk.cdi.node.ldcache import LdCacheEntry
     from gpuctk.fs import stat_identity
 
-    host, stage = staged
     try:
-        if stat_identity(os.stat(host + STAGE_CACHE)) != tuple(stage["id"]):
-            stage = _stage_files(host) or {}  # changed since the plan: as it is now
+        if stat_identity(os.stat(stage["host"] + STAGE_CACHE)) != tuple(stage["id"]):
+            now = _stage_files(stage["host"])  # changed since the plan: as it is now
+            if now is None:
+                raise Fallback("the stage's ld cache cannot be read")
+            stage = now
         root_fd = open_glibc_root(config, bundle, bundle_fd)
         try:
             entries = [LdCacheEntry(*e) for e in stage["entries"]]
             merge_cache(root_fd, entries, list(stage["folders"]), stage["version"], with_compat)
         finally:
             os.close(root_fd)
-    except (Fallback, rootfs.InRootError, OSError, ValueError, KeyError) as exc:
-        debug(f"{STAGE_PATH} not added to the ld cache: {exc!r}")
+    except (Fallback, rootfs.InRootError, OSError, ValueError) as exc:
+        debug(f"{STAGE_PATH} not added to the ld cache: {exc}")
         return False
     return True
 
