@@ -19,11 +19,12 @@
  *     refuse (a hook stage, additionalGids or netDevices of another type);
  *   - a front plan (gpuctk.hook.shim.frontplan) for the request's key: the container's env entries
  *     that start with NVIDIA_ or CUDA_VERSION, in order, whether CAP_SYS_ADMIN is in its
- *     bounding set, its uid and gid, then the key and value of each annotation whose key starts
- *     with one of the CDI prefixes Python names in front/keyed-on (for this config file; the
- *     plan must name the same). Python writes one when it resolved that key with no note
- *     and no error and the spec's only hooks are gpuctk-cdi-hook createContainer entries. It is
- *     read only from a folder of this euid's that nobody else can write (nor any folder above
+ *     bounding set, its uid and gid, the name of each env entry, mount destination and
+ *     linux.devices path (each a plain string), then the key and value of each annotation whose
+ *     key starts with one of the CDI prefixes Python names in front/keyed-on (for this config
+ *     file; the plan must name the same). Python writes one when it resolved that key with no
+ *     note and no error and the spec's only hooks are gpuctk-cdi-hook createContainer entries.
+ *     It is read only from a folder of this euid's that nobody else can write (nor any folder above
  *     it), a file of this euid's, and only while the config file, the spec dirs and files,
  *     gpuctk's own code and any device node whose numbers came from the host still have the
  *     identity (device, inode, size, mtime, ctime) it names;
@@ -37,14 +38,14 @@
  *     as the file the plan names: the plan's lines (the shim's `injected` line, written by
  *     gpuctk.log) go there and to the engine's --log, the time and the container id filled.
  *
- * The edits are CDI's: env replaced by key else appended, a
- * device node's first entry by path removed and the next replaced or the node appended, its
- * cgroup rule appended, a mount's first entry by destination removed and the mount appended,
- * then every mount sorted by the depth of its cleaned destination (stable), the hooks appended
- * to their stage. The spec's gpuctk-cdi-hook entry stays (the Python shim does its work in the
- * shim instead): it runs inside runc, does nothing for the common image, and hands the rest
- * to gpuctk-hook; it also guards /proc/driver/nvidia/params. config.json is written to a new
- * file in the bundle folder (its descriptor), mode and owner kept, and renamed over. */
+ * The edits are the plan's, made by gpuctk.cdi.specs.apply (CDI's rules) for a config with these
+ * names: the new env, mounts and linux.devices lists as recipes (each item an index into the
+ * config's list or an item of the plan's, so no rule of the merge is here), the cgroup rules
+ * appended, the hooks appended to their stage. The spec's gpuctk-cdi-hook entry stays (the
+ * Python shim does its work in the shim instead): it runs inside runc, does nothing for the
+ * common image, and hands the rest to gpuctk-hook; it also guards /proc/driver/nvidia/params.
+ * config.json is written to a new file in the bundle folder (its descriptor), mode and owner
+ * kept, and renamed over. */
 
 #define SF_MAX_ITEMS 65536 /* in a list this program reads */
 #define SF_MAX_MEMBERS 4096 /* in an object this program reads */
@@ -516,44 +517,6 @@ static size_t env_key(struct span s)
 	return (size_t)((eq ? eq : s.end) - s.p);
 }
 
-/* The number of `/` in Go's filepath.Clean(destination). */
-static int clean_depth(const char *s, size_t n)
-{
-	int rooted = n > 0 && s[0] == '/', parts = 0, dotdot = 0;
-	for (size_t i = 0; i < n;) {
-		while (i < n && s[i] == '/')
-			i++;
-		size_t start = i;
-		while (i < n && s[i] != '/')
-			i++;
-		size_t len = i - start;
-		if (len == 0 || (len == 1 && s[start] == '.'))
-			continue;
-		if (len == 2 && s[start] == '.' && s[start + 1] == '.') {
-			if (parts > 0)
-				parts--;
-			else if (!rooted)
-				dotdot++;
-			continue;
-		}
-		parts++;
-	}
-	int total = parts + dotdot;
-	if (rooted)
-		return total == 0 ? 1 : total;
-	return total == 0 ? 0 : total - 1;
-}
-
-struct item { struct span text; int depth; size_t order; };
-
-static int by_depth(const void *a, const void *b)
-{
-	const struct item *x = a, *y = b;
-	if (x->depth != y->depth)
-		return x->depth < y->depth ? -1 : 1;
-	return x->order < y->order ? -1 : (x->order > y->order);
-}
-
 /* The string of member `name` in the object v: 0, -1 when absent or not a plain string. */
 static int member_string(struct span v, const char *name, const char **s, size_t *n)
 {
@@ -598,126 +561,31 @@ static void insert_members(struct patch *p, struct span obj, struct buf *members
 		puts_(&p->text, ",");
 }
 
-/* The env array `env` with the plan's entries: replaced by key (the last entry with it), else
- * appended (the plan holds each key once). */
-static int edit_env(struct member *env, size_t n, struct span plan, struct buf *out)
+/* The list a recipe of the plan makes of the config's n items `cur`: each number in it the
+ * config's item at that index, anything else an item of the plan's, in the recipe's order.
+ * Python made the recipe with gpuctk.cdi.specs.apply for a config whose names (each env
+ * entry's, mount destination, device path) the key holds: the merge's rules are apply's. */
+static int assemble(struct member *cur, size_t n, struct span recipe, struct buf *out)
 {
-	struct member *add;
-	size_t na;
-	if (sf_items(plan, 0, &add, &na) != 0)
+	struct member *r;
+	size_t nr;
+	if (sf_kind(recipe) != '[' || sf_items(recipe, 0, &r, &nr) != 0)
 		return -1;
-	struct span *list = calloc(n + na + 1, sizeof *list);
-	if (!list) {
-		free(add);
-		return -1;
-	}
-	size_t count = 0;
-	for (size_t i = 0; i < n; i++)
-		list[count++] = env[i].val;
 	int rc = 0;
-	for (size_t a = 0; a < na && rc == 0; a++) {
-		struct span s;
-		size_t sn;
-		if (sf_plain(add[a].val, &s.p, &sn) != 0) {
+	puts_(out, "[");
+	for (size_t i = 0; rc == 0 && i < nr; i++) {
+		unsigned long long at;
+		if (i)
+			puts_(out, ",");
+		if (sf_kind(r[i].val) < '0' || sf_kind(r[i].val) > '9')
+			put_span(out, r[i].val);
+		else if (sf_uint(r[i].val, &at) == 0 && at < n)
+			put_span(out, cur[at].val);
+		else
 			rc = -1;
-			break;
-		}
-		s.end = s.p + sn;
-		size_t k = env_key(s), at = count;
-		for (size_t i = 0; i < count; i++) {
-			struct span e;
-			size_t en;
-			sf_plain(list[i], &e.p, &en);
-			e.end = e.p + en;
-			if (env_key(e) == k && memcmp(e.p, s.p, k) == 0)
-				at = i;
-		}
-		if (at == count)
-			count++;
-		list[at] = add[a].val;
 	}
-	if (rc == 0)
-		put_list(out, list, count);
-	free(list);
-	free(add);
-	return rc;
-}
-
-/* The list `cur` (objects keyed by the string `key`) with the plan's objects: for each, the
- * first entry with its key removed, then for devices (replace) the next one replaced in place,
- * else it is appended; mounts (sort) are then sorted stably by their destination's depth. */
-static int edit_keyed(struct member *cur, size_t n, struct span plan, const char *key, int sort,
-		      struct buf *out)
-{
-	struct member *add;
-	size_t na;
-	if (sf_items(plan, 0, &add, &na) != 0)
-		return -1;
-	struct item *list = calloc(n + na + 1, sizeof *list);
-	char *gone = calloc(n + na + 1, 1);
-	struct span *keys = calloc(n + na + 1, sizeof *keys);
-	int rc = list && gone && keys ? 0 : -1;
-	size_t count = 0;
-	for (size_t i = 0; rc == 0 && i < n; i++) {
-		size_t kn = 0;
-		if (member_string(cur[i].val, key, &keys[i].p, &kn) != 0) {
-			rc = -1; /* keys[i].p is NULL: no offset from it */
-			break;
-		}
-		keys[i].end = keys[i].p + kn;
-		list[count++].text = cur[i].val;
-	}
-	for (size_t a = 0; rc == 0 && a < na; a++) {
-		struct span k;
-		size_t kn;
-		if (member_string(add[a].val, key, &k.p, &kn) != 0) {
-			rc = -1;
-			break;
-		}
-		k.end = k.p + kn;
-		size_t first = count, second = count;
-		for (size_t i = 0; i < count; i++)
-			if (!gone[i] && (size_t)(keys[i].end - keys[i].p) == kn &&
-			    memcmp(keys[i].p, k.p, kn) == 0) {
-				if (first == count)
-					first = i;
-				else if (second == count) {
-					second = i;
-					break;
-				}
-			}
-		if (first < count)
-			gone[first] = 1;
-		size_t at = !sort && second < count ? second : count;
-		if (at == count)
-			count++;
-		list[at].text = add[a].val;
-		keys[at] = k;
-	}
-	if (rc == 0) {
-		size_t kept = 0;
-		for (size_t i = 0; i < count; i++)
-			if (!gone[i]) {
-				list[kept] = list[i];
-				list[kept].depth = sort ? clean_depth(keys[i].p,
-						(size_t)(keys[i].end - keys[i].p)) : 0;
-				list[kept].order = kept;
-				kept++;
-			}
-		if (sort)
-			qsort(list, kept, sizeof *list, by_depth);
-		puts_(out, "[");
-		for (size_t i = 0; i < kept; i++) {
-			if (i)
-				puts_(out, ",");
-			put_span(out, list[i].text);
-		}
-		puts_(out, "]");
-	}
-	free(list);
-	free(gone);
-	free(keys);
-	free(add);
+	puts_(out, "]");
+	free(r);
 	return rc;
 }
 
@@ -1125,24 +993,101 @@ static int prefixed(struct span k, const struct span *pre, size_t n)
 	return 0;
 }
 
+/* The config's mounts: each a plain destination, none a device-list mount (a request the key
+ * does not hold). */
+static struct member *plain_mounts(struct member *top, size_t ntop, size_t *nm)
+{
+	struct member *mounts = array_of(sf_get(top, ntop, "mounts"), "no mounts list", nm);
+	for (size_t i = 0; i < *nm; i++) {
+		struct span d;
+		size_t dn;
+		need(member_string(mounts[i].val, "destination", &d.p, &dn) == 0 &&
+			     !memmem(d.p, dn, GPUCTK_DEVICE_LIST_MOUNTS, strlen(GPUCTK_DEVICE_LIST_MOUNTS)),
+		     "a mount that is not plain, or a device-list mount");
+	}
+	return mounts;
+}
+
+/* The config's linux.devices (none where linux or it is absent or null): each with a plain
+ * path. */
+static struct member *plain_devices(struct member *top, size_t ntop, size_t *nd)
+{
+	size_t nl;
+	*nd = 0;
+	struct member *lin = sf_get(top, ntop, "linux");
+	if (!lin || is_null(lin->val))
+		return NULL;
+	struct member *l = object_of(lin, "no linux object", &nl);
+	struct member *devs = sf_get(l, nl, "devices");
+	if (!devs || is_null(devs->val))
+		return NULL;
+	struct member *d = array_of(devs, "a field apply refuses", nd);
+	for (size_t i = 0; i < *nd; i++) {
+		const char *s;
+		size_t sn;
+		need(member_string(d[i].val, "path", &s, &sn) == 0, "a device that is not plain");
+	}
+	return d;
+}
+
 /* The request's key: the env entries that start with one of GPUCTK_KEY_PREFIXES, in order, then
- * privileged=, uid= and gid= (in `w`, their text too), then the key and value of each annotation
- * whose key starts with one of the n `pre`fixes, in the document's order. */
+ * privileged=, uid= and gid= (in `w`, their text too); then the names the edits' places are
+ * known by: env=N and each env entry's name (up to its `=`), mounts=N and each mount's
+ * destination, devices=N and each linux.devices path (where each list starts: w->at); then the
+ * key and value of each annotation whose key starts with one of the n `pre`fixes, in the
+ * document's order. */
 struct who {
 	int privileged;
 	unsigned long long uid, gid;
-	char text[3][32]; /* privileged=, uid=, gid=: key strings */
+	char text[6][32]; /* privileged=, uid=, gid=, env=, mounts=, devices=: key strings */
+	size_t at[3], count[3]; /* the names of env, mounts, devices in the key */
 };
+
+static void key_text(struct span *keys, size_t *nkeys, char *text)
+{
+	keys[*nkeys].p = text;
+	keys[(*nkeys)++].end = text + strlen(text);
+}
+
+/* The names of the config's lists (as request_key says) appended to `keys`. */
+static void key_names(struct span *keys, size_t *nkeys, struct member *env, size_t nenv,
+		      struct member *mounts, size_t nm, struct member *devs, size_t nd,
+		      struct who *w)
+{
+	static const char *const what[3] = { "env", "mounts", "devices" };
+	struct member *list[3] = { env, mounts, devs };
+	size_t count[3] = { nenv, nm, nd };
+	for (int l = 0; l < 3; l++) {
+		snprintf(w->text[3 + l], 32, "%s=%zu", what[l], count[l]);
+		key_text(keys, nkeys, w->text[3 + l]);
+		w->at[l] = *nkeys;
+		w->count[l] = count[l];
+		for (size_t i = 0; i < count[l]; i++) {
+			struct span s;
+			size_t sn;
+			if (l == 0)
+				sf_plain(list[l][i].val, &s.p, &sn); /* checked by request_key */
+			else
+				member_string(list[l][i].val, l == 1 ? "destination" : "path", &s.p, &sn);
+			s.end = s.p + sn;
+			if (l == 0)
+				s.end = s.p + env_key(s);
+			keys[(*nkeys)++] = s;
+		}
+	}
+}
 
 static struct span *request_key(struct member *top, size_t ntop, struct member *proc, size_t nproc,
 				struct member *env, size_t nenv, const struct span *pre, size_t npre,
 				struct who *w, size_t *nkeys)
 {
-	size_t nann = 0;
+	size_t nann = 0, nm, nd;
+	struct member *mounts = plain_mounts(top, ntop, &nm);
+	struct member *devs = plain_devices(top, ntop, &nd);
 	struct member *ann = sf_get(top, ntop, "annotations"), *a = NULL;
 	if (ann)
 		a = object_of(ann, "annotations that are not plain", &nann);
-	struct span *keys = calloc(nenv + 4 + 2 * nann, sizeof *keys);
+	struct span *keys = calloc(2 * nenv + 7 + nm + nd + 2 * nann, sizeof *keys);
 	need(keys != NULL, "out of memory");
 	*nkeys = 0;
 	for (size_t i = 0; i < nenv; i++) {
@@ -1170,10 +1115,9 @@ static struct span *request_key(struct member *top, size_t ntop, struct member *
 	snprintf(w->text[0], 32, "privileged=%d", w->privileged);
 	snprintf(w->text[1], 32, "uid=%llu", w->uid);
 	snprintf(w->text[2], 32, "gid=%llu", w->gid);
-	for (int i = 0; i < 3; i++) {
-		keys[*nkeys].p = w->text[i];
-		keys[(*nkeys)++].end = w->text[i] + strlen(w->text[i]);
-	}
+	for (int i = 0; i < 3; i++)
+		key_text(keys, nkeys, w->text[i]);
+	key_names(keys, nkeys, env, nenv, mounts, nm, devs, nd, w);
 	for (size_t i = 0; i < nann; i++) {
 		if (!prefixed(a[i].key, pre, npre))
 			continue;
@@ -1185,21 +1129,6 @@ static struct span *request_key(struct member *top, size_t ntop, struct member *
 		keys[(*nkeys)++] = v;
 	}
 	return keys;
-}
-
-/* The config's mounts: each a plain destination, none a device-list mount (a request the key
- * does not hold). */
-static struct member *plain_mounts(struct member *top, size_t ntop, size_t *nm)
-{
-	struct member *mounts = array_of(sf_get(top, ntop, "mounts"), "no mounts list", nm);
-	for (size_t i = 0; i < *nm; i++) {
-		struct span d;
-		size_t dn;
-		need(member_string(mounts[i].val, "destination", &d.p, &dn) == 0 &&
-			     !memmem(d.p, dn, GPUCTK_DEVICE_LIST_MOUNTS, strlen(GPUCTK_DEVICE_LIST_MOUNTS)),
-		     "a mount that is not plain, or a device-list mount");
-	}
-	return mounts;
 }
 
 /* The front plan for `keys`, written for the config file `conf`, whose world still holds. */
@@ -1259,8 +1188,8 @@ static struct member *python_only(struct member *top, size_t ntop, struct member
 	return mounts;
 }
 
-/* The edits, as patches of config.json's text (a list the plan leaves empty: untouched, as
- * apply). */
+/* The edits, as patches of config.json's text (a recipe the plan leaves null, or a list of
+ * rules or hooks it leaves empty: untouched, as apply). */
 struct edits {
 	struct span all; /* the whole document */
 	struct member *top, *env, *envm, *mounts;
@@ -1270,22 +1199,22 @@ struct edits {
 	size_t np;
 };
 
+/* A recipe (a list: env, mounts) applied to the config's list `m` (n items), in place. */
+static void edit_list(struct edits *e, struct member *m, struct member *cur, size_t n,
+		      struct span recipe, const char *what)
+{
+	e->patches[e->np].at = m->val.p;
+	e->patches[e->np].end = m->val.end;
+	need(assemble(cur, n, recipe, &e->patches[e->np++].text) == 0, what);
+}
+
 static void edit_env_and_mounts(struct edits *e)
 {
-	if (list_len(e->penv->val) > 0) {
-		e->patches[e->np].at = e->envm->val.p;
-		e->patches[e->np].end = e->envm->val.end;
-		need(edit_env(e->env, e->nenv, e->penv->val, &e->patches[e->np++].text) == 0,
-		     "the env edit");
-	}
-	if (list_len(e->pmounts->val) > 0) {
-		struct member *mm = sf_get(e->top, e->ntop, "mounts");
-		e->patches[e->np].at = mm->val.p;
-		e->patches[e->np].end = mm->val.end;
-		need(edit_keyed(e->mounts, e->nm, e->pmounts->val, "destination", 1,
-				&e->patches[e->np++].text) == 0,
-		     "the mounts edit");
-	}
+	if (!is_null(e->penv->val))
+		edit_list(e, e->envm, e->env, e->nenv, e->penv->val, "the env edit");
+	if (!is_null(e->pmounts->val))
+		edit_list(e, sf_get(e->top, e->ntop, "mounts"), e->mounts, e->nm, e->pmounts->val,
+			  "the mounts edit");
 }
 
 /* The rules appended to linux.resources.devices, made where missing (into `into_linux` where
@@ -1326,16 +1255,13 @@ static void edit_linux(struct edits *e)
 	struct member *linux_ = object_of(lin, "no linux object", &nl);
 	struct buf into_linux = { 0 };
 	struct member *ld = sf_get(linux_, nl, "devices");
-	if (list_len(e->devs->val) > 0 && ld) {
+	if (!is_null(e->devs->val) && ld) {
 		size_t nd;
 		struct member *d = array_of(ld, "linux.devices is not a list", &nd);
-		e->patches[e->np].at = ld->val.p;
-		e->patches[e->np].end = ld->val.end;
-		need(edit_keyed(d, nd, e->devs->val, "path", 0, &e->patches[e->np++].text) == 0,
-		     "the device edit");
-	} else if (list_len(e->devs->val) > 0) {
+		edit_list(e, ld, d, nd, e->devs->val, "the device edit");
+	} else if (!is_null(e->devs->val)) {
 		puts_(&into_linux, "\"devices\":");
-		put_span(&into_linux, e->devs->val);
+		need(assemble(NULL, 0, e->devs->val, &into_linux) == 0, "the device edit");
 	}
 	edit_rules(e, linux_, nl, &into_linux);
 	if (into_linux.n) {
@@ -1399,8 +1325,7 @@ static struct buf edited(struct edits *e, struct member *plan, size_t nplan)
 	e->rules = sf_get(plan, nplan, "rules");
 	e->phooks = sf_get(plan, nplan, "hooks");
 	need(e->penv && e->pmounts && e->devs && e->rules && e->phooks &&
-		     list_len(e->penv->val) >= 0 && list_len(e->pmounts->val) >= 0 &&
-		     list_len(e->devs->val) >= 0 && list_len(e->rules->val) >= 0,
+		     list_len(e->rules->val) >= 0,
 	     "the front plan is not plain");
 	edit_env_and_mounts(e);
 	edit_linux(e);
@@ -1524,15 +1449,26 @@ static int plain_text(struct span t)
 	return 1;
 }
 
+/* The n strings as a JSON list (each plain: shim-create took no other). */
+static void print_strings(const struct span *s, size_t n)
+{
+	printf("[");
+	for (size_t i = 0; i < n; i++)
+		printf("%s\"%.*s\"", i ? "," : "", (int)(s[i].end - s[i].p), s[i].p);
+	printf("]");
+}
+
 /* gpuctk-cdi-hook front-key [PREFIX...] < config.json: the key shim-create looks a plan up by,
  * for the config's text on stdin and the CDI annotation prefixes front/keyed-on would name, as
- * {"file": NAME, "key": [...], "privileged": 0|1, "uid": N, "gid": N}; exit 1 with why where
+ * {"file": NAME, "key": [...], "env": [...], "mounts": [...], "devices": [...], "privileged": 0|1,
+ * "uid": N, "gid": N} (env, mounts, devices: the names of the config's lists the key holds, for
+ * the plan's recipes); exit 1 with why where
  * shim-create would take no plan. The Python shim writes its plans under it
  * (gpuctk.hook.shim.frontplan): the key has this one home. */
 static int front_key(int argc, char **argv)
 {
 	sf_keying = 1;
-	size_t npre = (size_t)(argc - 2), len, ntop, nproc, nenv, nm, nkeys;
+	size_t npre = (size_t)(argc - 2), len, ntop, nproc, nenv, nkeys;
 	struct span *pre = calloc(npre + 1, sizeof *pre);
 	need(pre != NULL, "out of memory");
 	for (size_t i = 0; i < npre; i++) {
@@ -1550,12 +1486,15 @@ static int front_key(int argc, char **argv)
 	struct member *env = array_of(sf_get(proc, nproc, "env"), "no process.env list", &nenv);
 	struct who w;
 	struct span *keys = request_key(top, ntop, proc, nproc, env, nenv, pre, npre, &w, &nkeys);
-	plain_mounts(top, ntop, &nm);
 	char name[32];
 	plan_name(keys, nkeys, name);
-	printf("{\"file\":\"%s\",\"key\":[", name);
-	for (size_t i = 0; i < nkeys; i++)
-		printf("%s\"%.*s\"", i ? "," : "", (int)(keys[i].end - keys[i].p), keys[i].p);
-	printf("],\"privileged\":%d,\"uid\":%llu,\"gid\":%llu}\n", w.privileged, w.uid, w.gid);
+	printf("{\"file\":\"%s\",\"key\":", name);
+	print_strings(keys, nkeys);
+	static const char *const lists[3] = { "env", "mounts", "devices" };
+	for (int l = 0; l < 3; l++) {
+		printf(",\"%s\":", lists[l]);
+		print_strings(keys + w.at[l], w.count[l]);
+	}
+	printf(",\"privileged\":%d,\"uid\":%llu,\"gid\":%llu}\n", w.privileged, w.uid, w.gid);
 	_exit(fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1); /* the kernel frees the rest */
 }

@@ -10,12 +10,14 @@ about a millisecond; anything it does not fully understand goes to Python as bef
 The key is what the request and its edits depend on besides the specs and the config
 (gpuctk.hook.requests.devices, gpuctk.hook.requests.require, gpuctk.hook.requests.drivercaps,
 the device nodes' owner in gpuctk.cdi.specs.apply). The compiled create alone computes it
-(hook/shimfront.c request_key); the shim asks it (`gpuctk-cdi-hook front-key`, `key_of`) for
+(hook/shimfront.c request_key); the shim asks it (gpuctk.hook.shim.frontkey) for
 the config's text as read, and writes the plan under the file name and key it says. So only
 a shim started by the launchers' front (gpuctk.install.launchers, which names it) writes
 plans: nothing else would read them. The key: every env entry that starts with `NVIDIA_`
 or `CUDA_VERSION`, in order; `privileged=0|1` (CAP_SYS_ADMIN in the bounding set); `uid=N`,
-`gid=N` (process.user); then the key and the value of each annotation whose key starts with one
+`gid=N` (process.user); `env=N` and each env entry's name (up to its `=`), `mounts=N` and each
+mount destination, `devices=N` and each `linux.devices` path (the places the edits land, so that
+the plan can say where); then the key and the value of each annotation whose key starts with one
 of the config's CDI annotation prefixes, in the document's order. Those prefixes are Python's to
 decide: `front/keyed-on` names them (for the config file in force) for the front to build the
 key with, and each plan names those it was keyed on (`cdi_prefixes`). The front sends anything
@@ -37,15 +39,17 @@ the shim (gpuctk.hook.shim.shimroot): inside runc it does nothing for the common
 the rest to gpuctk-hook, and it guards /proc/driver/nvidia/params, so every image is served as
 an engine that applies the spec itself (podman, containerd's CDI) serves it.
 
-The lists are what gpuctk.cdi.specs.apply makes of the edits on an empty config (env by key,
-device entries and their cgroup rules, mounts sorted, hooks by stage); the front merges them
-into the container's lists with apply's rules. `world` is the identity of gpuctk's code, the
-config file, the spec dirs and files, checked at every create. `lines` are the shim's
-`injected` line as gpuctk.log writes it (shim_lines) for the engine's --log by its format and
-for the config's `log-file`, with the time and the container id as marks the front fills (the
-time as gpuctk.log.STAMP_FORMAT and the lines' `zone`, while the local offset is the zone's):
-the front writes them where the shim would, and knows no line format and no zone's spelling (no
-plan at the debug level, where the shim logs more).
+The edits are what gpuctk.cdi.specs.apply makes of them on a config with the key's names (`render`):
+the new env, mounts and linux.devices lists as recipes, each item the index of the config's item
+that stands there or an item of the edits' (env by key, device entries by path, mounts by
+destination then by depth: apply's rules, written nowhere else), the cgroup rules and each hook
+stage's entries as apply appends them; the front only assembles them. `world` is the identity of
+gpuctk's code, the config file, the spec dirs and files, checked at every create. `lines` are the
+shim's `injected` line as gpuctk.log writes it (shim_lines) for the engine's --log by its format and
+for the config's `log-file`, with the time and the container id as marks the front fills (the time
+as gpuctk.log.STAMP_FORMAT and the lines' `zone`, while the local offset is the zone's): the front
+writes them where the shim would, and knows no line format and no zone's spelling (no plan at the
+debug level, where the shim logs more).
 
 Which host files root may use (hook files, mount sources, device nodes, the runtime, the log
 file) is decided in Python when a plan is written, and the plan's `chain` and `log_id` let the
@@ -69,75 +73,19 @@ if TYPE_CHECKING:
     from gpuctk.cdi.specs.shape import EditsDoc
     from gpuctk.hook.config import Settings
     from gpuctk.hook.requests.devices import Request
+    from gpuctk.hook.shim.frontkey import FrontKey
 
 FOLDER_NAME = "front"
-FORMAT = "gpuctk-front-plan-5"
+FORMAT = "gpuctk-front-plan-6"
 FRONT = "gpuctk-cdi-hook"
 GUARD = "disable-device-node-modification"
-KEY_VERB = "front-key"  # gpuctk-cdi-hook's verb that says a config's key (hook/shimfront.c)
 PREFIXES_NAME = "keyed-on"  # no .json: never evicted with the plans
 PREFIXES_FORMAT = "gpuctk-front-prefixes-1"
 MAX_PLANS = 64
 MAX_BYTES = 1 << 20
-KEY_PREFIXES = ("NVIDIA_", "CUDA_VERSION")  # the env entries a request's key holds
-KEY_TIMEOUT = 10  # seconds for `gpuctk-cdi-hook front-key` (it reads one config.json)
 SHIM_FRONT_ENV = "GPUCTK_SHIM_FRONT"  # =off (gpuctk.cdi.node.facts.FRONT_OFF): all to Python
 SHIM_FRONT_TRACE_ENV = "GPUCTK_SHIM_FRONT_TRACE"  # set: say which way each create went
 _EDIT_KEYS = frozenset(("env", "deviceNodes", "mounts", "hooks"))
-
-
-class FrontKey:
-    """A config's key as the compiled create reads it (`gpuctk-cdi-hook front-key`): the
-    plan's file name in the front folder, the key's strings, and three of them as numbers.
-    Not a NamedTuple: importing `typing` costs every create (docs/benchmarks.md)."""
-
-    __slots__ = ("file", "gid", "key", "privileged", "uid")
-
-    def __init__(self, file: str, key: list[str], privileged: int, uid: int, gid: int) -> None:
-        self.file, self.key, self.privileged, self.uid, self.gid = file, key, privileged, uid, gid
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, FrontKey) and all(
-            getattr(self, n) == getattr(other, n) for n in self.__slots__
-        )
-
-    __hash__ = None  # type: ignore[assignment]  # a list inside: not hashable
-
-    def __repr__(self) -> str:
-        return f"FrontKey({', '.join(f'{n}={getattr(self, n)!r}' for n in self.__slots__)})"
-
-
-def key_of(compiled: str, config: bytes, cdi_prefixes: Sequence[str]) -> FrontKey | None:
-    """The key by which the compiled create `compiled` looks up the front plan of the OCI
-    config whose text is `config`, whose annotations with one of `cdi_prefixes` ask for
-    devices (hook/shimfront.c front_key: the key's one home); None where it would take none."""
-    import subprocess
-
-    from gpuctk.jsonfast import loads
-
-    try:
-        done = subprocess.run(
-            [compiled, KEY_VERB, *cdi_prefixes],
-            input=config, capture_output=True, env={}, timeout=KEY_TIMEOUT, check=False,
-        )  # fmt: skip
-        doc = loads(done.stdout.decode("ascii")) if done.returncode == 0 else None
-        key = FrontKey(**doc) if isinstance(doc, dict) else None
-    except (OSError, subprocess.SubprocessError, ValueError, TypeError):  # UnicodeError too
-        return None
-    return key if key is not None and _key_shape(key) else None
-
-
-def _key_shape(key: FrontKey) -> bool:
-    name = key.file if isinstance(key.file, str) else ""
-    return (
-        len(name) == 21  # 16 hex digits, .json: a name in the front folder, nothing else
-        and name.endswith(".json")
-        and all(c in "0123456789abcdef" for c in name[:16])
-        and isinstance(key.key, list)
-        and all(isinstance(k, str) for k in key.key)
-        and key.privileged in (0, 1)
-        and all(type(n) is int and n >= 0 for n in (key.uid, key.gid))
-    )
 
 
 def keep(
@@ -157,6 +105,8 @@ def keep(
     that execs `runtime`. True if written."""
     if not compiled or not runtime or not eligible(req, edits, settings):
         return False
+    from gpuctk.hook.shim.frontkey import key_of
+
     key = key_of(compiled, config, settings.annotation_prefixes)
     if key is None or current(state, key, settings.annotation_prefixes):
         return False
@@ -221,24 +171,57 @@ def _identities(
     return [*world[1], *entries(pairs)]
 
 
-def render(edits: EditsDoc, uid: int, gid: int) -> dict[str, Any]:
-    """The edits applied to an empty config (gpuctk.cdi.specs.apply, host paths checked)."""
+class _At(str):
+    """An env entry's name in the config a recipe is made for, and its index there."""
+
+    at: int
+
+    def __new__(cls, name: str, at: int) -> _At:
+        made = super().__new__(cls, name)
+        made.at = at
+        return made
+
+
+_AT = "\0at"  # the member of a mount or device placeholder that holds its index (not JSON's)
+
+
+def render(edits: EditsDoc, key: FrontKey) -> dict[str, Any]:
+    """The plan's edits: what gpuctk.cdi.specs.apply (host paths checked) makes of `edits` on a
+    config with `key`'s names and user, env, mounts and linux.devices as recipes (the new list,
+    each item the index of the config's item there or an item of the edits'; None: untouched),
+    the cgroup rules and each hook stage's entries as apply appends them."""
     from gpuctk.cdi.specs import apply
 
-    empty: dict[str, Any] = {
-        "process": {"env": [], "user": {"uid": uid, "gid": gid}},
-        "mounts": [],
-        "linux": {"devices": [], "resources": {"devices": []}},
+    config: dict[str, Any] = {
+        "process": {
+            "env": [_At(name, i) for i, name in enumerate(key.env)],
+            "user": {"uid": key.uid, "gid": key.gid},
+        },
+        "mounts": [{"destination": d, _AT: i} for i, d in enumerate(key.mounts)],
+        "linux": {
+            "devices": [{"path": p, _AT: i} for i, p in enumerate(key.devices)],
+            "resources": {"devices": []},
+        },
         "hooks": {},
     }
-    apply.apply(empty, edits)
+    apply.apply(config, edits)
     return {
-        "env": empty["process"]["env"],
-        "devices": empty["linux"]["devices"],
-        "rules": empty["linux"]["resources"]["devices"],
-        "mounts": empty["mounts"],
-        "hooks": empty["hooks"],
+        "env": _recipe(config["process"]["env"]) if edits.get("env") else None,
+        "devices": _recipe(config["linux"]["devices"]) if edits.get("deviceNodes") else None,
+        "rules": config["linux"]["resources"]["devices"],
+        "mounts": _recipe(config["mounts"]) if edits.get("mounts") else None,
+        "hooks": config["hooks"],
     }
+
+
+def _recipe(items: list[Any]) -> list[Any]:
+    """Each item the index of a placeholder (the config's item there), else the item itself."""
+    return [
+        item.at if isinstance(item, _At)
+        else item[_AT] if isinstance(item, dict) and _AT in item
+        else item
+        for item in items
+    ]  # fmt: skip
 
 
 def refusals(req: Request, key: FrontKey, settings: Settings) -> list[str]:
@@ -283,7 +266,7 @@ def offer(
     if lines is None or STAMP_MARK in said or said.count(ID_MARK) != 1:
         return False
     try:
-        lists = render(edits, key.uid, key.gid)
+        lists = render(edits, key)
     except GpuctkError:
         return False
     doc = {

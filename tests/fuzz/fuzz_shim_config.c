@@ -1,6 +1,7 @@
 /* libFuzzer harness: the shim front's reader of a hostile config.json (hook/shimfront.c), and
  * its edits of it: the input is the bundle's config.json; the front plan is one gpuctk writes
- * for that config's request (its key made from the config, so that the edits run). */
+ * for that config's request (its key made from the config, so that the edits run; its recipes
+ * name the config's first items and the plan's own, so a short list goes to Python). */
 #include "shim.h"
 
 static const char plan_head[] = "{\"format\":\"" GPUCTK_PLAN_FORMAT "\",\"key\":[";
@@ -9,11 +10,11 @@ static const char plan_tail[] =
 	"\"lines\":{\"engine\":{\"\":\"time=\\\"" GPUCTK_STAMP_MARK "\\\" level=info msg=\\\""
 	GPUCTK_ID_MARK ": injected nvidia.com/gpu=0\\\"\\n\"}},\"log_file\":\"\","
 	"\"runtime\":\"/bin/sh\",\"chain\":[],\"log_id\":[],\"cdi_prefixes\":[\"cdi.k8s.io/\"],"
-	"\"env\":[\"NVIDIA_VISIBLE_DEVICES=void\",\"PATH=/usr/local/nvidia/bin\"],"
-	"\"devices\":[{\"path\":\"/dev/nvidia0\",\"type\":\"c\",\"major\":195,\"minor\":0}],"
+	"\"env\":[0,\"NVIDIA_VISIBLE_DEVICES=void\",1,\"PATH=/usr/local/nvidia/bin\"],"
+	"\"devices\":[{\"path\":\"/dev/nvidia0\",\"type\":\"c\",\"major\":195,\"minor\":0},0],"
 	"\"rules\":[{\"allow\":true,\"type\":\"c\",\"major\":195,\"minor\":0,\"access\":\"rwm\"}],"
-	"\"mounts\":[{\"destination\":\"/usr/bin/nvidia-smi\",\"source\":\"/usr/bin/true\","
-	"\"options\":[\"ro\",\"nosuid\",\"nodev\",\"bind\"]},{\"destination\":\"/dev/shm/x\","
+	"\"mounts\":[0,{\"destination\":\"/usr/bin/nvidia-smi\",\"source\":\"/usr/bin/true\","
+	"\"options\":[\"ro\",\"nosuid\",\"nodev\",\"bind\"]},1,{\"destination\":\"/dev/shm/x\","
 	"\"source\":\"/tmp\",\"options\":[\"bind\"]}],"
 	"\"hooks\":{\"createContainer\":[{\"path\":\"/usr/bin/gpuctk-cdi-hook\","
 	"\"args\":[\"gpuctk-cdi-hook\",\"createContainer\"]}],\"poststop\":[]}}";

@@ -37,7 +37,7 @@ from fixtures import cfront
 from gpuctk.cdi.specs import apply, speccache
 from gpuctk.errors import ValidationError
 from gpuctk.hook import bundle as ocibundle
-from gpuctk.hook.shim import filechain, frontplan
+from gpuctk.hook.shim import filechain, frontkey, frontplan
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 30  # seconds: only to catch a hang
@@ -273,14 +273,14 @@ def expected(node: Node, doc: dict[str, Any]) -> dict[str, Any]:
 
 def key_of_text(
     node: Node, text: bytes, prefixes: tuple[str, ...] = CDI
-) -> frontplan.FrontKey | None:
+) -> frontkey.FrontKey | None:
     """The key the node's compiled create takes config.json's `text` by (as the shim asks)."""
-    return frontplan.key_of(str(node.hook), text, prefixes)
+    return frontkey.key_of(str(node.hook), text, prefixes)
 
 
 def key_of(
     node: Node, doc: dict[str, Any], prefixes: tuple[str, ...] = CDI
-) -> frontplan.FrontKey | None:
+) -> frontkey.FrontKey | None:
     return key_of_text(node, json.dumps(doc).encode(), prefixes)
 
 
@@ -302,7 +302,12 @@ def test_the_second_create_is_the_fronts_and_equals_apply(node: Node) -> None:
     assert first.returncode == 0, first.stderr
     assert "front:" not in first.stderr  # no memo yet: the sh front starts Python at once
     key = key_of(node, doc)
-    assert key is not None and key.key == [VISIBLE, "privileged=0", "uid=0", "gid=0"]
+    mounts = ["/proc", "/dev", "/dev/pts", "/sys"]
+    assert key is not None and key.key == [
+        VISIBLE, "privileged=0", "uid=0", "gid=0",
+        "env=2", "PATH", "NVIDIA_VISIBLE_DEVICES", "mounts=4", *mounts, "devices=0",
+    ]  # fmt: skip
+    assert (key.env, key.mounts, key.devices) == (["PATH", "NVIDIA_VISIBLE_DEVICES"], mounts, [])
     assert (key.privileged, key.uid, key.gid) == (0, 0, 0)
     plan = node.state / "front" / key.file
     assert plan.is_file()
@@ -401,6 +406,46 @@ def test_each_request_has_its_own_plan(node: Node) -> None:
     assert got == expected(node, doc)
     assert {"path": "/dev/nvidia1", "type": "c", "major": 1, "minor": 7} in got["linux"]["devices"]
     assert not any(d["path"] == "/dev/nvidia0" for d in got["linux"]["devices"])
+
+
+def test_a_config_with_other_names_takes_its_own_plan(node: Node) -> None:
+    """The plan says where each edit lands for the config's names (env entries, mount
+    destinations, device paths): a config of the same request with another mount goes to
+    Python once, which writes its plan, then is the front's, as apply makes it; the first
+    config's plan still serves it."""
+    doc = base_doc("/nonexistent-root")
+    fronted(node, doc)
+    other = copy.deepcopy(doc)
+    other["mounts"].insert(1, {"destination": "/data", "type": "bind", "source": "/tmp"})
+    first, _ = node.create(other)
+    assert first.returncode == 0, first.stderr
+    assert "front: python: no front plan for this request" in first.stderr, first.stderr
+    assert fronted(node, other) == expected(node, other)
+    done, config = node.create(doc)
+    assert "front: plan " in done.stderr, done.stderr
+    assert json.loads(config.read_text()) == expected(node, doc)
+
+
+def test_the_front_assembles_the_plans_recipe_as_written(node: Node) -> None:
+    """The compiled create knows no merge rule: it puts the config's items where the plan's
+    recipe names their index and the plan's own items between them, in the recipe's order."""
+    doc = base_doc("/nonexistent-root")
+    doc["process"]["env"] = ["A=1", "B=2", VISIBLE]
+    key = key_of(node, doc)
+    assert key is not None
+    fronted(node, doc)
+    plan = node.state / "front" / key.file
+    written = json.loads(plan.read_text())
+    assert written["env"] == [0, 1, "NVIDIA_VISIBLE_DEVICES=void", *written["env"][3:]]
+    written["env"] = [2, "Z=9", 0]  # no rule would make this: only the recipe
+    plan.write_text(json.dumps(written))
+    done, _before, after = direct(node, doc)
+    assert "front: plan " in done.stderr, done.stderr
+    assert json.loads(after)["process"]["env"] == [VISIBLE, "Z=9", "A=1"]
+    written["env"] = [3]  # an index the config does not have
+    plan.write_text(json.dumps(written))
+    handed_over(*direct(node, doc), "the env edit")
+    plan.unlink()
 
 
 # ---- what goes to Python, unchanged -------------------------------------------------------
@@ -968,11 +1013,17 @@ def test_the_key_is_the_compiled_creates_to_say(node: Node) -> None:
     doc["process"]["user"] = {"uid": 7, "gid": 8}
     doc["process"]["capabilities"]["bounding"].append("CAP_SYS_ADMIN")
     doc["process"]["env"].append("CUDA_VERSION=12.4")
+    doc["process"]["env"].append("NO_VALUE")
     doc["annotations"].update({"cdi.k8s.io/a": "nvidia.com/gpu=1", "other/b": "x"})
+    doc["linux"]["devices"] = [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}]
     key = key_of(node, doc)
     assert key is not None
+    env = ["PATH", "NVIDIA_VISIBLE_DEVICES", "CUDA_VERSION", "NO_VALUE"]
+    mounts = ["/proc", "/dev", "/dev/pts", "/sys"]
     assert key.key == [VISIBLE, "CUDA_VERSION=12.4", "privileged=1", "uid=7", "gid=8",
+                       "env=4", *env, "mounts=4", *mounts, "devices=1", "/dev/fuse",
                        "cdi.k8s.io/a", "nvidia.com/gpu=1"]  # fmt: skip
+    assert (key.env, key.mounts, key.devices) == (env, mounts, ["/dev/fuse"])
     assert (key.privileged, key.uid, key.gid) == (1, 7, 8)
     assert key_of(node, doc, ("other/",)) != key  # the prefixes are the caller's
     escaped = copy.deepcopy(doc)
@@ -984,13 +1035,14 @@ def test_the_key_is_the_compiled_creates_to_say(node: Node) -> None:
     assert key_of(node, doc, ('cdi"',)) is None
     assert key_of(node, doc, ("",)) is None
     assert key_of_text(node, b"{not json") is None
-    elsewhere = frontplan.FrontKey("../x.json", key.key, key.privileged, key.uid, key.gid)
-    assert not frontplan._key_shape(elsewhere)  # a name in the front folder only
+    elsewhere = copy.copy(key)
+    elsewhere.file = "../x.json"
+    assert not frontkey._key_shape(elsewhere)  # a name in the front folder only
     text = json.dumps(doc).encode()
     limit = ocibundle.MAX_CONFIG  # what the shim reads, and the compiled create
     assert key_of_text(node, text + b" " * (limit - len(text))) == key
     assert key_of_text(node, text + b" " * (limit + 1 - len(text))) is None
-    assert frontplan.key_of(str(node.bin / "missing"), json.dumps(doc).encode(), CDI) is None
+    assert frontkey.key_of(str(node.bin / "missing"), json.dumps(doc).encode(), CDI) is None
 
 
 def test_a_shim_no_compiled_create_started_writes_no_plan(
