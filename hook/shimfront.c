@@ -441,17 +441,24 @@ static int entries_hold(struct span v, int chain)
 	return ok;
 }
 
-/* The file `name` of the front folder, read through the state folder's descriptor; NULL if
- * none that may be used. */
-static char *read_front(const char *name, size_t *len)
+/* The O_PATH descriptor of the front folder ($GPUCTK_STATE_DIR/front) if it is one this program
+ * reads plans from (private_folder), else -1. */
+static int front_folder(void)
 {
 	const char *state = getenv(GPUCTK_STATE_DIR_ENV);
 	if (!state || !*state)
 		state = GPUCTK_DEFAULT_STATE_DIR;
 	char folder[PATH_MAX];
 	if (snprintf(folder, sizeof folder, "%s/" GPUCTK_FRONT_FOLDER, state) >= (int)sizeof folder)
-		return NULL;
-	int dir = private_folder(folder);
+		return -1;
+	return private_folder(folder);
+}
+
+/* The file `name` of the front folder, read through its descriptor; NULL if none that may be
+ * used. */
+static char *read_front(const char *name, size_t *len)
+{
+	int dir = front_folder();
 	if (dir < 0)
 		return NULL;
 	int fd = openat(dir, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
@@ -1461,8 +1468,9 @@ static void print_strings(const struct span *s, size_t n)
 /* gpuctk-cdi-hook front-key [PREFIX...] < config.json: the key shim-create looks a plan up by,
  * for the config's text on stdin and the CDI annotation prefixes front/keyed-on would name, as
  * {"file": NAME, "key": [...], "env": [...], "mounts": [...], "devices": [...], "privileged": 0|1,
- * "uid": N, "gid": N} (env, mounts, devices: the names of the config's lists the key holds, for
- * the plan's recipes); exit 1 with why where
+ * "uid": N, "gid": N, "folder": 0|1} (env, mounts, devices: the names of the config's lists the
+ * key holds, for the plan's recipes; folder: whether $GPUCTK_STATE_DIR/front is a folder this
+ * program reads plans from, the one home of that rule); exit 1 with why where
  * shim-create would take no plan. The Python shim writes its plans under it
  * (gpuctk.hook.shim.frontplan): the key has this one home. */
 static int front_key(int argc, char **argv)
@@ -1495,6 +1503,10 @@ static int front_key(int argc, char **argv)
 		printf(",\"%s\":", lists[l]);
 		print_strings(keys + w.at[l], w.count[l]);
 	}
-	printf(",\"privileged\":%d,\"uid\":%llu,\"gid\":%llu}\n", w.privileged, w.uid, w.gid);
+	int folder = front_folder();
+	if (folder >= 0)
+		close(folder);
+	printf(",\"privileged\":%d,\"uid\":%llu,\"gid\":%llu,\"folder\":%d}\n", w.privileged,
+	       w.uid, w.gid, folder >= 0);
 	_exit(fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1); /* the kernel frees the rest */
 }

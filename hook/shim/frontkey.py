@@ -18,12 +18,13 @@ KEY_TIMEOUT = 10  # seconds for `gpuctk-cdi-hook front-key` (it reads one config
 
 class FrontKey:
     """A config's key as the compiled create reads it (`gpuctk-cdi-hook front-key`): the
-    plan's file name in the front folder, the key's strings, three of them as numbers, and the
+    plan's file name in the front folder, the key's strings, three of them as numbers, the
     names of the config's lists the key holds (each env entry's, mount destination, device
-    path: what the plan's recipes are made for). Not a NamedTuple: importing `typing` costs
-    every create (docs/benchmarks.md)."""
+    path: what the plan's recipes are made for), and whether the front folder of the state
+    folder it was given is one it reads plans from (1) or not (0). Not a NamedTuple: importing
+    `typing` costs every create (docs/benchmarks.md)."""
 
-    __slots__ = ("devices", "env", "file", "gid", "key", "mounts", "privileged", "uid")
+    __slots__ = ("devices", "env", "file", "folder", "gid", "key", "mounts", "privileged", "uid")
 
     def __init__(
         self,
@@ -35,9 +36,10 @@ class FrontKey:
         env: list[str],
         mounts: list[str],
         devices: list[str],
+        folder: int,
     ) -> None:
         self.file, self.key, self.privileged, self.uid, self.gid = file, key, privileged, uid, gid
-        self.env, self.mounts, self.devices = env, mounts, devices
+        self.env, self.mounts, self.devices, self.folder = env, mounts, devices, folder
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, FrontKey) and all(
@@ -50,18 +52,23 @@ class FrontKey:
         return f"FrontKey({', '.join(f'{n}={getattr(self, n)!r}' for n in self.__slots__)})"
 
 
-def key_of(compiled: str, config: bytes, cdi_prefixes: Sequence[str]) -> FrontKey | None:
+def key_of(
+    compiled: str, config: bytes, cdi_prefixes: Sequence[str], state: str
+) -> FrontKey | None:
     """The key by which the compiled create `compiled` looks up the front plan of the OCI
     config whose text is `config`, whose annotations with one of `cdi_prefixes` ask for
-    devices (hook/shimfront.c front_key: the key's one home); None where it would take none."""
+    devices, in the state folder `state` (hook/shimfront.c front_key: the key's one home, and
+    the front folder's rule's); None where it would take none."""
     import subprocess
 
     from gpuctk.jsonfast import loads
+    from gpuctk.statedir import STATE_DIR_ENV
 
     try:
         done = subprocess.run(
             [compiled, KEY_VERB, *cdi_prefixes],
-            input=config, capture_output=True, env={}, timeout=KEY_TIMEOUT, check=False,
+            input=config, capture_output=True, env={STATE_DIR_ENV: state}, timeout=KEY_TIMEOUT,
+            check=False,
         )  # fmt: skip
         doc = loads(done.stdout.decode("ascii")) if done.returncode == 0 else None
         key = FrontKey(**doc) if isinstance(doc, dict) else None
@@ -82,5 +89,6 @@ def _key_shape(key: FrontKey) -> bool:
         and all(c in "0123456789abcdef" for c in name[:16])
         and all(_strings(v) for v in (key.key, key.env, key.mounts, key.devices))
         and key.privileged in (0, 1)
+        and key.folder in (0, 1)
         and all(type(n) is int and n >= 0 for n in (key.uid, key.gid))
     )

@@ -57,7 +57,9 @@ front check they are still what was decided (gpuctk.hook.shim.filechain): the fr
 rule of its own there, and takes the plan only with its `runtime`.
 
 Trust: written only into a folder this uid alone can write, up to / (open_private_dir), mode
-0600; the front reads it only from such a folder. Writes are atomic, never fsync'd, at most
+0600, and only where the front reads plans (its private_folder: no link on the way; front-key
+says, and a shim whose state folder fails it warns what to set instead of writing plans nobody
+reads). Writes are atomic, never fsync'd, at most
 MAX_PLANS files. `GPUCTK_SPEC_CACHE=0` turns this off with the other caches.
 """
 
@@ -97,18 +99,34 @@ def keep(
     settings: Settings,
     world: Callable[[], tuple[Any, ...] | None],
     runtime: str,
+    warn: Callable[[str], None],
 ) -> bool:
     """Write the front plan of this request unless one that holds is there: for the compiled
     create `compiled` (the launchers' gpuctk-cdi-hook; "" when none runs: no plan), the OCI
     config whose text was `config` before any edit, the `edits` resolved in `world()`
     (Plans.snapshot, called only where a plan may be written; None: not settled), a create
-    that execs `runtime`. True if written."""
+    that execs `runtime`. True if written. Where the compiled create would read no plan from
+    the front folder (its rule, asked with the key), `warn` says so and nothing is written."""
     if not compiled or not runtime or not eligible(req, edits, settings):
         return False
+    from gpuctk.fs import private_folder
     from gpuctk.hook.shim.frontkey import key_of
+    from gpuctk.statedir import STATE_DIR_ENV
 
-    key = key_of(compiled, config, settings.annotation_prefixes)
-    if key is None or current(state, key, settings.annotation_prefixes):
+    folder = os.path.join(state, FOLDER_NAME)
+    if not private_folder(folder, create=True):  # Python's own rule: no plan
+        return False
+    key = key_of(compiled, config, settings.annotation_prefixes, state)
+    if key is None:
+        return False
+    if not key.folder:
+        warn(
+            f"the compiled create reads no plan from {folder} (a symlink on the way to it, or a "
+            "folder others can write), so every GPU create here starts Python; fix: set "
+            f"{STATE_DIR_ENV} to the real path, in folders root alone can write"
+        )
+        return False
+    if current(state, key, settings.annotation_prefixes):
         return False
     held = world()
     return held is not None and offer(state, key, req, edits, settings, held, runtime)

@@ -181,8 +181,9 @@ def _inject(
         prep = plan["prep"]
         if not plan["notes"]:  # the world now: a plan found holds for the specs as they are
             frontplan.keep(
-                compiled, text, plans.state, req, edits, settings, plans.snapshot, runtime
-            )
+                compiled, text, plans.state, req, edits, settings, plans.snapshot, runtime,
+                log.warning,
+            )  # fmt: skip
     else:
         before = plans.snapshot() if plans is not None else None
         notes: list[str] = []
@@ -200,8 +201,9 @@ def _inject(
             and not notes
         ):
             frontplan.keep(
-                compiled, text, plans.state, req, edits, settings, lambda: before, runtime
-            )
+                compiled, text, plans.state, req, edits, settings, lambda: before, runtime,
+                log.warning,
+            )  # fmt: skip
     from gpuctk.hook.shim import nodeafter  # a GPU create's only (main looks)
 
     guard, spec_edits = nodeafter.choose(inv.verb, inv.pid_file, settings), edits

@@ -275,7 +275,7 @@ def key_of_text(
     node: Node, text: bytes, prefixes: tuple[str, ...] = CDI
 ) -> frontkey.FrontKey | None:
     """The key the node's compiled create takes config.json's `text` by (as the shim asks)."""
-    return frontkey.key_of(str(node.hook), text, prefixes)
+    return frontkey.key_of(str(node.hook), text, prefixes, str(node.state))
 
 
 def key_of(
@@ -1042,7 +1042,8 @@ def test_the_key_is_the_compiled_creates_to_say(node: Node) -> None:
     limit = ocibundle.MAX_CONFIG  # what the shim reads, and the compiled create
     assert key_of_text(node, text + b" " * (limit - len(text))) == key
     assert key_of_text(node, text + b" " * (limit + 1 - len(text))) is None
-    assert frontkey.key_of(str(node.bin / "missing"), json.dumps(doc).encode(), CDI) is None
+    missing = str(node.bin / "missing")
+    assert frontkey.key_of(missing, json.dumps(doc).encode(), CDI, str(node.state)) is None
 
 
 def test_a_shim_no_compiled_create_started_writes_no_plan(
@@ -1294,3 +1295,30 @@ def test_a_front_folder_that_is_a_link_is_not_read(node: Node, planned: dict[str
     finally:
         front.unlink()
         real.rename(front)
+
+
+def test_a_state_folder_the_front_does_not_read_gets_no_plan_and_says_so(
+    node: Node, tmp_path: Path
+) -> None:
+    """GPUCTK_STATE_DIR reached through a symlink: Python's caches follow a root-owned link
+    above their folder, the compiled create takes none. Python asks it (front-key, the rule's
+    one home) before writing a front plan: none is written, and the shim says why and what to
+    set, rather than writing plans nobody reads."""
+    doc = base_doc("/nonexistent-root")
+    key = key_of(node, doc)
+    assert key is not None and key.folder == 1
+    (tmp_path / "real").mkdir(mode=0o700)
+    linked = tmp_path / "linked"
+    linked.symlink_to("real")
+    state = str(linked / "gpuctk")
+    for _ in range(2):
+        done, config = node.create(doc, GPUCTK_STATE_DIR=state)
+        assert done.returncode == 0, done.stderr
+        assert "front: plan " not in done.stderr
+        assert json.loads(config.read_text()) == expected(node, doc)
+    assert (tmp_path / "real" / "gpuctk" / "plans").is_dir()  # Python's own caches: used
+    assert not list((tmp_path / "real" / "gpuctk" / "front").iterdir())
+    assert f"the compiled create reads no plan from {state}/front" in done.stderr, done.stderr
+    assert "set GPUCTK_STATE_DIR to the real path" in done.stderr
+    direct_key = frontkey.key_of(str(node.hook), json.dumps(doc).encode(), CDI, state)
+    assert direct_key is not None and direct_key.folder == 0
