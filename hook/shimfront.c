@@ -15,8 +15,9 @@
  *   - BUNDLE/config.json is a regular file (not a link) of plain JSON: ASCII only, strict, the
  *     keys of each object this program reads unescaped and unique in any case (runc folds case),
  *     every env entry and CDI annotation unescaped, no mount destination with an escape or
- *     naming nvidia-container-devices, no annotation the plan refuses, no field apply would
- *     refuse (a hook stage, additionalGids or netDevices of another type);
+ *     naming nvidia-container-devices, each linux.devices entry an object with an unescaped
+ *     path, no annotation the plan refuses, no field apply would refuse (a hook stage,
+ *     additionalGids or netDevices of another type);
  *   - a front plan (gpuctk.hook.shim.frontplan) for the request's key: the container's env entries
  *     that start with NVIDIA_ or CUDA_VERSION, in order, whether CAP_SYS_ADMIN is in its
  *     bounding set, its uid and gid, the name of each env entry, mount destination and
@@ -470,6 +471,8 @@ static char *read_front(const char *name, size_t *len)
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
 	    (st.st_mode & 022) || read_all(fd, GPUCTK_MAX_PLAN, &text, len) != 0)
 		text = NULL;
+	else
+		(void)futimens(fd, NULL); /* read now: Python evicts the plans read longest ago */
 	close(fd);
 	return text;
 }
@@ -569,7 +572,8 @@ static void insert_members(struct patch *p, struct span obj, struct buf *members
 }
 
 /* The list a recipe of the plan makes of the config's n items `cur`: each number in it the
- * config's item at that index, anything else an item of the plan's, in the recipe's order.
+ * config's item at that index, each string or object an item of the plan's, in the recipe's
+ * order (-1 for anything else, or an index past the list).
  * Python made the recipe with gpuctk.cdi.specs.apply for a config whose names (each env
  * entry's, mount destination, device path) the key holds: the merge's rules are apply's. */
 static int assemble(struct member *cur, size_t n, struct span recipe, struct buf *out)
@@ -584,7 +588,8 @@ static int assemble(struct member *cur, size_t n, struct span recipe, struct buf
 		unsigned long long at;
 		if (i)
 			puts_(out, ",");
-		if (sf_kind(r[i].val) < '0' || sf_kind(r[i].val) > '9')
+		int kind = sf_kind(r[i].val);
+		if (kind == '"' || kind == '{')
 			put_span(out, r[i].val);
 		else if (sf_uint(r[i].val, &at) == 0 && at < n)
 			put_span(out, cur[at].val);

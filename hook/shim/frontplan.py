@@ -56,11 +56,12 @@ file) is decided in Python when a plan is written, and the plan's `chain` and `l
 front check they are still what was decided (gpuctk.hook.shim.filechain): the front checks no
 rule of its own there, and takes the plan only with its `runtime`.
 
-Trust: written only into a folder this uid alone can write, up to / (open_private_dir), mode
-0600, and only where the front reads plans (its private_folder: no link on the way; front-key
-says, and a shim whose state folder fails it warns what to set instead of writing plans nobody
-reads). Writes are atomic, never fsync'd, at most
-MAX_PLANS files. `GPUCTK_SPEC_CACHE=0` turns this off with the other caches.
+Trust: written only into a folder this uid alone can write, up to / (open_private_dir), mode 0600,
+and only where the front reads plans (its private_folder: no link on the way; front-key says, and a
+shim whose state folder fails it warns what to set instead of writing plans nobody reads). Writes
+are atomic, never fsync'd, at most MAX_PLANS files: a write past that removes the plans the front
+read longest ago (it sets a plan's mtime when it reads it). `GPUCTK_SPEC_CACHE=0` turns this off
+with the other caches.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ FRONT = "gpuctk-cdi-hook"
 GUARD = "disable-device-node-modification"
 PREFIXES_NAME = "keyed-on"  # no .json: never evicted with the plans
 PREFIXES_FORMAT = "gpuctk-front-prefixes-1"
-MAX_PLANS = 64
+MAX_PLANS = 256  # a plan per request and shape of container; the ones read longest ago go
 MAX_BYTES = 1 << 20
 SHIM_FRONT_ENV = "GPUCTK_SHIM_FRONT"  # =off (gpuctk.cdi.node.facts.FRONT_OFF): all to Python
 SHIM_FRONT_TRACE_ENV = "GPUCTK_SHIM_FRONT_TRACE"  # set: say which way each create went

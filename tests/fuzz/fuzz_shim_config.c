@@ -30,10 +30,11 @@ static size_t keyed(const struct span *keys, size_t nkeys, char *out, size_t siz
 		puts_(&b, "\"");
 	}
 	puts_(&b, plan_tail);
-	if (b.bad || b.n > size)
+	if (b.bad)
 		abort();
-	memcpy(out, b.p, b.n);
-	return b.n;
+	size_t n = b.n <= size ? b.n : 0; /* a key too long for the buffer: an empty plan */
+	memcpy(out, b.p, n);
+	return n;
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)

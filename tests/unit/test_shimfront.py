@@ -442,10 +442,25 @@ def test_the_front_assembles_the_plans_recipe_as_written(node: Node) -> None:
     done, _before, after = direct(node, doc)
     assert "front: plan " in done.stderr, done.stderr
     assert json.loads(after)["process"]["env"] == [VISIBLE, "Z=9", "A=1"]
-    written["env"] = [3]  # an index the config does not have
-    plan.write_text(json.dumps(written))
-    handed_over(*direct(node, doc), "the env edit")
+    for bad in ([3], [0, -1], [0, True], [0, None], [1.5]):  # past the list; not an item
+        written["env"] = bad
+        plan.write_text(json.dumps(written))
+        handed_over(*direct(node, doc), "the env edit")
     plan.unlink()
+
+
+def test_the_front_marks_the_plans_it_reads_so_they_go_last(node: Node) -> None:
+    """A plan per request and shape: the front sets the mtime of each plan it reads, so the
+    eviction of the oldest (plans.evict, by mtime) removes those read longest ago."""
+    doc = base_doc("/nonexistent-root")
+    fronted(node, doc)
+    key = key_of(node, doc)
+    assert key is not None
+    plan = node.state / "front" / key.file
+    os.utime(plan, ns=(10**9, 10**9))
+    done, _ = node.create(doc)
+    assert "front: plan " in done.stderr, done.stderr
+    assert plan.stat().st_mtime > time.time() - 60
 
 
 # ---- what goes to Python, unchanged -------------------------------------------------------
