@@ -386,26 +386,24 @@ def test_the_shim_serves_each_image_on_the_default_spec(
     env = [*(CUDA_ENV if name == "cuda" else (PATH,)), "NVIDIA_VISIBLE_DEVICES=0"]
     bundle = make_bundle(tmp_path / "bundle", rootfs, ["/bin/true"], env=env)
     config = shim_edit(bundle, world.podman.specs["default"], tmp_path / "state")
-    hooks = work_hooks(config)  # the spec's entry stays, as on the compiled create
-    assert [h["args"][:2] for h in hooks] == [["gpuctk-cdi-hook", "createContainer"]], hooks
+    assert work_hooks(config) == []  # the shim did the entry's work and dropped it
     assert STAGE in {m["destination"] for m in config["mounts"]}
     report = probe(runc_run(bundle, config, SCRIPT, f"gpuctk-default-{os.getpid()}-{name}"))
-    _kind, path, python_ran, _ = CASES[name]
-    expect_file(report, path, COMPAT["newer"] if name == "newer" else "")
+    expect_file(report, CASES[name][3], COMPAT["newer"] if name == "newer" else "")
     expect_dev_links(report, name)
-    assert ("PYTHON" in report) == python_ran, report  # the compiled entry, gpuctk-hook after it
+    assert "PYTHON" in report, report  # 00-gpuctk.conf: written by the shim, not by a hook
 
 
 def test_the_shim_serves_a_loader_that_searches_no_glibc_hwcaps(
     world: World, fresh_rootfs: Callable[[str], Path], tmp_path: Path
 ) -> None:
     """glibc 2.31 (Debian 11, Ubuntu 20.04) looks in no glibc-hwcaps folder: only the ld cache
-    the spec's entry writes finds the development links' names, the Vulkan producer's too (a library
+    the shim writes finds the development links' names, the Vulkan producer's too (a library
     without SONAME, cached by its link's name as ldconfig caches it): the stage's own cache."""
     bundle = make_bundle(tmp_path / "bundle", fresh_rootfs("bullseye"), ["/bin/true"],
                          env=[PATH, "NVIDIA_VISIBLE_DEVICES=0"])  # fmt: skip
     config = shim_edit(bundle, world.podman.specs["default"], tmp_path / "state")
-    assert len(work_hooks(config)) == 1  # the spec's entry, which runc runs
+    assert work_hooks(config) == []  # the shim did the entry's work
     names = "libnvidia-ml.so libcuda.so libnvidia-vulkan-producer.so"
     done = runc_run(bundle, config, f"/bin/dlopen-test {names}", f"gpuctk-old-{os.getpid()}")
     lines = done.stdout.splitlines()
@@ -474,34 +472,6 @@ def test_under_the_shims_front_the_spec_entry_guards_the_params_file(
     assert done.returncode == 0, done.stderr
     assert PARAMS.replace(": 1", ": 0") in done.stdout, done.stdout
     assert "ModifyDeviceFiles: 1" not in done.stdout and "read-only" in done.stdout
-
-
-def test_the_python_shim_leaves_the_guard_to_the_spec_entry_too(
-    world: World, shim_root: Callable[[str], Path], tmp_path: Path
-) -> None:
-    """A `create --pid-file` (as engines call it) on a host whose params file says 1, through
-    the Python shim: the spec's entry stays and guards inside runc, as on the compiled create,
-    so the shim neither adds a guard entry nor guards after create (which would look for the
-    container's pid: the runtime here, /bin/true, makes none)."""
-    proc = tmp_path / "hostproc"
-    (proc / "driver/nvidia").mkdir(parents=True)
-    (proc / "driver/nvidia/params").write_text(PARAMS)
-    toml = tmp_path / "gpuctk.toml"
-    toml.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{world.podman.specs["default"]}"]\n'
-                    f'proc-root = "{proc}"\n')  # fmt: skip
-    bundle = make_bundle(tmp_path / "bundle", shim_root("plain"), ["/bin/true"],
-                         env=[PATH, "NVIDIA_VISIBLE_DEVICES=0"])  # fmt: skip
-    shim = str(Path(sys.executable).with_name("gpuctk-runtime"))
-    done = subprocess.run(
-        [shim, "create", "--bundle", str(bundle), "--pid-file", str(tmp_path / "pid"), "c1"],
-        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "GPUCTK_CONFIG": str(toml),
-             "GPUCTK_STATE_DIR": str(tmp_path / "state")},
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    config = json.loads((bundle / "config.json").read_text())
-    hooks = [h for stage in config["hooks"].values() for h in stage]
-    assert [h["args"][:2] for h in hooks] == [["gpuctk-cdi-hook", "createContainer"]], hooks
 
 
 OPENCL_ICD = "/etc/OpenCL/vendors/nvidia.icd"
