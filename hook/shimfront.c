@@ -16,7 +16,7 @@
  *     keys of each object this program reads unescaped and unique in any case (runc folds case),
  *     every env entry and CDI annotation unescaped, no mount destination with an escape or
  *     naming nvidia-container-devices, each linux.devices entry an object with an unescaped
- *     path, no annotation the plan refuses, no field apply would refuse (a hook stage,
+ *     path, no user namespace (the spec's entry cannot serve one inside runc), no annotation the plan refuses, no field apply would refuse (a hook stage,
  *     additionalGids or netDevices of another type);
  *   - a front plan (gpuctk.hook.shim.frontplan) for the request's key: the container's env entries
  *     that start with NVIDIA_ or CUDA_VERSION, in order, whether CAP_SYS_ADMIN is in its
@@ -1042,6 +1042,28 @@ static struct member *plain_devices(struct member *top, size_t ntop, size_t *nd)
 	return d;
 }
 
+/* A config that asks for a user namespace goes to Python: the spec's entry, run by runc inside
+ * it, sees the host's files as another uid's and cannot serve the image or guard the nodes
+ * (the Python shim does both from the host, gpuctk.hook.shim.shimroot and nodeafter). */
+static void no_user_namespace(struct member *top, size_t ntop)
+{
+	size_t nl, nn;
+	struct member *lin = sf_get(top, ntop, "linux");
+	if (!lin || is_null(lin->val))
+		return;
+	struct member *l = object_of(lin, "no linux object", &nl);
+	struct member *spaces = sf_get(l, nl, "namespaces");
+	if (!spaces || is_null(spaces->val))
+		return;
+	struct member *n = array_of(spaces, "linux.namespaces is not a list", &nn);
+	for (size_t i = 0; i < nn; i++) {
+		const char *s;
+		size_t sn;
+		need(member_string(n[i].val, "type", &s, &sn) == 0, "a namespace that is not plain");
+		need(!(sn == 4 && memcmp(s, "user", 4) == 0), "a user namespace");
+	}
+}
+
 /* The request's key: the env entries that start with one of GPUCTK_KEY_PREFIXES, in order, then
  * privileged=, uid= and gid= (in `w`, their text too); then the names the edits' places are
  * known by: env=N and each env entry's name (up to its `=`), mounts=N and each mount's
@@ -1094,6 +1116,7 @@ static struct span *request_key(struct member *top, size_t ntop, struct member *
 				struct who *w, size_t *nkeys)
 {
 	size_t nann = 0, nm, nd;
+	no_user_namespace(top, ntop);
 	struct member *mounts = plain_mounts(top, ntop, &nm);
 	struct member *devs = plain_devices(top, ntop, &nd);
 	struct member *ann = sf_get(top, ntop, "annotations"), *a = NULL;

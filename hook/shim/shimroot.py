@@ -66,7 +66,8 @@ def _our_hook(hook: Any) -> bool:
 
 def _stage_hook(hook: Any) -> bool:
     """A folder spec's entry (gpuctk.cdi.generate._stage_hook): gpuctk-cdi-hook or gpuctk-hook
-    `createContainer` with only the stage's --folder args and --disable-hook names."""
+    `createContainer` with only the stage's --folder, --ld-cache, --link and --link-for args
+    and --disable-hook names."""
     args = hook.get("args") if isinstance(hook, dict) else None
     if not (
         isinstance(args, list)

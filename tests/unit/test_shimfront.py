@@ -564,6 +564,11 @@ def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str:
         d["annotations"] = {f"a{i}": "" for i in range(4097)}
     elif change == "other request":
         d["process"]["env"].append("NVIDIA_DRIVER_CAPABILITIES=compute")
+    elif change == "user namespace":
+        d["linux"]["namespaces"].append({"type": "user"})
+        d["linux"]["uidMappings"] = [{"containerID": 0, "hostID": 100000, "size": 65536}]
+    elif change == "namespace without a type":
+        d["linux"]["namespaces"].append({"path": "/proc/1/ns/user"})
     return d
 
 
@@ -591,6 +596,8 @@ def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str:
         ("netDevices list", "a field apply refuses"),
         ("4097 annotations", "annotations that are not plain"),
         ("other request", "no front plan for this request"),
+        ("user namespace", "a user namespace"),
+        ("namespace without a type", "a namespace that is not plain"),
     ],
 )
 def test_a_config_the_front_does_not_read_goes_to_python(
@@ -1045,7 +1052,9 @@ def test_the_key_is_the_compiled_creates_to_say(node: Node) -> None:
     escaped["annotations"]["cdi.k8s.io/a"] = 'nvidia.com/gpu="1"'
     unicode = copy.deepcopy(doc)
     unicode["process"]["env"].append("NVIDIA_DRIVER_CAPABILITIES=\u00e9")
-    for refused in (escaped, unicode):
+    userns = copy.deepcopy(doc)
+    userns["linux"]["namespaces"].append({"type": "user"})
+    for refused in (escaped, unicode, userns):
         assert key_of(node, refused) is None
     assert key_of(node, doc, ('cdi"',)) is None
     assert key_of(node, doc, ("",)) is None
