@@ -16,8 +16,9 @@
  *     keys of each object this program reads unescaped and unique in any case (runc folds case),
  *     every env entry and CDI annotation unescaped, no mount destination with an escape or
  *     naming nvidia-container-devices, each linux.devices entry an object with an unescaped
- *     path, no user namespace (the spec's entry cannot serve one inside runc), no annotation the plan refuses, no field apply would refuse (a hook stage,
- *     additionalGids or netDevices of another type);
+ *     path, no user namespace (the spec's entry cannot serve one inside runc), no annotation
+ *     the plan refuses, no field apply would refuse (a hook stage, additionalGids or
+ *     netDevices of another type);
  *   - a front plan (gpuctk.hook.shim.frontplan) for the request's key: the container's env entries
  *     that start with NVIDIA_ or CUDA_VERSION, in order, whether CAP_SYS_ADMIN is in its
  *     bounding set, its uid and gid, the name of each env entry, mount destination and
@@ -1005,41 +1006,19 @@ static int prefixed(struct span k, const struct span *pre, size_t n)
 	return 0;
 }
 
-/* The config's mounts: each a plain destination, none a device-list mount (a request the key
- * does not hold). */
-static struct member *plain_mounts(struct member *top, size_t ntop, size_t *nm)
-{
-	struct member *mounts = array_of(sf_get(top, ntop, "mounts"), "no mounts list", nm);
-	for (size_t i = 0; i < *nm; i++) {
-		struct span d;
-		size_t dn;
-		need(member_string(mounts[i].val, "destination", &d.p, &dn) == 0 &&
-			     !memmem(d.p, dn, GPUCTK_DEVICE_LIST_MOUNTS, strlen(GPUCTK_DEVICE_LIST_MOUNTS)),
-		     "a mount that is not plain, or a device-list mount");
-	}
-	return mounts;
-}
-
-/* The config's linux.devices (none where linux or it is absent or null): each with a plain
- * path. */
-static struct member *plain_devices(struct member *top, size_t ntop, size_t *nd)
+/* The items of linux.`name` (a list), none where linux or it is absent or null (`why` hands a
+ * config over where it is something else). */
+static struct member *linux_list(struct member *top, size_t ntop, const char *name,
+				 const char *why, size_t *n)
 {
 	size_t nl;
-	*nd = 0;
+	*n = 0;
 	struct member *lin = sf_get(top, ntop, "linux");
 	if (!lin || is_null(lin->val))
 		return NULL;
 	struct member *l = object_of(lin, "no linux object", &nl);
-	struct member *devs = sf_get(l, nl, "devices");
-	if (!devs || is_null(devs->val))
-		return NULL;
-	struct member *d = array_of(devs, "a field apply refuses", nd);
-	for (size_t i = 0; i < *nd; i++) {
-		const char *s;
-		size_t sn;
-		need(member_string(d[i].val, "path", &s, &sn) == 0, "a device that is not plain");
-	}
-	return d;
+	struct member *list = sf_get(l, nl, name);
+	return list && !is_null(list->val) ? array_of(list, why, n) : NULL;
 }
 
 /* A config that asks for a user namespace goes to Python: the spec's entry, run by runc inside
@@ -1047,15 +1026,8 @@ static struct member *plain_devices(struct member *top, size_t ntop, size_t *nd)
  * (the Python shim does both from the host, gpuctk.hook.shim.shimroot and nodeafter). */
 static void no_user_namespace(struct member *top, size_t ntop)
 {
-	size_t nl, nn;
-	struct member *lin = sf_get(top, ntop, "linux");
-	if (!lin || is_null(lin->val))
-		return;
-	struct member *l = object_of(lin, "no linux object", &nl);
-	struct member *spaces = sf_get(l, nl, "namespaces");
-	if (!spaces || is_null(spaces->val))
-		return;
-	struct member *n = array_of(spaces, "linux.namespaces is not a list", &nn);
+	size_t nn;
+	struct member *n = linux_list(top, ntop, "namespaces", "linux.namespaces is not a list", &nn);
 	for (size_t i = 0; i < nn; i++) {
 		const char *s;
 		size_t sn;
@@ -1069,12 +1041,15 @@ static void no_user_namespace(struct member *top, size_t ntop)
  * known by: env=N and each env entry's name (up to its `=`), mounts=N and each mount's
  * destination, devices=N and each linux.devices path (where each list starts: w->at); then the
  * key and value of each annotation whose key starts with one of the n `pre`fixes, in the
- * document's order. */
+ * document's order. `w` also holds the config's mounts, each a plain destination, none a
+ * device-list mount (a request the key does not hold), and its linux.devices, each with a
+ * plain path. */
 struct who {
 	int privileged;
 	unsigned long long uid, gid;
 	char text[6][32]; /* privileged=, uid=, gid=, env=, mounts=, devices=: key strings */
 	size_t at[3], count[3]; /* the names of env, mounts, devices in the key */
+	struct member *mounts, *devs;
 };
 
 static void key_text(struct span *keys, size_t *nkeys, char *text)
@@ -1083,29 +1058,33 @@ static void key_text(struct span *keys, size_t *nkeys, char *text)
 	keys[(*nkeys)++].end = text + strlen(text);
 }
 
-/* The names of the config's lists (as request_key says) appended to `keys`. */
-static void key_names(struct span *keys, size_t *nkeys, struct member *env, size_t nenv,
-		      struct member *mounts, size_t nm, struct member *devs, size_t nd,
-		      struct who *w)
+/* The names of the config's lists (as request_key says) appended to `keys`, each checked. */
+static void key_names(struct span *keys, size_t *nkeys, struct member *env, struct who *w)
 {
 	static const char *const what[3] = { "env", "mounts", "devices" };
-	struct member *list[3] = { env, mounts, devs };
-	size_t count[3] = { nenv, nm, nd };
+	struct member *list[3] = { env, w->mounts, w->devs };
 	for (int l = 0; l < 3; l++) {
-		snprintf(w->text[3 + l], 32, "%s=%zu", what[l], count[l]);
+		snprintf(w->text[3 + l], 32, "%s=%zu", what[l], w->count[l]);
 		key_text(keys, nkeys, w->text[3 + l]);
 		w->at[l] = *nkeys;
-		w->count[l] = count[l];
-		for (size_t i = 0; i < count[l]; i++) {
+		for (size_t i = 0; i < w->count[l]; i++) {
 			struct span s;
 			size_t sn;
-			if (l == 0)
+			if (l == 0) {
 				sf_plain(list[l][i].val, &s.p, &sn); /* checked by request_key */
-			else
-				member_string(list[l][i].val, l == 1 ? "destination" : "path", &s.p, &sn);
-			s.end = s.p + sn;
-			if (l == 0)
+				s.end = s.p + sn;
 				s.end = s.p + env_key(s);
+			} else if (l == 1) {
+				need(member_string(list[l][i].val, "destination", &s.p, &sn) == 0 &&
+					     !memmem(s.p, sn, GPUCTK_DEVICE_LIST_MOUNTS,
+						     strlen(GPUCTK_DEVICE_LIST_MOUNTS)),
+				     "a mount that is not plain, or a device-list mount");
+				s.end = s.p + sn;
+			} else {
+				need(member_string(list[l][i].val, "path", &s.p, &sn) == 0,
+				     "a device that is not plain");
+				s.end = s.p + sn;
+			}
 			keys[(*nkeys)++] = s;
 		}
 	}
@@ -1115,14 +1094,15 @@ static struct span *request_key(struct member *top, size_t ntop, struct member *
 				struct member *env, size_t nenv, const struct span *pre, size_t npre,
 				struct who *w, size_t *nkeys)
 {
-	size_t nann = 0, nm, nd;
+	size_t nann = 0;
 	no_user_namespace(top, ntop);
-	struct member *mounts = plain_mounts(top, ntop, &nm);
-	struct member *devs = plain_devices(top, ntop, &nd);
+	w->count[0] = nenv;
+	w->mounts = array_of(sf_get(top, ntop, "mounts"), "no mounts list", &w->count[1]);
+	w->devs = linux_list(top, ntop, "devices", "a field apply refuses", &w->count[2]);
 	struct member *ann = sf_get(top, ntop, "annotations"), *a = NULL;
 	if (ann)
 		a = object_of(ann, "annotations that are not plain", &nann);
-	struct span *keys = calloc(2 * nenv + 7 + nm + nd + 2 * nann, sizeof *keys);
+	struct span *keys = calloc(2 * nenv + 7 + w->count[1] + w->count[2] + 2 * nann, sizeof *keys);
 	need(keys != NULL, "out of memory");
 	*nkeys = 0;
 	for (size_t i = 0; i < nenv; i++) {
@@ -1152,7 +1132,7 @@ static struct span *request_key(struct member *top, size_t ntop, struct member *
 	snprintf(w->text[2], 32, "gid=%llu", w->gid);
 	for (int i = 0; i < 3; i++)
 		key_text(keys, nkeys, w->text[i]);
-	key_names(keys, nkeys, env, nenv, mounts, nm, devs, nd, w);
+	key_names(keys, nkeys, env, w);
 	for (size_t i = 0; i < nann; i++) {
 		if (!prefixed(a[i].key, pre, npre))
 			continue;
@@ -1188,11 +1168,10 @@ static struct member *front_plan(const struct span *keys, size_t nkeys, const ch
 }
 
 /* What only the Python shim reads: an annotation the plan refuses (a CRI runtime's marker where
- * the plan's env request is a plain container's), a field apply refuses, a device-list mount,
- * a file or runtime other than the plan names. Returns the config's mounts. */
-static struct member *python_only(struct member *top, size_t ntop, struct member *proc,
-				  size_t nproc, struct member *plan, size_t nplan, const char *runtime,
-				  size_t *nm)
+ * the plan's env request is a plain container's), a field apply refuses, a file or runtime
+ * other than the plan names (a device-list mount: request_key). */
+static void python_only(struct member *top, size_t ntop, struct member *proc, size_t nproc,
+			struct member *plan, size_t nplan, const char *runtime)
 {
 	const char *s;
 	size_t sn, npre;
@@ -1211,7 +1190,6 @@ static struct member *python_only(struct member *top, size_t ntop, struct member
 			}
 	}
 	shape(top, ntop, proc, nproc);
-	struct member *mounts = plain_mounts(top, ntop, nm);
 	char planned[PATH_MAX];
 	need(plan_string(plan, nplan, "runtime", planned, sizeof planned) == 0 &&
 		     strcmp(planned, runtime) == 0,
@@ -1220,7 +1198,6 @@ static struct member *python_only(struct member *top, size_t ntop, struct member
 	need(chain && entries_hold(chain->val, 1),
 	     "a file the front plan names changed since (a hook, a mount source, a device node, "
 	     "the runtime, the log-file, or a folder on the way)");
-	return mounts;
 }
 
 /* The edits, as patches of config.json's text (a recipe the plan leaves null, or a list of
@@ -1448,7 +1425,9 @@ static int shim_create(int argc, char **argv)
 	struct span *keys = request_key(e.top, e.ntop, proc, nproc, e.env, e.nenv, pre, npre, &who,
 					&nkeys);
 	struct member *plan = front_plan(keys, nkeys, conf, pre, npre, &nplan);
-	e.mounts = python_only(e.top, e.ntop, proc, nproc, plan, nplan, runtime, &e.nm);
+	python_only(e.top, e.ntop, proc, nproc, plan, nplan, runtime);
+	e.mounts = who.mounts;
+	e.nm = who.count[1];
 	struct buf out = edited(&e, plan, nplan);
 
 	char **rargv = calloc((size_t)argc, sizeof *rargv); /* before the write: after it, no Python */

@@ -128,7 +128,9 @@ static void shim_run(const char *conf, size_t clen, const char *text, size_t tle
 		else
 			shim_write(shim_plan, text, tlen);
 		struct member *plan = front_plan(keys, nkeys, GPUCTK_DEFAULT_CONFIG, pre, npre, &nplan);
-		e->mounts = python_only(e->top, e->ntop, proc, nproc, plan, nplan, "/bin/sh", &e->nm);
+		python_only(e->top, e->ntop, proc, nproc, plan, nplan, "/bin/sh");
+		e->mounts = who.mounts;
+		e->nm = who.count[1];
 		struct buf out = edited(e, plan, nplan);
 		shim_lines(plan, nplan);
 		struct json j = { out.p, out.p + out.n, 0 };
