@@ -18,7 +18,11 @@
  *   - makes the entry's links: the stage's firmware and config files, each at its own path,
  *     and its binaries at their usual paths (/usr/bin/nvidia-smi); a --link-for only when the
  *     container's NVIDIA_DRIVER_CAPABILITIES asks for CAP (see container_caps());
- *   - guards the device nodes (a read-only copy of /proc/driver/nvidia/params).
+ *   - guards the device nodes (a read-only copy of /proc/driver/nvidia/params, made in the
+ *     container's own /dev).
+ *
+ * It serves a container in a user namespace too (Kubernetes' hostUsers: false, podman's
+ * --userns), where it runs inside the namespace: see root_seen() and scratch_file().
  *
  * gpuctk-hook runs instead when any of these holds:
  *
@@ -36,7 +40,8 @@
  *     stage's cache is not a regular file of root's that nobody else can write; /etc cannot
  *     be written (a read-only root);
  *   - a --link that is not two plain absolute paths, or one not made here: see make_links();
- *   - the device node guard (unless disabled) could not be done here: see guard() below.
+ *   - the device node guard (unless disabled) could not be done here (no /dev of the
+ *     container's own: a tmpfs on another mount than the root's): see guard() below.
  *
  * The image is hostile: every path in it is opened with openat2(RESOLVE_IN_ROOT |
  * RESOLVE_NO_MAGICLINKS) from the root's descriptor, looked at through an O_PATH descriptor
@@ -46,8 +51,9 @@
  * MAX_ENTRIES names. In the root it writes only /etc/ld.so.cache and
  * /etc/ld.so.conf.d/00-gpuctk.conf (each a new file renamed into place) and the --link
  * symlinks and their missing folders, each in a folder on the root's own mount (never a
- * volume's), a link never over an existing entry; its other outcomes are the guard's
- * read-only mount over the container's /proc/driver/nvidia/params, or gpuctk-hook. Built by
+ * volume's), a link never over an existing entry, and the guard's copy in the container's
+ * /dev (removed once mounted); its other outcomes are the guard's read-only mount over the
+ * container's /proc/driver/nvidia/params, or gpuctk-hook. Built by
  * setup.py with the host's C compiler; without one, specs name gpuctk-hook itself. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -62,6 +68,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -94,6 +101,7 @@
 #define MOVE_MOUNT_T_EMPTY_PATH 0x40
 #endif
 #define ATTR_RO_NOSUID_NODEV_NOEXEC (0x1 | 0x2 | 0x4 | 0x8)
+#define TMPFS_MAGIC_ 0x01021994
 
 struct open_how_ { unsigned long long flags, mode, resolve; };
 struct mount_attr_ { unsigned long long set, clr, propagation, userns_fd; };
@@ -706,9 +714,49 @@ static int write_in_root(int root, unsigned long long mnt, const char *folder, c
 
 #define CONF_HEAD "# written by gpuctk-cdi-hook: NVIDIA driver library folders\n"
 
+/* The uid under which this process sees host root's files: 0, or inside a user namespace that
+ * maps no host uid 0 (Kubernetes' `hostUsers: false`, podman's --userns), the kernel's
+ * overflow uid, under which every owner the namespace does not map shows. */
+static unsigned long root_seen(void)
+{
+	char *text, *end;
+	size_t len;
+	unsigned long seen = 65534; /* the kernel's default overflow uid */
+	int fd = open("/proc/self/uid_map", O_RDONLY | O_CLOEXEC);
+	if (fd >= 0 && read_all(fd, 1 << 16, &text, &len) == 0) {
+		for (char *line = text; *line; line = end + (*end == '\n')) {
+			unsigned long inside = strtoul(line, &end, 10), outside = strtoul(end, &end, 10);
+			unsigned long count = strtoul(end, &end, 10);
+			end += strcspn(end, "\n");
+			if (outside == 0 && count > 0) {
+				free(text);
+				close(fd);
+				return inside;
+			}
+		}
+		free(text);
+	}
+	if (fd >= 0)
+		close(fd);
+	fd = open("/proc/sys/kernel/overflowuid", O_RDONLY | O_CLOEXEC);
+	if (fd >= 0 && read_all(fd, 64, &text, &len) == 0) {
+		unsigned long v = strtoul(text, &end, 10);
+		if (end != text)
+			seen = v;
+		free(text);
+	}
+	if (fd >= 0)
+		close(fd);
+	return seen;
+}
+
 /* The host file `path` (the stage's own cache, which the spec names), read whole when it is a
- * regular file of root's that nobody else can write (looked at through an O_PATH descriptor,
- * the last part not followed, before it is opened): 0, -1 with errno. */
+ * regular file of root's (as root_seen() shows root) that nobody else can write (looked at
+ * through an O_PATH descriptor, the last part not followed, before it is opened): 0, -1 with
+ * errno. In a user namespace that maps no host root, an owner it does not map passes too: the
+ * cache is then trusted as far as the stage's libraries beside it, which the engine mounts
+ * into the container whoever owns them (`gpuctk cdi generate` names a stage only in folders
+ * root alone can write). */
 static int read_host_file(const char *path, size_t limit, char **out, size_t *len)
 {
 	int at = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
@@ -716,7 +764,7 @@ static int read_host_file(const char *path, size_t limit, char **out, size_t *le
 		return -1;
 	struct stat st;
 	int stated = fstat(at, &st) == 0;
-	if (!stated || st.st_uid != 0 || (st.st_mode & 022)) {
+	if (!stated || st.st_uid != root_seen() || (st.st_mode & 022)) {
 		int saved = stated ? EPERM : errno;
 		close(at);
 		errno = saved;
@@ -836,6 +884,38 @@ static int modified(const char *text, size_t len, char *out, size_t *outlen)
 	return changed;
 }
 
+/* A new file of `text` in the container's own /dev (the tmpfs the runtime mounts there, never
+ * the image's folder nor a volume of another kind), a fresh random name, for the guard's mount
+ * to be cloned from: its descriptor (O_PATH), its name in *name and the folder's descriptor
+ * in *dev (the caller unlinks it); -1 with errno. A folder of the container's own, so that the
+ * guard serves a user namespace too, where no host folder can be written. */
+static int scratch_file(int root, const char *text, size_t len, char *name, size_t size, int *dev)
+{
+	unsigned long long rmnt;
+	unsigned char rnd[6];
+	struct statfs sf;
+	*dev = in_root(root, "/dev", O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+	if (*dev < 0 || mount_id(root, &rmnt) != 0 || own_mount(*dev, rmnt) == 0 ||
+	    fstatfs(*dev, &sf) != 0 || sf.f_type != TMPFS_MAGIC_)
+		return -1;
+	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+	ssize_t got = fd >= 0 ? read(fd, rnd, sizeof rnd) : -1;
+	if (fd >= 0)
+		close(fd);
+	if (got != (ssize_t)sizeof rnd)
+		return -1;
+	snprintf(name, size, GPUCTK_SCRATCH_PREFIX "%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1],
+		 rnd[2], rnd[3], rnd[4], rnd[5]);
+	fd = openat(*dev, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
+	if (fd < 0) {
+		name[0] = 0;
+		return -1;
+	}
+	int ok = write(fd, text, len) == (ssize_t)len;
+	close(fd);
+	return ok ? openat(*dev, name, O_PATH | O_NOFOLLOW | O_CLOEXEC) : -1;
+}
+
 /* The device node guard, with the new mount API only: a read-only copy of the container's
  * params, `ModifyDeviceFiles` made 0, mounted over it. 0 done or nothing to do, -1 hand over
  * to gpuctk-hook (which also serves older kernels), before any mount reached the container. */
@@ -863,40 +943,12 @@ static int guard(int root)
 		free(copy);
 		return proc >= 0 ? 0 : -1; /* not a container's /proc: left alone, as gpuctk-hook */
 	}
-	char folder[64];
-	unsigned char rnd[6];
-	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-	if (fd < 0 || read(fd, rnd, sizeof rnd) != (ssize_t)sizeof rnd) {
-		free(copy);
-		return -1;
-	}
-	close(fd);
-	snprintf(folder, sizeof folder, GPUCTK_SCRATCH "/" GPUCTK_SCRATCH_PREFIX "%02x%02x%02x%02x%02x%02x", rnd[0],
-		 rnd[1], rnd[2], rnd[3], rnd[4], rnd[5]);
-	if (mkdir(folder, 0700) != 0) {
-		free(copy);
-		return -1;
-	}
-	int rc = -1, mounted = 0, dir = -1, src = -1, clone = -1, target = -1, now = -1;
+	char name[64] = "";
+	int rc = -1, dev = -1, clone = -1, target = -1, now = -1;
+	int src = scratch_file(root, copy, clen, name, sizeof name, &dev);
 	struct mount_attr_ attr = { ATTR_RO_NOSUID_NODEV_NOEXEC, 0, 0, 0 };
 	struct stat a, b;
-	if (mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0700") != 0)
-		goto out;
-	mounted = 1;
-	if (mount(NULL, folder, NULL, MS_PRIVATE, NULL) != 0)
-		goto out;
-	dir = open(folder, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (dir < 0)
-		goto out;
-	fd = openat(dir, "params", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
-	if (fd < 0)
-		goto out;
-	if (write(fd, copy, clen) != (ssize_t)clen) {
-		close(fd);
-		goto out;
-	}
-	close(fd);
-	src = openat(dir, "params", O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	free(copy);
 	if (src < 0)
 		goto out;
 	clone = (int)syscall(SYS_open_tree, src, "", OPEN_TREE_CLONE | O_CLOEXEC | AT_EMPTY_PATH);
@@ -921,15 +973,15 @@ static int guard(int root)
 			GPUCTK_PARAMS);
 		exit(1);
 	}
-out:
-	free(copy);
-	int fds[] = { dir, src, clone, target };
+out:;
+	int saved = errno;
+	if (name[0])
+		unlinkat(dev, name, 0); /* the mount keeps its copy */
+	int fds[] = { dev, src, clone, target };
 	for (int i = 0; i < 4; i++)
 		if (fds[i] >= 0)
 			close(fds[i]);
-	if (mounted)
-		umount2(folder, MNT_DETACH);
-	rmdir(folder);
+	errno = saved;
 	return rc;
 }
 

@@ -16,7 +16,7 @@
  *     keys of each object this program reads unescaped and unique in any case (runc folds case),
  *     every env entry and CDI annotation unescaped, no mount destination with an escape or
  *     naming nvidia-container-devices, each linux.devices entry an object with an unescaped
- *     path, no user namespace (the spec's entry cannot serve one inside runc), no annotation
+ *     path, no user namespace (the Python shim serves every image of one), no annotation
  *     the plan refuses, no field apply would refuse (a hook stage, additionalGids or
  *     netDevices of another type);
  *   - a front plan (gpuctk.hook.shim.frontplan) for the request's key: the container's env entries
@@ -1022,8 +1022,9 @@ static struct member *linux_list(struct member *top, size_t ntop, const char *na
 }
 
 /* A config that asks for a user namespace goes to Python: the spec's entry, run by runc inside
- * it, sees the host's files as another uid's and cannot serve the image or guard the nodes
- * (the Python shim does both from the host, gpuctk.hook.shim.shimroot and nodeafter). */
+ * it, serves the common image there but hands the others to gpuctk-hook inside the namespace;
+ * the Python shim serves every image of one from the host (gpuctk.hook.shim.shimroot and
+ * nodeafter). */
 static void no_user_namespace(struct member *top, size_t ntop)
 {
 	size_t nn;

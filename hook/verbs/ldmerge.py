@@ -26,7 +26,7 @@ import posixpath
 import stat
 
 from gpuctk import rootfs
-from gpuctk.fs import read_limited, stat_identity
+from gpuctk.fs import read_limited, root_seen, stat_identity
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
@@ -135,15 +135,17 @@ def read_image_cache(root_fd: int) -> bytes | None:
 
 def read_stage_cache(path: str) -> list[LdCacheEntry]:
     """The entries of a stage's own cache (gpuctk.cdi.stage.CACHE), the host file `path` a
-    folder spec names: read only when it is a regular file of root's that nobody else can
-    write (looked at through an O_PATH descriptor, its last part not followed, before it is
-    opened), as gpuctk-cdi-hook reads it. OSError or ValueError otherwise."""
+    folder spec names: read only when it is a regular file of root's (as gpuctk.fs.root_seen
+    shows root: in a user namespace that maps no host root, an owner it does not map passes
+    too, the cache then trusted as far as the stage's libraries beside it) that nobody else
+    can write (looked at through an O_PATH descriptor, its last part not followed, before it
+    is opened), as gpuctk-cdi-hook reads it. OSError or ValueError otherwise."""
     from gpuctk.cdi.node.ldcache import parse_ld_cache
 
     at = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         st = os.fstat(at)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != root_seen() or st.st_mode & 0o022:
             raise ValueError(f"{path} is not a regular file of root's that only root can write")
         if st.st_size > MAX_CACHE:
             raise ValueError(f"{path} is over the {MAX_CACHE}-byte limit")

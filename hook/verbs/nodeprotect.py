@@ -12,9 +12,12 @@ mounted the container's /proc and before the container runs anything.
   runtime mounted there, which the image cannot reach before it starts), at most MAX_BYTES.
   No such file (no driver loaded), or one that says anything but `ModifyDeviceFiles: 1`: nothing
   is done.
-- The copy lies on a tmpfs of its own, mounted on an empty folder made for it in /run of the
-  hook's root and detached again (the folder removed) once the copy is bound: the container
-  sees the one file, read-only, nosuid, nodev, noexec, and no folder of it.
+- The copy is a new file in the container's own /dev (the tmpfs the runtime mounts there,
+  which a user namespace's root can write; never the image's folder nor a volume of another
+  kind), removed once it is bound, as gpuctk-cdi-hook makes it. Where the root has no such
+  /dev, it lies on a tmpfs of its own, mounted on an empty folder made for it in /run of the
+  hook's root and detached again (the folder removed) once the copy is bound. Either way the
+  container sees the one file, read-only, nosuid, nodev, noexec.
 - The bind goes through descriptors. With the new mount API (5.12 and later) the copy is
   cloned into a detached mount made read-only, nosuid, nodev, noexec before it is attached
   onto the target opened inside the root (open_tree, mount_setattr, move_mount): where the
@@ -43,7 +46,7 @@ PARAMS = "/proc/driver/nvidia/params"
 MAX_BYTES = 64 * 1024
 KEY = b"ModifyDeviceFiles: "
 SCRATCH = "/run"
-SCRATCH_PREFIX = ".gpuctk-params-"  # + 12 random hex digits: a folder in SCRATCH
+SCRATCH_PREFIX = ".gpuctk-params-"  # + 12 random hex digits: the copy in /dev, a folder in SCRATCH
 
 _OPEN_TREE, _MOVE_MOUNT, _MOUNT_SETATTR = 428, 429, 442  # every architecture
 OPEN_TREE_CLONE, AT_EMPTY_PATH = 1, 0x1000
@@ -131,6 +134,15 @@ def protect(root_fd: int) -> str:
     copy = modified(text)
     if copy is None:
         return f"{PARAMS} does not let the container make device nodes"
+    dev = _own_dev(root_fd)
+    if dev is not None:
+        name = f"{SCRATCH_PREFIX}{os.urandom(6).hex()}"
+        try:
+            _bind(root_fd, _new_file(dev, name, copy))
+        finally:
+            _unlink(dev, name)  # the mount keeps the copy
+            os.close(dev)
+        return f"{PARAMS} shows ModifyDeviceFiles: 0 (read-only copy)"
     from gpuctk.hook.verbs import mounts
 
     folder = _scratch()
@@ -143,24 +155,54 @@ def protect(root_fd: int) -> str:
             dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 os.fchmod(dir_fd, 0o700)
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                fd = os.open("params", flags, 0o444, dir_fd=dir_fd)
-                try:
-                    os.write(fd, copy)
-                finally:
-                    os.close(fd)
-                src = os.open("params", os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+                src = _new_file(dir_fd, "params", copy)
             finally:
                 os.close(dir_fd)
-            try:
-                _bind(root_fd, src)
-            finally:
-                os.close(src)
+            _bind(root_fd, src)
         finally:
             mounts.detach(folder)
     finally:
         os.rmdir(folder)
     return f"{PARAMS} shows ModifyDeviceFiles: 0 (read-only copy)"
+
+
+TMPFS_MAGIC = 0x01021994
+
+
+def _own_dev(root_fd: int) -> int | None:
+    """The container's /dev (a descriptor), where it is a tmpfs mounted over the root's own
+    folder; None otherwise."""
+    try:
+        dev = rootfs.open_in_root(root_fd, "/dev", os.O_RDONLY | os.O_DIRECTORY)
+    except rootfs.InRootError:
+        return None
+    buf = libc.buffer(bytes(128))  # struct statfs: f_type, a long, first
+    if (
+        os.fstat(dev).st_dev == os.fstat(root_fd).st_dev
+        or libc.function("fstatfs")(dev, buf) != 0
+        or int.from_bytes(bytes(buf)[:8], "little") != TMPFS_MAGIC
+    ):
+        os.close(dev)
+        return None
+    return dev
+
+
+def _unlink(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+
+
+def _new_file(dir_fd: int, name: str, data: bytes) -> int:
+    """`data` in a new file `name` of `dir_fd` (0444): its O_PATH descriptor."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, 0o444, dir_fd=dir_fd)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    return os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
 
 
 def _proc_mounted(root_fd: int) -> bool:
@@ -174,8 +216,16 @@ def _proc_mounted(root_fd: int) -> bool:
 
 
 def _bind(root_fd: int, src: int) -> None:
-    """Bind the file `src` over the container's PARAMS (opened inside the root), then make
-    that new mount read-only, nosuid, nodev, noexec, once it is checked to be the copy."""
+    """Bind the file `src` (closed here) over the container's PARAMS (opened inside the root),
+    then make that new mount read-only, nosuid, nodev, noexec, once it is checked to be the
+    copy."""
+    try:
+        _bind_open(root_fd, src)
+    finally:
+        os.close(src)
+
+
+def _bind_open(root_fd: int, src: int) -> None:
     from gpuctk.hook.verbs import mounts
 
     clone = -1

@@ -40,6 +40,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -50,6 +51,7 @@ from fixtures.gpucheck import PARAMS, fake_driver_hook, runc_run, shim_edit, wor
 from fixtures.images import ImageError, build_image, make_bundle, overlay, unmount
 from fixtures.podman import CdiPodman, generate_spec, private_podman
 
+from gpuctk.cdi.specs.apply import apply, merge
 from gpuctk.cdi.specs.speccache import SETTLE_NS
 
 pytestmark = pytest.mark.integration
@@ -210,6 +212,14 @@ def world(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> Iterat
         block.pop("hooks", None)
     (work / "nohook" / "cdi").mkdir(parents=True)
     (work / "nohook" / "cdi" / "nvidia.json").write_text(json.dumps(bare))
+    # runc bind-mounts a user namespace's device nodes from the host's /dev, which has none here
+    nodev = json.loads(json.dumps(doc))
+    for block in (nodev["containerEdits"], *(d["containerEdits"] for d in nodev["devices"])):
+        block.pop("deviceNodes", None)
+    for device in nodev["devices"]:  # a device needs an edit of its own
+        device["containerEdits"].setdefault("env", ["GPUCTK_NODES=host"])
+    (work / "nodev" / "cdi").mkdir(parents=True)
+    (work / "nodev" / "cdi" / "nvidia.json").write_text(json.dumps(nodev))
     Path("/run/cdi").mkdir(parents=True, exist_ok=True)
     with private_podman(work, tag("debian")) as base:
         roots: dict[str, Path] = {}
@@ -223,7 +233,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> Iterat
             pytest.skip(missing["plain"])
         for name, root in roots.items():
             podman_import(base, root, tag(name), CUDA_ENV if name == "cuda" else ())
-        specs = {n: work / n / "cdi" for n in ("default", "nohook")}
+        specs = {n: work / n / "cdi" for n in ("default", "nohook", "nodev")}
         yield World(CdiPodman(base, specs, tag("plain")), roots, missing)
 
 
@@ -547,3 +557,63 @@ def test_podman_links_the_files_the_capabilities_ask_for(
     assert p.returncode == 0, p.stdout + p.stderr
     lines = set(p.stdout.split())
     assert (OPENCL_ICD in lines, VULKAN_ICD in lines, firmware in lines) == (opencl, vulkan, True)
+
+
+USERNS = ("--uidmap", "0:100000:65536", "--gidmap", "0:100000:65536")
+
+
+@pytest.mark.parametrize("name", ["plain", "cuda", "older", "stub"])
+def test_podman_runs_each_image_in_a_user_namespace(world: World, name: str) -> None:
+    """`podman run --uidmap` (as `--userns=auto` and Kubernetes' `hostUsers: false`): the
+    spec's entry runs inside the user namespace, where host root's files show as another
+    uid's, and serves the image as without one. The `nodev` spec: runc binds a user
+    namespace's device nodes from the host's /dev, which has none on these machines."""
+    path = CASES[name][1]
+    report = probe(world.podman.run(SCRIPT, spec="nodev", image=world.need(name), extra=USERNS))
+    expect_file(report, path)
+    expect_dev_links(report, name)
+    assert report["UID"] == "0" and "PYTHON" not in report, report
+
+
+@pytest.fixture
+def userns_root(world: World) -> Iterator[Path]:
+    """A copy of the plain rootfs owned by host uid 100000, in a folder of its own that the
+    user namespace can reach (pytest's folders are root's alone), beside which the bundle
+    goes (engines let a user namespace's root read config.json)."""
+    top = Path(tempfile.mkdtemp(prefix="gpuctk-userns-"))
+    try:
+        top.chmod(0o755)
+        rootfs = top / "rootfs"
+        shutil.copytree(world.roots["plain"], rootfs, symlinks=True)
+        subprocess.run(["chown", "-R", "-h", "100000:100000", str(rootfs)], check=True)
+        yield rootfs
+    finally:
+        shutil.rmtree(top)
+
+
+def test_the_spec_entry_guards_a_user_namespaced_container(world: World, userns_root: Path) -> None:
+    """runc with the spec applied as an engine applies it, in a user namespace that maps no
+    host uid: the entry merges the stage's cache, links nvidia-smi, and mounts its read-only
+    copy of the driver's params over the container's (made in the container's own /dev)."""
+    rootfs = userns_root
+    bundle = make_bundle(rootfs.parent / "bundle", rootfs, ["/bin/true"], env=[PATH])
+    config = json.loads((bundle / "config.json").read_text())
+    spec = json.loads((world.podman.specs["nodev"] / "nvidia.json").read_text())
+    device = [d["containerEdits"] for d in spec["devices"] if d["name"] == "0"]
+    apply(config, merge([spec["containerEdits"], *device]))
+    config["hooks"]["createContainer"].insert(0, fake_driver_hook(rootfs))
+    config["linux"]["namespaces"].append({"type": "user"})
+    for key in ("uidMappings", "gidMappings"):
+        config["linux"][key] = [{"containerID": 0, "hostID": 100000, "size": 65536}]
+    show = (
+        f"{SCRIPT}; ls /usr/bin/nvidia-smi; cat /proc/driver/nvidia/params; "
+        "echo x > /proc/driver/nvidia/params || echo read-only; ls -a /dev"
+    )
+    done = runc_run(bundle, config, show, f"gpuctk-userns-{os.getpid()}")
+    report = probe(done)
+    expect_file(report, STAGE_LIB)
+    assert report["UID"] == "0" and "PYTHON" not in report, report
+    lines = done.stdout.splitlines()
+    assert "/usr/bin/nvidia-smi" in lines, done.stdout
+    assert PARAMS.replace(": 1", ": 0") in done.stdout and "read-only" in lines, done.stdout
+    assert not [ln for ln in lines if ln.startswith(".gpuctk-params-")], done.stdout

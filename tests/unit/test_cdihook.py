@@ -219,6 +219,7 @@ def run(
     args: list[str] | None = None,
     env: dict[str, str | None] | None = None,
     state: bytes | None = None,
+    prefix: tuple[str, ...] = (),
 ) -> Outcome:
     base = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
@@ -237,7 +238,7 @@ def run(
         assert bundle is not None
         state = state_for(bundle.path)
     done = subprocess.run(
-        [str(front.exe), *(ARGS if args is None else args)],
+        [*prefix, str(front.exe), *(ARGS if args is None else args)],
         input=state,
         capture_output=True,
         env=base,
@@ -413,6 +414,7 @@ def test_cache_gpuctk_hook_writes(front: Front, bundle: Bundle, setup: Any) -> N
     [
         (lambda p: p.unlink(), "absent"),
         (lambda p: p.chmod(0o666), "writable by others"),
+        (lambda p: os.chown(p, 1000, 1000), "another user's"),
         (lambda p: p.write_bytes(b"not a cache"), "not a cache"),
         (lambda p: (p.unlink(), p.symlink_to(PART)), "a link"),
         (lambda p: (p.unlink(), os.mkfifo(p)), "a fifo"),
@@ -429,6 +431,44 @@ def test_stage_cache_not_usable(
     args = ["createContainer", "--folder", STAGE, "--ld-cache", str(mine)]
     handover(front, bundle, WHY_CACHE, args)
     assert (bundle.root / "etc/ld.so.cache").read_bytes() == build_ld_cache(IMAGE_ENTRIES)
+
+
+def can_unshare_user() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    probe = ["unshare", "--user", "--map-root-user", "true"]
+    return subprocess.run(probe, capture_output=True, check=False, timeout=TIMEOUT).returncode == 0
+
+
+in_userns = pytest.mark.skipif(not can_unshare_user(), reason="needs root and user namespaces")
+NO_MAP = ("unshare", "--user")  # maps no uid, as hostUsers: false maps no host root
+ROOT_MAP = ("unshare", "--user", "--map-root-user")  # host root stays uid 0
+
+
+@in_userns
+def test_in_a_user_namespace_roots_stage_cache_is_merged(front: Front, bundle: Bundle) -> None:
+    """Run inside a user namespace that maps no host root (Kubernetes' hostUsers: false,
+    podman --userns), the entry sees the stage's cache, root's, under the overflow uid: it
+    is merged all the same."""
+    assert (os.stat(PART).st_uid, os.stat(PART).st_mode & 0o022) == (0, 0)
+    served(run(front, bundle, prefix=NO_MAP))
+    merged(bundle.root)
+
+
+@in_userns
+def test_in_a_user_namespace_that_maps_root_another_users_cache_is_refused(
+    front: Front, bundle: Bundle, tmp_path: Path
+) -> None:
+    mine = tmp_path / "stage" / "ld.so.cache"
+    mine.parent.mkdir()
+    mine.write_bytes(PART.read_bytes())
+    mine.chmod(0o644)
+    os.chown(mine, 1000, 1000)
+    args = ["createContainer", "--folder", STAGE, "--ld-cache", str(mine)]
+    out = run(front, bundle, args, prefix=ROOT_MAP)
+    handed(out, front, WHY_CACHE, state_for(bundle.path), args)
+    served(run(front, bundle, prefix=ROOT_MAP))  # root's, as uid 0 there
+    merged(bundle.root)
 
 
 def test_compat_newer(front: Front, bundle: Bundle) -> None:
@@ -828,15 +868,19 @@ GUARD_SCRIPT = r"""
 set -u
 root=$1 out=$2 mode=$3 py=$4
 shift 4
+mkdir -p "$root/dev"
 if [ "$mode" != plain ]; then
 	mount -t tmpfs -o mode=0755 cdihook-test-proc "$root/proc" || exit 90
 fi
+if [ "$mode" = proc ]; then  # a runtime's /dev; "image-dev": the image's folder
+	mount -t tmpfs -o mode=0755 cdihook-test-dev "$root/dev" || exit 91
+fi
 mkdir -p "$root/proc/driver/nvidia"
 cat "$out/params.in" >"$root/proc/driver/nvidia/params"
-ls -a /run | grep '^\.gpuctk-params-' | sort >"$out/run.before"
+ls -a /run "$root/dev" | grep '^\.gpuctk-params-' | sort >"$out/run.before"
 "$@" <"$out/state" >"$out/stdout" 2>"$out/stderr"
 echo $? >"$out/rc"
-ls -a /run | grep '^\.gpuctk-params-' | sort >"$out/run.after"
+ls -a /run "$root/dev" | grep '^\.gpuctk-params-' | sort >"$out/run.after"
 cat "$root/proc/driver/nvidia/params" >"$out/params.out"
 grep -F " $root/proc/driver/nvidia/params " /proc/self/mountinfo >"$out/mounts"
 "$py" -c '
@@ -974,6 +1018,18 @@ def test_guard_disabled(front: Front, bundle: Bundle, tmp_path: Path) -> None:
     g = guard_run(front, bundle, tmp_path, args, PARAMS_ON, "proc")
     assert g.rc == 0 and not g.ran, g.stderr
     assert g.params == PARAMS_ON and g.mounts == ""
+
+
+@guarded
+def test_guard_takes_its_copy_only_from_the_containers_own_dev(
+    front: Front, bundle: Bundle, tmp_path: Path
+) -> None:
+    """The copy is made in the tmpfs the runtime mounts at the container's /dev (a folder of
+    the container's own, which a user namespace can write), never in the image's folder."""
+    g = guard_run(front, bundle, tmp_path, GUARD_ARGS[0], PARAMS_ON, "image-dev")
+    assert g.ran and "the device node guard" in g.stderr
+    assert g.mounts == "" and not g.leftover
+    assert not [p for p in os.listdir(bundle.root / "dev") if p.startswith(".gpuctk-params-")]
 
 
 @guarded

@@ -19,6 +19,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -349,3 +350,33 @@ def test_gpuctk_hook_writes_what_this_hook_writes(
     c_cache = list(parse_ld_cache((c_root / "etc/ld.so.cache").read_bytes()))
     py_cache = list(parse_ld_cache((py_root / "etc/ld.so.cache").read_bytes()))
     assert c_cache == py_cache == expected(data)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root")
+def test_gpuctk_hook_reads_roots_stage_cache_in_a_user_namespace(
+    part: Path, tmp_path: Path
+) -> None:
+    """gpuctk-hook's reader takes the stage's cache as gpuctk-cdi-hook does inside a user
+    namespace (tests/unit/test_cdihook.py::test_in_a_user_namespace_*): root's cache under
+    the overflow uid where no host root is mapped; another user's refused where root is."""
+    theirs = tmp_path / "theirs.cache"
+    shutil.copyfile(part, theirs)
+    os.chown(theirs, 1000, 1000)
+    code = (
+        "import sys\nfrom gpuctk.fs import root_seen\nfrom gpuctk.hook.verbs import ldmerge\n"
+        "for path in sys.argv[1:]:\n"
+        "    try:\n        print(root_seen(), len(ldmerge.read_stage_cache(path)))\n"
+        "    except ValueError:\n        print(root_seen(), 'refused')\n"
+    )
+    got = {}
+    for name, userns in (("none", ["--user"]), ("root", ["--user", "--map-root-user"])):
+        argv = ["unshare", *userns, sys.executable, "-c", code, str(part), str(theirs)]
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0 and "unshare" in done.stderr:
+            pytest.skip(f"no user namespace here: {done.stderr.strip()}")
+        assert done.returncode == 0, done.stderr
+        got[name] = done.stdout.split("\n")[:2]
+    entries = len(parse_ld_cache(part.read_bytes()))
+    overflow = int(Path("/proc/sys/kernel/overflowuid").read_text())
+    assert got["none"] == [f"{overflow} {entries}", f"{overflow} {entries}"]  # both unmapped
+    assert got["root"] == [f"0 {entries}", "0 refused"]

@@ -205,18 +205,24 @@ def test_the_hook_takes_the_verb_and_the_option() -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="mounts need root")
-def test_protect_binds_a_read_only_copy_in_a_mount_namespace(tmp_path: Path) -> None:
+@pytest.mark.parametrize("dev", ["tmpfs", "image"])
+def test_protect_binds_a_read_only_copy_in_a_mount_namespace(tmp_path: Path, dev: str) -> None:
     """protect() for real, in a private mount namespace: the root's params file (a plain file
-    on a tmpfs at the root's /proc here) shows 0, cannot be written, and no scratch folder is
-    left in /run. Without a mount at /proc (the image's own folder) it does nothing."""
+    on a tmpfs at the root's /proc here) shows 0, cannot be written, and no copy is left in
+    /run or the root's /dev. The copy is made in the root's /dev where it is a tmpfs of its
+    own (a runtime's: what a user namespace's root can write), else on a tmpfs in /run.
+    Without a mount at /proc (the image's own folder) it does nothing."""
     root = tmp_path / "root"
     (root / "proc/driver/nvidia").mkdir(parents=True)
     (root / "proc/driver/nvidia/params").write_bytes(PARAMS)
+    (root / "dev").mkdir()
     proc = str(root / "proc")
+    mount_dev = f"mount -t tmpfs gpuctk-test-dev {root / 'dev'}" if dev == "tmpfs" else "true"
     code = textwrap.dedent(f"""
         import os, subprocess
         from gpuctk import rootfs
         from gpuctk.hook.verbs import nodeprotect
+        subprocess.run({mount_dev!r}, shell=True, check=True)
         fd = rootfs.open_root({str(root)!r})
         print(nodeprotect.protect(fd).split(":")[0])
         subprocess.run(["mount", "-t", "tmpfs", "tmpfs", {proc!r}], check=True)
@@ -230,6 +236,11 @@ def test_protect_binds_a_read_only_copy_in_a_mount_namespace(tmp_path: Path) -> 
         except OSError as exc:
             print("refused", exc.errno)
         print(nodeprotect.protect(fd))
+        print(sorted(os.listdir({str(root / "dev")!r})))
+        for line in open("/proc/self/mountinfo"):
+            f = line.split()
+            if f[4].endswith("/nvidia/params"):  # the copy's folder, its mount's source
+                print(f[3].startswith("/.gpuctk-params-"), f[f.index("-") + 2])
     """)
     done = subprocess.run(
         ["unshare", "-m", "--propagation", "private", sys.executable, "-c", code],
@@ -243,6 +254,8 @@ def test_protect_binds_a_read_only_copy_in_a_mount_namespace(tmp_path: Path) -> 
     assert lines[1:4] == ["Foo: 1", "ModifyDeviceFiles: 0", "DeviceFileUID: 0"]
     assert lines[4].startswith("refused")  # EACCES or EROFS
     assert "does not let" in lines[5]  # a second run finds 0: nothing more
+    assert lines[6] == "[]"  # nothing left in the root's /dev
+    assert lines[7:] == ["True gpuctk-test-dev" if dev == "tmpfs" else "False tmpfs"], lines
     assert (root / "proc/driver/nvidia/params").read_bytes() == PARAMS  # the host's view
     assert not [p for p in os.listdir("/run") if p.startswith(".gpuctk-params-")]
 
