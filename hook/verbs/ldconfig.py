@@ -39,6 +39,7 @@ import time
 
 from gpuctk import libc
 from gpuctk.errors import GpuctkError
+from gpuctk.fs import root_seen
 from gpuctk.hook.verbs import mounts, namespaces
 from gpuctk.log import hook as hooklog
 
@@ -98,7 +99,7 @@ def open_host_ldconfig(path: str | None = None) -> tuple[int, str]:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
                 raise LdconfigError(f"host ldconfig {candidate} is not an executable file")
-            if st.st_uid != 0 or st.st_mode & 0o022:
+            if st.st_uid != root_seen() or st.st_mode & 0o022:  # root's, in a user namespace too
                 raise LdconfigError(
                     f"host ldconfig {candidate} is not root-owned and write-protected"
                 )

@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.appvenv import app_venv
 from fixtures.gpucheck import PARAMS, fake_driver_hook, runc_run, shim_edit, work_hooks
 from fixtures.images import ImageError, build_image, make_bundle, overlay, unmount
 from fixtures.podman import CdiPodman, generate_spec, private_podman
@@ -573,6 +574,46 @@ def test_podman_runs_each_image_in_a_user_namespace(world: World, name: str) -> 
     expect_file(report, path)
     expect_dev_links(report, name)
     assert report["UID"] == "0" and "PYTHON" not in report, report
+
+
+@pytest.fixture(scope="module")
+def app_specs(world: World) -> Iterator[str]:
+    """The `nodev` spec naming gpuctk's launchers over a copy of the packaged venv, in a folder
+    a user namespace's root can reach (as /usr/bin and /usr/lib are on a node; this checkout
+    may sit in root's home): gpuctk-hook, which the entry hands some images to, must run
+    inside the namespace. Its name for world.podman.run."""
+    top = Path(tempfile.mkdtemp(prefix="gpuctk-userns-app-"))
+    try:
+        top.chmod(0o755)
+        shutil.copytree(app_venv(), top / "venv", symlinks=True)
+        (top / "bin").mkdir()
+        subprocess.run([str(top / "venv/bin/python3"), "-m", "gpuctk.install.launchers",
+                        str(top / "bin")], cwd=top, capture_output=True, check=True)  # fmt: skip
+        spec = json.loads((world.podman.specs["nodev"] / "nvidia.json").read_text())
+        for block in (spec["containerEdits"], *(d["containerEdits"] for d in spec["devices"])):
+            for hook in block.get("hooks", ()):
+                hook["path"] = str(top / "bin" / os.path.basename(hook["path"]))
+        (top / "cdi").mkdir()
+        (top / "cdi" / "nvidia.json").write_text(json.dumps(spec))
+        world.podman.specs["app"] = top / "cdi"
+        yield "app"
+    finally:
+        world.podman.specs.pop("app", None)
+        shutil.rmtree(top)
+
+
+@pytest.mark.parametrize("name", ["plain", "newer"])
+def test_gpuctk_hook_serves_the_images_handed_to_it_in_a_user_namespace(
+    world: World, app_specs: str, name: str
+) -> None:
+    """`newer` (a CUDA compat libcuda newer than the driver) goes from the entry to
+    gpuctk-hook, which runs inside the user namespace too: the compat file wins there, as
+    without one."""
+    _, path, python, _ = CASES[name]
+    report = probe(world.podman.run(SCRIPT, spec=app_specs, image=world.need(name), extra=USERNS))
+    expect_file(report, path, COMPAT["newer"] if name == "newer" else "")
+    expect_dev_links(report, name)
+    assert report["UID"] == "0" and ("PYTHON" in report) is python, report
 
 
 @pytest.fixture

@@ -353,12 +353,11 @@ def test_gpuctk_hook_writes_what_this_hook_writes(
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root")
-def test_gpuctk_hook_reads_roots_stage_cache_in_a_user_namespace(
-    part: Path, tmp_path: Path
-) -> None:
-    """gpuctk-hook's reader takes the stage's cache as gpuctk-cdi-hook does inside a user
-    namespace (tests/unit/test_cdihook.py::test_in_a_user_namespace_*): root's cache under
-    the overflow uid where no host root is mapped; another user's refused where root is."""
+def test_gpuctk_hook_takes_roots_host_files_in_a_user_namespace(part: Path, tmp_path: Path) -> None:
+    """gpuctk-hook takes the stage's cache as gpuctk-cdi-hook does inside a user namespace
+    (tests/unit/test_cdihook.py::test_in_a_user_namespace_*): root's cache under the overflow
+    uid where no host root is mapped; another user's refused where root is. The host's
+    ldconfig, root's, is taken there too."""
     theirs = tmp_path / "theirs.cache"
     shutil.copyfile(part, theirs)
     os.chown(theirs, 1000, 1000)
@@ -367,6 +366,8 @@ def test_gpuctk_hook_reads_roots_stage_cache_in_a_user_namespace(
         "for path in sys.argv[1:]:\n"
         "    try:\n        print(root_seen(), len(ldmerge.read_stage_cache(path)))\n"
         "    except ValueError:\n        print(root_seen(), 'refused')\n"
+        "from gpuctk.hook.verbs import ldconfig\n"
+        "print(ldconfig.open_host_ldconfig()[1])\n"
     )
     got = {}
     for name, userns in (("none", ["--user"]), ("root", ["--user", "--map-root-user"])):
@@ -375,8 +376,11 @@ def test_gpuctk_hook_reads_roots_stage_cache_in_a_user_namespace(
         if done.returncode != 0 and "unshare" in done.stderr:
             pytest.skip(f"no user namespace here: {done.stderr.strip()}")
         assert done.returncode == 0, done.stderr
-        got[name] = done.stdout.split("\n")[:2]
+        got[name] = done.stdout.splitlines()
     entries = len(parse_ld_cache(part.read_bytes()))
     overflow = int(Path("/proc/sys/kernel/overflowuid").read_text())
-    assert got["none"] == [f"{overflow} {entries}", f"{overflow} {entries}"]  # both unmapped
-    assert got["root"] == [f"0 {entries}", "0 refused"]
+    ldconfig = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True).stdout.strip()  # fmt: skip
+    both = [f"{overflow} {entries}", f"{overflow} {entries}", ldconfig]  # both owners unmapped
+    assert got["none"] == both, got
+    assert got["root"] == [f"0 {entries}", "0 refused", ldconfig], got
