@@ -16,7 +16,7 @@
  *     keys of each object this program reads unescaped and unique in any case (runc folds case),
  *     every env entry and CDI annotation unescaped, no mount destination with an escape or
  *     naming nvidia-container-devices, each linux.devices entry an object with an unescaped
- *     path, no user namespace (the Python shim serves every image of one), no annotation
+ *     path, no annotation
  *     the plan refuses, no field apply would refuse (a hook stage, additionalGids or
  *     netDevices of another type);
  *   - a front plan (gpuctk.hook.shim.frontplan) for the request's key: the container's env entries
@@ -1021,22 +1021,6 @@ static struct member *linux_list(struct member *top, size_t ntop, const char *na
 	return list && !is_null(list->val) ? array_of(list, why, n) : NULL;
 }
 
-/* A config that asks for a user namespace goes to Python: the spec's entry, run by runc inside
- * it, serves the common image there but hands the others to gpuctk-hook inside the namespace;
- * the Python shim serves every image of one from the host (gpuctk.hook.shim.shimroot and
- * nodeafter). */
-static void no_user_namespace(struct member *top, size_t ntop)
-{
-	size_t nn;
-	struct member *n = linux_list(top, ntop, "namespaces", "linux.namespaces is not a list", &nn);
-	for (size_t i = 0; i < nn; i++) {
-		const char *s;
-		size_t sn;
-		need(member_string(n[i].val, "type", &s, &sn) == 0, "a namespace that is not plain");
-		need(!(sn == 4 && memcmp(s, "user", 4) == 0), "a user namespace");
-	}
-}
-
 /* The request's key: the env entries that start with one of GPUCTK_KEY_PREFIXES, in order, then
  * privileged=, uid= and gid= (in `w`, their text too); then the names the edits' places are
  * known by: env=N and each env entry's name (up to its `=`), mounts=N and each mount's
@@ -1096,7 +1080,6 @@ static struct span *request_key(struct member *top, size_t ntop, struct member *
 				struct who *w, size_t *nkeys)
 {
 	size_t nann = 0;
-	no_user_namespace(top, ntop);
 	w->count[0] = nenv;
 	w->mounts = array_of(sf_get(top, ntop, "mounts"), "no mounts list", &w->count[1]);
 	w->devs = linux_list(top, ntop, "devices", "a field apply refuses", &w->count[2]);

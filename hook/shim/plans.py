@@ -3,8 +3,7 @@
 What a container gets for a request depends only on the request and the CDI specs: the same
 `NVIDIA_VISIBLE_DEVICES=0` on the same spec files always resolves to the same merged edits, the
 same notes and the same in-root preparation (the hook's links and folders, the SONAME of each
-injected library from its ELF header, or a stage's own ld cache entries, with that file's
-identity: read again at a create where it changed). gpuctk-runtime resolves a request once, in
+injected library from its ELF header). gpuctk-runtime resolves a request once, in
 full, and keeps the result (a "plan") in `$GPUCTK_STATE_DIR/plans/` (default /run/gpuctk, a
 tmpfs), one `marshal` file per request, so that creates running at once each add their own plan
 and none overwrites another's (at most MAX_PLANS files: a write past that removes the oldest).
@@ -54,7 +53,7 @@ if TYPE_CHECKING:
     from gpuctk.hook.requests.devices import Request
 
 FOLDER_NAME = "plans"
-FORMAT = "gpuctk-plan-4"  # 4: a stage's own ld cache entries; the world as entries()
+FORMAT = "gpuctk-plan-5"  # 5: no stage in the prep (its entry runs); the world as entries()
 MAX_BYTES = 1 << 20  # one plan
 MAX_PLANS = 64
 CAPS_ENV = "NVIDIA_DRIVER_CAPABILITIES"  # as gpuctk.hook.requests.drivercaps.ENV

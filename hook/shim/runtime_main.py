@@ -207,6 +207,8 @@ def _inject(
     from gpuctk.hook.shim import nodeafter  # a GPU create's only (main looks)
 
     guard, spec_edits = nodeafter.choose(inv.verb, inv.pid_file, settings), edits
+    if guard == "after" and shimroot.runs_stage_entry(edits):
+        guard = "hook"  # the folder spec's entry guards inside runc, as on the compiled create
     edits = shimroot.take_over(
         doc, bundle, edits, log.debug, prep, bundle_fd=bundle_fd, protect=guard,
         params=nodeafter.params_path(settings.proc_root),

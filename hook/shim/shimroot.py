@@ -14,13 +14,12 @@ The engine mounts the container root before `create`, so the shim does the same 
   an image's CUDA compat folder newer than the driver comes first (gpuctk.hook.verbs.cudacompat).
 
 The default folder spec mounts the driver staged on the host at /usr/local/nvidia
-(gpuctk.cdi.stage), which CUDA images find through their LD_LIBRARY_PATH, with one entry
-(`gpuctk-cdi-hook createContainer --folder /usr/local/nvidia/lib64 ... --ld-cache FILE`, or
-gpuctk-hook; none with --disable-hook all). The shim does that entry's work and drops it: the
-stage's own ld cache (the file the entry merges, read on the host) merged into the image's,
-its folders in the ld.so.conf.d file, so that every glibc image with a cache loads the driver,
-and the entry's links to the stage's binaries, firmware and config files (`--link`, and
-`--link-for CAPABILITY:...` where the container's NVIDIA_DRIVER_CAPABILITIES asks for it).
+(gpuctk.cdi.stage) with one entry (`gpuctk-cdi-hook createContainer --folder
+/usr/local/nvidia/lib64 ... --ld-cache FILE`, or gpuctk-hook where no compiled hook was built;
+none with --disable-hook all). That entry stays: runc runs it, and it serves the image (the
+stage's own ld cache merged into the image's, the links to the stage's binaries, firmware and
+config files, the device node guard) as it does on the compiled create and in every engine that
+applies the spec itself, so that one program serves each image whichever path created it.
 
 Writes go through gpuctk.rootfs (resolved inside the root, never following the image's
 symlinks out of it). Anything this cannot do exactly as the hook would (an option other than
@@ -39,7 +38,7 @@ import os
 import posixpath
 
 from gpuctk import rootfs
-from gpuctk.hook.shim.rootcache import Fallback, merge_cache, open_glibc_root, open_root
+from gpuctk.hook.shim.rootcache import Fallback, merge_cache, open_glibc_root
 from gpuctk.hook.verbs import cudacompat, inroot, ldmerge, nodeguard
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
@@ -99,17 +98,10 @@ def _stage_link(value: str) -> tuple[str, str] | None:
     return (target, link) if sep and plain and staged else None
 
 
-def _stage_links(hook: Any, config: dict[str, Any]) -> list[tuple[str, str]]:
-    """A folder spec entry's links for this container: each --link, and each --link-for whose
-    capability its NVIDIA_DRIVER_CAPABILITIES asks for."""
-    args, asked = hook["args"], inroot.container_capabilities(config)
-    out = []
-    for k, v in zip(args[2::2], args[3::2], strict=True):
-        cap, _, rest = v.partition(":") if k == "--link-for" else ("", "", v)
-        link = _stage_link(rest) if k in ("--link", "--link-for") else None
-        if link is not None and (k == "--link" or cap in asked):
-            out.append(link)
-    return out
+def runs_stage_entry(edits: EditsDoc) -> bool:
+    """Whether `edits` hold a folder spec's entry, which runc runs and which guards the device
+    nodes itself (as on the compiled create and in an engine that applies the spec)."""
+    return any(_stage_hook(h) for h in edits.get("hooks") or [])
 
 
 def take_over(
@@ -133,21 +125,7 @@ def take_over(
     hooks = edits.get("hooks") or []
     ours = [h for h in hooks if _our_hook(h)]
     staged = [h for h in hooks if _stage_hook(h)]
-    if os.environ.get("GPUCTK_SHIM_INROOT", "1") == "0":
-        return nodeguard.guard(edits, ours or staged, protect, debug, params=params)
-    if not ours and prep.get("stage"):
-        off = nodeguard.disabled(staged[0]) if staged else []
-        cached = "update-ldcache" in off or _cache_stage(
-            config, bundle, prep["stage"], debug, bundle_fd, "enable-cuda-compat" not in off
-        )
-        links = _stage_links(staged[0], config) if staged and "create-symlinks" not in off else []
-        stage = prep["stage"]["host"]
-        linked = not links or _link_staged(config, bundle, links, stage, debug, bundle_fd)
-        if staged and cached and linked:  # the entry's work is done: it need not run
-            edits = edits.copy()
-            edits["hooks"] = [h for h in hooks if h not in staged]
-        return nodeguard.guard(edits, staged, protect, debug, taken=cached, params=params)
-    if len(ours) != 1:  # none: a stage whose cache is not to be read here, its entry runs
+    if len(ours) != 1 or os.environ.get("GPUCTK_SHIM_INROOT", "1") == "0":
         return nodeguard.guard(edits, ours or staged, protect, debug, params=params)
     try:
         if prep.get("fallback") is not None:
@@ -165,20 +143,9 @@ def take_over(
 def prepare(edits: EditsDoc) -> dict[str, Any]:
     """What the in-root work needs from `edits` alone, for any container: the hook's links
     (link -> target) and folders, and the ELF facts (file identity, cache flags, SONAME) of
-    every mounted file a cache entry may name; for a stage, its own cache (_stage_files).
-    {"fallback": why} when the hook must run; {} when there is no hook of ours. Plain data
-    (gpuctk.hook.shim.plans keeps it)."""
+    every mounted file a cache entry may name. {"fallback": why} when the hook must run; {}
+    when there is no hook of ours. Plain data (gpuctk.hook.shim.plans keeps it)."""
     ours = [h for h in edits.get("hooks") or [] if _our_hook(h)]
-    if not ours:  # the stage's cache, where its entry names no other (_stage_files)
-        stage = _by_dest(edits).get(STAGE_PATH)
-        host = stage.get("hostPath") if stage else None
-        named = set()
-        for h in (h for h in edits.get("hooks") or [] if _stage_hook(h)):  # even: args in pairs
-            pairs = zip(h["args"][2::2], h["args"][3::2], strict=True)
-            named |= {v for k, v in pairs if k == "--ld-cache"}
-        if not isinstance(host, str) or not named <= {f"{host}{STAGE_CACHE}"}:
-            return {}
-        return {"stage": _stage_files(host)}
     if len(ours) != 1:
         return {}
     from gpuctk.hook.verbs.hook_main import parse
@@ -224,97 +191,6 @@ STAGE_FILES = STAGE_PATH + "/files"  # gpuctk.cdi.stage.FILES
 STAGE_CACHE = "/ld.so.cache"  # the stage's own cache (gpuctk.cdi.stage.CACHE), on the host
 STAGE_FOLDERS = ("lib64", "lib")
 STAGE_LIBS = tuple(f"{STAGE_PATH}/{sub}" for sub in STAGE_FOLDERS)
-
-
-def _stage_files(host: str) -> dict[str, Any] | None:
-    """The cache's view of a staged driver folder on the host: the entries of the stage's own
-    ld cache (gpuctk.cdi.stage.cache_of, the file gpuctk-cdi-hook merges: one list of the names
-    a stage's libraries are cached under) as (key, value, flags, hwcap), the container folders
-    (its lib64/ and lib/ that exist), the driver's version (its libcuda.so.<version>), `host`
-    and the cache file's identity.
-    None if `host` holds no lib folder, or no stage cache this uid may trust and read
-    (gpuctk.fs.open_trusted_file)."""
-    from gpuctk.cdi.node.ldcache import parse_ld_cache
-    from gpuctk.errors import GpuctkError
-    from gpuctk.fs import open_trusted_file, read_limited, stat_identity
-
-    names: list[str] = []
-    folders = []
-    for sub in STAGE_FOLDERS:
-        try:
-            names += [e.name for e in os.scandir(os.path.join(host, sub)) if not e.is_symlink()]
-        except OSError:
-            continue
-        folders.append(f"{STAGE_PATH}/{sub}")
-    if not folders:
-        return None
-    try:
-        fd, st = open_trusted_file(host + STAGE_CACHE)
-        try:
-            data = read_limited(fd, ldmerge.MAX_CACHE)
-        finally:
-            os.close(fd)
-        entries = parse_ld_cache(data, max_size=ldmerge.MAX_CACHE)
-    except (GpuctkError, OSError, ValueError):
-        return None
-    wanted = set(folders)
-    kept = [
-        (e.key, e.value, e.flags, e.hwcap)
-        for e in entries
-        if posixpath.dirname(e.value) in wanted and posixpath.normpath(e.value) == e.value
-    ]
-    version = cudacompat.host_version(names)
-    return {"entries": kept, "folders": folders, "version": version, "host": host,
-            "id": stat_identity(st)}  # fmt: skip
-
-
-def _cache_stage(
-    config: dict[str, Any], bundle: str, stage: dict[str, Any], debug: Callable[[str], None],
-    bundle_fd: int | None = None, with_compat: bool = True,
-) -> bool:  # fmt: skip
-    """Add a staged driver folder's libraries to the image's ld cache (the module docstring):
-    `stage` is _stage_files, maybe remembered: read again when its cache is not the file it
-    was read from. An image without a cache, or a musl image, is left as it is
-    (LD_LIBRARY_PATH only, or the spec's entry, which then runs): False."""
-    from gpuctk.cdi.node.ldcache import LdCacheEntry
-    from gpuctk.fs import stat_identity
-
-    try:
-        if stat_identity(os.stat(stage["host"] + STAGE_CACHE)) != tuple(stage["id"]):
-            now = _stage_files(stage["host"])  # changed since the plan: as it is now
-            if now is None:
-                raise Fallback("the stage's ld cache cannot be read")
-            stage = now
-        root_fd = open_glibc_root(config, bundle, bundle_fd)
-        try:
-            entries = [LdCacheEntry(*e) for e in stage["entries"]]
-            merge_cache(root_fd, entries, list(stage["folders"]), stage["version"], with_compat)
-        finally:
-            os.close(root_fd)
-    except (Fallback, rootfs.InRootError, OSError, ValueError) as exc:
-        debug(f"{STAGE_PATH} not added to the ld cache: {exc}")
-        return False
-    return True
-
-
-def _link_staged(
-    config: dict[str, Any], bundle: str, links: list[tuple[str, str]], stage: str,
-    debug: Callable[[str], None], bundle_fd: int | None = None,
-) -> bool:  # fmt: skip
-    """Make a folder spec's links to its staged files in the container root, as the entry
-    would (gpuctk.hook.verbs.inroot.create_symlinks), each whose file the host's `stage` holds
-    (runc mounts the stage after this); False when the entry must run after all."""
-    present = lambda target: os.path.isfile(stage + target[len(STAGE_PATH) :])  # noqa: E731
-    try:
-        root_fd = open_root(config, bundle, bundle_fd)
-        try:
-            inroot.create_symlinks(root_fd, links, present)
-        finally:
-            os.close(root_fd)
-    except (rootfs.InRootError, OSError, ValueError) as exc:
-        debug(f"the stage's links left to the hook: {exc}")
-        return False
-    return True
 
 
 def _by_dest(edits: EditsDoc) -> dict[str, MountDoc]:

@@ -48,7 +48,7 @@ from typing import Any
 
 import pytest
 from fixtures.appvenv import app_venv
-from fixtures.gpucheck import PARAMS, fake_driver_hook, runc_run, shim_edit, work_hooks
+from fixtures.gpucheck import BIN, PARAMS, fake_driver_hook, runc_run, shim_edit, work_hooks
 from fixtures.images import ImageError, build_image, make_bundle, overlay, unmount
 from fixtures.podman import CdiPodman, generate_spec, private_podman
 
@@ -205,6 +205,10 @@ def world(tmp_path_factory: pytest.TempPathFactory, driver_root: Path) -> Iterat
         if shutil.which(tool) is None:
             pytest.skip(f"needs {tool}")
     work = tmp_path_factory.mktemp("default-spec")
+    # the stage reachable from a user namespace, as /var/lib/gpuctk is on a node: each folder
+    # from work up to (not including) /tmp searchable by others
+    for folder in (work, *work.parents[:-2]):
+        folder.chmod(folder.stat().st_mode | 0o111)
     extra = ("--staging-dir", str(work / "staging"))
     doc = generate_spec(work, driver_root, "l4", "", "default", extra)
     # The control: the same spec less its hook entry.
@@ -397,24 +401,26 @@ def test_the_shim_serves_each_image_on_the_default_spec(
     env = [*(CUDA_ENV if name == "cuda" else (PATH,)), "NVIDIA_VISIBLE_DEVICES=0"]
     bundle = make_bundle(tmp_path / "bundle", rootfs, ["/bin/true"], env=env)
     config = shim_edit(bundle, world.podman.specs["default"], tmp_path / "state")
-    assert work_hooks(config) == []  # the shim did the entry's work and dropped it
+    hooks = work_hooks(config)  # the spec's entry stays, as on the compiled create
+    assert [h["args"][:2] for h in hooks] == [["gpuctk-cdi-hook", "createContainer"]], hooks
     assert STAGE in {m["destination"] for m in config["mounts"]}
     report = probe(runc_run(bundle, config, SCRIPT, f"gpuctk-default-{os.getpid()}-{name}"))
-    expect_file(report, CASES[name][3], COMPAT["newer"] if name == "newer" else "")
+    _kind, path, python_ran, _ = CASES[name]
+    expect_file(report, path, COMPAT["newer"] if name == "newer" else "")
     expect_dev_links(report, name)
-    assert "PYTHON" in report, report  # 00-gpuctk.conf: written by the shim, not by a hook
+    assert ("PYTHON" in report) == python_ran, report  # the compiled entry, gpuctk-hook after it
 
 
 def test_the_shim_serves_a_loader_that_searches_no_glibc_hwcaps(
     world: World, fresh_rootfs: Callable[[str], Path], tmp_path: Path
 ) -> None:
     """glibc 2.31 (Debian 11, Ubuntu 20.04) looks in no glibc-hwcaps folder: only the ld cache
-    the shim writes finds the development links' names, the Vulkan producer's too (a library
+    the spec's entry writes finds the development links' names, the Vulkan producer's too (a library
     without SONAME, cached by its link's name as ldconfig caches it): the stage's own cache."""
     bundle = make_bundle(tmp_path / "bundle", fresh_rootfs("bullseye"), ["/bin/true"],
                          env=[PATH, "NVIDIA_VISIBLE_DEVICES=0"])  # fmt: skip
     config = shim_edit(bundle, world.podman.specs["default"], tmp_path / "state")
-    assert work_hooks(config) == []  # the shim did the entry's work
+    assert len(work_hooks(config)) == 1  # the spec's entry, which runc runs
     names = "libnvidia-ml.so libcuda.so libnvidia-vulkan-producer.so"
     done = runc_run(bundle, config, f"/bin/dlopen-test {names}", f"gpuctk-old-{os.getpid()}")
     lines = done.stdout.splitlines()
@@ -483,6 +489,34 @@ def test_under_the_shims_front_the_spec_entry_guards_the_params_file(
     assert done.returncode == 0, done.stderr
     assert PARAMS.replace(": 1", ": 0") in done.stdout, done.stdout
     assert "ModifyDeviceFiles: 1" not in done.stdout and "read-only" in done.stdout
+
+
+def test_the_python_shim_leaves_the_guard_to_the_spec_entry_too(
+    world: World, shim_root: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """A `create --pid-file` (as engines call it) on a host whose params file says 1, through
+    the Python shim: the spec's entry stays and guards inside runc, as on the compiled create,
+    so the shim neither adds a guard entry nor guards after create (which would look for the
+    container's pid: the runtime here, /bin/true, makes none)."""
+    proc = tmp_path / "hostproc"
+    (proc / "driver/nvidia").mkdir(parents=True)
+    (proc / "driver/nvidia/params").write_text(PARAMS)
+    toml = tmp_path / "gpuctk.toml"
+    toml.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{world.podman.specs["default"]}"]\n'
+                    f'proc-root = "{proc}"\n')  # fmt: skip
+    bundle = make_bundle(tmp_path / "bundle", shim_root("plain"), ["/bin/true"],
+                         env=[PATH, "NVIDIA_VISIBLE_DEVICES=0"])  # fmt: skip
+    shim = str(Path(sys.executable).with_name("gpuctk-runtime"))
+    done = subprocess.run(
+        [shim, "create", "--bundle", str(bundle), "--pid-file", str(tmp_path / "pid"), "c1"],
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "GPUCTK_CONFIG": str(toml),
+             "GPUCTK_STATE_DIR": str(tmp_path / "state")},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    config = json.loads((bundle / "config.json").read_text())
+    hooks = [h for stage in config["hooks"].values() for h in stage]
+    assert [h["args"][:2] for h in hooks] == [["gpuctk-cdi-hook", "createContainer"]], hooks
 
 
 OPENCL_ICD = "/etc/OpenCL/vendors/nvidia.icd"
@@ -632,25 +666,54 @@ def userns_root(world: World) -> Iterator[Path]:
         shutil.rmtree(top)
 
 
-def test_the_spec_entry_guards_a_user_namespaced_container(world: World, userns_root: Path) -> None:
-    """runc with the spec applied as an engine applies it, in a user namespace that maps no
-    host uid: the entry merges the stage's cache, links nvidia-smi, and mounts its read-only
-    copy of the driver's params over the container's (made in the container's own /dev)."""
-    rootfs = userns_root
-    bundle = make_bundle(rootfs.parent / "bundle", rootfs, ["/bin/true"], env=[PATH])
+def userns_bundle(path: Path, rootfs: Path, env: list[str]) -> Path:
+    """A bundle whose config asks for a user namespace mapping 0 to host uid/gid 100000."""
+    bundle = make_bundle(path, rootfs, ["/bin/true"], env=env)
     config = json.loads((bundle / "config.json").read_text())
-    spec = json.loads((world.podman.specs["nodev"] / "nvidia.json").read_text())
-    device = [d["containerEdits"] for d in spec["devices"] if d["name"] == "0"]
-    apply(config, merge([spec["containerEdits"], *device]))
-    config["hooks"]["createContainer"].insert(0, fake_driver_hook(rootfs))
     config["linux"]["namespaces"].append({"type": "user"})
     for key in ("uidMappings", "gidMappings"):
         config["linux"][key] = [{"containerID": 0, "hostID": 100000, "size": 65536}]
+    (bundle / "config.json").write_text(json.dumps(config))
+    return bundle
+
+
+@pytest.mark.parametrize("how", ["engine", "shim", "front"])
+def test_the_spec_entry_guards_a_user_namespaced_container(
+    world: World, userns_root: Path, how: str
+) -> None:
+    """runc in a user namespace that maps no host uid, the spec applied as an engine applies
+    it, by gpuctk-runtime's Python create, or by its compiled create (a third create of the
+    request): each keeps the spec's entry, which merges the stage's cache, links nvidia-smi,
+    and mounts its read-only copy of the driver's params over the container's (made in the
+    container's own /dev)."""
+    rootfs, top = userns_root, userns_root.parent
+    env = [PATH, "NVIDIA_VISIBLE_DEVICES=0"]
+    spec_dir, state, toml, bindir = world.podman.specs["nodev"], top / "state", top / "c.toml", BIN
+    if how == "front":
+        bindir = top / "bin"
+        bindir.mkdir()
+        subprocess.run([sys.executable, "-m", "gpuctk.install.launchers", str(bindir)],
+                       check=True, capture_output=True)  # fmt: skip
+        for first in ("a", "b"):
+            shim_edit(userns_bundle(top / first, rootfs, env), spec_dir, state, toml=toml,
+                      bindir=bindir)  # fmt: skip
+            time.sleep(SETTLE_NS / 1e9 + 0.1)
+        assert list((state / "front").iterdir())
+    bundle = userns_bundle(top / "bundle", rootfs, env)
+    if how == "engine":
+        config = json.loads((bundle / "config.json").read_text())
+        spec = json.loads((spec_dir / "nvidia.json").read_text())
+        device = [d["containerEdits"] for d in spec["devices"] if d["name"] == "0"]
+        apply(config, merge([spec["containerEdits"], *device]))
+    else:
+        config = shim_edit(bundle, spec_dir, state, toml=toml, bindir=bindir)
+    assert [h["args"][:2] for h in work_hooks(config)] == [["gpuctk-cdi-hook", "createContainer"]]
+    config["hooks"]["createContainer"].insert(0, fake_driver_hook(rootfs))
     show = (
         f"{SCRIPT}; ls /usr/bin/nvidia-smi; cat /proc/driver/nvidia/params; "
         "echo x > /proc/driver/nvidia/params || echo read-only; ls -a /dev"
     )
-    done = runc_run(bundle, config, show, f"gpuctk-userns-{os.getpid()}")
+    done = runc_run(bundle, config, show, f"gpuctk-userns-{os.getpid()}-{how}")
     report = probe(done)
     expect_file(report, STAGE_LIB)
     assert report["UID"] == "0" and "PYTHON" not in report, report

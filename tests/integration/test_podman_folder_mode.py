@@ -241,21 +241,20 @@ def test_the_cuda_image_needs_no_hwcaps_folder(podman: CdiPodman) -> None:
 
 
 @pytest.mark.parametrize("inroot", ["1", "0"])
-def test_the_shim_adds_the_stage_to_the_ld_cache(
+def test_the_stages_entry_adds_it_to_the_ld_cache_through_the_shim(
     podman: CdiPodman, fresh_rootfs: Callable[[str], Path], tmp_path: Path, inroot: str
 ) -> None:
     """The plain debian image (no LD_LIBRARY_PATH) through gpuctk-runtime and runc: `ldconfig
     -p` lists libcuda.so.1 under /usr/local/nvidia/lib64 and the loader takes it from there
-    (the cache). With GPUCTK_SHIM_INROOT=0 the shim leaves the spec's entry in config.json,
-    and runc's run of it (gpuctk-cdi-hook) writes the same cache."""
+    (the cache), written by runc's run of the spec's entry (gpuctk-cdi-hook), which the shim
+    leaves in config.json with GPUCTK_SHIM_INROOT=0 or not."""
     rootfs = fresh_rootfs("debian")
     bundle = make_bundle(
         tmp_path / "bundle", rootfs, ["/bin/true"],
         env=["PATH=/usr/sbin:/usr/bin:/sbin:/bin", "NVIDIA_VISIBLE_DEVICES=0"],
     )  # fmt: skip
     config = shim_edit(bundle, podman.specs["front"], tmp_path / "state", GPUCTK_SHIM_INROOT=inroot)
-    # inroot 1: the shim did the entry's work and dropped it: only the node guard runs
-    assert len(work_hooks(config)) == (inroot == "0")
+    assert len(work_hooks(config)) == 1
     assert STAGE in {m["destination"] for m in config["mounts"]}
     script = (
         "ldconfig -p | grep -c 'libcuda.so.1 ' | sed 's/^/CACHED /'; "

@@ -596,14 +596,25 @@ def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str:
         ("netDevices list", "a field apply refuses"),
         ("4097 annotations", "annotations that are not plain"),
         ("other request", "no front plan for this request"),
-        ("user namespace", "a user namespace"),
-        ("namespace without a type", "a namespace that is not plain"),
     ],
 )
 def test_a_config_the_front_does_not_read_goes_to_python(
     node: Node, planned: dict[str, Any], change: str, why: str
 ) -> None:
     handed_over(*direct(node, mutated(planned, change)), why)
+
+
+@pytest.mark.parametrize("change", ["user namespace", "namespace without a type"])
+def test_a_user_namespaced_config_is_served_as_apply(
+    node: Node, planned: dict[str, Any], change: str
+) -> None:
+    """A container in a user namespace (Kubernetes' hostUsers: false, podman --userns) takes
+    the plan of its request: the spec's entry, kept, serves it inside the namespace as on
+    Python's create (tests/integration/test_default_spec_images.py)."""
+    doc = mutated(planned, change)
+    done, _before, after = direct(node, doc)
+    assert done.returncode == 0 and "front: plan " in done.stderr, done.stderr
+    assert json.loads(after) == expected(node, doc)
 
 
 def test_mutated_configs_are_served_as_apply_or_go_to_python(
@@ -1054,7 +1065,8 @@ def test_the_key_is_the_compiled_creates_to_say(node: Node) -> None:
     unicode["process"]["env"].append("NVIDIA_DRIVER_CAPABILITIES=\u00e9")
     userns = copy.deepcopy(doc)
     userns["linux"]["namespaces"].append({"type": "user"})
-    for refused in (escaped, unicode, userns):
+    assert key_of(node, userns) == key  # the same request, in a user namespace
+    for refused in (escaped, unicode):
         assert key_of(node, refused) is None
     assert key_of(node, doc, ('cdi"',)) is None
     assert key_of(node, doc, ("",)) is None

@@ -336,30 +336,6 @@ def test_doctor_reads_the_driver_version_off_the_stage_folder() -> None:
     assert _spec_driver_version(doc, None) is None
 
 
-def test_the_shim_merges_the_stages_own_cache(driver: DriverFiles, tmp_path: Path) -> None:
-    """gpuctk-runtime's view of a stage (hook/shim/shimroot.py) is the stage's own ld cache, the
-    file gpuctk-cdi-hook merges (stage.cache_of: one list of the names a stage's libraries are
-    cached under), with the lib folders there are and the driver's version; a stage whose
-    cache is missing, or that others may write, is no stage to it."""
-    from gpuctk.hook.shim import shimroot
-
-    folder = Path(stage.stage_driver(driver, V, str(tmp_path / "staging")))
-    seen = shimroot._stage_files(str(folder))
-    assert seen is not None
-    want = [(e.key, e.value, e.flags, e.hwcap) for e in parse_ld_cache(stage.cache_of(driver))]
-    assert seen["entries"] == want and len(want) == 7
-    assert seen["folders"] == [f"{STAGE_PATH}/lib64", f"{STAGE_PATH}/lib"]
-    assert seen["version"] == (535, 309, 1)
-    edits = {"mounts": [{"hostPath": str(folder), "containerPath": STAGE_PATH}]}
-    assert shimroot.prepare(edits)["stage"] == seen
-    assert shimroot.prepare({"mounts": []}) == {}
-    (folder / stage.CACHE).chmod(0o666)
-    assert shimroot._stage_files(str(folder)) is None
-    (folder / stage.CACHE).unlink()
-    assert shimroot._stage_files(str(folder)) is None
-    assert shimroot._stage_files(str(tmp_path)) is None  # no lib folder: no stage
-
-
 def _stage_edits(folder: Path, *extra: str) -> dict[str, Any]:
     """A folder spec's edits for the stage `folder`: its mount and its gpuctk-cdi-hook entry."""
     args = [FRONT, "createContainer", "--folder", f"{STAGE_PATH}/lib64",
@@ -372,63 +348,32 @@ def _stage_edits(folder: Path, *extra: str) -> dict[str, Any]:
     }
 
 
-def _image_root(tmp_path: Path) -> dict[str, Any]:
-    """An OCI config whose root holds an image's ld cache (one entry)."""
-    from gpuctk.cdi.node.ldcache import LdCacheEntry, build_ld_cache
-
-    root = tmp_path / "rootfs"
-    (root / "etc").mkdir(parents=True)
-    libz = LdCacheEntry("libz.so.1", "/lib/x86_64-linux-gnu/libz.so.1", 0x0303)
-    (root / "etc/ld.so.cache").write_bytes(build_ld_cache([libz]))
-    return {"root": {"path": str(root)}, "process": {"env": []}}
-
-
-def test_the_shim_leaves_the_stage_to_its_entry_where_it_cannot_read_the_cache(
-    driver: DriverFiles, tmp_path: Path
-) -> None:
-    """A stage whose cache is missing, or an entry that names another cache file: the entry
-    runs, and the node guard is decided for it as for any entry of ours (protect = "off":
-    the entry is told not to guard; without the entry in view it would have guarded)."""
+def test_the_shim_leaves_the_stage_to_its_entry(driver: DriverFiles, tmp_path: Path) -> None:
+    """A folder spec's entry (gpuctk-cdi-hook) stays whatever its stage holds: runc runs it,
+    as on the compiled create and in an engine that applies the spec, and the node guard is
+    decided for it as for any entry of ours (protect = "off": the entry is told not to guard;
+    "hook": it guards). The shim plans nothing for it."""
     from gpuctk.hook.shim import shimroot
     from gpuctk.hook.verbs import nodeguard
 
     folder = Path(stage.stage_driver(driver, V, str(tmp_path / "staging")))
-    config = _image_root(tmp_path)
-    for case in ("another cache", "no cache"):
+    config = {"root": {"path": str(tmp_path / "rootfs")}, "process": {"env": []}}
+    for case in ("the stage's cache", "another cache", "no cache"):
         edits = _stage_edits(folder)
         if case == "another cache":
             edits["hooks"][0]["args"][5] = f"{tmp_path}/{stage.CACHE}"
-        else:
+        elif case == "no cache":
             (folder / stage.CACHE).unlink()
-        prep = shimroot.prepare(edits)
-        assert not prep.get("stage"), case
-        out = shimroot.take_over(config, str(tmp_path), edits, print, prep, protect="off")
+        assert shimroot.prepare(edits) == {}, case
+        assert shimroot.runs_stage_entry(edits), case
+        out = shimroot.take_over(config, str(tmp_path), edits, print, {}, protect="off")
         (entry,) = edits["hooks"]
         assert out["hooks"] == [
             {**entry, "args": [*entry["args"], "--disable-hook", nodeguard.NAME]}
         ]
-
-
-def test_the_shim_reads_a_changed_stage_cache_again(driver: DriverFiles, tmp_path: Path) -> None:
-    """A remembered prep names its cache file's identity: a cache written since is read again,
-    and only entries in the stage's lib folders, by a plain path, reach the image."""
-    from gpuctk.cdi.node.ldcache import LdCacheEntry, build_ld_cache, read_ld_cache
-    from gpuctk.hook.shim import shimroot
-
-    folder = Path(stage.stage_driver(driver, V, str(tmp_path / "staging")))
-    edits, config = _stage_edits(folder), _image_root(tmp_path)
-    prep = shimroot.prepare(edits)  # as a plan keeps it
-    entries = [
-        LdCacheEntry("libnew.so.1", f"{STAGE_PATH}/lib64/libnew.so.1", 0x0303),
-        LdCacheEntry("libup.so.1", f"{STAGE_PATH}/lib64/../../../lib/libup.so.1", 0x0303),
-        LdCacheEntry("libdot.so.1", f"{STAGE_PATH}/lib64/..", 0x0303),
-        LdCacheEntry("libout.so.1", "/lib/x86_64-linux-gnu/libout.so.1", 0x0303),
-    ]
-    (folder / stage.CACHE).write_bytes(build_ld_cache(entries))
-    out = shimroot.take_over(config, str(tmp_path), edits, print, prep, protect="off")
-    assert out["hooks"] == []  # the entry's work done
-    cache = read_ld_cache(config["root"]["path"] + "/etc/ld.so.cache")
-    assert {e.key for e in cache} == {"libz.so.1", "libnew.so.1"}
+        assert shimroot.take_over(config, str(tmp_path), edits, print, {}) == edits
+    assert not (tmp_path / "rootfs").exists()  # nothing written into a root
+    assert not shimroot.runs_stage_entry({"hooks": []})
 
 
 def test_prune_keeps_what_a_spec_names(tmp_path: Path) -> None:
