@@ -716,28 +716,31 @@ static int write_in_root(int root, unsigned long long mnt, const char *folder, c
 
 /* The uid under which this process sees host root's files: 0, or inside a user namespace that
  * maps no host uid 0 (Kubernetes' `hostUsers: false`, podman's --userns), the kernel's
- * overflow uid, under which every owner the namespace does not map shows. */
+ * overflow uid, under which every owner the namespace does not map shows; NO_UID (no file's)
+ * when either cannot be read. */
+#define NO_UID ((unsigned long)(uid_t)-1)
 static unsigned long root_seen(void)
 {
 	char *text, *end;
 	size_t len;
-	unsigned long seen = 65534; /* the kernel's default overflow uid */
+	unsigned long seen = NO_UID;
 	int fd = open("/proc/self/uid_map", O_RDONLY | O_CLOEXEC);
-	if (fd >= 0 && read_all(fd, 1 << 16, &text, &len) == 0) {
-		for (char *line = text; *line; line = end + (*end == '\n')) {
-			unsigned long inside = strtoul(line, &end, 10), outside = strtoul(end, &end, 10);
-			unsigned long count = strtoul(end, &end, 10);
-			end += strcspn(end, "\n");
-			if (outside == 0 && count > 0) {
-				free(text);
-				close(fd);
-				return inside;
-			}
-		}
-		free(text);
+	if (fd < 0 || read_all(fd, 1 << 16, &text, &len) != 0) {
+		if (fd >= 0)
+			close(fd);
+		return NO_UID;
 	}
-	if (fd >= 0)
-		close(fd);
+	close(fd);
+	for (char *line = text; *line; line = end + (*end == '\n')) {
+		unsigned long inside = strtoul(line, &end, 10), outside = strtoul(end, &end, 10);
+		unsigned long count = strtoul(end, &end, 10);
+		end += strcspn(end, "\n");
+		if (outside == 0 && count > 0)
+			seen = inside;
+	}
+	free(text);
+	if (seen != NO_UID)
+		return seen;
 	fd = open("/proc/sys/kernel/overflowuid", O_RDONLY | O_CLOEXEC);
 	if (fd >= 0 && read_all(fd, 64, &text, &len) == 0) {
 		unsigned long v = strtoul(text, &end, 10);
@@ -884,19 +887,35 @@ static int modified(const char *text, size_t len, char *out, size_t *outlen)
 	return changed;
 }
 
-/* A new file of `text` in the container's own /dev (the tmpfs the runtime mounts there, never
- * the image's folder nor a volume of another kind), a fresh random name, for the guard's mount
- * to be cloned from: its descriptor (O_PATH), its name in *name and the folder's descriptor
- * in *dev (the caller unlinks it); -1 with errno. A folder of the container's own, so that the
- * guard serves a user namespace too, where no host folder can be written. */
+/* Remove the guard's copy `name` from `dev` when the name is still the file `src` (the mount
+ * keeps its copy); errno kept. */
+static void unlink_copy(int dev, const char *name, int src)
+{
+	int saved = errno;
+	struct stat a, b;
+	if (name[0] && src >= 0 && fstatat(dev, name, &a, AT_SYMLINK_NOFOLLOW) == 0 &&
+	    fstat(src, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+		unlinkat(dev, name, 0);
+	errno = saved;
+}
+
+/* A new file of `text` in the container's own /dev (the tmpfs the runtime mounts there: on
+ * another mount than the root's, not the host's /dev, writable by its owner alone; never the
+ * image's folder nor a volume of another kind), a fresh random name, for the guard's mount to
+ * be cloned from: the descriptor it was written through (the mount is cloned from it, never
+ * from the name, which nobody else could swap meanwhile), its name in *name and the folder's
+ * descriptor in *dev (the caller unlinks it); -1 with errno. A folder of the container's own,
+ * so that the guard serves a user namespace too, where no host folder can be written. */
 static int scratch_file(int root, const char *text, size_t len, char *name, size_t size, int *dev)
 {
 	unsigned long long rmnt;
 	unsigned char rnd[6];
 	struct statfs sf;
+	struct stat ds, hs;
 	*dev = in_root(root, "/dev", O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
 	if (*dev < 0 || mount_id(root, &rmnt) != 0 || own_mount(*dev, rmnt) == 0 ||
-	    fstatfs(*dev, &sf) != 0 || sf.f_type != TMPFS_MAGIC_)
+	    fstatfs(*dev, &sf) != 0 || sf.f_type != TMPFS_MAGIC_ || fstat(*dev, &ds) != 0 ||
+	    (ds.st_mode & 022) || (stat("/dev", &hs) == 0 && hs.st_dev == ds.st_dev))
 		return -1;
 	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
 	ssize_t got = fd >= 0 ? read(fd, rnd, sizeof rnd) : -1;
@@ -911,9 +930,13 @@ static int scratch_file(int root, const char *text, size_t len, char *name, size
 		name[0] = 0;
 		return -1;
 	}
-	int ok = write(fd, text, len) == (ssize_t)len;
-	close(fd);
-	return ok ? openat(*dev, name, O_PATH | O_NOFOLLOW | O_CLOEXEC) : -1;
+	if (write(fd, text, len) != (ssize_t)len) {
+		unlink_copy(*dev, name, fd);
+		close(fd);
+		name[0] = 0;
+		return -1;
+	}
+	return fd;
 }
 
 /* The device node guard, with the new mount API only: a read-only copy of the container's
@@ -969,14 +992,14 @@ static int guard(int root)
 	if (now >= 0)
 		close(now);
 	if (rc != 0) {
+		unlink_copy(dev, name, src);
 		fprintf(stderr, "gpuctk-cdi-hook: error: %s changed while it was mounted\n",
 			GPUCTK_PARAMS);
 		exit(1);
 	}
 out:;
 	int saved = errno;
-	if (name[0])
-		unlinkat(dev, name, 0); /* the mount keeps its copy */
+	unlink_copy(dev, name, src);
 	int fds[] = { dev, src, clone, target };
 	for (int i = 0; i < 4; i++)
 		if (fds[i] >= 0)

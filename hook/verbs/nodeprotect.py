@@ -12,12 +12,14 @@ mounted the container's /proc and before the container runs anything.
   runtime mounted there, which the image cannot reach before it starts), at most MAX_BYTES.
   No such file (no driver loaded), or one that says anything but `ModifyDeviceFiles: 1`: nothing
   is done.
-- The copy is a new file in the container's own /dev (the tmpfs the runtime mounts there,
-  which a user namespace's root can write; never the image's folder nor a volume of another
-  kind), removed once it is bound, as gpuctk-cdi-hook makes it. Where the root has no such
-  /dev, it lies on a tmpfs of its own, mounted on an empty folder made for it in /run of the
-  hook's root and detached again (the folder removed) once the copy is bound. Either way the
-  container sees the one file, read-only, nosuid, nodev, noexec.
+- The copy is a new file in the container's own /dev (the tmpfs the runtime mounts there: on
+  another mount than the root's, not the host's /dev, writable by its owner alone; a folder a
+  user namespace's root can write), bound from the descriptor it was written through (never
+  by its name) and removed once bound, as gpuctk-cdi-hook makes it. Where the root has no
+  such /dev, or it is full or read-only, the copy lies on a tmpfs of its own, mounted on an
+  empty folder made for it in /run of the hook's root and detached again (the folder
+  removed) once the copy is bound. Either way the container sees the one file, read-only,
+  nosuid, nodev, noexec.
 - The bind goes through descriptors. With the new mount API (5.12 and later) the copy is
   cloned into a detached mount made read-only, nosuid, nodev, noexec before it is attached
   onto the target opened inside the root (open_tree, mount_setattr, move_mount): where the
@@ -138,11 +140,18 @@ def protect(root_fd: int) -> str:
     if dev is not None:
         name = f"{SCRATCH_PREFIX}{os.urandom(6).hex()}"
         try:
-            _bind(root_fd, _new_file(dev, name, copy))
+            src = _new_file(dev, name, copy)
+        except OSError:  # a full or read-only /dev: the folder in /run instead
+            src = -1
+        try:
+            if src >= 0:
+                _bind(root_fd, src)
+                return f"{PARAMS} shows ModifyDeviceFiles: 0 (read-only copy)"
         finally:
-            _unlink(dev, name)  # the mount keeps the copy
+            if src >= 0:
+                _unlink(dev, name, src)  # the mount keeps the copy
+                os.close(src)
             os.close(dev)
-        return f"{PARAMS} shows ModifyDeviceFiles: 0 (read-only copy)"
     from gpuctk.hook.verbs import mounts
 
     folder = _scratch()
@@ -158,7 +167,10 @@ def protect(root_fd: int) -> str:
                 src = _new_file(dir_fd, "params", copy)
             finally:
                 os.close(dir_fd)
-            _bind(root_fd, src)
+            try:
+                _bind(root_fd, src)
+            finally:
+                os.close(src)
         finally:
             mounts.detach(folder)
     finally:
@@ -170,39 +182,55 @@ TMPFS_MAGIC = 0x01021994
 
 
 def _own_dev(root_fd: int) -> int | None:
-    """The container's /dev (a descriptor), where it is a tmpfs mounted over the root's own
-    folder; None otherwise."""
+    """The container's /dev (a descriptor), where it is the tmpfs the runtime mounts there: on
+    another mount than the root's, not the host's /dev, writable by its owner alone; None
+    otherwise."""
     try:
         dev = rootfs.open_in_root(root_fd, "/dev", os.O_RDONLY | os.O_DIRECTORY)
     except rootfs.InRootError:
         return None
     buf = libc.buffer(bytes(128))  # struct statfs: f_type, a long, first
-    if (
-        os.fstat(dev).st_dev == os.fstat(root_fd).st_dev
-        or libc.function("fstatfs")(dev, buf) != 0
-        or int.from_bytes(bytes(buf)[:8], "little") != TMPFS_MAGIC
-    ):
+    try:
+        st = os.fstat(dev)
+        own = (
+            rootfs.mount_id(dev) != rootfs.mount_id(root_fd)
+            and not st.st_mode & 0o022
+            and st.st_dev != os.stat("/dev").st_dev
+            and libc.function("fstatfs")(dev, buf) == 0
+            and int.from_bytes(bytes(buf)[:8], "little") == TMPFS_MAGIC
+        )
+    except (OSError, rootfs.InRootError):
+        own = False
+    if not own:
         os.close(dev)
         return None
     return dev
 
 
-def _unlink(dir_fd: int, name: str) -> None:
+def _unlink(dir_fd: int, name: str, src: int) -> None:
+    """Remove `name` from `dir_fd` when it is still the file `src`; errors ignored."""
     try:
-        os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
+        a, b = os.stat(name, dir_fd=dir_fd, follow_symlinks=False), os.fstat(src)
+        if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+            os.unlink(name, dir_fd=dir_fd)
+    except OSError:
         return
 
 
 def _new_file(dir_fd: int, name: str, data: bytes) -> int:
-    """`data` in a new file `name` of `dir_fd` (0444): its O_PATH descriptor."""
+    """`data` in a new file `name` of `dir_fd` (0444): the descriptor it was written through,
+    from which the mount is cloned (never the name, which another could swap meanwhile)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(name, flags, 0o444, dir_fd=dir_fd)
     try:
-        os.write(fd, data)
-    finally:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        _unlink(dir_fd, name, fd)
         os.close(fd)
-    return os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        raise
+    return fd
 
 
 def _proc_mounted(root_fd: int) -> bool:
@@ -216,16 +244,8 @@ def _proc_mounted(root_fd: int) -> bool:
 
 
 def _bind(root_fd: int, src: int) -> None:
-    """Bind the file `src` (closed here) over the container's PARAMS (opened inside the root),
-    then make that new mount read-only, nosuid, nodev, noexec, once it is checked to be the
-    copy."""
-    try:
-        _bind_open(root_fd, src)
-    finally:
-        os.close(src)
-
-
-def _bind_open(root_fd: int, src: int) -> None:
+    """Bind the file `src` over the container's PARAMS (opened inside the root), then make
+    that new mount read-only, nosuid, nodev, noexec, once it is checked to be the copy."""
     from gpuctk.hook.verbs import mounts
 
     clone = -1

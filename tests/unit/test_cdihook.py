@@ -872,9 +872,11 @@ mkdir -p "$root/dev"
 if [ "$mode" != plain ]; then
 	mount -t tmpfs -o mode=0755 cdihook-test-proc "$root/proc" || exit 90
 fi
-if [ "$mode" = proc ]; then  # a runtime's /dev; "image-dev": the image's folder
-	mount -t tmpfs -o mode=0755 cdihook-test-dev "$root/dev" || exit 91
-fi
+case $mode in  # a runtime's /dev; one others may write; the host's; "image-dev": the image's
+proc) mount -t tmpfs -o mode=0755 cdihook-test-dev "$root/dev" || exit 91 ;;
+shared-dev) mount -t tmpfs -o mode=1777 cdihook-test-dev "$root/dev" || exit 91 ;;
+host-dev) mount --bind /dev "$root/dev" || exit 91 ;;
+esac
 mkdir -p "$root/proc/driver/nvidia"
 cat "$out/params.in" >"$root/proc/driver/nvidia/params"
 ls -a /run "$root/dev" | grep '^\.gpuctk-params-' | sort >"$out/run.before"
@@ -1021,12 +1023,15 @@ def test_guard_disabled(front: Front, bundle: Bundle, tmp_path: Path) -> None:
 
 
 @guarded
+@pytest.mark.parametrize("mode", ["image-dev", "shared-dev", "host-dev"])
 def test_guard_takes_its_copy_only_from_the_containers_own_dev(
-    front: Front, bundle: Bundle, tmp_path: Path
+    front: Front, bundle: Bundle, tmp_path: Path, mode: str
 ) -> None:
     """The copy is made in the tmpfs the runtime mounts at the container's /dev (a folder of
-    the container's own, which a user namespace can write), never in the image's folder."""
-    g = guard_run(front, bundle, tmp_path, GUARD_ARGS[0], PARAMS_ON, "image-dev")
+    the container's own, which a user namespace can write), never in the image's folder, a
+    /dev others may write (a shared volume: another could swap the file) or the host's /dev:
+    gpuctk-hook does those."""
+    g = guard_run(front, bundle, tmp_path, GUARD_ARGS[0], PARAMS_ON, mode)
     assert g.ran and "the device node guard" in g.stderr
     assert g.mounts == "" and not g.leftover
     assert not [p for p in os.listdir(bundle.root / "dev") if p.startswith(".gpuctk-params-")]

@@ -205,19 +205,25 @@ def test_the_hook_takes_the_verb_and_the_option() -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="mounts need root")
-@pytest.mark.parametrize("dev", ["tmpfs", "image"])
+@pytest.mark.parametrize("dev", ["tmpfs", "image", "read-only", "shared", "host"])
 def test_protect_binds_a_read_only_copy_in_a_mount_namespace(tmp_path: Path, dev: str) -> None:
     """protect() for real, in a private mount namespace: the root's params file (a plain file
     on a tmpfs at the root's /proc here) shows 0, cannot be written, and no copy is left in
     /run or the root's /dev. The copy is made in the root's /dev where it is a tmpfs of its
-    own (a runtime's: what a user namespace's root can write), else on a tmpfs in /run.
+    own that only its owner can write (a runtime's: what a user namespace's root can write),
+    else (read-only, writable by others, the host's /dev) on a tmpfs in /run.
     Without a mount at /proc (the image's own folder) it does nothing."""
     root = tmp_path / "root"
     (root / "proc/driver/nvidia").mkdir(parents=True)
     (root / "proc/driver/nvidia/params").write_bytes(PARAMS)
     (root / "dev").mkdir()
     proc = str(root / "proc")
-    mount_dev = f"mount -t tmpfs gpuctk-test-dev {root / 'dev'}" if dev == "tmpfs" else "true"
+    mount_dev = {  # a runtime's /dev; one gpuctk-hook cannot write; one others may; the host's
+        "tmpfs": f"mount -t tmpfs -o mode=0755 gpuctk-test-dev {root / 'dev'}",
+        "read-only": f"mount -t tmpfs -o mode=0755,ro gpuctk-test-dev {root / 'dev'}",
+        "shared": f"mount -t tmpfs -o mode=1777 gpuctk-test-dev {root / 'dev'}",
+        "host": f"mount --bind /dev {root / 'dev'}",
+    }.get(dev, "true")
     code = textwrap.dedent(f"""
         import os, subprocess
         from gpuctk import rootfs
@@ -254,7 +260,7 @@ def test_protect_binds_a_read_only_copy_in_a_mount_namespace(tmp_path: Path, dev
     assert lines[1:4] == ["Foo: 1", "ModifyDeviceFiles: 0", "DeviceFileUID: 0"]
     assert lines[4].startswith("refused")  # EACCES or EROFS
     assert "does not let" in lines[5]  # a second run finds 0: nothing more
-    assert lines[6] == "[]"  # nothing left in the root's /dev
+    assert ".gpuctk-params-" not in lines[6]  # nothing left in the root's /dev
     assert lines[7:] == ["True gpuctk-test-dev" if dev == "tmpfs" else "False tmpfs"], lines
     assert (root / "proc/driver/nvidia/params").read_bytes() == PARAMS  # the host's view
     assert not [p for p in os.listdir("/run") if p.startswith(".gpuctk-params-")]
