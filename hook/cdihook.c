@@ -900,12 +900,12 @@ static void unlink_copy(int dev, const char *name, int src)
 }
 
 /* A new file of `text` in the container's own /dev (the tmpfs the runtime mounts there: on
- * another mount than the root's, not the host's /dev, writable by its owner alone; never the
- * image's folder nor a volume of another kind), a fresh random name, for the guard's mount to
- * be cloned from: the descriptor it was written through (the mount is cloned from it, never
- * from the name, which nobody else could swap meanwhile), its name in *name and the folder's
- * descriptor in *dev (the caller unlinks it); -1 with errno. A folder of the container's own,
- * so that the guard serves a user namespace too, where no host folder can be written. */
+ * another mount than the root's, not the host's /dev; never the image's folder nor a volume of
+ * another kind), a fresh random name, for the guard's mount to be cloned from: the descriptor
+ * it was written through (the mount is cloned from it, never from the name, which another
+ * could swap in a /dev others may write), its name in *name and the folder's descriptor in
+ * *dev (the caller unlinks it); -1 with errno. A folder of the container's own, so that the
+ * guard serves a user namespace too, where no host folder can be written. */
 static int scratch_file(int root, const char *text, size_t len, char *name, size_t size, int *dev)
 {
 	unsigned long long rmnt;
@@ -915,7 +915,7 @@ static int scratch_file(int root, const char *text, size_t len, char *name, size
 	*dev = in_root(root, "/dev", O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
 	if (*dev < 0 || mount_id(root, &rmnt) != 0 || own_mount(*dev, rmnt) == 0 ||
 	    fstatfs(*dev, &sf) != 0 || sf.f_type != TMPFS_MAGIC_ || fstat(*dev, &ds) != 0 ||
-	    (ds.st_mode & 022) || (stat("/dev", &hs) == 0 && hs.st_dev == ds.st_dev))
+	    stat("/dev", &hs) != 0 || hs.st_dev == ds.st_dev)
 		return -1;
 	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
 	ssize_t got = fd >= 0 ? read(fd, rnd, sizeof rnd) : -1;
@@ -930,7 +930,16 @@ static int scratch_file(int root, const char *text, size_t len, char *name, size
 		name[0] = 0;
 		return -1;
 	}
-	if (write(fd, text, len) != (ssize_t)len) {
+	size_t done = 0;
+	while (done < len) {
+		ssize_t n = write(fd, text + done, len - done);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		done += (size_t)n;
+	}
+	if (done != len) {
 		unlink_copy(*dev, name, fd);
 		close(fd);
 		name[0] = 0;

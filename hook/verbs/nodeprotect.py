@@ -13,8 +13,8 @@ mounted the container's /proc and before the container runs anything.
   No such file (no driver loaded), or one that says anything but `ModifyDeviceFiles: 1`: nothing
   is done.
 - The copy is a new file in the container's own /dev (the tmpfs the runtime mounts there: on
-  another mount than the root's, not the host's /dev, writable by its owner alone; a folder a
-  user namespace's root can write), bound from the descriptor it was written through (never
+  another mount than the root's, not the host's /dev; a folder a user namespace's root can
+  write), bound from the descriptor it was written through (never
   by its name) and removed once bound, as gpuctk-cdi-hook makes it. Where the root has no
   such /dev, or it is full or read-only, the copy lies on a tmpfs of its own, mounted on an
   empty folder made for it in /run of the hook's root and detached again (the folder
@@ -42,6 +42,7 @@ import os
 
 from gpuctk import libc, rootfs
 from gpuctk.cdi.node.facts import GUARD_ACTION
+from gpuctk.log import hook as hooklog
 
 NAME = GUARD_ACTION
 PARAMS = "/proc/driver/nvidia/params"
@@ -141,7 +142,9 @@ def protect(root_fd: int) -> str:
         name = f"{SCRATCH_PREFIX}{os.urandom(6).hex()}"
         try:
             src = _new_file(dev, name, copy)
-        except OSError:  # a full or read-only /dev: the folder in /run instead
+        except OSError as exc:  # a full or read-only /dev: the folder in /run instead
+            hooklog.log("debug", f"no copy in the container's /dev ({exc}): a tmpfs in /run",
+                        to_stderr=False)  # fmt: skip
             src = -1
         try:
             if src >= 0:
@@ -183,8 +186,7 @@ TMPFS_MAGIC = 0x01021994
 
 def _own_dev(root_fd: int) -> int | None:
     """The container's /dev (a descriptor), where it is the tmpfs the runtime mounts there: on
-    another mount than the root's, not the host's /dev, writable by its owner alone; None
-    otherwise."""
+    another mount than the root's, not the host's /dev; None otherwise."""
     try:
         dev = rootfs.open_in_root(root_fd, "/dev", os.O_RDONLY | os.O_DIRECTORY)
     except rootfs.InRootError:
@@ -194,7 +196,6 @@ def _own_dev(root_fd: int) -> int | None:
         st = os.fstat(dev)
         own = (
             rootfs.mount_id(dev) != rootfs.mount_id(root_fd)
-            and not st.st_mode & 0o022
             and st.st_dev != os.stat("/dev").st_dev
             and libc.function("fstatfs")(dev, buf) == 0
             and int.from_bytes(bytes(buf)[:8], "little") == TMPFS_MAGIC
@@ -254,14 +255,18 @@ def _bind(root_fd: int, src: int) -> None:
     except OSError as exc:
         if exc.errno not in (errno.ENOSYS, errno.EPERM):  # EPERM: a seccomp filter's answer
             raise
-    target = rootfs.open_in_root(root_fd, PARAMS, os.O_PATH)
     try:
-        if clone >= 0:
-            move_mount(clone, target)
-        else:
-            mounts.mount(f"/proc/self/fd/{src}", f"/proc/self/fd/{target}", None, mounts.MS_BIND)
+        target = rootfs.open_in_root(root_fd, PARAMS, os.O_PATH)
+        try:
+            if clone >= 0:
+                move_mount(clone, target)
+            else:
+                mounts.mount(
+                    f"/proc/self/fd/{src}", f"/proc/self/fd/{target}", None, mounts.MS_BIND
+                )
+        finally:
+            os.close(target)
     finally:
-        os.close(target)
         if clone >= 0:
             os.close(clone)
     new = rootfs.open_in_root(root_fd, PARAMS, os.O_PATH)
