@@ -150,7 +150,10 @@ def eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:
         return False
     if any((m.get("type") or "") not in BIND_TYPES for m in mounts):
         return False
-    for hook in edits.get("hooks") or []:
+    hooks = edits.get("hooks") or []
+    if not hooks and settings.disable_device_node_modification:
+        return False  # the Python create guards the nodes of a spec with no entry itself
+    for hook in hooks:
         args = list(hook.get("args") or [])
         if (
             hook.get("hookName") != "createContainer"

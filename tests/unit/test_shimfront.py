@@ -206,11 +206,17 @@ def spec(node_hook: Path, files: Path) -> dict[str, Any]:
 
 
 def make_node(
-    work: Path, numberless: str = "", conf: str = "", nodes: bool = True, build: str = "plain"
+    work: Path,
+    numberless: str = "",
+    conf: str = "",
+    nodes: bool = True,
+    build: str = "plain",
+    hooks: bool = True,
 ) -> Node:
     """Launchers, a spec and a config in `work`, left to settle; `numberless`: a host node
     for a device 2 whose spec entry gives no type or numbers (they come from the host);
-    `build`: which build of gpuctk-cdi-hook the launchers' front runs (tests/fixtures/cfront)."""
+    `build`: which build of gpuctk-cdi-hook the launchers' front runs (tests/fixtures/cfront);
+    `hooks`: False for a spec with no hook entry (`--disable-hook all`)."""
     built = cfront.binary(build)
     if built is None:
         pytest.skip(f"no {build} build of gpuctk-cdi-hook here (no gcc, or no libasan)")
@@ -243,6 +249,8 @@ def make_node(
         doc["containerEdits"].pop("deviceNodes")
         for device in doc["devices"]:
             device["containerEdits"] = {"env": [f"GPU={device['name']}"]}
+    if not hooks:
+        doc["containerEdits"].pop("hooks")
     if numberless:
         node = {"path": "/dev/nvidia2", "hostPath": numberless}
         doc["devices"].append({"name": "2", "containerEdits": {"deviceNodes": [node]}})
@@ -1018,6 +1026,23 @@ def test_a_request_with_a_note_or_an_error_gets_no_plan(
     for _ in range(2):
         node.create(doc)
     assert not plan_of(node, doc).exists(), ineligible
+
+
+@pytest.mark.parametrize("guard", ["on", "off"])
+def test_a_spec_with_no_entry_gets_a_plan_only_where_nothing_guards(
+    tmp_path: Path, guard: str
+) -> None:
+    """A spec with no hook entry (`--disable-hook all`): the Python create adds the device
+    node guard's entry (or guards after create) by the host's params at each create, which
+    no plan holds, so the compiled create takes no such request while the config wants the
+    guard; with `disable-device-node-modification = false` nothing guards on either path."""
+    conf = "disable-device-node-modification = false\n" if guard == "off" else ""
+    own = make_node(tmp_path, conf=conf, hooks=False)
+    doc = base_doc("/nonexistent-root")
+    for _ in range(2):
+        done, _ = own.create(doc)
+        assert done.returncode == 0, done.stderr
+    assert plan_of(own, doc).exists() is (guard == "off")
 
 
 def test_a_node_whose_numbers_come_from_the_host_is_checked_again(tmp_path: Path) -> None:
