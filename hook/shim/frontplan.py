@@ -108,7 +108,10 @@ def keep(
     (Plans.snapshot, called only where a plan may be written; None: not settled), a create
     that execs `runtime`. True if written. Where the compiled create would read no plan from
     the front folder (its rule, asked with the key), `warn` says so and nothing is written."""
-    if not compiled or not runtime or not eligible(req, edits, settings):
+    if not compiled or not runtime:
+        return False
+    edits = guarded(edits, settings, compiled)
+    if not eligible(req, edits, settings):
         return False
     from gpuctk.fs import private_folder
     from gpuctk.hook.shim.frontkey import key_of
@@ -133,6 +136,21 @@ def keep(
     return held is not None and offer(state, key, req, edits, settings, held, runtime)
 
 
+def guarded(edits: EditsDoc, settings: Settings, compiled: str) -> EditsDoc:
+    """`edits` with the device node guard's entry where the Python create may add one to a spec
+    with no hook entry (gpuctk.hook.verbs.nodeguard: by the host's params file, read at each
+    create): the compiled create's `gpuctk-cdi-hook disable-device-node-modification`, which
+    reads the container's params at each start and does nothing where they say 0, so the plan
+    need not know the host's file."""
+    if edits.get("hooks") or not settings.disable_device_node_modification:
+        return edits
+    from gpuctk.hook.verbs.nodeguard import HOOK_ENV
+
+    entry: Any = {"hookName": "createContainer", "path": compiled, "args": [FRONT, GUARD],
+                  "env": list(HOOK_ENV)}  # fmt: skip
+    return {**edits, "hooks": [entry]}
+
+
 def eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:
     """Whether the compiled create could apply these edits for this request."""
     from gpuctk.cdi.specs.apply import BIND_TYPES
@@ -150,15 +168,12 @@ def eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:
         return False
     if any((m.get("type") or "") not in BIND_TYPES for m in mounts):
         return False
-    hooks = edits.get("hooks") or []
-    if not hooks and settings.disable_device_node_modification:
-        return False  # the Python create guards the nodes of a spec with no entry itself
-    for hook in hooks:
+    for hook in edits.get("hooks") or []:
         args = list(hook.get("args") or [])
         if (
             hook.get("hookName") != "createContainer"
             or os.path.basename(hook["path"]) != FRONT
-            or args[1:2] != ["createContainer"]
+            or (args[1:2] != ["createContainer"] and args[1:] != [GUARD])
         ):
             return False
         if not settings.disable_device_node_modification and GUARD not in args:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -171,7 +172,12 @@ def test_containers_through_the_installed_front(daemon: PrivateContainerd) -> No
         assert done.stdout.strip() == "E2E=injected"
     assert list((daemon.base / "state" / "front").iterdir())
     gone = bindir.parent / "no-python" / "python3"  # a path with nothing there
-    subprocess.run([*write, "--python", str(gone)], check=True, capture_output=True)
+    other = bindir.parent / "bin-no-python"
+    other.mkdir()
+    subprocess.run([*write[:-1], str(other), "--python", str(gone)], check=True,
+                   capture_output=True)  # fmt: skip
+    # only the runtime's launcher replaced: the plan's guard entry names this gpuctk-cdi-hook
+    os.replace(other / "gpuctk-runtime", bindir / "gpuctk-runtime")
     done = run(daemon, shim, ask)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "E2E=injected"  # the compiled create applied the edits

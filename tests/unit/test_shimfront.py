@@ -1029,20 +1029,27 @@ def test_a_request_with_a_note_or_an_error_gets_no_plan(
 
 
 @pytest.mark.parametrize("guard", ["on", "off"])
-def test_a_spec_with_no_entry_gets_a_plan_only_where_nothing_guards(
+def test_a_spec_with_no_entry_keeps_the_guard_on_the_compiled_create(
     tmp_path: Path, guard: str
 ) -> None:
     """A spec with no hook entry (`--disable-hook all`): the Python create adds the device
-    node guard's entry (or guards after create) by the host's params at each create, which
-    no plan holds, so the compiled create takes no such request while the config wants the
-    guard; with `disable-device-node-modification = false` nothing guards on either path."""
+    node guard's entry (by the host's params, read at each create); the plan carries the
+    compiled gpuctk-cdi-hook's guard entry, which reads the container's params at each start,
+    so the compiled create guards too. With `disable-device-node-modification = false`
+    neither adds one."""
     conf = "disable-device-node-modification = false\n" if guard == "off" else ""
     own = make_node(tmp_path, conf=conf, hooks=False)
     doc = base_doc("/nonexistent-root")
     for _ in range(2):
         done, _ = own.create(doc)
         assert done.returncode == 0, done.stderr
-    assert plan_of(own, doc).exists() is (guard == "off")
+    assert plan_of(own, doc).exists()
+    done, config = own.create(doc)
+    assert done.returncode == 0 and "front: plan " in done.stderr, done.stderr
+    hooks = json.loads(config.read_text()).get("hooks", {})
+    entries = [(h["path"], h["args"]) for h in hooks.get("createContainer", [])]
+    want = [(str(own.hook), ["gpuctk-cdi-hook", "disable-device-node-modification"])]
+    assert entries == (want if guard == "on" else []), entries
 
 
 def test_a_node_whose_numbers_come_from_the_host_is_checked_again(tmp_path: Path) -> None:
