@@ -674,6 +674,24 @@ static int make_links(int root, const char **targets, char **paths, int n)
 
 #include "ldcache.c"
 
+/* `len` bytes of `data` written to `fd`: 0, -1 (a short write: errno EIO where none is set). */
+static int write_all(int fd, const char *data, size_t len)
+{
+	size_t done = 0;
+	while (done < len) {
+		ssize_t put = write(fd, data + done, len - done);
+		if (put < 0 && errno == EINTR)
+			continue;
+		if (put <= 0) {
+			if (put == 0)
+				errno = EIO;
+			return -1;
+		}
+		done += (size_t)put;
+	}
+	return 0;
+}
+
 /* A file `data` written whole as `name` in the root's folder `folder` (made if missing, on the
  * root's own mount `mnt`), through a new file renamed into place: 0, -1 with nothing left. */
 static int write_in_root(int root, unsigned long long mnt, const char *folder, const char *name,
@@ -689,16 +707,7 @@ static int write_in_root(int root, unsigned long long mnt, const char *folder, c
 	if (own_mount(dir, mnt) == 0)
 		fd = openat(dir, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
 	if (fd >= 0) {
-		size_t done = 0;
-		while (done < len) {
-			ssize_t put = write(fd, data + done, len - done);
-			if (put < 0 && errno == EINTR)
-				continue;
-			if (put <= 0)
-				break;
-			done += (size_t)put;
-		}
-		rc = done == len && fchmod(fd, 0644) == 0 ? 0 : -1;
+		rc = write_all(fd, data, len) == 0 && fchmod(fd, 0644) == 0 ? 0 : -1;
 		if (close(fd) != 0) /* closed either way */
 			rc = -1;
 		if (rc == 0)
@@ -930,16 +939,7 @@ static int scratch_file(int root, const char *text, size_t len, char *name, size
 		name[0] = 0;
 		return -1;
 	}
-	size_t done = 0;
-	while (done < len) {
-		ssize_t n = write(fd, text + done, len - done);
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			break;
-		done += (size_t)n;
-	}
-	if (done != len) {
+	if (write_all(fd, text, len) != 0) {
 		unlink_copy(*dev, name, fd);
 		close(fd);
 		name[0] = 0;
