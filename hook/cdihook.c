@@ -101,7 +101,6 @@
 #define MOVE_MOUNT_T_EMPTY_PATH 0x40
 #endif
 #define ATTR_RO_NOSUID_NODEV_NOEXEC (0x1 | 0x2 | 0x4 | 0x8)
-#define TMPFS_MAGIC_ 0x01021994
 
 struct open_how_ { unsigned long long flags, mode, resolve; };
 struct mount_attr_ { unsigned long long set, clr, propagation, userns_fd; };
@@ -923,7 +922,7 @@ static int scratch_file(int root, const char *text, size_t len, char *name, size
 	struct stat ds, hs;
 	*dev = in_root(root, "/dev", O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
 	if (*dev < 0 || mount_id(root, &rmnt) != 0 || own_mount(*dev, rmnt) == 0 ||
-	    fstatfs(*dev, &sf) != 0 || sf.f_type != TMPFS_MAGIC_ || fstat(*dev, &ds) != 0 ||
+	    fstatfs(*dev, &sf) != 0 || sf.f_type != GPUCTK_TMPFS_MAGIC || fstat(*dev, &ds) != 0 ||
 	    stat("/dev", &hs) != 0 || hs.st_dev == ds.st_dev)
 		return -1;
 	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);

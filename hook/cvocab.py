@@ -73,6 +73,7 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_MAX_PARAMS", f"{_GUARD}.MAX_BYTES", ""),
     ("GPUCTK_PARAMS_KEY", f"{_GUARD}.KEY", "ascii"),
     ("GPUCTK_SCRATCH_PREFIX", f"{_GUARD}.SCRATCH_PREFIX", ""),
+    ("GPUCTK_TMPFS_MAGIC", f"{_GUARD}.TMPFS_MAGIC", ""),
     ("GPUCTK_LAUNCHER_MARK", "gpuctk.install.launchers.LAUNCHER_MARK", ""),
     # gpuctk-runtime's compiled create
     ("GPUCTK_SHIM_CREATE", "gpuctk.install.launchers.SHIM_CREATE", ""),

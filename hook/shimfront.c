@@ -16,9 +16,8 @@
  *     keys of each object this program reads unescaped and unique in any case (runc folds case),
  *     every env entry and CDI annotation unescaped, no mount destination with an escape or
  *     naming nvidia-container-devices, each linux.devices entry an object with an unescaped
- *     path, no annotation
- *     the plan refuses, no field apply would refuse (a hook stage, additionalGids or
- *     netDevices of another type);
+ *     path, no annotation the plan refuses, no field apply would refuse (a hook stage,
+ *     additionalGids or netDevices of another type);
  *   - a front plan (gpuctk.hook.shim.frontplan) for the request's key: the container's env entries
  *     that start with NVIDIA_ or CUDA_VERSION, in order, whether CAP_SYS_ADMIN is in its
  *     bounding set, its uid and gid, the name of each env entry, mount destination and

@@ -144,11 +144,9 @@ def guarded(edits: EditsDoc, settings: Settings, compiled: str) -> EditsDoc:
     need not know the host's file."""
     if edits.get("hooks") or not settings.disable_device_node_modification:
         return edits
-    from gpuctk.hook.verbs.nodeguard import HOOK_ENV
+    from gpuctk.hook.verbs.nodeguard import HOOK_ENV, entry
 
-    entry: Any = {"hookName": "createContainer", "path": compiled, "args": [FRONT, GUARD],
-                  "env": list(HOOK_ENV)}  # fmt: skip
-    return {**edits, "hooks": [entry]}
+    return {**edits, "hooks": [entry(compiled, list(HOOK_ENV))]}
 
 
 def eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:

@@ -275,13 +275,11 @@ def _clone_of(copy: bytes) -> tuple[int, int, str]:
     dir_fd = open_private_dir(state_dir(), create=True)
     name = f".params-{os.urandom(6).hex()}"
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(name, flags, 0o444, dir_fd=dir_fd)
+        fd = nodeprotect.new_file(dir_fd, name, copy)
         try:
-            os.write(fd, copy)
+            clone = readonly_clone(fd)
         finally:
             os.close(fd)
-        clone = readonly_clone(dir_fd, name)
     except BaseException:
         _remove(dir_fd, name)
         os.close(dir_fd)

@@ -99,13 +99,16 @@ def guard(
         if not path:
             debug(f"no gpuctk-hook beside gpuctk-runtime or at {PACKAGED_HOOK}: nodes unguarded")
             return edits
-    entry: HookDoc = {
-        "hookName": "createContainer", "path": path, "args": [posixpath.basename(path), NAME],
-        "env": env,
-    }  # fmt: skip
     done = edits.copy()
-    done["hooks"] = [*(edits.get("hooks") or []), entry]
+    done["hooks"] = [*(edits.get("hooks") or []), entry(path, env)]
     return done
+
+
+def entry(path: str, env: list[str]) -> HookDoc:
+    """The guard's createContainer entry: `path` (gpuctk-hook or gpuctk-cdi-hook) run with the
+    action's name alone."""
+    return {"hookName": "createContainer", "path": path,
+            "args": [posixpath.basename(path), NAME], "env": env}  # fmt: skip
 
 
 def hook_path() -> str:

@@ -141,7 +141,7 @@ def protect(root_fd: int) -> str:
     if dev is not None:
         name = f"{SCRATCH_PREFIX}{os.urandom(6).hex()}"
         try:
-            src = _new_file(dev, name, copy)
+            src = new_file(dev, name, copy)
         except OSError as exc:  # a full or read-only /dev: the folder in /run instead
             hooklog.log("debug", f"no copy in the container's /dev ({exc}): a tmpfs in /run",
                         to_stderr=False)  # fmt: skip
@@ -152,7 +152,7 @@ def protect(root_fd: int) -> str:
                 return f"{PARAMS} shows ModifyDeviceFiles: 0 (read-only copy)"
         finally:
             if src >= 0:
-                _unlink(dev, name, src)  # the mount keeps the copy
+                unlink_copy(dev, name, src)  # the mount keeps the copy
                 os.close(src)
             os.close(dev)
     from gpuctk.hook.verbs import mounts
@@ -167,7 +167,7 @@ def protect(root_fd: int) -> str:
             dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 os.fchmod(dir_fd, 0o700)
-                src = _new_file(dir_fd, "params", copy)
+                src = new_file(dir_fd, "params", copy)
             finally:
                 os.close(dir_fd)
             try:
@@ -181,7 +181,7 @@ def protect(root_fd: int) -> str:
     return f"{PARAMS} shows ModifyDeviceFiles: 0 (read-only copy)"
 
 
-TMPFS_MAGIC = 0x01021994
+TMPFS_MAGIC = 0x01021994  # statfs(2)'s f_type of a tmpfs (gpuctk-cdi-hook's too)
 
 
 def _own_dev(root_fd: int) -> int | None:
@@ -208,7 +208,7 @@ def _own_dev(root_fd: int) -> int | None:
     return dev
 
 
-def _unlink(dir_fd: int, name: str, src: int) -> None:
+def unlink_copy(dir_fd: int, name: str, src: int) -> None:
     """Remove `name` from `dir_fd` when it is still the file `src`; errors ignored."""
     try:
         a, b = os.stat(name, dir_fd=dir_fd, follow_symlinks=False), os.fstat(src)
@@ -218,7 +218,7 @@ def _unlink(dir_fd: int, name: str, src: int) -> None:
         return
 
 
-def _new_file(dir_fd: int, name: str, data: bytes) -> int:
+def new_file(dir_fd: int, name: str, data: bytes) -> int:
     """`data` in a new file `name` of `dir_fd` (0444): the descriptor it was written through,
     from which the mount is cloned (never the name, which another could swap meanwhile)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -228,7 +228,7 @@ def _new_file(dir_fd: int, name: str, data: bytes) -> int:
         while view:
             view = view[os.write(fd, view) :]
     except BaseException:
-        _unlink(dir_fd, name, fd)
+        unlink_copy(dir_fd, name, fd)
         os.close(fd)
         raise
     return fd
