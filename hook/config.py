@@ -17,12 +17,12 @@
     accept-volume-mounts = false           # /var/run/nvidia-container-devices/* mounts
     disable-device-node-modification = true  # GPU containers see ModifyDeviceFiles: 0
                                            # (gpuctk.hook.verbs.nodeguard); false: not guarded
-    proc-root = "/proc"                    # the host's /proc: the driver's params file there
     log-file = ""                          # an extra log file (text format); "" for none
     log-level = "info"                     # debug, info, warning, error
 
 A missing default file means the defaults; a file named by GPUCTK_CONFIG must exist. Unknown
-keys, wrong types and bad values are errors (ValidationError, every problem listed); what a
+keys, wrong types and bad values are errors (ValidationError, every problem listed; a key in
+IGNORED is accepted and read by nothing); what a
 create does under such a file: gpuctk.hook.requests.failsafe. The file
 names what root runs: it is read only when it and every folder above it can be written by root
 (or the user gpuctk runs as) alone (gpuctk.fs.open_trusted_file); anything else is refused
@@ -59,10 +59,12 @@ DEFAULTS: dict[str, Any] = {
     "accept-envvar-unprivileged": "auto",
     "accept-volume-mounts": False,
     "disable-device-node-modification": True,
-    "proc-root": "/proc",
     "log-file": "",
     "log-level": "info",
 }
+# keys a file may still hold that nothing reads: the device node guard reads each container's
+# own params file, never the host's (gpuctk.hook.verbs.nodeguard)
+IGNORED = frozenset(("proc-root",))
 
 
 class Settings:
@@ -77,7 +79,6 @@ class Settings:
         "disable_device_node_modification",
         "log_file",
         "log_level",
-        "proc_root",
         "runtimes",
         "source",
         "source_identity",
@@ -96,7 +97,6 @@ class Settings:
         self.accept_envvar_unprivileged: bool | None = None if envvar == AUTO else envvar
         self.accept_volume_mounts: bool = merged["accept-volume-mounts"]
         self.disable_device_node_modification: bool = merged["disable-device-node-modification"]
-        self.proc_root: str = merged["proc-root"]
         self.log_file: str = merged["log-file"]
         self.log_level: str = merged["log-level"]
         self.source = source  # the file read, "" for the defaults
@@ -116,7 +116,7 @@ def check(values: Mapping[str, Any]) -> list[str]:
     """Every problem of a parsed config table."""
     out: list[str] = []
     for key in values:
-        if key not in DEFAULTS:
+        if key not in DEFAULTS and key not in IGNORED:
             out.append(_unknown_key(key))
     for key in ("runtimes", "spec-dirs", "annotation-prefixes", "device-list-kinds"):
         if key in values:
@@ -146,7 +146,7 @@ def check(values: Mapping[str, Any]) -> list[str]:
     ):
         if key in values and not isinstance(values[key], bool):
             out.append(f"{key}: must be true or false")
-    for key in ("default-kind", "log-file", "log-level", "proc-root"):
+    for key in ("default-kind", "log-file", "log-level"):
         if key in values and not isinstance(values[key], str):
             out.append(f"{key}: must be a string")
     if isinstance(values.get("default-kind"), str):
@@ -158,9 +158,6 @@ def check(values: Mapping[str, Any]) -> list[str]:
     log_file = values.get("log-file")
     if isinstance(log_file, str) and log_file and not log_file.startswith("/"):
         out.append(f"log-file: {log_file!r} must be an absolute path (or empty)")
-    proc_root = values.get("proc-root")
-    if isinstance(proc_root, str) and not proc_root.startswith("/"):
-        out.append(f"proc-root: {proc_root!r} must be an absolute path")
     level = values.get("log-level")
     if isinstance(level, str) and level not in LOG_LEVELS:
         out.append(f"log-level: {level!r} is not one of {', '.join(LOG_LEVELS)}")

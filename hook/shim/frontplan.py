@@ -137,16 +137,14 @@ def keep(
 
 
 def guarded(edits: EditsDoc, settings: Settings, compiled: str) -> EditsDoc:
-    """`edits` with the device node guard's entry where the Python create may add one to a spec
-    with no hook entry (gpuctk.hook.verbs.nodeguard: by the host's params file, read at each
-    create): the compiled create's `gpuctk-cdi-hook disable-device-node-modification`, which
-    reads the container's params at each start and does nothing where they say 0, so the plan
-    need not know the host's file."""
-    if edits.get("hooks") or not settings.disable_device_node_modification:
-        return edits
-    from gpuctk.hook.verbs.nodeguard import HOOK_ENV, entry
+    """`edits` with the device node guard's entry where the Python create adds one
+    (gpuctk.hook.verbs.nodeguard: the same rule), naming the compiled create's
+    gpuctk-cdi-hook for a spec with no gpuctk hook entry."""
+    from gpuctk.hook.shim.shimroot import gpuctk_hooks
+    from gpuctk.hook.verbs.nodeguard import guard
 
-    return {**edits, "hooks": [entry(compiled, list(HOOK_ENV))]}
+    protect = "hook" if settings.disable_device_node_modification else "off"
+    return guard(edits, gpuctk_hooks(edits), protect, lambda _: None, path=compiled)
 
 
 def eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:

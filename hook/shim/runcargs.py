@@ -46,7 +46,6 @@ class Invocation:
         "log",
         "log_format",
         "no_value",
-        "pid_file",
         "verb",
     )
 
@@ -61,7 +60,6 @@ class Invocation:
         self.globals: list[str] = []  # the flag names before the verb
         self.global_args: list[str] = []  # the arguments before the verb, as given
         self.no_value = ""  # the verb's --bundle/--config flag given without a value
-        self.pid_file = ""  # the verb's --pid-file (gpuctk.hook.shim.nodeafter)
 
 
 def _flag(token: str) -> tuple[str, str | None]:
@@ -117,8 +115,6 @@ def parse_argv(args: Sequence[str]) -> Invocation:
             inv.bundle = value
         elif name in CONFIG_FLAGS and value is not None:
             inv.config_name = value
-        elif name == PID_FILE and value is not None:
-            inv.pid_file = value
     return inv
 
 

@@ -204,18 +204,12 @@ def _inject(
                 compiled, text, plans.state, req, edits, settings, lambda: before, runtime,
                 log.warning,
             )  # fmt: skip
-    from gpuctk.hook.shim import nodeafter  # a GPU create's only (main looks)
-
-    guard, spec_edits = nodeafter.choose(inv.verb, inv.pid_file, settings), edits
-    if guard == "after" and shimroot.runs_stage_entry(edits):
-        guard = "hook"  # the folder spec's entry guards inside runc, as on the compiled create
+    guard = "hook" if settings.disable_device_node_modification else "off"
     edits = shimroot.take_over(
-        doc, bundle, edits, log.debug, prep, bundle_fd=bundle_fd, protect=guard,
-        params=nodeafter.params_path(settings.proc_root),
-    )  # fmt: skip
+        doc, bundle, edits, log.debug, prep, bundle_fd=bundle_fd, protect=guard
+    )
     apply.apply(doc, edits)
     write_config(dir_fd, write_name, path, doc, st)
-    nodeafter.arm(guard, spec_edits, doc, bundle, inv)  # main() then guards
     log.info(cdiedits.injected(inv.container, req))
 
 
@@ -293,9 +287,6 @@ def main(argv: Sequence[str] | None = None, compiled: str = "") -> NoReturn:
     status, runtime, log = prepare(args, front, compiled)
     if status:
         sys.exit(status)
-    after = sys.modules.get("gpuctk.hook.shim.nodeafter")  # imported by a GPU create only
-    if after is not None and after.pending is not None:
-        after.create_then_guard(runtime, args, log)
     try:
         os.execv(runtime, [runtime, *args])
     except OSError as exc:

@@ -98,10 +98,10 @@ def _stage_link(value: str) -> tuple[str, str] | None:
     return (target, link) if sep and plain and staged else None
 
 
-def runs_stage_entry(edits: EditsDoc) -> bool:
-    """Whether `edits` hold a folder spec's entry, which runc runs and which guards the device
-    nodes itself (as on the compiled create and in an engine that applies the spec)."""
-    return any(_stage_hook(h) for h in edits.get("hooks") or [])
+def gpuctk_hooks(edits: EditsDoc) -> list[Any]:
+    """The spec's gpuctk hook entries in `edits`: a gpuctk-hook entry the shim may serve, or a
+    folder spec's entry, which runc runs and which guards the device nodes itself."""
+    return [h for h in edits.get("hooks") or [] if _our_hook(h) or _stage_hook(h)]
 
 
 def take_over(
@@ -113,31 +113,28 @@ def take_over(
     *,
     bundle_fd: int | None = None,
     protect: str = "hook",
-    params: str | None = None,
 ) -> EditsDoc:
     """`edits` with the gpuctk hook replaced by mounts, after doing its in-root work in the
     container root; `edits` unchanged when the hook must run (see the module docstring).
     `prep` is prepare(edits), made now or remembered with the plan (gpuctk.hook.shim.plans).
     `bundle_fd`: the bundle as the shim opened it; a relative root.path is found from it,
     never from the `bundle` path again (its owner may have pointed it elsewhere since).
-    `protect`, `params`: the device node guard's mode and the host's params file
-    (gpuctk.hook.verbs.nodeguard.guard)."""
+    `protect`: the device node guard's mode (gpuctk.hook.verbs.nodeguard.guard)."""
     hooks = edits.get("hooks") or []
     ours = [h for h in hooks if _our_hook(h)]
-    staged = [h for h in hooks if _stage_hook(h)]
     if len(ours) != 1 or os.environ.get("GPUCTK_SHIM_INROOT", "1") == "0":
-        return nodeguard.guard(edits, ours or staged, protect, debug, params=params)
+        return nodeguard.guard(edits, gpuctk_hooks(edits), protect, debug)
     try:
         if prep.get("fallback") is not None:
             raise Fallback(prep["fallback"])
         mounts = _work(config, bundle, edits, prep, bundle_fd)
     except (Fallback, rootfs.InRootError, OSError, ValueError) as exc:
         debug(f"in-root work left to gpuctk-hook: {exc}")
-        return nodeguard.guard(edits, ours, protect, debug, params=params)
+        return nodeguard.guard(edits, ours, protect, debug)
     done = edits.copy()
     done["mounts"] = [*(edits.get("mounts") or []), *mounts]
     done["hooks"] = [h for h in hooks if h is not ours[0]]
-    return nodeguard.guard(done, ours, protect, debug, taken=True, params=params)
+    return nodeguard.guard(done, ours, protect, debug, taken=True)
 
 
 def prepare(edits: EditsDoc) -> dict[str, Any]:

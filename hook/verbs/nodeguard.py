@@ -3,20 +3,20 @@
 
 The mount over the container's /proc/driver/nvidia/params can only be made in the container's
 mount namespace once the runtime has mounted its /proc (runc refuses config.json mounts inside
-/proc), so the shim cannot make it before it execs runc. It leaves it to one hook entry, and
-adds that entry only where it can matter:
+/proc), so the shim cannot make it before it execs runc. It leaves it to one hook entry, the
+same on the Python create and in the compiled create's plans (gpuctk.hook.shim.frontplan):
 
-- the spec's gpuctk-hook entry runs (the shim could not do its in-root work): that process
-  protects the nodes as part of createContainer; nothing is added;
-- the shim did the hook's in-root work, or the spec has no gpuctk hook (library modes mounts
-  and folder, `--disable-hook all`): a createContainer entry `gpuctk-hook
-  disable-device-node-modification` is added, unless the host's params file says
-  `ModifyDeviceFiles: 0` (nodeprotect.host_needs: read at every create, never remembered
-  with a plan), or the spec's hook carries `--disable-hook disable-device-node-modification`;
+- the spec's gpuctk hook entry runs (a folder spec's entry, or a gpuctk-hook entry the shim
+  could not serve): that process protects the nodes as part of createContainer; nothing is
+  added;
+- the shim did the hook's in-root work, or the spec has no gpuctk hook (`--disable-hook all`):
+  a createContainer entry `gpuctk-cdi-hook disable-device-node-modification` is added, unless
+  the spec's hook carries `--disable-hook disable-device-node-modification`. The entry reads
+  the container's params file at each start and does nothing where it says
+  `ModifyDeviceFiles: 0` or is missing, so the entry never depends on the host's file at
+  create, and a plan made once holds on every host;
 - the shim's config says `disable-device-node-modification = false`: nothing is added, and a
-  spec hook that runs gets `--disable-hook disable-device-node-modification`;
-- the shim guards the container itself after `create` (gpuctk.hook.shim.nodeafter: a `create` with
-  a pid file, on a host whose params file says `ModifyDeviceFiles: 1`): nothing is added.
+  spec hook that runs gets `--disable-hook disable-device-node-modification`.
 
 The added entry names the spec's gpuctk-hook (its path and env); for a spec without one, the
 gpuctk-hook installed beside this gpuctk-runtime (the launcher's folder), else
@@ -65,15 +65,12 @@ def guard(
     debug: Callable[[str], None],
     *,
     taken: bool = False,
-    params: str | None = None,
+    path: str = "",
 ) -> EditsDoc:
     """`edits` as the container gets them, protection included (the module docstring).
     `ours`: the spec's gpuctk hook entries; `taken`: the shim did their work (and dropped
-    them from `edits`). `protect`: "hook" (an entry where needed), "after" (the shim guards
-    after create: gpuctk.hook.shim.nodeafter, nothing added) or "off"; `params`: the host's
-    params file (default nodeprotect.PARAMS)."""
-    if protect == "after":
-        return edits
+    them from `edits`). `protect`: "hook" (an entry where needed) or "off"; `path`: the
+    program the entry runs for a spec with no gpuctk hook (default hook_path())."""
     if protect == "off":
         if taken or not ours:
             return edits
@@ -87,15 +84,10 @@ def guard(
         return edits  # the spec's hook runs and protects
     if ours and NAME in disabled(ours[0]):
         return edits
-    from gpuctk.hook.verbs.nodeprotect import host_needs
-
-    if not host_needs(params):
-        debug("the host's driver says ModifyDeviceFiles: 0: no device node guard needed")
-        return edits
     if ours:
         path, env = front(ours[0]["path"]), list(ours[0].get("env") or HOOK_ENV)
     else:
-        path, env = hook_path(), list(HOOK_ENV)
+        path, env = path or hook_path(), list(HOOK_ENV)
         if not path:
             debug(f"no gpuctk-hook beside gpuctk-runtime or at {PACKAGED_HOOK}: nodes unguarded")
             return edits

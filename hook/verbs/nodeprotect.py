@@ -28,11 +28,9 @@ mounted the container's /proc and before the container runs anything.
   read-only remount of the new mount, checked to be the copy. System calls go through
   gpuctk.libc: no ctypes on the hook's path.
 
-gpuctk-runtime adds the action's hook entry to a GPU container unless the host's params file
-exists and says `ModifyDeviceFiles: 0` (`host_needs`; gpuctk.hook.verbs.nodeguard), or guards the
-container itself after the runtime's `create` (gpuctk.hook.shim.nodeafter) where the host's file
-says 1 and the engine names a pid file. Where no driver is loaded at create, the entry finds no
-file and does nothing.
+gpuctk-runtime adds the action's hook entry to a GPU container whose spec's own gpuctk hook
+does not run (gpuctk.hook.verbs.nodeguard); where no driver is loaded, or the container's file
+says `ModifyDeviceFiles: 0`, the action does nothing.
 """
 
 from __future__ import annotations
@@ -99,25 +97,6 @@ def modified(text: bytes) -> bytes | None:
                 line, changed = KEY + b"0", True
         out.append(line + b"\n")
     return b"".join(out) if changed else None
-
-
-def host_needs(path: str | None = None) -> bool:
-    """Whether a container being created may need the action: False only when the host's params
-    file (`path`, default PARAMS) exists and does not say `ModifyDeviceFiles: 1` (unreadable
-    counts as needing it)."""
-    try:
-        fd = os.open(path or PARAMS, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return True  # no driver loaded at create: the entry stays, the action then finds no file
-    except OSError:
-        return True
-    try:
-        data = os.read(fd, MAX_BYTES + 1)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return len(data) > MAX_BYTES or modified(data) is not None
 
 
 def protect(root_fd: int) -> str:

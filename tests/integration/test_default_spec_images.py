@@ -468,9 +468,9 @@ def test_the_shims_front_serves_each_image_on_the_default_spec(
 def test_under_the_shims_front_the_spec_entry_guards_the_params_file(
     world: World, shim_root: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    """A driver that says ModifyDeviceFiles: 1: the Python shim guards after create or adds
-    the guard's entry; the compiled create leaves it to the spec's gpuctk-cdi-hook entry,
-    which must cover the container's params file inside runc."""
+    """A driver that says ModifyDeviceFiles: 1: the compiled create, like the Python shim,
+    leaves the guard to the spec's gpuctk-cdi-hook entry, which must cover the container's
+    params file inside runc."""
     made: list[Path] = []
 
     def rootfs() -> Path:
@@ -494,16 +494,11 @@ def test_under_the_shims_front_the_spec_entry_guards_the_params_file(
 def test_the_python_shim_leaves_the_guard_to_the_spec_entry_too(
     world: World, shim_root: Callable[[str], Path], tmp_path: Path
 ) -> None:
-    """A `create --pid-file` (as engines call it) on a host whose params file says 1, through
-    the Python shim: the spec's entry stays and guards inside runc, as on the compiled create,
-    so the shim neither adds a guard entry nor guards after create (which would look for the
-    container's pid: the runtime here, /bin/true, makes none)."""
-    proc = tmp_path / "hostproc"
-    (proc / "driver/nvidia").mkdir(parents=True)
-    (proc / "driver/nvidia/params").write_text(PARAMS)
+    """A `create --pid-file` (as engines call it) through the Python shim: the spec's entry
+    stays and guards inside runc, as on the compiled create, so the shim adds no guard entry
+    of its own (gpuctk.hook.verbs.nodeguard)."""
     toml = tmp_path / "gpuctk.toml"
-    toml.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{world.podman.specs["default"]}"]\n'
-                    f'proc-root = "{proc}"\n')  # fmt: skip
+    toml.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{world.podman.specs["default"]}"]\n')
     bundle = make_bundle(tmp_path / "bundle", shim_root("plain"), ["/bin/true"],
                          env=[PATH, "NVIDIA_VISIBLE_DEVICES=0"])  # fmt: skip
     shim = str(Path(sys.executable).with_name("gpuctk-runtime"))

@@ -62,7 +62,7 @@ def test_set_in_place_keeps_comments_and_owner(
         "--set", "log-level=debug",  # commented out: set where that line is
         "--set", "accept-volume-mounts",  # a true/false key alone is true
         "--set", "spec-dirs=/etc/cdi",  # the value it has: written all the same
-        "--set", "proc-root=/proc",  # the default: written explicitly
+        "--set", "log-file=",  # the default: written explicitly
     )  # fmt: skip
     assert (code, out) == (0, ""), err
     assert path.read_text() == (
@@ -73,7 +73,7 @@ def test_set_in_place_keeps_comments_and_owner(
         'spec-dirs = ["/etc/cdi"]\n'
         'log-level = "debug"\n'
         "accept-volume-mounts = true\n"
-        'proc-root = "/proc"\n'
+        'log-file = ""\n'
     )
     st = path.stat()
     assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (1234, 5678, 0o644)

@@ -51,15 +51,6 @@ def test_modified_turns_1_into_0_and_leaves_0_alone() -> None:
     assert nodeprotect.modified(b"DeviceFileUID: 0\n") is None
 
 
-def test_host_needs_the_guard_unless_its_params_say_0(tmp_path: Path) -> None:
-    params = tmp_path / "params"
-    assert nodeprotect.host_needs(str(params))  # no driver loaded: the entry stays
-    params.write_bytes(PARAMS)
-    assert nodeprotect.host_needs(str(params))
-    params.write_bytes(PARAMS.replace(b"s: 1", b"s: 0"))
-    assert not nodeprotect.host_needs(str(params))
-
-
 @pytest.fixture
 def no_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nodeprotect, "PARAMS", str(tmp_path / "absent" / "params"))
@@ -77,11 +68,46 @@ def test_taken_over_hook_becomes_the_guard_where_no_driver_is_loaded(no_driver: 
     assert got["hooks"] == [{**HOOK, "args": ["gpuctk-hook", NAME]}]
 
 
-def test_no_guard_when_the_host_says_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_guard_is_added_whatever_the_hosts_params_say(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry reads the container's params at each start: the host's file at create decides
+    nothing, so the Python create and a plan made once add the same entry."""
     params = tmp_path / "params"
-    params.write_bytes(b"ModifyDeviceFiles: 0\n")
     monkeypatch.setattr(nodeprotect, "PARAMS", str(params))
-    assert guard({"hooks": [HOOK]})["hooks"] == []
+    for says in (b"0", b"1"):
+        params.write_bytes(b"ModifyDeviceFiles: " + says + b"\n")
+        assert guard({"hooks": [HOOK]})["hooks"] == [{**HOOK, "args": ["gpuctk-hook", NAME]}]
+
+
+def test_the_python_create_and_the_plan_add_the_same_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spec with no hook entry: the shim's take_over and the compiled create's plan
+    (frontplan.guarded) give config.json the same guard entry; none where the setting is off;
+    a folder spec's own entry guards, so neither adds one."""
+    from gpuctk.hook.shim import frontplan
+
+    front = tmp_path / nodeguard.FRONT
+    hook = tmp_path / "gpuctk-hook"
+    for f in (front, hook):
+        f.write_text("#!/bin/sh\n")
+        f.chmod(0o755)
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "gpuctk-runtime")])
+    bare: Any = {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}
+    staged: Any = {"hooks": [{**HOOK, "path": str(front), "args": [
+        nodeguard.FRONT, "createContainer", "--folder", "/usr/local/nvidia/lib64"]}]}  # fmt: skip
+    for conf, want in (("", 1), ("disable-device-node-modification = false\n", 0)):
+        settings = config.parse(conf, "t.toml")
+        protect = "hook" if settings.disable_device_node_modification else "off"
+        for edits in (bare, staged):
+            shim = shimroot.take_over({}, str(tmp_path), edits, lambda _: None, {}, protect=protect)
+            plan = frontplan.guarded(edits, settings, str(front))
+            assert shim == plan
+            added = [h for h in plan.get("hooks") or [] if h["args"][1:] == [NAME]]
+            assert added == ([nodeguard.entry(str(front), list(nodeguard.HOOK_ENV))] if
+                             want and edits is bare else [])  # fmt: skip
+        assert shimroot.gpuctk_hooks(staged) == staged["hooks"]
 
 
 def test_a_hook_that_runs_guards_itself(no_driver: None) -> None:
@@ -277,67 +303,10 @@ def test_protect_does_nothing_without_the_file(tmp_path: Path) -> None:
         os.close(fd)
 
 
-def test_the_shim_guards_after_create_only_where_it_can(tmp_path: Path) -> None:
-    from gpuctk.hook.shim import nodeafter, runtime_main
-
-    proc = tmp_path / "proc"
-    (proc / "driver/nvidia").mkdir(parents=True)
-    on = config.parse(f'proc-root = "{proc}"\n', "t.toml")
-    assert nodeafter.params_path(str(proc)) == f"{proc}/driver/nvidia/params"
-    assert nodeafter.choose("create", "/run/pid", on) == "hook"  # no params file: an entry
-    (proc / "driver/nvidia/params").write_bytes(PARAMS)
-    want = "after" if nodeafter.new_mount_api() else "hook"
-    assert nodeafter.choose("create", "/run/pid", on) == want
-    assert nodeafter.choose("create", "", on) == "hook"  # no pid file
-    assert nodeafter.choose("run", "/run/pid", on) == "hook"  # started at once
-    off = config.parse("disable-device-node-modification = false\n", "t.toml")
-    assert nodeafter.choose("create", "/run/pid", off) == "off"
-    inv = runtime_main.parse_argv(["--root", "/r", "create", "-b", "B", "--pid-file=/p", "c"])
-    assert inv.pid_file == "/p"
-    with pytest.raises(Exception, match="must be an absolute path"):
-        config.parse('proc-root = "proc"\n', "t.toml")
-
-
-def test_arm_waits_for_a_spec_that_allows_it(tmp_path: Path) -> None:
-    from gpuctk.hook.shim import nodeafter, runtime_main
-
-    doc: dict[str, Any] = {"root": {"path": "rootfs"}}
-    inv = runtime_main.parse_argv(["--root", "/r", "create", "--pid-file", "pid", "c1"])
-    nodeafter.pending = None
-    no = {"hooks": [{**HOOK, "args": [*HOOK["args"], "--disable-hook", NAME]}]}
-    nodeafter.arm("after", no, doc, str(tmp_path), inv)  # type: ignore[arg-type]
-    assert nodeafter.pending is None
-    nodeafter.arm("hook", {}, doc, str(tmp_path), inv)
-    assert nodeafter.pending is None
-    nodeafter.arm("after", {"hooks": [HOOK]}, doc, str(tmp_path), inv)  # type: ignore[list-item]
-    job = nodeafter.pending
-    assert job is not None
-    assert (job.pid_file, job.root_path) == (os.path.abspath("pid"), f"{tmp_path}/rootfs")
-    assert (job.container, job.global_args, job.user_ns) == ("c1", ["--root", "/r"], False)
-    doc["linux"] = {"namespaces": [{"type": "mount"}, {"type": "user"}]}
-    nodeafter.arm("after", {"hooks": [HOOK]}, doc, str(tmp_path), inv)  # type: ignore[list-item]
-    assert nodeafter.pending is not None and nodeafter.pending.user_ns
-    nodeafter.pending = None
-
-
-def test_pid_file_must_be_roots_regular_file(tmp_path: Path) -> None:
-    """A pid file a user could have written (not root's, a link, a FIFO) names no process to
-    trust: the guard refuses it before it looks at any pid."""
-    from gpuctk.errors import GpuctkError
-    from gpuctk.hook.shim import nodeafter
-
-    good = tmp_path / "pid"
-    good.write_text(f"{os.getpid()}\n")
-    assert nodeafter.read_pid(str(good)) == os.getpid()
-    link = tmp_path / "link"
-    link.symlink_to(good)
-    with pytest.raises(GpuctkError, match="link"):
-        nodeafter.read_pid(str(link))
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)
-    with pytest.raises(GpuctkError, match="not a regular file of root's"):
-        nodeafter.read_pid(str(fifo))
-    if os.geteuid() == 0:
-        os.chown(good, 65534, 65534)
-        with pytest.raises(GpuctkError, match="not a regular file of root's"):
-            nodeafter.read_pid(str(good))
+def test_the_config_takes_proc_root_and_reads_nothing_of_it() -> None:
+    """`proc-root` in a file is accepted (a file that sets it keeps its containers starting),
+    read by nothing; a key that is not one is still an error."""
+    settings = config.parse('proc-root = "/proc"\n', "t.toml")
+    assert not hasattr(settings, "proc_root")
+    with pytest.raises(Exception, match="proc-roots"):
+        config.parse('proc-roots = "/proc"\n', "t.toml")
