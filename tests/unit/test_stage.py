@@ -365,7 +365,7 @@ def test_the_shim_leaves_the_stage_to_its_entry(driver: DriverFiles, tmp_path: P
         elif case == "no cache":
             (folder / stage.CACHE).unlink()
         assert shimroot.prepare(edits) == {}, case
-        assert shimroot.runs_stage_entry(edits), case
+        assert shimroot.gpuctk_hooks(edits) == edits["hooks"], case
         out = shimroot.take_over(config, str(tmp_path), edits, print, {}, protect="off")
         (entry,) = edits["hooks"]
         assert out["hooks"] == [
@@ -373,7 +373,7 @@ def test_the_shim_leaves_the_stage_to_its_entry(driver: DriverFiles, tmp_path: P
         ]
         assert shimroot.take_over(config, str(tmp_path), edits, print, {}) == edits
     assert not (tmp_path / "rootfs").exists()  # nothing written into a root
-    assert not shimroot.runs_stage_entry({"hooks": []})
+    assert not shimroot.gpuctk_hooks({"hooks": []})
 
 
 def test_prune_keeps_what_a_spec_names(tmp_path: Path) -> None:
