@@ -37,6 +37,8 @@ READ_ONLY = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 # write access to the mount), so a container cannot replace the host daemon's socket.
 SOCKET = ("ro", "nosuid", "nodev", "noexec", "rbind", "rprivate")
 HOOK_ENV_PATH = facts.HOOK_ENV_PATH
+LIBCUDA_DIR_ENV = "NVIDIA_CTK_LIBCUDA_DIR"  # nvidia-ctk's name (libcuda_dir)
+LIBCUDA = "libcuda.so.1"
 HOOK_ACTIONS = facts.HOOK_ACTIONS  # --disable-hook names
 
 
@@ -172,13 +174,31 @@ def common_edits(
         for f in group:
             mounts.setdefault(f.container_path, _mount(f))
     control = nodes.control()
+    cuda = libcuda_dir(files, opts, mounts)
     return ContainerEdits(
-        env=("NVIDIA_VISIBLE_DEVICES=void",),
+        env=(*([f"{LIBCUDA_DIR_ENV}={cuda}"] if cuda else []), "NVIDIA_VISIBLE_DEVICES=void"),
         device_nodes=tuple(_device_node(n, opts.additional_gids) for n in control),
         mounts=tuple(sorted(mounts.values(), key=lambda m: m.container_path)),
         hooks=hooks,
         additional_gids=group_gids(control) if opts.additional_gids else (),
     )
+
+
+def libcuda_dir(files: DriverFiles, opts: Options, mounts: dict[str, Mount]) -> str:
+    """The folder the container finds the driver's 64-bit libcuda.so.1 in (nvidia-ctk's
+    NVIDIA_CTK_LIBCUDA_DIR, which scripts put first on LD_LIBRARY_PATH to prefer the host's
+    driver over an image's CUDA compat libcuda): the stage's lib64 in folder mode, the folder
+    of its first SONAME mount in mounts mode, the library's own folder with the hook (which
+    makes the SONAME link beside it); "" where the spec gives no libcuda."""
+    cuda = [f for f in files.libraries if f.capability != caps.COMPAT32 and f.soname == LIBCUDA]
+    if not cuda:
+        return ""
+    if opts.library_mode == "folder":
+        return f"{STAGE_PATH}/lib64"
+    if opts.library_mode == "mounts":
+        named = (path for path in mounts if posixpath.basename(path) == LIBCUDA)
+        return posixpath.dirname(next(named, cuda[0].container_path))
+    return posixpath.dirname(cuda[0].container_path)
 
 
 def _hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:

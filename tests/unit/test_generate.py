@@ -13,6 +13,7 @@ from gpuctk.cdi.node.profile import available_profiles, load_profile
 from gpuctk.cdi.simulate import mig_cap_minors, simulated_nodes
 from gpuctk.cdi.specs.validate import schema_checker, validate_spec_dict
 from gpuctk.errors import NoDevicesError, UsageError
+from gpuctk.records import replace
 
 SCHEMA = Path(__file__).resolve().parents[3] / "shared" / "vendor-data" / "cdi-schema"
 
@@ -100,10 +101,35 @@ def test_mig_gpu_is_exposed_through_its_mig_devices_only() -> None:
     assert mig_cap_minors(3, a.gi, a.ci)[1] != mig_cap_minors(3, b.gi, b.ci)[1]
 
 
+@pytest.mark.parametrize(
+    ("mode", "want"),
+    [
+        ("hook", "/usr/lib/x86_64-linux-gnu"),  # the library's folder: the hook links it there
+        ("mounts", "/usr/lib64"),  # its first SONAME mount's folder (no ELF arch here: lib64's)
+        ("folder", "/usr/local/nvidia/lib64"),  # the stage's 64-bit folder
+    ],
+)
+def test_every_mode_names_the_folder_of_libcuda(mode: str, want: str) -> None:
+    """nvidia-ctk's NVIDIA_CTK_LIBCUDA_DIR: the folder where the container finds the driver's
+    libcuda.so.1 (scripts put it first on LD_LIBRARY_PATH); none without a libcuda."""
+    stage = "/var/lib/gpuctk/driver/x" if mode == "folder" else ""
+    doc = spec_for("l4", library_mode=mode, stage_path=stage)
+    assert doc["containerEdits"]["env"][0] == f"NVIDIA_CTK_LIBCUDA_DIR={want}"  # type: ignore[index]
+    machine = load_profile("l4")
+    nvml = replace(LIB, soname="libnvidia-ml.so.1", host_path=LIB.host_path.replace("cuda", "x"))
+    files = DriverFiles(libraries=(nvml,), ld_folders=FILES.ld_folders)
+    opts = Options(library_mode=mode, stage_path=stage)
+    spec = build_spec(machine, files, opts, simulated_nodes(machine)).to_dict()
+    assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+
+
 def test_common_edits_mounts_env_and_one_hook_with_explicit_env() -> None:
     doc = spec_for("l4", hook_path="/opt/gpuctk/bin/gpuctk-hook")
     edits = doc["containerEdits"]
-    assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]  # type: ignore[index]
+    assert edits["env"] == [  # type: ignore[index]
+        "NVIDIA_CTK_LIBCUDA_DIR=/usr/lib/x86_64-linux-gnu",
+        "NVIDIA_VISIBLE_DEVICES=void",
+    ]
     assert [n["path"] for n in edits["deviceNodes"]] == [  # type: ignore[index]
         "/dev/nvidiactl",
         "/dev/nvidia-uvm",

@@ -103,7 +103,11 @@ def test_mounts_mode_has_no_hook_and_soname_mounts_in_both_loader_families() -> 
     assert {p: m["hostPath"] for p, m in mounts.items()} == expected
     assert all(m["options"] == list(READ_ONLY) for m in mounts.values())
     assert [m["containerPath"] for m in edits["mounts"]] == sorted(mounts)
-    assert edits["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    # the 64-bit libcuda.so.1's first folder (nvidia-ctk's NVIDIA_CTK_LIBCUDA_DIR)
+    assert edits["env"] == [
+        "NVIDIA_CTK_LIBCUDA_DIR=/usr/lib/x86_64-linux-gnu",
+        "NVIDIA_VISIBLE_DEVICES=void",
+    ]
     assert edits["deviceNodes"] == spec_for()["containerEdits"]["deviceNodes"]
 
 
