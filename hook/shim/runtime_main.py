@@ -206,7 +206,7 @@ def _inject(
             )  # fmt: skip
     guard = "hook" if settings.disable_device_node_modification else "off"
     edits = shimroot.take_over(
-        doc, bundle, edits, log.debug, prep, bundle_fd=bundle_fd, protect=guard
+        doc, bundle, edits, log.debug, prep, bundle_fd=bundle_fd, protect=guard, warn=log.warning
     )
     apply.apply(doc, edits)
     write_config(dir_fd, write_name, path, doc, st)

@@ -65,8 +65,8 @@ def _our_hook(hook: Any) -> bool:
 
 def _stage_hook(hook: Any) -> bool:
     """A folder spec's entry (gpuctk.cdi.generate._stage_hook): gpuctk-cdi-hook or gpuctk-hook
-    `createContainer` with only the stage's --folder, --ld-cache, --link and --link-for args
-    and --disable-hook names."""
+    `createContainer` with only the stage's --folder, --ld-cache, --link and --link-for args,
+    --disable-hook names and an --ldconfig-path."""
     args = hook.get("args") if isinstance(hook, dict) else None
     if not (
         isinstance(args, list)
@@ -83,6 +83,7 @@ def _stage_hook(hook: Any) -> bool:
         (k == "--folder" and v in STAGE_LIBS)
         or (k == "--ld-cache" and v[:1] == "/" and v.endswith(STAGE_CACHE))
         or (k == "--disable-hook" and v in nodeguard.ACTIONS)
+        or (k == "--ldconfig-path" and bool(v))  # nvidia-ctk's option (gpuctk.cdi.nvctk)
         or (k == "--link" and _stage_link(v) is not None)
         or (k == "--link-for" and v.partition(":")[0] and _stage_link(v.partition(":")[2]))
         for k, v in pairs
@@ -113,28 +114,30 @@ def take_over(
     *,
     bundle_fd: int | None = None,
     protect: str = "hook",
+    warn: Callable[[str], None] | None = None,
 ) -> EditsDoc:
     """`edits` with the gpuctk hook replaced by mounts, after doing its in-root work in the
     container root; `edits` unchanged when the hook must run (see the module docstring).
     `prep` is prepare(edits), made now or remembered with the plan (gpuctk.hook.shim.plans).
     `bundle_fd`: the bundle as the shim opened it; a relative root.path is found from it,
     never from the `bundle` path again (its owner may have pointed it elsewhere since).
-    `protect`: the device node guard's mode (gpuctk.hook.verbs.nodeguard.guard)."""
+    `protect`, `warn`: the device node guard's mode and what says it cannot be done
+    (gpuctk.hook.verbs.nodeguard.guard)."""
     hooks = edits.get("hooks") or []
     ours = [h for h in hooks if _our_hook(h)]
     if len(ours) != 1 or os.environ.get("GPUCTK_SHIM_INROOT", "1") == "0":
-        return nodeguard.guard(edits, gpuctk_hooks(edits), protect, debug)
+        return nodeguard.guard(edits, gpuctk_hooks(edits), protect, debug, warn=warn)
     try:
         if prep.get("fallback") is not None:
             raise Fallback(prep["fallback"])
         mounts = _work(config, bundle, edits, prep, bundle_fd)
     except (Fallback, rootfs.InRootError, OSError, ValueError) as exc:
         debug(f"in-root work left to gpuctk-hook: {exc}")
-        return nodeguard.guard(edits, ours, protect, debug)
+        return nodeguard.guard(edits, ours, protect, debug, warn=warn)
     done = edits.copy()
     done["mounts"] = [*(edits.get("mounts") or []), *mounts]
     done["hooks"] = [h for h in hooks if h is not ours[0]]
-    return nodeguard.guard(done, ours, protect, debug, taken=True)
+    return nodeguard.guard(done, ours, protect, debug, taken=True, warn=warn)
 
 
 def prepare(edits: EditsDoc) -> dict[str, Any]:

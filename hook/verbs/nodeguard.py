@@ -9,7 +9,8 @@ same on the Python create and in the compiled create's plans (gpuctk.hook.shim.f
 - the spec's gpuctk hook entry runs (a folder spec's entry, or a gpuctk-hook entry the shim
   could not serve): that process protects the nodes as part of createContainer; nothing is
   added;
-- the shim did the hook's in-root work, or the spec has no gpuctk hook (`--disable-hook all`):
+- the shim did the hook's in-root work, or the spec has no gpuctk hook (`--library-mode
+  mounts`, `--disable-hook all`):
   a createContainer entry `gpuctk-cdi-hook disable-device-node-modification` is added, unless
   the spec's hook carries `--disable-hook disable-device-node-modification`. The entry reads
   the container's params file at each start and does nothing where it says
@@ -66,11 +67,13 @@ def guard(
     *,
     taken: bool = False,
     path: str = "",
+    warn: Callable[[str], None] | None = None,
 ) -> EditsDoc:
     """`edits` as the container gets them, protection included (the module docstring).
     `ours`: the spec's gpuctk hook entries; `taken`: the shim did their work (and dropped
     them from `edits`). `protect`: "hook" (an entry where needed) or "off"; `path`: the
-    program the entry runs for a spec with no gpuctk hook (default hook_path())."""
+    program the entry runs for a spec with no gpuctk hook (default hook_path()); `warn` (else
+    `debug`): where no such program is found."""
     if protect == "off":
         if taken or not ours:
             return edits
@@ -89,7 +92,11 @@ def guard(
     else:
         path, env = path or hook_path(), list(HOOK_ENV)
         if not path:
-            debug(f"no gpuctk-hook beside gpuctk-runtime or at {PACKAGED_HOOK}: nodes unguarded")
+            (warn or debug)(
+                f"no gpuctk-hook beside gpuctk-runtime or at {PACKAGED_HOOK}: this GPU "
+                "container's device nodes are not guarded; fix: install gpuctk-hook and "
+                "gpuctk-cdi-hook beside gpuctk-runtime (gpuctk install, or the deb)"
+            )
             return edits
     done = edits.copy()
     done["hooks"] = [*(edits.get("hooks") or []), entry(path, env)]
@@ -104,10 +111,12 @@ def entry(path: str, env: list[str]) -> HookDoc:
 
 
 def hook_path() -> str:
-    """gpuctk-hook beside this gpuctk-runtime's launcher, else PACKAGED_HOOK (each through
-    front()); "" when neither is an executable file."""
+    """gpuctk-hook beside this gpuctk-runtime's launcher (as named, then with its links
+    resolved: a `runc` that is a link to it), else PACKAGED_HOOK (each through front()); ""
+    when none is an executable file."""
     me = sys.argv[0] if sys.argv else ""
-    candidates = [posixpath.join(posixpath.dirname(me), "gpuctk-hook")] if me[:1] == "/" else []
+    mine = [me, os.path.realpath(me)] if me[:1] == "/" else []
+    candidates = [posixpath.join(posixpath.dirname(m), "gpuctk-hook") for m in mine]
     for path in [*candidates, PACKAGED_HOOK]:
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return front(path)

@@ -65,11 +65,10 @@ def syscall(number: int, *args: object) -> int:
     return int(rc)
 
 
-def readonly_clone(dir_fd: int, name: str = "") -> int:
-    """A detached mount of `name` in `dir_fd` (of `dir_fd` itself when ""), made read-only,
-    nosuid, nodev, noexec before anything can see it; OSError ENOSYS before kernel 5.12."""
-    flags = OPEN_TREE_CLONE | os.O_CLOEXEC | (0 if name else AT_EMPTY_PATH)
-    clone = syscall(_OPEN_TREE, dir_fd, name.encode(), flags)
+def readonly_clone(fd: int) -> int:
+    """A detached mount of the file `fd` is open on, made read-only, nosuid, nodev, noexec
+    before anything can see it; OSError ENOSYS before kernel 5.12."""
+    clone = syscall(_OPEN_TREE, fd, b"", OPEN_TREE_CLONE | os.O_CLOEXEC | AT_EMPTY_PATH)
     try:
         attr = libc.buffer(ATTR_RO_NOSUID_NODEV_NOEXEC.to_bytes(8, "little") + bytes(24))
         syscall(_MOUNT_SETATTR, clone, b"", AT_EMPTY_PATH, attr, 32)

@@ -303,6 +303,41 @@ def test_protect_does_nothing_without_the_file(tmp_path: Path) -> None:
         os.close(fd)
 
 
+def test_a_runtime_run_through_a_link_finds_the_hook_beside_the_real_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpuctk-runtime named by a link elsewhere (a `runc` that is a link to it): the entry names
+    the gpuctk-cdi-hook beside the real file; with none anywhere, a warning says the container
+    is not guarded and what to do."""
+    real = tmp_path / "venv"
+    real.mkdir()
+    for name in ("gpuctk-runtime", "gpuctk-hook", nodeguard.FRONT):
+        (real / name).write_text("#!/bin/sh\n")
+        (real / name).chmod(0o755)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "runc").symlink_to(real / "gpuctk-runtime")
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "bin" / "runc")])
+    monkeypatch.setattr(nodeguard, "PACKAGED_HOOK", str(tmp_path / "absent"))
+    got = nodeguard.guard({}, [], "hook", lambda _: None)
+    assert [h["path"] for h in got["hooks"]] == [str(real / nodeguard.FRONT)]
+    (real / "gpuctk-hook").unlink()
+    said: list[str] = []
+    assert nodeguard.guard({}, [], "hook", lambda _: None, warn=said.append) == {}
+    assert len(said) == 1 and "not guarded" in said[0] and "fix:" in said[0]
+
+
+def test_a_folder_spec_with_ldconfig_path_is_still_its_own_guard() -> None:
+    """nvidia-ctk's --ldconfig-path on a folder spec's entry: still the spec's own entry (it
+    guards), so neither the Python create nor a plan adds a second one."""
+    entry = {**HOOK, "path": "/usr/bin/gpuctk-cdi-hook", "args": [
+        "gpuctk-cdi-hook", "createContainer", "--folder", "/usr/local/nvidia/lib64",
+        "--ldconfig-path", "/sbin/ldconfig"]}  # fmt: skip
+    edits: Any = {"hooks": [entry]}
+    assert shimroot.gpuctk_hooks(edits) == [entry]
+    out = shimroot.take_over({}, "/nonexistent", edits, lambda _: None, {}, protect="hook")
+    assert out["hooks"] == [entry]
+
+
 def test_the_config_takes_proc_root_and_reads_nothing_of_it() -> None:
     """`proc-root` in a file is accepted (a file that sets it keeps its containers starting),
     read by nothing; a key that is not one is still an error."""

@@ -1033,10 +1033,9 @@ def test_a_spec_with_no_entry_keeps_the_guard_on_the_compiled_create(
     tmp_path: Path, guard: str
 ) -> None:
     """A spec with no hook entry (`--disable-hook all`): the Python create adds the device
-    node guard's entry (by the host's params, read at each create); the plan carries the
-    compiled gpuctk-cdi-hook's guard entry, which reads the container's params at each start,
-    so the compiled create guards too. With `disable-device-node-modification = false`
-    neither adds one."""
+    node guard's entry, and the plan carries the same compiled gpuctk-cdi-hook entry, which
+    reads the container's params at each start, so the compiled create guards too. With
+    `disable-device-node-modification = false` neither adds one."""
     conf = "disable-device-node-modification = false\n" if guard == "off" else ""
     own = make_node(tmp_path, conf=conf, hooks=False)
     doc = base_doc("/nonexistent-root")
