@@ -37,7 +37,7 @@ READ_ONLY = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 # write access to the mount), so a container cannot replace the host daemon's socket.
 SOCKET = ("ro", "nosuid", "nodev", "noexec", "rbind", "rprivate")
 HOOK_ENV_PATH = facts.HOOK_ENV_PATH
-LIBCUDA_DIR_ENV = "NVIDIA_CTK_LIBCUDA_DIR"  # nvidia-ctk's name (libcuda_dir)
+LIBCUDA_DIR_ENV = facts.LIBCUDA_DIR_ENV
 LIBCUDA = "libcuda.so.1"
 HOOK_ACTIONS = facts.HOOK_ACTIONS  # --disable-hook names
 
@@ -195,8 +195,10 @@ def libcuda_dir(files: DriverFiles, opts: Options, mounts: dict[str, Mount]) -> 
         return ""
     if opts.library_mode == "folder":
         return f"{STAGE_PATH}/lib64"
-    if opts.library_mode == "mounts":
-        named = (path for path in mounts if posixpath.basename(path) == LIBCUDA)
+    if opts.library_mode == "mounts":  # a SONAME mount of that very file (not a 32-bit one)
+        host = cuda[0].host_path
+        named = (p for p, m in mounts.items() if posixpath.basename(p) == LIBCUDA and
+                 m.host_path == host)  # fmt: skip
         return posixpath.dirname(next(named, cuda[0].container_path))
     return posixpath.dirname(cuda[0].container_path)
 

@@ -6,7 +6,8 @@ path where it has none), each hook's path (not a startContainer hook's, which ru
 container) and the arguments of the hooks that run on the host (not createContainer or
 startContainer), both halves of a `TARGET::LINK` argument included. Relative to the
 container it rewrites the container side: containerPath, device node path, a startContainer
-hook's path, and the arguments of createContainer and startContainer hooks. A path is
+hook's path, the arguments of createContainer and startContainer hooks, and the folder
+NVIDIA_CTK_LIBCUDA_DIR names (the one env entry that is a container path). A path is
 rewritten only when it is the root or lies under it, component by component.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 import click
 
+from gpuctk.cdi.node.facts import LIBCUDA_DIR_ENV
 from gpuctk.clitypes import NORMAL_PATH
 from gpuctk.errors import InputError, UsageError
 
@@ -57,12 +59,20 @@ def _edits(edits: dict[str, Any], root: str, target: str, host: bool) -> None:
     for mount in edits.get("mounts") or ():
         key = "hostPath" if host else "containerPath"
         mount[key] = move(mount[key], root, target)
+    if not host and edits.get("env"):  # the one env entry that names a container folder
+        edits["env"] = [_env(e, root, target) for e in edits["env"]]
     for hook in edits.get("hooks") or ():
         name = hook.get("hookName")
         if (name != "startContainer") == host:
             hook["path"] = move(hook["path"], root, target)
         if (name not in IN_CONTAINER) == host and hook.get("args"):
             hook["args"] = _args(hook["args"], root, target)
+
+
+def _env(entry: str, root: str, target: str) -> str:
+    """NVIDIA_CTK_LIBCUDA_DIR=FOLDER moved as its mounts are; any other entry as it is."""
+    key, sep, value = entry.partition("=")
+    return f"{key}={move(value, root, target)}" if sep and key == LIBCUDA_DIR_ENV else entry
 
 
 def transform_root(doc: dict[str, Any], root: str, target: str, relative_to: str = "host") -> None:

@@ -38,6 +38,9 @@ LINK_FOR_OPT = "--link-for"  # CAPABILITY:TARGET::LINK: a link for a container a
 FOLDER_OPT = "--folder"  # a library folder for the ld cache
 LD_CACHE_OPT = "--ld-cache"  # the stage's own ld cache (a host file)
 DISABLE_OPT = "--disable-hook"  # one of HOOK_ACTIONS, left out
+# a spec's env: the container folder of the driver's libcuda.so.1 (nvidia-ctk's name;
+# gpuctk.cdi.generate.libcuda_dir)
+LIBCUDA_DIR_ENV = "NVIDIA_CTK_LIBCUDA_DIR"
 
 # in the entry's env: =FRONT_OFF hands every call of the compiled front to gpuctk-hook, and the
 # trace variable (set) makes it say why it hands one over

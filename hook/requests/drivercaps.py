@@ -24,6 +24,7 @@ from __future__ import annotations
 import posixpath
 
 from gpuctk.cdi.node import capabilities as caps
+from gpuctk.cdi.node.facts import LIBCUDA_DIR_ENV
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -167,7 +168,8 @@ def filter_device_edits(edits: Mapping[str, Any], selected: frozenset[str]) -> M
 
 
 def filter_edits(edits: Mapping[str, Any], selected: frozenset[str]) -> dict[str, Any]:
-    """A copy of spec-level `edits` with the files `selected` does not cover left out.
+    """A copy of spec-level `edits` with the files `selected` does not cover left out (and
+    NVIDIA_CTK_LIBCUDA_DIR with libcuda's).
 
     The input is not modified; unchanged parts are shared with it."""
     out = dict(edits)
@@ -193,6 +195,10 @@ def filter_edits(edits: Mapping[str, Any], selected: frozenset[str]) -> dict[str
             dropped.add(posixpath.normpath(mount["containerPath"]))
     if dropped:
         out["mounts"] = kept
+    env = edits.get("env")
+    no_cuda = any(p.rpartition("/")[2].startswith("libcuda.so") for p in dropped)
+    if isinstance(env, list) and no_cuda:  # no folder named as holding a libcuda it lacks
+        out["env"] = [e for e in env if not str(e).startswith(f"{LIBCUDA_DIR_ENV}=")]
     hooks = edits.get("hooks")
     if isinstance(hooks, list):
         new_hooks = []

@@ -130,7 +130,8 @@ def plan(doc: dict[str, Any], edits: EditsDoc) -> Plan:
     for key in UNSUPPORTED:
         items = raw.get(key)
         if key == "env":
-            items = [e for e in items or () if not e.startswith("NVIDIA_VISIBLE_DEVICES=")]
+            informative = ("NVIDIA_VISIBLE_DEVICES=", f"{facts.LIBCUDA_DIR_ENV}=")
+            items = [e for e in items or () if not e.startswith(informative)]
         if items:
             out.notes.append(f"{key} edits cannot be applied by a prestart hook: ignored")
     return out

@@ -26,6 +26,7 @@ SPEC: dict[str, Any] = {
         }
     ],
     "containerEdits": {
+        "env": [f"NVIDIA_CTK_LIBCUDA_DIR={A}/lib", f"OTHER={A}/lib"],
         "deviceNodes": [{"path": "/dev/nvidiactl"}],
         "mounts": [
             {"hostPath": f"{A}/usr/bin/nvidia-smi", "containerPath": "/usr/bin/nvidia-smi"},
@@ -91,6 +92,11 @@ def test_container_side() -> None:
     assert edits["mounts"][2] == {"hostPath": "/usr/lib/y.so", "containerPath": "/opt/y.so"}
     assert edits["hooks"][0]["args"] == ["hook", "/opt/lib/a::/opt/lib/b"]
     assert edits["hooks"][0]["path"] == f"{A}/bin/hook"
+    # the libcuda folder moves with the mounts; no other env entry is read as a path
+    assert edits["env"] == ["NVIDIA_CTK_LIBCUDA_DIR=/opt/lib", f"OTHER={A}/lib"]
+    doc = copy.deepcopy(SPEC)
+    transform_root(doc, A, "/opt")
+    assert doc["containerEdits"]["env"] == SPEC["containerEdits"]["env"]  # the host side
 
 
 def test_cli_yaml_and_json_round_trip(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ def test_rhel_layout_32bit_libraries() -> None:
 
 def edits() -> dict[str, Any]:
     return {
-        "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+        "env": [f"NVIDIA_CTK_LIBCUDA_DIR={LIB}", "NVIDIA_VISIBLE_DEVICES=void"],
         "deviceNodes": [{"path": "/dev/nvidiactl"}],
         "mounts": [
             m(f"{LIB}/libcuda.so.535.309.01"),
@@ -112,6 +112,7 @@ def test_default_caps_drop_video_and_32bit_and_their_links() -> None:
 
 def test_utility_drops_the_whole_libcuda_link_chain() -> None:
     out = filter_edits(edits(), frozenset({"utility"}))
+    assert out["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]  # no folder named for a libcuda gone
     args = out["hooks"][0]["args"]
     assert args == [
         "gpuctk-hook",

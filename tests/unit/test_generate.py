@@ -123,6 +123,19 @@ def test_every_mode_names_the_folder_of_libcuda(mode: str, want: str) -> None:
     assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
 
 
+def test_mounts_mode_names_the_folder_of_the_64_bit_libcuda() -> None:
+    """Mounts mode with the 32-bit libcuda's SONAME mounted in a loader folder and the 64-bit
+    one (no ELF arch known) at its own path: the folder of the 64-bit one."""
+    lib32 = replace(LIB, host_path="/drv/usr/lib/i386-linux-gnu/libcuda.so.535.309.01",
+                    container_path="/usr/lib/i386-linux-gnu/libcuda.so.535.309.01",
+                    capability="compat32", arch="i386")  # fmt: skip
+    machine = load_profile("l4")
+    files = DriverFiles(libraries=(LIB, lib32), ld_folders=FILES.ld_folders)
+    opts = Options(library_mode="mounts", loader_folders=("triplet",))
+    doc = build_spec(machine, files, opts, simulated_nodes(machine)).to_dict()
+    assert doc["containerEdits"]["env"][0] == "NVIDIA_CTK_LIBCUDA_DIR=/usr/lib/x86_64-linux-gnu"
+
+
 def test_common_edits_mounts_env_and_one_hook_with_explicit_env() -> None:
     doc = spec_for("l4", hook_path="/opt/gpuctk/bin/gpuctk-hook")
     edits = doc["containerEdits"]

@@ -29,7 +29,7 @@ LIB = "/usr/lib/x86_64-linux-gnu"
 
 def edits() -> dict[str, Any]:
     return {
-        "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+        "env": [f"NVIDIA_CTK_LIBCUDA_DIR={LIB}", "NVIDIA_VISIBLE_DEVICES=void"],
         "deviceNodes": [
             {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "fileMode": 438},
             {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0},
@@ -110,7 +110,8 @@ def test_plan_collects_what_apply_added() -> None:
     assert todo.skipped == [
         "createContainer hook nvidia-ctk hook update-ldcache not run (prestart mode)"
     ]
-    assert not any("env edits" in n for n in todo.notes)  # NVIDIA_VISIBLE_DEVICES=void only
+    # no note for the env every spec carries (NVIDIA_VISIBLE_DEVICES=void, the libcuda folder)
+    assert not any("env edits" in n for n in todo.notes)
 
 
 FRONT_ARGS = [
