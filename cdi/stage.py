@@ -12,7 +12,7 @@ the spec mounts that folder at /usr/local/nvidia, read-only (and its lib64/ twic
     /usr/local/nvidia/lib/     32-bit libraries (compat32)
     /usr/local/nvidia/bin/     nvidia-smi, nvidia-debugdump, the MPS binaries, ...
     /usr/local/nvidia/files/   the firmware and config files, each at its container path
-                               (files/usr/share/vulkan/icd.d/nvidia_icd.json, ...)
+                               (files/etc/vulkan/icd.d/nvidia_icd.json, ...)
     /usr/local/nvidia/ld.so.cache  the stage's own ld cache (cache_of): each library under
                                its SONAME and development links at its path here, as
                                ldconfig would list it

@@ -46,6 +46,7 @@ from gpuctk.cdi.node.driverpaths import (
     PATH_DIRS,
     PREFIXES,
     SOCKETS,
+    config_container_path,
     is_driver_library_name,
 )
 from gpuctk.cdi.node.driverroot import DriverRoot
@@ -313,7 +314,8 @@ def _listed(r: DriverRoot, table: tuple[tuple[tuple[str, ...], str, int], ...], 
     for paths, capability, want in table:
         hit = _first_found(r, tuple(p.format(version=version) for p in paths), want)
         if hit is not None and hit[1] not in out:
-            out[hit[1]] = DriverFile(r.host(hit[1]), hit[0], kind, capability)
+            at = config_container_path(hit[0]) if kind == "config" else hit[0]
+            out[hit[1]] = DriverFile(r.host(hit[1]), at, kind, capability)
     return list(out.values())
 
 

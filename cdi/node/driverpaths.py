@@ -89,12 +89,17 @@ FIRMWARE_DIRS: tuple[tuple[str, str], ...] = (
 )
 
 _REG = stat.S_IFREG
-# (alternative locations, the first found wins; capability; file type)
+# (alternative locations, the first found wins; capability; file type). A Vulkan file is
+# mounted under /etc/vulkan wherever the host has it (config_container_path).
 CONFIGS: tuple[tuple[tuple[str, ...], str, int], ...] = (
-    (("/etc/vulkan/icd.d/nvidia_icd.json", "/usr/share/vulkan/icd.d/nvidia_icd.json"),
+    (("/etc/vulkan/icd.d/nvidia_icd.json", "/usr/share/vulkan/icd.d/nvidia_icd.json",
+      "/etc/vulkan/icd.d/nvidia_icd.x86_64.json", "/usr/share/vulkan/icd.d/nvidia_icd.x86_64.json"),
      GRAPHICS, _REG),
     (("/etc/vulkan/implicit_layer.d/nvidia_layers.json",
       "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json"), GRAPHICS, _REG),
+    (("/etc/vulkan/icd.d/nvidia_layers.json", "/usr/share/vulkan/icd.d/nvidia_layers.json"),
+     GRAPHICS, _REG),
+    (("/usr/share/nvidia/nvoptix.bin",), GRAPHICS, _REG),  # OptiX's shader cache seed
     (("/etc/glvnd/egl_vendor.d/10_nvidia.json", "/usr/share/glvnd/egl_vendor.d/10_nvidia.json"),
      GRAPHICS, _REG),
     *(((f"/etc/egl/egl_external_platform.d/{n}", f"/usr/share/egl/egl_external_platform.d/{n}"),
@@ -113,6 +118,19 @@ CONFIGS: tuple[tuple[tuple[str, ...], str, int], ...] = (
     (("/usr/share/X11/xorg.conf.d/10-nvidia.conf",
       "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf"), DISPLAY, _REG),
 )  # fmt: skip
+
+VULKAN_HOST, VULKAN_CONTAINER = "/usr/share/vulkan/", "/etc/vulkan/"
+
+
+def config_container_path(found: str) -> str:
+    """Where a container gets the config file found at `found` (as listed in CONFIGS): a
+    Vulkan ICD or layer file under /etc/vulkan, where NVIDIA's spec puts it (images name
+    VK_ICD_FILENAMES=/etc/vulkan/icd.d/nvidia_icd.json; a loader reads both folders), any
+    other at its own path."""
+    if found.startswith(VULKAN_HOST):
+        return VULKAN_CONTAINER + found[len(VULKAN_HOST) :]
+    return found
+
 
 SOCKETS: tuple[tuple[tuple[str, ...], str, int], ...] = (
     (("/run/nvidia-persistenced/socket", "/var/run/nvidia-persistenced/socket"),

@@ -320,8 +320,9 @@ DATA_FILES = {  # the firmware and graphics data the default spec mounts, by fol
         "nvidia-application-profiles-535.309.01-rc",
     ),
     "/usr/share/egl/egl_external_platform.d": ("10_nvidia_wayland.json", "15_nvidia_gbm.json"),
-    "/usr/share/vulkan/icd.d": ("nvidia_icd.json",),
+    "/etc/vulkan/icd.d": ("nvidia_icd.json",),  # where NVIDIA's spec puts it, from the host's
 }
+HOST_FOLDER = {"/etc/vulkan/icd.d": "/usr/share/vulkan/icd.d"}  # Debian's place for it
 
 
 def test_firmware_and_graphics_data_arrive_whole(world: World, driver_root: Path) -> None:
@@ -330,7 +331,9 @@ def test_firmware_and_graphics_data_arrive_whole(world: World, driver_root: Path
     assert p.returncode == 0, p.stdout + p.stderr
     got = dict(reversed(line.split()) for line in p.stdout.splitlines())
     want = {
-        f"{d}/{n}": hashlib.md5((driver_root / d.lstrip("/") / n).read_bytes()).hexdigest()
+        f"{d}/{n}": hashlib.md5(
+            (driver_root / HOST_FOLDER.get(d, d).lstrip("/") / n).read_bytes()
+        ).hexdigest()
         for d, names in DATA_FILES.items()
         for n in names
     }
@@ -515,7 +518,7 @@ def test_the_python_shim_leaves_the_guard_to_the_spec_entry_too(
 
 
 OPENCL_ICD = "/etc/OpenCL/vendors/nvidia.icd"
-VULKAN_ICD = "/usr/share/vulkan/icd.d/nvidia_icd.json"
+VULKAN_ICD = "/etc/vulkan/icd.d/nvidia_icd.json"
 
 
 @pytest.mark.parametrize("caps", [None, "all"])
@@ -564,7 +567,9 @@ def test_a_read_only_root_gets_the_links_too(world: World, driver_root: Path) ->
     assert p.returncode == 0, p.stdout + p.stderr
     want = []
     for path in (OPENCL_ICD, VULKAN_ICD):
-        want += [f"{STAGE}/files{path}", str((driver_root / path.lstrip("/")).stat().st_size)]
+        host = HOST_FOLDER.get(os.path.dirname(path), os.path.dirname(path))
+        size = (driver_root / host.lstrip("/") / os.path.basename(path)).stat().st_size
+        want += [f"{STAGE}/files{path}", str(size)]
     assert p.stdout.splitlines()[:4] == want, p.stdout
     assert "Read-only file system" in p.stdout, p.stdout
 

@@ -41,7 +41,7 @@ PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FIRMWARE = "/lib/firmware/nvidia/535.309.01"
 GSP = ("gsp_ga10x.bin", "gsp_tu10x.bin")  # the driver root's GSP firmware files
 OPENCL = "/etc/OpenCL/vendors/nvidia.icd"  # a compute config file
-VULKAN = "/usr/share/vulkan/icd.d/nvidia_icd.json"  # a graphics config file
+VULKAN = "/etc/vulkan/icd.d/nvidia_icd.json"  # a graphics config file, where NVIDIA puts it
 STAGE_LIB = "/usr/local/nvidia/lib64"
 SCRIPT = (
     r"""

@@ -105,7 +105,13 @@ def test_debian_firmware_configs_sockets(debian: df.DriverFiles, driver_root: Pa
     assert {f.container_path for f in debian.firmware} == {f"{fw}/gsp_ga10x.bin",
                                                            f"{fw}/gsp_tu10x.bin"}  # fmt: skip
     configs = {f.container_path: (f.capability, f.host_path) for f in debian.configs}
-    assert configs["/usr/share/vulkan/icd.d/nvidia_icd.json"][0] == "graphics"
+    # Debian's Vulkan files, under /usr/share/vulkan on the host, go where NVIDIA's spec puts
+    # them (/etc/vulkan: images name VK_ICD_FILENAMES=/etc/vulkan/icd.d/nvidia_icd.json)
+    icd = configs["/etc/vulkan/icd.d/nvidia_icd.json"]
+    assert icd == ("graphics", f"{driver_root}/usr/share/vulkan/icd.d/nvidia_icd.json")
+    layers = configs["/etc/vulkan/implicit_layer.d/nvidia_layers.json"]
+    assert layers[1].endswith("/usr/share/vulkan/implicit_layer.d/nvidia_layers.json")
+    assert not [p for p in configs if p.startswith("/usr/share/vulkan/")]
     assert configs["/usr/share/glvnd/egl_vendor.d/10_nvidia.json"][0] == "graphics"
     assert configs["/usr/share/egl/egl_external_platform.d/15_nvidia_gbm.json"][0] == "graphics"
     assert configs["/etc/OpenCL/vendors/nvidia.icd"][0] == "compute"
@@ -302,6 +308,28 @@ def test_binaries_firmware_sockets(tmp_path: Path) -> None:
         ("/run/nvidia-persistenced/socket", "socket", "utility"),
         ("/tmp/nvidia-mps", "socket", "compute"),
     ]
+
+
+def test_vulkan_files_go_under_etc_and_optix_data_is_found(tmp_path: Path) -> None:
+    """An RPM driver's arch-named ICD and its layers in icd.d, under /usr/share/vulkan on the
+    host, are mounted under /etc/vulkan (as NVIDIA's spec does); OptiX's nvoptix.bin at its
+    own path, for graphics."""
+    root = tmp_path / "r"
+    for path in (
+        "usr/share/vulkan/icd.d/nvidia_icd.x86_64.json",
+        "usr/share/vulkan/icd.d/nvidia_layers.json",
+        "usr/share/nvidia/nvoptix.bin",
+    ):
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text("{}")  # fmt: skip
+    files = df.discover_driver_files(str(root), V)
+    assert sorted((f.container_path, f.host_path, f.capability) for f in files.configs) == [
+        ("/etc/vulkan/icd.d/nvidia_icd.x86_64.json",
+         f"{root}/usr/share/vulkan/icd.d/nvidia_icd.x86_64.json", "graphics"),
+        ("/etc/vulkan/icd.d/nvidia_layers.json",
+         f"{root}/usr/share/vulkan/icd.d/nvidia_layers.json", "graphics"),
+        ("/usr/share/nvidia/nvoptix.bin", f"{root}/usr/share/nvidia/nvoptix.bin", "graphics"),
+    ]  # fmt: skip
 
 
 def test_loader_and_dev_links(tmp_path: Path) -> None:
