@@ -93,7 +93,9 @@ _REG = stat.S_IFREG
 # mounted under /etc/vulkan wherever the host has it (config_container_path).
 CONFIGS: tuple[tuple[tuple[str, ...], str, int], ...] = (
     (("/etc/vulkan/icd.d/nvidia_icd.json", "/usr/share/vulkan/icd.d/nvidia_icd.json",
-      "/etc/vulkan/icd.d/nvidia_icd.x86_64.json", "/usr/share/vulkan/icd.d/nvidia_icd.x86_64.json"),
+      "/etc/vulkan/icd.d/nvidia_icd.x86_64.json", "/usr/share/vulkan/icd.d/nvidia_icd.x86_64.json",
+      # GKE's: under the driver's own folder (a prefix, or the driver root itself)
+      *(f"{p}/vulkan/icd.d/nvidia_icd.json" for p in (*PREFIXES, ""))),
      GRAPHICS, _REG),
     (("/etc/vulkan/implicit_layer.d/nvidia_layers.json",
       "/usr/share/vulkan/implicit_layer.d/nvidia_layers.json"), GRAPHICS, _REG),
@@ -119,17 +121,16 @@ CONFIGS: tuple[tuple[tuple[str, ...], str, int], ...] = (
       "/usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf"), DISPLAY, _REG),
 )  # fmt: skip
 
-VULKAN_HOST, VULKAN_CONTAINER = "/usr/share/vulkan/", "/etc/vulkan/"
+VULKAN_CONTAINER = "/etc/vulkan/"
 
 
 def config_container_path(found: str) -> str:
     """Where a container gets the config file found at `found` (as listed in CONFIGS): a
-    Vulkan ICD or layer file under /etc/vulkan, where NVIDIA's spec puts it (images name
-    VK_ICD_FILENAMES=/etc/vulkan/icd.d/nvidia_icd.json; a loader reads both folders), any
-    other at its own path."""
-    if found.startswith(VULKAN_HOST):
-        return VULKAN_CONTAINER + found[len(VULKAN_HOST) :]
-    return found
+    Vulkan ICD or layer file (a `vulkan/` folder's) under /etc/vulkan, where NVIDIA's spec
+    puts it (images name VK_ICD_FILENAMES=/etc/vulkan/icd.d/nvidia_icd.json; a loader reads
+    /etc/vulkan and /usr/share/vulkan), any other at its own path."""
+    _, sep, rest = found.rpartition("/vulkan/")
+    return VULKAN_CONTAINER + rest if sep else found
 
 
 SOCKETS: tuple[tuple[tuple[str, ...], str, int], ...] = (

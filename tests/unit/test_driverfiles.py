@@ -332,6 +332,19 @@ def test_vulkan_files_go_under_etc_and_optix_data_is_found(tmp_path: Path) -> No
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("prefix", ["usr/local/nvidia", "home/kubernetes/bin/nvidia", ""])
+def test_an_icd_in_the_drivers_own_folder_goes_under_etc(tmp_path: Path, prefix: str) -> None:
+    """GKE's layout keeps the ICD in the driver's folder (vulkan/icd.d/, under a prefix or
+    the driver root itself, as NVIDIA's generator searches it): /etc/vulkan in the container."""
+    icd = tmp_path / "r" / prefix / "vulkan/icd.d/nvidia_icd.json"
+    icd.parent.mkdir(parents=True)
+    icd.write_text("{}")
+    files = df.discover_driver_files(str(tmp_path / "r"), V)
+    assert [(f.container_path, f.host_path) for f in files.configs] == [
+        ("/etc/vulkan/icd.d/nvidia_icd.json", str(icd))
+    ]
+
+
 def test_loader_and_dev_links(tmp_path: Path) -> None:
     root = tmp_path / "r"
     lib(root, f"{T}/libnvidia-allocator.so.{V}", "libnvidia-allocator.so.1")
