@@ -634,9 +634,10 @@ static int folder_in_root(int root, unsigned long long mnt, char *path)
 /* The entry's links, where they are plain: each paths[i] made a symlink to
  * targets[i] (absolute container paths, checked plain by main) when its target is in the
  * root, its folders made as needed, all on the root's own mount; a link that already names
- * its target is left as it is, a target not in the root skipped. 0 done, -1 anything else (a
- * file or another link in the way, a folder on another mount, a read-only root): gpuctk-hook
- * then does them all, with its warnings. */
+ * its target is left as it is, and so is an image's own file, folder or node at that path
+ * (an image that ships its own ICD or GLVND file keeps it), a target not in the root skipped.
+ * 0 done, -1 anything else (a link of the image's naming something else, which gpuctk-hook
+ * replaces; a folder on another mount, a read-only root): gpuctk-hook then does them all. */
 static int make_links(int root, const char **targets, char **paths, int n)
 {
 	unsigned long long mnt;
@@ -658,7 +659,11 @@ static int make_links(int root, const char **targets, char **paths, int n)
 			return -1;
 		const char *name = slash + 1;
 		int rc = own_mount(dir, mnt) == 0 ? symlinkat(targets[i], dir, name) : -1;
-		if (rc != 0 && errno == EEXIST) {
+		int exists = rc != 0 && errno == EEXIST;
+		struct stat st;
+		if (exists && fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISLNK(st.st_mode)) {
+			rc = 0; /* the image's own entry: left alone */
+		} else if (exists) {
 			char now[PATH_MAX];
 			size_t want = strlen(targets[i]);
 			ssize_t len = readlinkat(dir, name, now, sizeof now);
