@@ -141,10 +141,9 @@ def guarded(edits: EditsDoc, settings: Settings, compiled: str) -> EditsDoc:
     (gpuctk.hook.verbs.nodeguard: the same rule), naming the compiled create's
     gpuctk-cdi-hook for a spec with no gpuctk hook entry."""
     from gpuctk.hook.shim.shimroot import gpuctk_hooks
-    from gpuctk.hook.verbs.nodeguard import guard
+    from gpuctk.hook.verbs.nodeguard import guard, mode
 
-    protect = "hook" if settings.disable_device_node_modification else "off"
-    return guard(edits, gpuctk_hooks(edits), protect, lambda _: None, path=compiled)
+    return guard(edits, gpuctk_hooks(edits), mode(settings), lambda _: None, path=compiled)
 
 
 def eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:

@@ -204,10 +204,12 @@ def _inject(
                 compiled, text, plans.state, req, edits, settings, lambda: before, runtime,
                 log.warning,
             )  # fmt: skip
-    guard = "hook" if settings.disable_device_node_modification else "off"
+    from gpuctk.hook.verbs.nodeguard import mode
+
     edits = shimroot.take_over(
-        doc, bundle, edits, log.debug, prep, bundle_fd=bundle_fd, protect=guard, warn=log.warning
-    )
+        doc, bundle, edits, log.debug, prep, bundle_fd=bundle_fd, protect=mode(settings),
+        warn=log.warning,
+    )  # fmt: skip
     apply.apply(doc, edits)
     write_config(dir_fd, write_name, path, doc, st)
     log.info(cdiedits.injected(inv.container, req))

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from gpuctk.cdi.specs.shape import EditsDoc, HookDoc
+    from gpuctk.hook.config import Settings
 
 NAME = facts.GUARD_ACTION
 FRONT = "gpuctk-cdi-hook"  # hook/cdihook.c: does the guard in C (gpuctk.install.launchers.FRONT)
@@ -57,6 +58,12 @@ def disabled(hook: Any) -> list[str]:
         elif isinstance(arg, str) and arg.startswith("--disable-hook="):
             out.append(arg.partition("=")[2])
     return out
+
+
+def mode(settings: Settings) -> str:
+    """The guard's mode for guard()'s `protect`: "hook", or "off" where the shim's config says
+    `disable-device-node-modification = false`."""
+    return "hook" if settings.disable_device_node_modification else "off"
 
 
 def guard(

@@ -65,7 +65,7 @@ def syscall(number: int, *args: object) -> int:
     return int(rc)
 
 
-def readonly_clone(fd: int) -> int:
+def _readonly_clone(fd: int) -> int:
     """A detached mount of the file `fd` is open on, made read-only, nosuid, nodev, noexec
     before anything can see it; OSError ENOSYS before kernel 5.12."""
     clone = syscall(_OPEN_TREE, fd, b"", OPEN_TREE_CLONE | os.O_CLOEXEC | AT_EMPTY_PATH)
@@ -78,7 +78,7 @@ def readonly_clone(fd: int) -> int:
     return clone
 
 
-def move_mount(clone: int, target: int) -> None:
+def _move_mount(clone: int, target: int) -> None:
     """Attach the detached mount `clone` onto the file or folder `target` (descriptors)."""
     flags = MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH
     syscall(_MOVE_MOUNT, clone, b"", target, b"", flags)
@@ -119,7 +119,7 @@ def protect(root_fd: int) -> str:
     if dev is not None:
         name = f"{SCRATCH_PREFIX}{os.urandom(6).hex()}"
         try:
-            src = new_file(dev, name, copy)
+            src = _new_file(dev, name, copy)
         except OSError as exc:  # a full or read-only /dev: the folder in /run instead
             hooklog.log("debug", f"no copy in the container's /dev ({exc}): a tmpfs in /run",
                         to_stderr=False)  # fmt: skip
@@ -130,7 +130,7 @@ def protect(root_fd: int) -> str:
                 return f"{PARAMS} shows ModifyDeviceFiles: 0 (read-only copy)"
         finally:
             if src >= 0:
-                unlink_copy(dev, name, src)  # the mount keeps the copy
+                _unlink_copy(dev, name, src)  # the mount keeps the copy
                 os.close(src)
             os.close(dev)
     from gpuctk.hook.verbs import mounts
@@ -145,7 +145,7 @@ def protect(root_fd: int) -> str:
             dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 os.fchmod(dir_fd, 0o700)
-                src = new_file(dir_fd, "params", copy)
+                src = _new_file(dir_fd, "params", copy)
             finally:
                 os.close(dir_fd)
             try:
@@ -186,7 +186,7 @@ def _own_dev(root_fd: int) -> int | None:
     return dev
 
 
-def unlink_copy(dir_fd: int, name: str, src: int) -> None:
+def _unlink_copy(dir_fd: int, name: str, src: int) -> None:
     """Remove `name` from `dir_fd` when it is still the file `src`; errors ignored."""
     try:
         a, b = os.stat(name, dir_fd=dir_fd, follow_symlinks=False), os.fstat(src)
@@ -196,7 +196,7 @@ def unlink_copy(dir_fd: int, name: str, src: int) -> None:
         return
 
 
-def new_file(dir_fd: int, name: str, data: bytes) -> int:
+def _new_file(dir_fd: int, name: str, data: bytes) -> int:
     """`data` in a new file `name` of `dir_fd` (0444): the descriptor it was written through,
     from which the mount is cloned (never the name, which another could swap meanwhile)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -206,7 +206,7 @@ def new_file(dir_fd: int, name: str, data: bytes) -> int:
         while view:
             view = view[os.write(fd, view) :]
     except BaseException:
-        unlink_copy(dir_fd, name, fd)
+        _unlink_copy(dir_fd, name, fd)
         os.close(fd)
         raise
     return fd
@@ -229,7 +229,7 @@ def _bind(root_fd: int, src: int) -> None:
 
     clone = -1
     try:
-        clone = readonly_clone(src)
+        clone = _readonly_clone(src)
     except OSError as exc:
         if exc.errno not in (errno.ENOSYS, errno.EPERM):  # EPERM: a seccomp filter's answer
             raise
@@ -237,7 +237,7 @@ def _bind(root_fd: int, src: int) -> None:
         target = rootfs.open_in_root(root_fd, PARAMS, os.O_PATH)
         try:
             if clone >= 0:
-                move_mount(clone, target)
+                _move_mount(clone, target)
             else:
                 mounts.mount(
                     f"/proc/self/fd/{src}", f"/proc/self/fd/{target}", None, mounts.MS_BIND
