@@ -62,7 +62,7 @@ DEFAULTS: dict[str, Any] = {
     "log-file": "",
     "log-level": "info",
 }
-# keys a file may still hold that nothing reads: the device node guard reads each container's
+# keys a file may hold that nothing reads: the device node guard reads each container's
 # own params file, never the host's (gpuctk.hook.verbs.nodeguard)
 IGNORED = frozenset(("proc-root",))
 
