@@ -9,8 +9,8 @@ venv's bin/, beside gpuctk-hook (as data: build_scripts would read it as text). 
 install has neither (setuptools installs no data for it): tests/run.sh builds it into the venv's
 bin/ with the same recipe, where gpuctk.install.launchers also looks. With no compiler,
 or a source that does not compile, the build fails with one line saying what to install
-(`apt install gcc libc6-dev`). GPUCTK_NO_FRONT=1 builds without it, on purpose: specs then name
-gpuctk-hook itself (slower container starts, the same result).
+(`apt install gcc libc6-dev`): gpuctk does not work without it (the device node guard, for one,
+is done by it alone).
 """
 
 import importlib.util
@@ -51,9 +51,6 @@ class BuildFront(Command):
 
     def run(self) -> None:
         cbuild = _cbuild()
-        if cbuild.opted_out():
-            print(f"gpuctk: {cbuild.OPT_OUT}=1: {cbuild.NAME} not built", file=sys.stderr)
-            return
         if self.editable_mode:  # its package is the source folder, and it installs no data
             print(
                 f"gpuctk: an editable install leaves {cbuild.NAME} out: build it into the "

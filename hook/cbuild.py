@@ -49,7 +49,6 @@ SANITIZE = ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=
 COVERAGE = ["-O0", "-U_FORTIFY_SOURCE", "--coverage"]
 INSTALL = "apt install gcc libc6-dev"
 HEADER = "gpuctk_vocab.h"  # hook/cvocab.py's
-OPT_OUT = "GPUCTK_NO_FRONT"  # =1: build and install without it (specs then name gpuctk-hook)
 
 
 class BuildError(Exception):
@@ -61,12 +60,8 @@ def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
-def opted_out() -> bool:
-    return os.environ.get(OPT_OUT) == "1"
-
-
 def _hint() -> str:
-    return f"install a C compiler and libc headers ({INSTALL}), or set {OPT_OUT}=1"
+    return f"install a C compiler and libc headers ({INSTALL})"
 
 
 def _write_vocab(folder: str) -> None:

@@ -18,8 +18,10 @@
  *   - makes the entry's links: the stage's firmware and config files, each at its own path,
  *     and its binaries at their usual paths (/usr/bin/nvidia-smi); a --link-for only when the
  *     container's NVIDIA_DRIVER_CAPABILITIES asks for CAP (see container_caps());
- *   - guards the device nodes (a read-only copy of /proc/driver/nvidia/params, made in the
- *     container's own /dev).
+ *   - guards the device nodes (a read-only copy of /proc/driver/nvidia/params mounted over
+ *     it: see guard()), for every container: the guard's one implementation, which
+ *     gpuctk-hook runs too (`disable-device-node-modification --root-fd N`, the root it
+ *     opened passed as a descriptor: that form never hands over).
  *
  * It serves a container in a user namespace too (Kubernetes' hostUsers: false, podman's
  * --userns), where it runs inside the namespace: see root_seen() and scratch_file().
@@ -39,9 +41,7 @@
  *     cache hook/ldcache.c reads, or a compat run of gpuctk-hook left its conf file; the
  *     stage's cache is not a regular file of root's that nobody else can write; /etc cannot
  *     be written (a read-only root);
- *   - a --link that is not two plain absolute paths, or one not made here: see make_links();
- *   - the device node guard (unless disabled) could not be done here (no /dev of the
- *     container's own: a tmpfs on another mount than the root's): see guard() below.
+ *   - a --link that is not two plain absolute paths, or one not made here: see make_links().
  *
  * The image is hostile: every path in it is opened with openat2(RESOLVE_IN_ROOT |
  * RESOLVE_NO_MAGICLINKS) from the root's descriptor, looked at through an O_PATH descriptor
@@ -52,9 +52,10 @@
  * /etc/ld.so.conf.d/00-gpuctk.conf (each a new file renamed into place) and the --link
  * symlinks and their missing folders, each in a folder on the root's own mount (never a
  * volume's), a link never over an existing entry, and the guard's copy in the container's
- * /dev (removed once mounted); its other outcomes are the guard's read-only mount over the
- * container's /proc/driver/nvidia/params, or gpuctk-hook. Built by
- * setup.py with the host's C compiler; without one, specs name gpuctk-hook itself. */
+ * /dev (removed once mounted); outside it only the guard's folder in /run where the container
+ * has no /dev of its own (removed once mounted); its other outcomes are the guard's read-only
+ * mount over the container's /proc/driver/nvidia/params, or gpuctk-hook. Built by setup.py
+ * with the host's C compiler (hook/cbuild.py). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -912,113 +913,283 @@ static void unlink_copy(int dev, const char *name, int src)
 	errno = saved;
 }
 
-/* A new file of `text` in the container's own /dev (the tmpfs the runtime mounts there: on
- * another mount than the root's, not the host's /dev; never the image's folder nor a volume of
- * another kind), a fresh random name, for the guard's mount to be cloned from: the descriptor
- * it was written through (the mount is cloned from it, never from the name, which another
- * could swap in a /dev others may write), its name in *name and the folder's descriptor in
- * *dev (the caller unlinks it); -1 with errno. A folder of the container's own, so that the
- * guard serves a user namespace too, where no host folder can be written. */
-static int scratch_file(int root, const char *text, size_t len, char *name, size_t size, int *dev)
+/* The guard's `path` (absolute, plain) under `root`, on a kernel without openat2 (before 5.6)
+ * too: there each part is opened from the folder before it, never following a symlink (a
+ * runtime's /proc and /dev hold none on the guard's paths; one there is ELOOP). */
+static int guard_open(int root, const char *path, int flags)
 {
-	unsigned long long rmnt;
+	int fd = in_root(root, path, flags);
+	if (fd >= 0 || errno != ENOSYS)
+		return fd;
+	char part[PATH_MAX];
+	int dir = dup(root);
+	for (const char *p = path; dir >= 0;) {
+		p += strspn(p, "/");
+		size_t n = strcspn(p, "/");
+		int last = p[n] == 0, saved;
+		if (n == 0 || n >= sizeof part) {
+			errno = EINVAL;
+			break;
+		}
+		memcpy(part, p, n);
+		part[n] = 0;
+		fd = openat(dir, part, (last ? flags : O_PATH | O_DIRECTORY) | O_NOFOLLOW | O_CLOEXEC);
+		struct stat st;
+		if (fd >= 0 && fstat(fd, &st) == 0 && S_ISLNK(st.st_mode)) {
+			close(fd);
+			fd = -1;
+			errno = ELOOP;
+		}
+		saved = errno;
+		close(dir);
+		errno = saved;
+		if (last || fd < 0)
+			return fd;
+		dir = fd;
+		p += n;
+	}
+	return -1;
+}
+
+/* GPUCTK_SCRATCH_PREFIX and 12 random hex digits in `name`: 0, -1 with errno. */
+static int random_name(char *name, size_t size)
+{
 	unsigned char rnd[6];
-	struct statfs sf;
-	struct stat ds, hs;
-	*dev = in_root(root, "/dev", O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
-	if (*dev < 0 || mount_id(root, &rmnt) != 0 || own_mount(*dev, rmnt) == 0 ||
-	    fstatfs(*dev, &sf) != 0 || sf.f_type != GPUCTK_TMPFS_MAGIC || fstat(*dev, &ds) != 0 ||
-	    stat("/dev", &hs) != 0 || hs.st_dev == ds.st_dev)
-		return -1;
 	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
 	ssize_t got = fd >= 0 ? read(fd, rnd, sizeof rnd) : -1;
 	if (fd >= 0)
 		close(fd);
-	if (got != (ssize_t)sizeof rnd)
-		return -1;
-	snprintf(name, size, GPUCTK_SCRATCH_PREFIX "%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1],
-		 rnd[2], rnd[3], rnd[4], rnd[5]);
-	fd = openat(*dev, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
-	if (fd < 0) {
-		name[0] = 0;
+	if (got != (ssize_t)sizeof rnd) {
+		errno = got < 0 ? errno : EIO;
 		return -1;
 	}
-	if (write_all(fd, text, len) != 0) {
-		unlink_copy(*dev, name, fd);
+	snprintf(name, size, GPUCTK_SCRATCH_PREFIX "%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1],
+		 rnd[2], rnd[3], rnd[4], rnd[5]);
+	return 0;
+}
+
+/* A new file `name` of `text` in the folder `dir` (0444): the descriptor it was written
+ * through (the mount is cloned from it, never from the name, which another could swap in a
+ * folder others may write); -1 with errno, nothing left. */
+static int new_copy(int dir, const char *name, const char *text, size_t len)
+{
+	int fd = openat(dir, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0444);
+	if (fd >= 0 && write_all(fd, text, len) != 0) {
+		unlink_copy(dir, name, fd);
+		int saved = errno;
 		close(fd);
-		name[0] = 0;
+		errno = saved;
 		return -1;
 	}
 	return fd;
 }
 
-/* The device node guard, with the new mount API only: a read-only copy of the container's
- * params, `ModifyDeviceFiles` made 0, mounted over it. 0 done or nothing to do, -1 hand over
- * to gpuctk-hook (which also serves older kernels), before any mount reached the container. */
-static int guard(int root)
+/* The guard's copy in the container's own /dev (the tmpfs the runtime mounts there: on
+ * another mount than the root's, not the host's /dev; never the image's folder nor a volume of
+ * another kind), a fresh random name: its descriptor, its name in *name and the folder's
+ * descriptor in *dev (the caller unlinks it); -1 where there is no such /dev or it cannot be
+ * written (full, read-only). A folder of the container's own, so that the guard serves a user
+ * namespace too, where no host folder can be written. */
+static int scratch_file(int root, const char *text, size_t len, char *name, size_t size, int *dev)
+{
+	unsigned long long rmnt;
+	struct statfs sf;
+	struct stat ds, hs;
+	*dev = guard_open(root, "/dev", O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+	if (*dev < 0 || mount_id(root, &rmnt) != 0 || own_mount(*dev, rmnt) == 0 ||
+	    fstatfs(*dev, &sf) != 0 || sf.f_type != GPUCTK_TMPFS_MAGIC || fstat(*dev, &ds) != 0 ||
+	    stat("/dev", &hs) != 0 || hs.st_dev == ds.st_dev || random_name(name, size) != 0)
+		return -1;
+	int fd = new_copy(*dev, name, text, len);
+	if (fd < 0)
+		name[0] = 0;
+	return fd;
+}
+
+/* Where the container has no such /dev (or it is full or read-only): the copy, "params", on a
+ * tmpfs of its own (nosuid, nodev, noexec, private) mounted on a new empty folder of root's
+ * alone in GPUCTK_SCRATCH (the hook's own /run), its path in `folder` (the caller detaches and
+ * removes it); -1 with errno, nothing left. */
+static int run_scratch(const char *text, size_t len, char *folder, size_t size)
+{
+	char name[64];
+	int made = 0;
+	for (int i = 0; i < 8 && !made; i++) {
+		if (random_name(name, sizeof name) != 0)
+			return -1;
+		snprintf(folder, size, GPUCTK_SCRATCH "/%s", name);
+		made = mkdir(folder, 0700) == 0;
+		if (!made && errno != EEXIST)
+			break;
+	}
+	if (!made) {
+		folder[0] = 0;
+		return -1;
+	}
+	int dir = -1, fd = -1;
+	if (mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0700") == 0 &&
+	    mount(NULL, folder, NULL, MS_PRIVATE, NULL) == 0)
+		dir = open(folder, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dir >= 0 && fchmod(dir, 0700) == 0)
+		fd = new_copy(dir, "params", text, len);
+	int saved = errno;
+	if (dir >= 0)
+		close(dir);
+	if (fd < 0) {
+		umount2(folder, MNT_DETACH | UMOUNT_NOFOLLOW);
+		rmdir(folder);
+		folder[0] = 0;
+	}
+	errno = saved;
+	return fd;
+}
+
+/* 1 when `a` and `b` are open on the same file. */
+static int same_file(int a, int b)
+{
+	struct stat sa, sb;
+	return fstat(a, &sa) == 0 && fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+	       sa.st_ino == sb.st_ino;
+}
+
+/* Bind the copy `src` over the container's params (opened inside the root). With the new mount
+ * API (5.12 and later) a clone made read-only, nosuid, nodev, noexec before it is attached:
+ * where the root's propagation is shared, the copies the kernel propagates to the host are
+ * read-only too. Without it (ENOSYS, or EPERM: a seccomp filter's answer) a bind through
+ * /proc/self/fd of both descriptors, then a read-only remount of the new mount once it is
+ * checked to be the copy. 0; -1 with errno; -2 the file there is not the copy. */
+static int attach(int root, int src)
+{
+	struct mount_attr_ attr = { ATTR_RO_NOSUID_NODEV_NOEXEC, 0, 0, 0 };
+	char from[64], to[64];
+	int clone = (int)syscall(SYS_open_tree, src, "", OPEN_TREE_CLONE | O_CLOEXEC | AT_EMPTY_PATH);
+	if (clone >= 0 && syscall(SYS_mount_setattr, clone, "", AT_EMPTY_PATH, &attr, sizeof attr)) {
+		int saved = errno;
+		close(clone);
+		errno = saved;
+		clone = -1;
+	}
+	if (clone < 0 && errno != ENOSYS && errno != EPERM)
+		return -1;
+	int target = guard_open(root, GPUCTK_PARAMS, O_PATH), rc = -1;
+	snprintf(from, sizeof from, "/proc/self/fd/%d", src);
+	snprintf(to, sizeof to, "/proc/self/fd/%d", target);
+	if (target >= 0 && clone >= 0)
+		rc = (int)syscall(SYS_move_mount, clone, "", target, "", MOVE_MOUNT_F_EMPTY_PATH |
+				  MOVE_MOUNT_T_EMPTY_PATH);
+	else if (target >= 0)
+		rc = mount(from, to, NULL, MS_BIND, NULL);
+	int saved = errno;
+	if (target >= 0)
+		close(target);
+	if (clone >= 0)
+		close(clone);
+	errno = saved;
+	if (rc != 0)
+		return -1;
+	int now = guard_open(root, GPUCTK_PARAMS, O_PATH);
+	if (now < 0 || !same_file(now, src))
+		rc = -2;
+	snprintf(to, sizeof to, "/proc/self/fd/%d", now);
+	if (rc == 0 && clone < 0)
+		rc = mount(NULL, to, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV |
+			   MS_NOEXEC, NULL);
+	saved = errno;
+	if (now >= 0)
+		close(now);
+	errno = saved;
+	return rc;
+}
+
+/* Exit with the guard's error line: `what` and the system's word for errno. */
+__attribute__((noreturn)) static void guard_failed(const char *what)
+{
+	fprintf(stderr, "gpuctk-cdi-hook: error: the device node guard: %s: %s\n", what,
+		strerror(errno));
+	exit(1);
+}
+
+/* The device node guard, as the reference toolkit's hook of that name does it: a read-only
+ * copy of the container's params, `ModifyDeviceFiles` made 0, mounted over it (see
+ * scratch_file() and attach()). Its outcome in words; an error line and exit 1 when it cannot
+ * be done (no mount is then left where the container sees it). */
+static const char *guard(int root)
 {
 	char *text;
 	size_t len;
 	/* under the container's own /proc (mounted over the image's): no file of the image */
-	if (read_in_root(root, GPUCTK_PARAMS, 0, GPUCTK_MAX_PARAMS, &text, &len) != 0)
-		return absent() || errno == ELOOP ? 0 : -1;
+	int at = guard_open(root, GPUCTK_PARAMS, O_PATH);
+	if (at < 0 || read_opened(at, GPUCTK_MAX_PARAMS, &text, &len) != 0) {
+		if (absent() || errno == ELOOP)
+			return "no " GPUCTK_PARAMS " in the container: device nodes left as they are";
+		guard_failed("cannot read " GPUCTK_PARAMS);
+	}
+	struct stat rs, ps;
+	int proc = guard_open(root, "/proc", O_PATH | O_DIRECTORY);
+	if (proc < 0 || fstat(proc, &ps) != 0 || fstat(root, &rs) != 0)
+		guard_failed("cannot open the container's /proc");
+	close(proc);
+	if (ps.st_dev == rs.st_dev) { /* run by hand on a root that is no container's */
+		free(text);
+		return "no procfs at /proc in the root (not a container's): " GPUCTK_PARAMS
+		       " left as it is";
+	}
 	char *copy = malloc(len + 2 * strlen(GPUCTK_PARAMS_KEY) + 4);
 	size_t clen = 0;
 	int change = copy ? modified(text, len, copy, &clen) : -1;
 	free(text);
-	if (change <= 0) {
+	if (change < 0)
+		guard_failed("out of memory");
+	if (change == 0) {
 		free(copy);
-		return change;
+		return GPUCTK_PARAMS " does not let the container make device nodes";
 	}
-	struct stat rs, ps;
-	int proc = in_root(root, "/proc", O_PATH | O_DIRECTORY);
-	int own = proc >= 0 && fstat(proc, &ps) == 0 && fstat(root, &rs) == 0 && ps.st_dev != rs.st_dev;
-	if (proc >= 0)
-		close(proc);
-	if (!own) {
-		free(copy);
-		return proc >= 0 ? 0 : -1; /* not a container's /proc: left alone, as gpuctk-hook */
-	}
-	char name[64] = "";
-	int rc = -1, dev = -1, clone = -1, target = -1, now = -1;
+	char name[64] = "", folder[PATH_MAX] = "";
+	int dev = -1;
 	int src = scratch_file(root, copy, clen, name, sizeof name, &dev);
-	struct mount_attr_ attr = { ATTR_RO_NOSUID_NODEV_NOEXEC, 0, 0, 0 };
-	struct stat a, b;
-	free(copy);
 	if (src < 0)
-		goto out;
-	clone = (int)syscall(SYS_open_tree, src, "", OPEN_TREE_CLONE | O_CLOEXEC | AT_EMPTY_PATH);
-	if (clone < 0)
-		goto out;
-	if (syscall(SYS_mount_setattr, clone, "", AT_EMPTY_PATH, &attr, sizeof attr) != 0)
-		goto out;
-	target = in_root(root, GPUCTK_PARAMS, O_PATH);
-	if (target < 0)
-		goto out;
-	if (syscall(SYS_move_mount, clone, "", target, "", MOVE_MOUNT_F_EMPTY_PATH |
-		    MOVE_MOUNT_T_EMPTY_PATH) != 0)
-		goto out;
-	now = in_root(root, GPUCTK_PARAMS, O_PATH);
-	if (now >= 0 && fstat(now, &a) == 0 && fstat(src, &b) == 0 && a.st_dev == b.st_dev &&
-	    a.st_ino == b.st_ino)
-		rc = 0;
-	if (now >= 0)
-		close(now);
-	if (rc != 0) {
+		src = run_scratch(copy, clen, folder, sizeof folder);
+	free(copy);
+	int rc = src >= 0 ? attach(root, src) : -1, saved = errno;
+	if (dev >= 0) {
 		unlink_copy(dev, name, src);
+		close(dev);
+	}
+	if (folder[0]) { /* the mount over params keeps the copy */
+		umount2(folder, MNT_DETACH | UMOUNT_NOFOLLOW);
+		rmdir(folder);
+	}
+	if (src >= 0)
+		close(src);
+	errno = saved;
+	if (rc == -2) {
 		fprintf(stderr, "gpuctk-cdi-hook: error: %s changed while it was mounted\n",
 			GPUCTK_PARAMS);
 		exit(1);
 	}
-out:;
-	int saved = errno;
-	unlink_copy(dev, name, src);
-	int fds[] = { dev, src, clone, target };
-	for (int i = 0; i < 4; i++)
-		if (fds[i] >= 0)
-			close(fds[i]);
-	errno = saved;
-	return rc;
+	if (rc != 0)
+		guard_failed(src < 0 ? "cannot write the read-only copy"
+				     : "cannot mount the read-only copy over " GPUCTK_PARAMS);
+	return GPUCTK_PARAMS " shows ModifyDeviceFiles: 0 (read-only copy)";
+}
+
+/* gpuctk-hook's form of the guard, `disable-device-node-modification --root-fd N`: the
+ * container root it opened, inherited as descriptor N; the outcome in words on stdout. It
+ * never hands over: gpuctk-hook runs it. */
+static int guard_served(const char *arg)
+{
+	char *end;
+	errno = 0;
+	long fd = strtol(arg, &end, 10);
+	struct stat st;
+	if (errno || end == arg || *end || fd < 0 || fd > INT_MAX || fstat((int)fd, &st) != 0 ||
+	    !S_ISDIR(st.st_mode)) {
+		fprintf(stderr, "gpuctk-cdi-hook: error: " GPUCTK_ROOT_FD_OPT " %s: not an open "
+			"folder (gpuctk-hook passes the container root it opened)\n", arg);
+		return 2;
+	}
+	printf("%s\n", guard((int)fd));
+	return fflush(stdout) == 0 ? 0 : 1;
 }
 
 /* ---- gpuctk-runtime's create ------------------------------------------------------------------ */
@@ -1268,6 +1439,8 @@ int main(int argc, char **argv)
 	a.create = strcmp(verb, GPUCTK_HOOK_VERB) == 0;
 	if (!a.create && strcmp(verb, GPUCTK_GUARD_ACTION) != 0)
 		python("another verb");
+	if (!a.create && argc == 4 && strcmp(argv[2], GPUCTK_ROOT_FD_OPT) == 0)
+		return guard_served(argv[3]);
 	const char *front = getenv(GPUCTK_HOOK_FRONT_ENV);
 	if (front && strcmp(front, GPUCTK_FRONT_OFF) == 0)
 		python(GPUCTK_HOOK_FRONT_ENV "=" GPUCTK_FRONT_OFF);
@@ -1281,7 +1454,7 @@ int main(int argc, char **argv)
 		keep_asked_links(doc, doclen, &a);
 	if (!a.off_links && make_links(root, a.targets, a.paths, a.nlinks) != 0)
 		python("a " GPUCTK_LINK_OPT " gpuctk-hook makes");
-	if (!a.off_guard && guard(root) != 0)
-		python("the device node guard");
+	if (!a.off_guard)
+		guard(root);
 	return 0;
 }

@@ -72,7 +72,9 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_PARAMS", f"{_GUARD}.PARAMS", ""),
     ("GPUCTK_MAX_PARAMS", f"{_GUARD}.MAX_BYTES", ""),
     ("GPUCTK_PARAMS_KEY", f"{_GUARD}.KEY", "ascii"),
+    ("GPUCTK_SCRATCH", f"{_GUARD}.SCRATCH", ""),
     ("GPUCTK_SCRATCH_PREFIX", f"{_GUARD}.SCRATCH_PREFIX", ""),
+    ("GPUCTK_ROOT_FD_OPT", f"{_GUARD}.ROOT_FD_OPT", ""),
     ("GPUCTK_TMPFS_MAGIC", f"{_GUARD}.TMPFS_MAGIC", ""),
     ("GPUCTK_LAUNCHER_MARK", "gpuctk.install.launchers.LAUNCHER_MARK", ""),
     # gpuctk-runtime's compiled create

@@ -64,7 +64,6 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuctk import hook
 from gpuctk.hook.config import DEFAULT_PATH as DEFAULT_CONFIG
 from gpuctk.hook.shim.memo import MEMO_TAG
 from gpuctk.hook.shim.runcargs import (
@@ -268,15 +267,11 @@ exec {python} -IS -c "$pycode" "$0" "$@"
 
 
 def built_front() -> str:
-    """The compiled gpuctk-cdi-hook this install has: gpuctk.hook's copy (setup.py's build),
-    else the one beside the interpreter (an editable install's, built by hook/cbuild.py into
-    the venv's bin/); "" where there is none."""
-    package = os.path.dirname(os.path.abspath(hook.__file__))
-    for folder in (package, os.path.dirname(sys.executable)):
-        path = os.path.join(folder, FRONT)
-        if os.path.isfile(path):
-            return path
-    return ""
+    """The compiled gpuctk-cdi-hook this install has (gpuctk.hook.verbs.nodeprotect.installed);
+    "" where there is none."""
+    from gpuctk.hook.verbs import nodeprotect
+
+    return nodeprotect.installed()
 
 
 def write_launchers(bindir: str, python: str | None = None, installed: str = "") -> list[str]:

@@ -1,7 +1,7 @@
 """gpuctk-cdi-hook's one build recipe (gpuctk.hook.cbuild) and setup.py's use of it: the binary
 is hardened as the recipe says (a PIE with full RELRO, fortified calls, a stack protector), an
 install builds it outside the source tree, and one without a compiler or with a compile error
-stops with one line naming what to install, unless GPUCTK_NO_FRONT=1 asks for none."""
+stops with one line naming what to install."""
 
 from __future__ import annotations
 
@@ -48,7 +48,6 @@ def test_no_compiler_is_one_line_naming_what_to_install(tmp_path: Path) -> None:
                           capture_output=True, text=True, check=False)  # fmt: skip
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and LINE in done.stderr, done.stderr
-    assert "GPUCTK_NO_FRONT=1" in done.stderr
     assert not out.exists()
 
 
@@ -94,11 +93,9 @@ def test_setup_py_builds_it_outside_the_source_tree(src: Path) -> None:
     assert not (src / "hook" / cbuild.NAME).exists()
 
 
-def test_setup_py_without_a_compiler_fails_unless_told_to_go_without(src: Path) -> None:
+def test_setup_py_without_a_compiler_fails(src: Path) -> None:
     done = setup_py_build(src, CC="/nonexistent/cc")
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("gpuctk: error: ") and LINE in last, done.stderr
-    done = setup_py_build(src, CC="/nonexistent/cc", GPUCTK_NO_FRONT="1")
-    assert done.returncode == 0, done.stderr
     assert not list(src.rglob(cbuild.NAME))

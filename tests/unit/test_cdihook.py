@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from fixtures import cfront
+from fixtures.nosyscall import without
 
 from gpuctk.cdi.node.ldcache import LdCacheEntry, build_ld_cache, parse_ld_cache
 
@@ -920,7 +921,13 @@ class Guarded:
 
 
 def guard_run(
-    front: Front, bundle: Bundle, tmp_path: Path, args: list[str], params: bytes, mode: str
+    front: Front,
+    bundle: Bundle,
+    tmp_path: Path,
+    args: list[str],
+    params: bytes,
+    mode: str,
+    old_kernel: bool = False,
 ) -> Guarded:
     out = tmp_path / "guard"
     out.mkdir()
@@ -937,9 +944,10 @@ def guard_run(
     }
     cmd = ["unshare", "-m", "--propagation", "private", "sh", str(script)]
     cmd += [str(bundle.root), str(out), mode, shutil.which("python3") or "python3"]
-    done = subprocess.run(
-        [*cmd, str(front.exe), *args], env=env, capture_output=True, timeout=TIMEOUT, check=False
-    )
+    exe = [str(front.exe), *args]
+    if old_kernel:
+        exe = without(("openat2", "open_tree", "mount_setattr", "move_mount"), exe)
+    done = subprocess.run([*cmd, *exe], env=env, capture_output=True, timeout=TIMEOUT, check=False)
     assert done.returncode == 0, done.stderr
     err = (out / "stderr").read_text()
     assert "Sanitizer" not in err and "runtime error" not in err, err
@@ -1027,23 +1035,41 @@ def test_guard_disabled(front: Front, bundle: Bundle, tmp_path: Path) -> None:
 
 @guarded
 @pytest.mark.parametrize("mode", ["image-dev", "host-dev"])
-def test_guard_takes_its_copy_only_from_the_containers_own_dev(
-    front: Front, bundle: Bundle, tmp_path: Path, mode: str
+@pytest.mark.parametrize("kernel", ["new", "old"])
+def test_guard_without_a_dev_of_the_containers_own(
+    front: Front, bundle: Bundle, tmp_path: Path, mode: str, kernel: str
 ) -> None:
     """The copy is made in the tmpfs the runtime mounts at the container's /dev (a folder of
     the container's own, which a user namespace can write), never in the image's folder or
-    the host's /dev: gpuctk-hook does those."""
-    g = guard_run(front, bundle, tmp_path, GUARD_ARGS[0], PARAMS_ON, mode)
-    assert g.ran and "the device node guard" in g.stderr
-    assert g.mounts == "" and not g.leftover
+    the host's /dev: where there is none, on a tmpfs of its own in /run, detached and removed
+    once bound. On an old kernel ("old": openat2 and the new mount API fail with ENOSYS, as
+    before 5.2) each path is opened part by part and the copy bound through /proc/self/fd,
+    then remounted read-only. The C does it all: nothing is handed over."""
+    g = guard_run(front, bundle, tmp_path, GUARD_ARGS[0], PARAMS_ON, mode, kernel == "old")
+    assert g.rc == 0 and not g.ran, g.stderr
+    assert g.params == PARAMS_OFF and g.write == "EROFS"
+    assert g.mounts.count("\n") == 1 and " ro," in g.mounts, g.mounts
+    assert not g.leftover
     assert not [p for p in os.listdir(bundle.root / "dev") if p.startswith(".gpuctk-params-")]
 
 
 @guarded
+def test_guard_on_an_old_kernel_in_the_containers_dev(
+    front: Front, bundle: Bundle, tmp_path: Path
+) -> None:
+    g = guard_run(front, bundle, tmp_path, GUARD_ARGS[0], PARAMS_ON, "proc", old_kernel=True)
+    assert g.rc == 0 and not g.ran, g.stderr
+    assert g.params == PARAMS_OFF and g.write == "EROFS" and " ro," in g.mounts
+    assert not g.leftover
+
+
+@guarded
 def test_guard_params_too_big(front: Front, bundle: Bundle, tmp_path: Path) -> None:
+    """A params file over the limit is an error of the guard's, not gpuctk-hook's to read."""
     text = PARAMS_ON + b"X" * (64 << 10)
     g = guard_run(front, bundle, tmp_path, GUARD_ARGS[0], text, "proc")
-    assert g.ran and "the device node guard" in g.stderr
+    assert g.rc == 1 and not g.ran
+    assert "the device node guard: cannot read /proc/driver/nvidia/params" in g.stderr
     assert g.mounts == "" and not g.leftover
 
 

@@ -45,12 +45,6 @@ HOOK = {
 PARAMS = b"Foo: 1\nModifyDeviceFiles: 1\nDeviceFileUID: 0\n"
 
 
-def test_modified_turns_1_into_0_and_leaves_0_alone() -> None:
-    assert nodeprotect.modified(PARAMS) == b"Foo: 1\nModifyDeviceFiles: 0\nDeviceFileUID: 0\n"
-    assert nodeprotect.modified(PARAMS.replace(b"s: 1", b"s: 0")) is None
-    assert nodeprotect.modified(b"DeviceFileUID: 0\n") is None
-
-
 @pytest.fixture
 def no_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nodeprotect, "PARAMS", str(tmp_path / "absent" / "params"))
