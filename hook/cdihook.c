@@ -584,17 +584,39 @@ static int compat_newer(int root, const long host[4])
 #define STATX_MNT_ID 0x1000U
 #endif
 
+/* The id of the mount `fd` is on: statx's (5.8 and later), else the mnt_id line of
+ * /proc/self/fdinfo (3.15 and later). 0, -1 with errno. */
 static int mount_id(int fd, unsigned long long *id)
 {
 	struct statx sx;
-	if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, STATX_MNT_ID, &sx) != 0)
-		return -1;
-	if (!(sx.stx_mask & STATX_MNT_ID)) {
+	if (statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW, STATX_MNT_ID, &sx) == 0 &&
+	    (sx.stx_mask & STATX_MNT_ID)) {
+		*id = sx.stx_mnt_id;
+		return 0;
+	}
+	char path[64], *text, *line, *end;
+	size_t len;
+	snprintf(path, sizeof path, "/proc/self/fdinfo/%d", fd);
+	int info = open(path, O_RDONLY | O_CLOEXEC);
+	if (info < 0 || read_all(info, 1 << 16, &text, &len) != 0) {
+		if (info >= 0)
+			close(info);
 		errno = ENOSYS;
 		return -1;
 	}
-	*id = sx.stx_mnt_id;
-	return 0;
+	close(info);
+	int rc = -1;
+	for (line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
+		if (strncmp(line, "mnt_id:", 7) == 0) {
+			errno = 0;
+			*id = strtoull(line + 7, &end, 10);
+			rc = errno || end == line + 7 ? -1 : 0;
+			break;
+		}
+	free(text);
+	if (rc != 0)
+		errno = ENOSYS;
+	return rc;
 }
 
 /* 0 when `fd` is on the mount `want`, else -1 (EXDEV: a bind mount or volume in the root). */
