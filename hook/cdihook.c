@@ -28,11 +28,14 @@
  *
  * gpuctk-hook runs instead when any of these holds:
  *
- *   - another verb, any other argument, --help, --version, GPUCTK_HOOK_FRONT=off;
+ *   - another verb, any other argument, --help, --version, GPUCTK_HOOK_FRONT=off (the
+ *     guard's verb with --root-fd and merge-ld-cache are gpuctk-hook's own calls of the C's
+ *     rules: they never hand over);
  *   - anything this program does not fully understand: the OCI state or config.json not the
  *     plain JSON it expects (not strict JSON, a key with an escape or a byte above 127, a key
  *     that is root or path in another case, a duplicate, more than MAX_DEPTH levels, a
- *     state over MAX_STATE bytes: gpuctk-hook still gets all of it), no openat2;
+ *     state over MAX_STATE bytes: gpuctk-hook still gets all of it), no openat2 (the guard
+ *     does without);
  *   - createContainer, with update-ldcache not disabled: no --folder or no --ld-cache; the
  *     image has no x86-64 glibc loader, or also a 32-bit or a musl loader; with
  *     enable-cuda-compat not disabled, /usr/local/cuda/compat holds a libcuda.so.<version>
@@ -935,13 +938,19 @@ static void unlink_copy(int dev, const char *name, int src)
 	errno = saved;
 }
 
-/* The guard's `path` (absolute, plain) under `root`, on a kernel without openat2 (before 5.6)
- * too: there each part is opened from the folder before it, never following a symlink (a
- * runtime's /proc and /dev hold none on the guard's paths; one there is ELOOP). */
+static int g_walked_a_link; /* guard_open() met a link it does not follow */
+
+/* The guard's `path` (absolute, plain) under `root`, resolved inside the root (openat2, tried
+ * again while a rename or mount elsewhere makes it answer EAGAIN), on a kernel without openat2
+ * (ENOSYS before 5.6; EPERM, a seccomp filter's answer) too: there each part is opened from the
+ * folder before it and a symlink is not followed (ELOOP, g_walked_a_link set: the caller
+ * refuses rather than takes it for an absent file). */
 static int guard_open(int root, const char *path, int flags)
 {
-	int fd = in_root(root, path, flags);
-	if (fd >= 0 || errno != ENOSYS)
+	int fd = -1;
+	for (int i = 0; i < 64 && (fd = in_root(root, path, flags)) < 0 && errno == EAGAIN; i++)
+		;
+	if (fd >= 0 || (errno != ENOSYS && errno != EPERM))
 		return fd;
 	char part[PATH_MAX];
 	int dir = dup(root);
@@ -949,18 +958,32 @@ static int guard_open(int root, const char *path, int flags)
 		p += strspn(p, "/");
 		size_t n = strcspn(p, "/");
 		int last = p[n] == 0, saved;
+		struct stat st;
 		if (n == 0 || n >= sizeof part) {
+			close(dir);
 			errno = EINVAL;
-			break;
+			return -1;
 		}
 		memcpy(part, p, n);
 		part[n] = 0;
-		fd = openat(dir, part, (last ? flags : O_PATH | O_DIRECTORY) | O_NOFOLLOW | O_CLOEXEC);
-		struct stat st;
+		fd = openat(dir, part, O_PATH | O_NOFOLLOW | O_CLOEXEC);
 		if (fd >= 0 && fstat(fd, &st) == 0 && S_ISLNK(st.st_mode)) {
+			g_walked_a_link = 1;
 			close(fd);
 			fd = -1;
 			errno = ELOOP;
+		} else if (fd >= 0 && (!last || (flags & O_DIRECTORY)) && !S_ISDIR(st.st_mode)) {
+			close(fd);
+			fd = -1;
+			errno = ENOTDIR;
+		} else if (fd >= 0 && last && !(flags & O_PATH)) {
+			char self[64]; /* the file looked at, reopened for what the caller asks */
+			snprintf(self, sizeof self, "/proc/self/fd/%d", fd);
+			int opened = open(self, (flags & ~O_NOFOLLOW) | O_CLOEXEC);
+			saved = errno;
+			close(fd);
+			fd = opened;
+			errno = saved;
 		}
 		saved = errno;
 		close(dir);
@@ -1017,7 +1040,8 @@ static int scratch_file(int root, const char *text, size_t len, char *name, size
 	unsigned long long rmnt;
 	struct statfs sf;
 	struct stat ds, hs;
-	*dev = guard_open(root, "/dev", O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+	*dev = guard_open(root, "/dev", O_RDONLY | O_DIRECTORY); /* a link of the image's to it:
+								  * followed inside the root */
 	if (*dev < 0 || mount_id(root, &rmnt) != 0 || own_mount(*dev, rmnt) == 0 ||
 	    fstatfs(*dev, &sf) != 0 || sf.f_type != GPUCTK_TMPFS_MAGIC || fstat(*dev, &ds) != 0 ||
 	    stat("/dev", &hs) != 0 || hs.st_dev == ds.st_dev || random_name(name, size) != 0)
@@ -1134,27 +1158,34 @@ __attribute__((noreturn)) static void guard_failed(const char *what)
 /* The device node guard, as the reference toolkit's hook of that name does it: a read-only
  * copy of the container's params, `ModifyDeviceFiles` made 0, mounted over it (see
  * scratch_file() and attach()). Its outcome in words; an error line and exit 1 when it cannot
- * be done (no mount is then left where the container sees it). */
+ * be done (the container must then not start: a bind that is not the copy, or one an old
+ * kernel could not make read-only, is left where it is). */
 static const char *guard(int root)
 {
 	char *text;
 	size_t len;
-	/* under the container's own /proc (mounted over the image's): no file of the image */
-	int at = guard_open(root, GPUCTK_PARAMS, O_PATH);
-	if (at < 0 || read_opened(at, GPUCTK_MAX_PARAMS, &text, &len) != 0) {
-		if (absent() || errno == ELOOP)
-			return "no " GPUCTK_PARAMS " in the container: device nodes left as they are";
-		guard_failed("cannot read " GPUCTK_PARAMS);
-	}
+	const char *none = "no " GPUCTK_PARAMS " in the container: device nodes left as they are";
+	/* the container's own /proc first (the runtime's, mounted over the image's folder): no
+	 * file of the image is read */
 	struct stat rs, ps;
 	int proc = guard_open(root, "/proc", O_PATH | O_DIRECTORY);
+	if (proc < 0 && (absent() || errno == ELOOP) && !g_walked_a_link)
+		return none;
 	if (proc < 0 || fstat(proc, &ps) != 0 || fstat(root, &rs) != 0)
-		guard_failed("cannot open the container's /proc");
+		guard_failed(g_walked_a_link ? "a link on the way to /proc, which this kernel "
+					       "(without openat2) does not follow here"
+					     : "cannot open the container's /proc");
 	close(proc);
-	if (ps.st_dev == rs.st_dev) { /* run by hand on a root that is no container's */
-		free(text);
+	if (ps.st_dev == rs.st_dev) /* run by hand on a root that is no container's */
 		return "no procfs at /proc in the root (not a container's): " GPUCTK_PARAMS
 		       " left as it is";
+	int at = guard_open(root, GPUCTK_PARAMS, O_PATH);
+	if (at < 0 || read_opened(at, GPUCTK_MAX_PARAMS, &text, &len) != 0) {
+		if ((absent() || errno == ELOOP) && !g_walked_a_link)
+			return none;
+		guard_failed(g_walked_a_link ? "a link on the way to " GPUCTK_PARAMS ", which this "
+					       "kernel (without openat2) does not follow here"
+					     : "cannot read " GPUCTK_PARAMS);
 	}
 	char *copy = malloc(len + 2 * strlen(GPUCTK_PARAMS_KEY) + 4);
 	size_t clen = 0;
@@ -1185,13 +1216,15 @@ static const char *guard(int root)
 		close(src);
 	errno = saved;
 	if (rc == -2) {
-		fprintf(stderr, "gpuctk-cdi-hook: error: %s changed while it was mounted\n",
-			GPUCTK_PARAMS);
+		fprintf(stderr, "gpuctk-cdi-hook: error: the device node guard: %s changed while "
+			"it was mounted (the container must not start)\n", GPUCTK_PARAMS);
 		exit(1);
 	}
 	if (rc != 0)
-		guard_failed(src < 0 ? "cannot write the read-only copy"
-				     : "cannot mount the read-only copy over " GPUCTK_PARAMS);
+		guard_failed(src >= 0 ? "cannot mount the read-only copy over " GPUCTK_PARAMS
+				      : "the container has no /dev of its own to hold the copy (a "
+					"tmpfs the runtime mounts), and none could be made in "
+					GPUCTK_SCRATCH);
 	return GPUCTK_PARAMS " shows ModifyDeviceFiles: 0 (read-only copy)";
 }
 
@@ -1210,8 +1243,71 @@ static int guard_served(const char *arg)
 			"folder (gpuctk-hook passes the container root it opened)\n", arg);
 		return 2;
 	}
-	printf("%s\n", guard((int)fd));
-	return fflush(stdout) == 0 ? 0 : 1;
+	const char *done = guard((int)fd);
+	if (printf("%s\n", done) < 0 || fflush(stdout) != 0) {
+		fprintf(stderr, "gpuctk-cdi-hook: error: the device node guard is done, but its "
+			"outcome could not be written: %s\n", strerror(errno));
+		return 1;
+	}
+	return 0;
+}
+
+/* gpuctk-hook's form of the ld cache merge, `merge-ld-cache --image-fd A --entries-fd B
+ * [--ld-cache PART]`: the image's cache (read by gpuctk-hook inside the root, bounded) and the
+ * entries to add (an ld cache gpuctk-hook built: the driver's libraries, or an image's newer
+ * CUDA compat ones), each an inherited descriptor, then the stage's own cache PART (read as
+ * serve_ld_cache() reads it: read_host_file()), merged by the one reader of an image's cache
+ * (ldc_merge_parts), the new cache on stdout. Exit 0; GPUCTK_NOT_MERGED when one is not a
+ * cache taken here (gpuctk-hook's ldconfig then builds it); 2 bad arguments; 1 another error. */
+static int merge_served(int argc, char **argv)
+{
+	int fds[2] = { -1, -1 }, bad = argc % 2;
+	const char *part = NULL;
+	for (int i = 2; i + 1 < argc; i += 2) {
+		int which = strcmp(argv[i], GPUCTK_IMAGE_FD_OPT) == 0 ? 0
+			    : strcmp(argv[i], GPUCTK_ENTRIES_FD_OPT) == 0 ? 1 : -1;
+		char *end;
+		long fd = which < 0 ? -1 : strtol(argv[i + 1], &end, 10);
+		if (which < 0 && !part && strcmp(argv[i], GPUCTK_LD_CACHE_OPT) == 0)
+			part = argv[i + 1];
+		else if (which < 0 || fd < 0 || fd > INT_MAX || end == argv[i + 1] || *end ||
+			 fds[which] != -1)
+			bad = 1;
+		else
+			fds[which] = (int)fd;
+	}
+	if (bad || fds[0] < 0 || fds[1] < 0) {
+		fprintf(stderr, "gpuctk-cdi-hook: error: usage: " GPUCTK_MERGE_VERB " "
+			GPUCTK_IMAGE_FD_OPT " FD " GPUCTK_ENTRIES_FD_OPT " FD [" GPUCTK_LD_CACHE_OPT
+			" FILE] (gpuctk-hook runs it)\n");
+		return 2;
+	}
+	char *data[3] = { NULL, NULL, NULL }, *out = NULL;
+	size_t len[3] = { 0, 0, 0 }, olen;
+	int rc = GPUCTK_NOT_MERGED, err = 0;
+	const char *why = "not a cache this reader takes, or past its limits";
+	if (read_all(fds[0], GPUCTK_MAX_CACHE, &data[0], &len[0]) != 0 ||
+	    read_all(fds[1], GPUCTK_MAX_CACHE, &data[1], &len[1]) != 0) {
+		why = "cannot read the caches to merge";
+		rc = 1;
+		err = errno;
+	} else if (part && read_host_file(part, GPUCTK_MAX_CACHE, &data[2], &len[2]) != 0) {
+		why = errno == EPERM ? "the stage's cache is not a regular file of root's that only "
+				       "root can write" : "cannot read the stage's cache";
+		err = errno == EPERM ? 0 : errno;
+	} else if (ldc_merge_parts(data[0], len[0], (const char *const *)&data[1], &len[1],
+				   part ? 2 : 1, &out, &olen) == 0) {
+		rc = write_all(1, out, olen) == 0 ? 0 : 1;
+		why = rc ? "cannot write the merged cache" : NULL;
+		err = rc ? errno : 0;
+	}
+	if (why)
+		fprintf(stderr, "gpuctk-cdi-hook: error: %s%s%s\n", why, err ? ": " : "",
+			err ? strerror(err) : "");
+	for (int i = 0; i < 3; i++)
+		free(data[i]);
+	free(out);
+	return rc;
 }
 
 /* ---- gpuctk-runtime's create ------------------------------------------------------------------ */
@@ -1231,10 +1327,16 @@ static int cap_bit(const char *s, size_t n)
 	return -1;
 }
 
+/* 1 for a byte a word of NVIDIA_DRIVER_CAPABILITIES is trimmed of. */
+static int is_blank(char c)
+{
+	return c && strchr(GPUCTK_CAPS_BLANKS, c);
+}
+
 /* The capabilities the container's NVIDIA_DRIVER_CAPABILITIES asks for, a bit each, from the
  * last entry of process.env that sets it: a comma-separated list, each word trimmed of
- * spaces; unset or blank the default (utility, compute), `all` every one, other words
- * ignored. -1 when the config is not plain enough to tell (an env entry with an escape, a key
+ * GPUCTK_CAPS_BLANKS; unset or blank the default (utility, compute), `all` every one, other
+ * words ignored. -1 when the config is not plain enough to tell (an env entry with an escape, a key
  * in another case). */
 static int container_caps(const char *doc, size_t len)
 {
@@ -1268,15 +1370,15 @@ static int container_caps(const char *doc, size_t len)
 	rc = 0;
 	int blank = 1;
 	for (size_t i = 0; value && i < vlen; i++)
-		blank = blank && value[i] == ' ';
+		blank = blank && is_blank(value[i]);
 	for (size_t i = 0; value && !blank && i <= vlen;) {
 		size_t end = i;
 		while (end < vlen && value[end] != ',')
 			end++;
 		size_t a = i, b = end;
-		while (a < b && value[a] == ' ')
+		while (a < b && is_blank(value[a]))
 			a++;
-		while (b > a && value[b - 1] == ' ')
+		while (b > a && is_blank(value[b - 1]))
 			b--;
 		if (b - a == strlen(GPUCTK_CAPS_EVERY) && memcmp(value + a, GPUCTK_CAPS_EVERY, b - a) == 0)
 			rc = EVERY_CAP;
@@ -1453,6 +1555,8 @@ int main(int argc, char **argv)
 		return shim_create(argc, argv);
 	if (argc > 1 && strcmp(argv[1], GPUCTK_FRONT_KEY) == 0)
 		return front_key(argc, argv);
+	if (argc > 1 && strcmp(argv[1], GPUCTK_MERGE_VERB) == 0)
+		return merge_served(argc, argv);
 	g_argv = argv;
 	if (argc < 2)
 		python("no verb");

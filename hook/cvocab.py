@@ -37,6 +37,7 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_CAPS", f"{_CAPS}.ALL", ""),
     ("GPUCTK_CAPS_DEFAULT", f"{_CAPS}.DEFAULT", "mask"),
     ("GPUCTK_CAPS_EVERY", f"{_CAPS}.EVERY", ""),
+    ("GPUCTK_CAPS_BLANKS", f"{_CAPS}.BLANKS", ""),
     ("GPUCTK_CAPS_ENV", "gpuctk.hook.requests.drivercaps.ENV", ""),
     # the spec's hook entry: its program, verbs, options, actions and env
     ("GPUCTK_HOOK_NAME", f"{_FACTS}.HOOK_NAME", ""),
@@ -65,6 +66,10 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_LD_SO_CONF", "gpuctk.hook.verbs.inroot.LD_SO_CONF", ""),
     ("GPUCTK_LD_CONF_DIR", "gpuctk.hook.verbs.inroot.LD_CONF_DIR", ""),
     ("GPUCTK_LD_CONF_NAME", "gpuctk.hook.verbs.inroot.LD_CONF_FILE", "name"),
+    ("GPUCTK_MERGE_VERB", "gpuctk.hook.verbs.ldmerge.MERGE_VERB", ""),
+    ("GPUCTK_IMAGE_FD_OPT", "gpuctk.hook.verbs.ldmerge.IMAGE_FD_OPT", ""),
+    ("GPUCTK_ENTRIES_FD_OPT", "gpuctk.hook.verbs.ldmerge.ENTRIES_FD_OPT", ""),
+    ("GPUCTK_NOT_MERGED", "gpuctk.hook.verbs.ldmerge.NOT_MERGED", ""),
     ("GPUCTK_COMPAT_CONF", "gpuctk.hook.verbs.cudacompat.COMPAT_CONF", ""),
     ("GPUCTK_COMPAT_DIR", "gpuctk.hook.verbs.cudacompat.COMPAT_DIR", ""),
     ("GPUCTK_COMPAT_LIBCUDA", "gpuctk.hook.verbs.cudacompat.LIBCUDA", ""),
@@ -149,12 +154,17 @@ def values() -> dict[str, Value]:
     return {name: value(source, take) for name, source, take in WORDS}
 
 
+_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "\x0b": "\\v", "\x0c": "\\f"}
+
+
 def c_string(text: str) -> str:
-    """`text` as a C string literal (printable ASCII and newlines only)."""
-    if not all(" " <= c <= "~" or c == "\n" for c in text):
+    """`text` as a C string literal (printable ASCII and ASCII white space only)."""
+    if not all(" " <= c <= "~" or c in _ESCAPES for c in text):
         raise ValueError(f"{text!r}: the C vocabulary is printable ASCII")
     escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("?", "\\?")
-    return '"' + escaped.replace("\n", "\\n") + '"'
+    for c, e in _ESCAPES.items():
+        escaped = escaped.replace(c, e)
+    return '"' + escaped + '"'
 
 
 def _define(name: str, v: Value) -> str:

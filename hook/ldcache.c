@@ -5,22 +5,23 @@
  * at their container paths (/usr/local/nvidia/lib64/libcuda.so.1, ...), written when the
  * stage is made: the SONAMEs and flags come from the host files' ELF headers there, never
  * from here. merge_cache() writes the image's /etc/ld.so.cache anew with the image's entries
- * and the stage's, in ldconfig's order (the shim and gpuctk-hook write the same entries in
- * the same order: tests/unit/test_cdihook_ldcache.py compares them): an image entry of the
- * same (name, flags) as a stage entry is replaced by it, glibc-hwcaps extension entries are
- * left out, and the result is a new-format ("glibc-ld.so.cache1.1") cache with no extension
- * section.
+ * and the stage's, in ldconfig's order: an image entry of the same (name, flags) as a stage
+ * entry is replaced by it, glibc-hwcaps extension entries are left out, and the result is a
+ * new-format ("glibc-ld.so.cache1.1") cache with no extension section. This is the one reader
+ * of an image's cache: the shim and gpuctk-hook merge theirs here too (`merge-ld-cache`, with
+ * the entries they built in place of the stage's cache).
  *
  * Both caches are read whole, bounded (GPUCTK_MAX_CACHE bytes), and
  * checked before anything is written: every count and offset against the file, every string
  * ended by a NUL inside the file, a name at most NAME_MAX bytes without "/". Each string an
  * entry names is copied once, in file order, and one that lies inside the string copied
  * before it (a name inside its path, as ldconfig stores them) is not copied again: what is
- * written is at most the two string sections, and a container restarted on the same root
+ * written is at most the inputs' string sections, and a container restarted on the same root
  * gets the same bytes again. Time is linear in the files' size, plus two sorts of the
  * entries, each comparison reading at most two names (2 x NAME_MAX bytes).
  * Anything this does not fully understand (an old-format cache without a new part, a
- * big-endian one, a malformed one) returns -1 before any write: gpuctk-hook does the work. */
+ * big-endian one, a malformed one) returns -1 before any write: the host's ldconfig, confined
+ * to the root, then builds the cache (gpuctk-hook). */
 
 #include <stdint.h>
 
@@ -122,12 +123,11 @@ static int ldc_u32_order(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* The limits of gpuctk's ld cache reader, which gpuctk-hook's merge keeps to (a cache past
- * them is not merged there, so not here either: the same image is served the same way): the
- * distinct strings the entries name (by offset; a name counts once with the paths) at most 1.5
- * times the file plus LDC_PATH_MAX, the names' runs of digits at most one per 16 bytes of file
- * plus LDC_NAME_MAX. 0 within them, -1 past them or out of memory. Every entry of `f` counts,
- * those left out or replaced too (its offsets checked by ldc_entry before). */
+/* The limits of what is merged (a cache past them is left to ldconfig): the distinct strings
+ * the entries name (by offset; a name counts once with the paths) at most 1.5 times the file
+ * plus LDC_PATH_MAX, the names' runs of digits at most one per 16 bytes of file plus
+ * LDC_NAME_MAX. 0 within them, -1 past them or out of memory. Every entry of `f` counts, those
+ * left out or replaced too (its offsets checked by ldc_entry before). */
 static int ldc_within_limits(const struct ldc_file *f)
 {
 	size_t n = f->nlibs, strings = 0, runs = 0;
@@ -225,8 +225,8 @@ static int ldc_ref_order(const void *a, const void *b)
 
 /* The strings the entries name, each copied once into `out` (a string that lies inside the
  * one copied before it, as ldconfig stores a name inside its path, is not copied again); the
- * entries' offsets set to theirs there, after `table` bytes. At most the two string sections
- * are copied: returns the bytes written. */
+ * entries' offsets set to theirs there, after `table` bytes. At most the inputs' string
+ * sections are copied: returns the bytes written. */
 static size_t ldc_strings(struct ldc_entry *all, size_t n, const struct ldc_file *files,
 			  struct ldc_ref *refs, char *out, size_t table)
 {
@@ -254,29 +254,48 @@ static size_t ldc_strings(struct ldc_entry *all, size_t n, const struct ldc_file
 	return put;
 }
 
-/* The new cache of `image` (the image's file) and `stage` (the stage's) into *out (malloc'd),
- * *outlen: 0, or -1 when either is not a cache this reader takes (nothing made). */
-static int ldc_merge(const char *image, size_t ilen, const char *stage, size_t slen, char **out,
-		     size_t *outlen)
+#define LDC_MAX_PARTS 2
+
+/* The entries of the parts (the caches to add, in their order) into all[*n]: 0, -1 malformed. */
+static int ldc_part_entries(const struct ldc_file *f, int nparts, struct ldc_entry *all, size_t *n)
 {
-	struct ldc_file f[2];
-	if (ldc_open(image, ilen, &f[0]) != 0 || ldc_open(stage, slen, &f[1]) != 0)
+	size_t order = f[0].nlibs;
+	for (int p = 1; p <= nparts; p++)
+		for (uint32_t i = 0; i < f[p].nlibs; i++, order++) {
+			int got = ldc_entry(&f[p], i, &all[*n]);
+			if (got < 0)
+				return -1;
+			if (got)
+				all[*n].order = order, all[*n].from = p, (*n)++;
+		}
+	return 0;
+}
+
+/* The new cache of `image` (the image's file) and `parts` (the caches to add: the stage's; or
+ * an image's newer CUDA compat libraries, then the driver's) into *out (malloc'd), *outlen:
+ * 0, or -1 when one is not a cache this reader takes (nothing made). An image entry of the
+ * same (name, flags) as an added one is left out; added entries of the same order keep the
+ * parts' order (the first wins in the loader, as ldconfig's first folder). */
+static int ldc_merge_parts(const char *image, size_t ilen, const char *const *parts,
+			   const size_t *plens, int nparts, char **out, size_t *outlen)
+{
+	struct ldc_file f[1 + LDC_MAX_PARTS];
+	if (nparts < 1 || nparts > LDC_MAX_PARTS || ldc_open(image, ilen, &f[0]) != 0)
 		return -1;
-	size_t cap = (size_t)f[0].nlibs + f[1].nlibs, n = 0, nstage;
+	size_t cap = f[0].nlibs, n = 0, nadded, room = f[0].len - f[0].strings;
+	for (int p = 1; p <= nparts; p++) {
+		if (ldc_open(parts[p - 1], plens[p - 1], &f[p]) != 0)
+			return -1;
+		cap += f[p].nlibs;
+		room += f[p].len - f[p].strings;
+	}
 	struct ldc_entry *all = calloc(cap ? cap : 1, sizeof *all);
 	struct ldc_ref *refs = calloc(cap ? 2 * cap : 1, sizeof *refs);
 	char *buf = NULL;
-	if (!all || !refs)
+	/* the added entries first, to know what they replace */
+	if (!all || !refs || ldc_part_entries(f, nparts, all, &n) != 0)
 		goto bad;
-	/* the stage's entries first, to know what they replace */
-	for (uint32_t i = 0; i < f[1].nlibs; i++) {
-		int got = ldc_entry(&f[1], i, &all[n]);
-		if (got < 0)
-			goto bad;
-		if (got)
-			all[n].order = f[0].nlibs + i, all[n].from = 1, n++;
-	}
-	nstage = n;
+	nadded = n;
 	for (uint32_t i = 0; i < f[0].nlibs; i++) { /* every entry checked before the limits */
 		struct ldc_entry e;
 		if (ldc_entry(&f[0], i, &e) < 0)
@@ -289,7 +308,7 @@ static int ldc_merge(const char *image, size_t ilen, const char *stage, size_t s
 		int got = ldc_entry(&f[0], i, &e), replaced = 0;
 		if (got < 0)
 			goto bad;
-		for (size_t s = 0; got && s < nstage && !replaced; s++)
+		for (size_t s = 0; got && s < nadded && !replaced; s++)
 			replaced = all[s].flags == e.flags && strcmp(all[s].name, e.name) == 0;
 		if (got && !replaced) {
 			e.order = i;
@@ -299,7 +318,6 @@ static int ldc_merge(const char *image, size_t ilen, const char *stage, size_t s
 	}
 	qsort(all, n, sizeof *all, ldc_order);
 	size_t table = LDC_HEADER + n * LDC_ENTRY;
-	size_t room = (f[0].len - f[0].strings) + (f[1].len - f[1].strings);
 	if (table + room > UINT32_MAX || !(buf = malloc(table + room)))
 		goto bad;
 	size_t strings = ldc_strings(all, n, f, refs, buf + table, table);
@@ -327,4 +345,11 @@ bad:
 	free(refs);
 	free(buf);
 	return -1;
+}
+
+/* The new cache of `image` and `stage` (the stage's own cache): ldc_merge_parts. */
+static int ldc_merge(const char *image, size_t ilen, const char *stage, size_t slen, char **out,
+		     size_t *outlen)
+{
+	return ldc_merge_parts(image, ilen, &stage, &slen, 1, out, outlen);
 }

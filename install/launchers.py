@@ -267,11 +267,11 @@ exec {python} -IS -c "$pycode" "$0" "$@"
 
 
 def built_front() -> str:
-    """The compiled gpuctk-cdi-hook this install has (gpuctk.hook.verbs.nodeprotect.installed);
+    """The compiled gpuctk-cdi-hook this install has (gpuctk.hook.verbs.compiled.installed);
     "" where there is none."""
-    from gpuctk.hook.verbs import nodeprotect
+    from gpuctk.hook.verbs import compiled
 
-    return nodeprotect.installed()
+    return compiled.installed()
 
 
 def write_launchers(bindir: str, python: str | None = None, installed: str = "") -> list[str]:

@@ -56,7 +56,7 @@ def parse(value: str | None) -> tuple[frozenset[str], list[str]]:
     selected = caps.parse_capabilities(value)
     notes: list[str] = []
     if value:
-        unknown = sorted({w.strip() for w in value.split(",")} - {*caps.ALL, "all", ""})
+        unknown = sorted({w.strip(caps.BLANKS) for w in value.split(",")} - {*caps.ALL, "all", ""})
         if unknown:
             notes.append(
                 f"{ENV}: ignoring unknown capabilities {', '.join(unknown)} "

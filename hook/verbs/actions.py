@@ -164,11 +164,11 @@ def merge_cache(
                 )
                 return None
     try:
-        kept = ldmerge.write_cache(root_fd, old, cudacompat.ahead(compat, entries))
+        ldmerge.write_cache(root_fd, old, cudacompat.ahead(compat, entries))
     except ValueError as exc:
         hooklog.warning(f"the image's {ldmerge.LD_CACHE}: {exc}: the host's ldconfig rebuilds it")
         return None
-    done = f"ld cache: the image's {kept} entries and {len(entries)} driver libraries"
+    done = f"ld cache: the image's entries and {len(entries)} driver libraries"
     if compat is not None:
         done += f", {compat.folder} first"
     return done + " (no ldconfig)"
@@ -181,16 +181,15 @@ def merge_stage_cache(root_fd: int, part: str, compat: cudacompat.Compat | None)
     written, when the image has no cache this reader knows or `part` cannot be used: ldconfig
     then rebuilds it."""
     try:
-        entries = ldmerge.read_stage_cache(part)
         old = ldmerge.read_image_cache(root_fd)
         if old is None:
             hooklog.log("debug", f"no {ldmerge.LD_CACHE} in the image: ldconfig", to_stderr=False)
             return None
-        ldmerge.write_cache(root_fd, old, cudacompat.ahead(compat, entries))
+        ldmerge.write_cache(root_fd, old, cudacompat.ahead(compat, []), part)
     except (OSError, ValueError) as exc:
         hooklog.warning(f"the stage's cache not merged ({exc}): the host's ldconfig rebuilds it")
         return None
-    done = f"ld cache: the image's and the stage's {len(entries)} libraries"
+    done = "ld cache: the image's and the stage's libraries"
     return done + (f", {compat.folder} first" if compat is not None else "") + " (no ldconfig)"
 
 

@@ -164,6 +164,16 @@ def _run(argv: list[str]) -> int:
         from gpuctk.hook.verbs import prestart
 
         return prestart.main(verb, words[1:])
+    from gpuctk.hook.verbs import compiled
+
+    if verb in compiled.SERVED_VERBS or compiled.ROOT_FD_OPT in words[1:]:
+        # gpuctk-cdi-hook's own forms, run by this gpuctk-hook: the one beside it handed them
+        # back, so it is one from before them
+        raise GpuctkError(
+            f"{verb} {' '.join(words[1:3])}...: a form of {compiled.PROGRAM} that the "
+            f"{compiled.PROGRAM} beside gpuctk-hook does not know (an older build): reinstall "
+            "gpuctk (pip install ., the deb, or gpuctk install) so that both come from one build"
+        )
     if verb not in _OPTIONS:
         hooklog.warning(f"unknown verb {verb!r} ignored (written by a newer gpuctk?)")
         return 0

@@ -2,20 +2,20 @@
 
 Both in-root paths use it: gpuctk-runtime before runc (gpuctk.hook.shim.shimroot) and gpuctk-hook
 in its createContainer step (gpuctk.hook.verbs.actions), so a container's cache is the same
-whichever engine applied the spec. The image's `/etc/ld.so.cache` is parsed and kept; each injected
-library is added under its SONAME: a mounted driver file whose name is its own SONAME, or a
-SONAME link (the spec's `--link`) that leads to one. Flags and SONAMEs come from the ELF
-headers of the HOST files (the mount sources), never from files of the image. The result is in
-ldconfig's order and format (gpuctk.cdi.node.ldcache.build_ld_cache), so the loader and `ldconfig
--p`
-see what ldconfig would have written for those libraries.
+whichever engine applied the spec. Each injected library is added under its SONAME: a mounted
+driver file whose name is its own SONAME, or a SONAME link (the spec's `--link`) that leads to
+one. Flags and SONAMEs come from the ELF headers of the HOST files (the mount sources), never
+from files of the image; the entries are built here in ldconfig's format
+(gpuctk.cdi.node.ldcache.build_ld_cache).
 
-The image's cache is hostile input read as root: the merge costs time and memory linear in its
-size, and a cache over MAX_CACHE is not read at all. Such a cache, a malformed one, or one past
-the reader's limits (a name that is no file name, more strings or digits than a real cache's:
-gpuctk.cdi.node.ldcache) is not merged: the shim leaves the container to gpuctk-hook, whose
-confined host ldconfig (with its time limit) builds the cache from the image's folders
-instead, as for an image with no cache.
+The image's cache is hostile input read as root. It is read here only as bytes, bounded (a
+cache over MAX_CACHE is not read at all), from inside the root (gpuctk.rootfs), and parsed and
+merged by one reader, the C one the folder spec's entry runs (hook/ldcache.c, through
+gpuctk-cdi-hook's `merge-ld-cache`: write_cache): time and memory linear in its size. A cache
+it does not take (malformed, past its limits: a name that is no file name, more strings or
+digits than a real cache's) is not merged: the caller leaves the container to the confined host
+ldconfig (with its time limit), which builds the cache from the image's folders instead, as for
+an image with no cache.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import posixpath
 import stat
 
 from gpuctk import rootfs
-from gpuctk.fs import read_limited, root_seen, stat_identity
+from gpuctk.cdi.node import facts
+from gpuctk.fs import stat_identity
+from gpuctk.hook.verbs import compiled
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
@@ -35,6 +37,12 @@ if TYPE_CHECKING:
     from gpuctk.cdi.node.ldcache import LdCacheEntry
 
 LD_CACHE = "/etc/ld.so.cache"
+MERGE_VERB = compiled.MERGE_VERB  # gpuctk-cdi-hook's merge, run by merged()
+IMAGE_FD_OPT = "--image-fd"
+ENTRIES_FD_OPT = "--entries-fd"
+STAGE_CACHE_OPT = facts.LD_CACHE_OPT
+NOT_MERGED = 3  # its exit status when a cache is not one it takes
+CACHE_MAGIC = b"glibc-ld.so.cache1.1"  # what the merge writes (gpuctk.cdi.node.ldcache.MAGIC_NEW)
 MAX_CACHE = 4 << 20  # gpuctk.cdi.node.ldcache.MAX_CACHE_SIZE (not imported: only merges load it)
 
 
@@ -133,41 +141,50 @@ def read_image_cache(root_fd: int) -> bytes | None:
         ) from None
 
 
-def read_stage_cache(path: str) -> list[LdCacheEntry]:
-    """The entries of a stage's own cache (gpuctk.cdi.stage.CACHE), the host file `path` a
-    folder spec names: read only when it is a regular file of root's (as gpuctk.fs.root_seen
-    shows root: in a user namespace that maps no host root, an owner it does not map passes
-    too, the cache then trusted as far as the stage's libraries beside it) that nobody else
-    can write (looked at through an O_PATH descriptor, its last part not followed, before it
-    is opened), as gpuctk-cdi-hook reads it. OSError or ValueError otherwise."""
-    from gpuctk.cdi.node.ldcache import parse_ld_cache
+def write_cache(
+    root_fd: int, old: bytes, added: list[LdCacheEntry], stage_cache: str | None = None
+) -> None:
+    """Write the root's cache: merged(old, added, stage_cache), through gpuctk.rootfs."""
+    rootfs.write_file_in_root(root_fd, LD_CACHE, merged(old, added, stage_cache), 0o644)
 
-    at = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+def merged(old: bytes, added: list[LdCacheEntry], stage_cache: str | None = None) -> bytes:
+    """The entries of `old` (the image's cache) that the added ones do not replace, and
+    `added`, then those of `stage_cache` (a folder spec's own cache on the host, --ld-cache:
+    read only when it is a regular file of root's that nobody else can write, as the spec's
+    entry reads it), in ldconfig's order, merged by gpuctk-cdi-hook (`merge-ld-cache`,
+    hook/ldcache.c: the one reader of an image's cache, the spec's entry's merge). ValueError
+    when a cache is not one it takes, is past its limits, or the stage's cannot be used. Time
+    and memory are linear in the caches' sizes (each at most MAX_CACHE); the result is at
+    most their strings."""
+    from gpuctk.cdi.node.ldcache import build_ld_cache
+
+    fds = [_memfd("image-ld-cache", old), _memfd("entries", build_ld_cache(added))]
     try:
-        st = os.fstat(at)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != root_seen() or st.st_mode & 0o022:
-            raise ValueError(f"{path} is not a regular file of root's that only root can write")
-        if st.st_size > MAX_CACHE:
-            raise ValueError(f"{path} is over the {MAX_CACHE}-byte limit")
-        fd = os.open(f"/proc/self/fd/{at}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        try:
-            data = read_limited(fd, MAX_CACHE)
-        finally:
-            os.close(fd)
+        args = [MERGE_VERB, IMAGE_FD_OPT, str(fds[0]), ENTRIES_FD_OPT, str(fds[1])]
+        if stage_cache is not None:
+            args += [STAGE_CACHE_OPT, stage_cache]
+        done = compiled.run(args, tuple(fds), "the ld cache merge")
     finally:
-        os.close(at)
-    return list(parse_ld_cache(data, max_size=MAX_CACHE))
+        for fd in fds:
+            os.close(fd)
+    if done.returncode == NOT_MERGED:
+        raise ValueError(compiled.why(done))
+    if done.returncode != 0 or not done.stdout.startswith(CACHE_MAGIC):
+        why = compiled.why(done) if done.returncode else "no cache came back"
+        raise OSError(errno.EIO, f"the ld cache merge: {why}")
+    return done.stdout
 
 
-def write_cache(root_fd: int, old: bytes, added: list[LdCacheEntry]) -> int:
-    """Write the root's cache: the entries of `old` (the image's cache) that `added` does not
-    replace, then `added`. Returns how many of the image's entries were kept. ValueError if
-    `old` is not a cache this reader knows or is past its limits; nothing is written then.
-    Time and memory are linear in len(old) (at most MAX_CACHE) and len(added), and what is
-    written is at most about twice len(old), plus `added` (gpuctk.cdi.node.ldcache)."""
-    from gpuctk.cdi.node.ldcache import build_ld_cache, parse_ld_cache
-
-    new_keys = {(e.key, e.flags) for e in added}
-    kept = [e for e in parse_ld_cache(old, max_size=MAX_CACHE) if (e.key, e.flags) not in new_keys]
-    rootfs.write_file_in_root(root_fd, LD_CACHE, build_ld_cache([*kept, *added]), 0o644)
-    return len(kept)
+def _memfd(name: str, data: bytes) -> int:
+    """A memory file holding `data`, at its start."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -37,15 +37,12 @@ does not run (gpuctk.hook.verbs.nodeguard).
 
 from __future__ import annotations
 
-import os
-import sys
-
 from gpuctk.cdi.node.facts import GUARD_ACTION
 from gpuctk.errors import GpuctkError
+from gpuctk.hook.verbs import compiled
 
 NAME = GUARD_ACTION
-PROGRAM = "gpuctk-cdi-hook"  # hook/cdihook.c: the guard's one implementation
-ROOT_FD_OPT = "--root-fd"  # gpuctk-hook's form: the container root as an inherited descriptor
+ROOT_FD_OPT = compiled.ROOT_FD_OPT  # gpuctk-hook's form: the root as an inherited descriptor
 PARAMS = "/proc/driver/nvidia/params"
 MAX_BYTES = 64 * 1024
 KEY = b"ModifyDeviceFiles: "
@@ -54,53 +51,10 @@ SCRATCH_PREFIX = ".gpuctk-params-"  # + 12 random hex digits: the copy in /dev, 
 TMPFS_MAGIC = 0x01021994  # statfs(2)'s f_type of a tmpfs
 
 
-def installed() -> str:
-    """The compiled gpuctk-cdi-hook this install has: gpuctk.hook's copy (setup.py's build),
-    else the one beside the interpreter (a venv's bin/, where tests/run.sh builds it for an
-    editable install); "" where there is none."""
-    from gpuctk import hook
-
-    for folder in (
-        os.path.dirname(os.path.abspath(hook.__file__)),
-        os.path.dirname(sys.executable),
-    ):
-        path = os.path.join(folder, PROGRAM)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return ""
-
-
-def program() -> str:
-    """gpuctk-cdi-hook beside this gpuctk-hook (as named, then its real file: the one that
-    handed the container over, or the deb's), else installed(); "" where there is none."""
-    me = sys.argv[0] if sys.argv else ""
-    for mine in [me, os.path.realpath(me)] if me[:1] == "/" else []:
-        path = os.path.join(os.path.dirname(mine), PROGRAM)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return installed()
-
-
 def protect(root_fd: int) -> str:
     """The guard (see the module docstring) for the container root `root_fd`, done by
     gpuctk-cdi-hook; returns what was done, in words. GpuctkError when it cannot be done."""
-    import subprocess
-
-    exe = program()
-    if not exe:
-        raise GpuctkError(
-            f"{NAME}: no {PROGRAM} beside gpuctk-hook or in the gpuctk package: reinstall "
-            "gpuctk (pip install ., the deb or the node image), which builds it"
-        )
-    try:
-        done = subprocess.run(
-            [exe, NAME, ROOT_FD_OPT, str(root_fd)], pass_fds=(root_fd,), env={},
-            stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise GpuctkError(f"{NAME}: {exe}: {exc}") from None
+    done = compiled.run([NAME, ROOT_FD_OPT, str(root_fd)], (root_fd,), NAME)
     if done.returncode != 0:
-        lines = done.stderr.decode(errors="replace").strip().splitlines() or ["no message"]
-        why = lines[-1].removeprefix(f"{PROGRAM}: error: ")
-        raise GpuctkError(f"{NAME}: {why} (exit {done.returncode})")
+        raise GpuctkError(f"{NAME}: {compiled.why(done)}")
     return done.stdout.decode(errors="replace").strip()

@@ -1,8 +1,9 @@
 /* libFuzzer harness: gpuctk-cdi-hook's ld.so.cache reader and merger (hook/ldcache.c) over a
  * hostile image's /etc/ld.so.cache: the input merged with a small stage cache of the kind
- * gpuctk.cdi.stage writes, and with itself (the stage's reader is the same code). A merge that
+ * gpuctk.cdi.stage writes, with itself (the stage's reader is the same code), and with the
+ * two parts gpuctk-hook's merge passes (entries it built, then the stage's). A merge that
  * succeeds must give a cache this reader takes again, every entry whole, no more entries than
- * the two inputs hold. */
+ * the inputs hold. */
 #include "fuzz.h"
 
 static char stage[512];
@@ -55,6 +56,12 @@ static void merge(const char *image, size_t ilen, const char *part, size_t plen)
 	if (ldc_open(image, ilen, &a) != 0 || ldc_open(part, plen, &b) != 0)
 		abort(); /* merged, yet one of the two is not a cache */
 	check(out, olen, a.nlibs + b.nlibs);
+	const char *parts[2] = { part, image };
+	size_t lens[2] = { plen, ilen };
+	char *both = NULL; /* the product's allocations: fuzz_release() frees them */
+	if (ldc_merge_parts(image, ilen, parts, lens, 2, &both, &olen) != 0)
+		abort(); /* both merged one by one above */
+	check(both, olen, a.nlibs + b.nlibs + a.nlibs);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

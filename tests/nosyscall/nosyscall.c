@@ -1,5 +1,6 @@
-/* nosyscall NR[,NR...] PROGRAM [ARG...]: run PROGRAM with the listed system calls failing
- * with ENOSYS, as on a kernel that lacks them (a seccomp filter, installed after
+/* nosyscall NR[:ERRNO][,NR...] PROGRAM [ARG...]: run PROGRAM with the listed system calls
+ * failing with ENOSYS (or ERRNO: EPERM, a container engine's seccomp profile's answer), as on a
+ * kernel that lacks them (a seccomp filter, installed after
  * PR_SET_NO_NEW_PRIVS, inherited by every child). The tests use it to run gpuctk's tools
  * down the paths they take on older kernels (openat2 before Linux 5.6, the mount API before
  * 5.2) without any switch in the product. */
@@ -18,13 +19,15 @@
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: nosyscall NR[,NR...] PROGRAM [ARG...]\n");
+        fprintf(stderr, "usage: nosyscall NR[:ERRNO][,NR...] PROGRAM [ARG...]\n");
         return 2;
     }
-    long calls[MAX_CALLS];
+    long calls[MAX_CALLS], errs[MAX_CALLS];
     int n = 0;
     for (char *tok = strtok(argv[1], ","); tok && n < MAX_CALLS; tok = strtok(NULL, ",")) {
-        calls[n++] = strtol(tok, NULL, 10);
+        char *end;
+        calls[n] = strtol(tok, &end, 10);
+        errs[n++] = *end == ':' ? strtol(end + 1, NULL, 10) : ENOSYS;
     }
     struct sock_filter filter[3 + 2 * MAX_CALLS];
     int k = 0;
@@ -34,7 +37,8 @@ int main(int argc, char **argv) {
         filter[k++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K,
                                                    (unsigned)calls[i], 0, 1);
         filter[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K,
-                                                   SECCOMP_RET_ERRNO | (ENOSYS & SECCOMP_RET_DATA));
+                                                   SECCOMP_RET_ERRNO |
+                                                   ((unsigned)errs[i] & SECCOMP_RET_DATA));
     }
     filter[k++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
     struct sock_fprog prog = {.len = (unsigned short)k, .filter = filter};

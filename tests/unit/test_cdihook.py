@@ -20,6 +20,7 @@ CDIHOOK_FUZZ_RUNS sets how many mutated config.json files the fuzz case tries.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -869,6 +870,10 @@ GUARD_SCRIPT = r"""
 set -u
 root=$1 out=$2 mode=$3 py=$4
 shift 4
+case $mode in  # an image whose /proc or /dev is a link: the runtime mounts through it
+linked-proc) { rmdir "$root/proc" && mkdir "$root/p" && ln -s p "$root/proc"; } || exit 92 ;;
+linked-dev) { mkdir "$root/devreal" && ln -s devreal "$root/dev"; } || exit 92 ;;
+esac
 mkdir -p "$root/dev"
 if [ "$mode" != plain ]; then
 	mount -t tmpfs -o mode=0755 cdihook-test-proc "$root/proc" || exit 90
@@ -877,6 +882,7 @@ case $mode in  # a runtime's /dev; one others may write; the host's; "image-dev"
 proc) mount -t tmpfs -o mode=0755 cdihook-test-dev "$root/dev" || exit 91 ;;
 shared-dev) mount -t tmpfs -o mode=1777 cdihook-test-dev "$root/dev" || exit 91 ;;
 host-dev) mount --bind /dev "$root/dev" || exit 91 ;;
+linked-dev) mount -t tmpfs -o mode=0755 cdihook-test-dev "$root/devreal" || exit 91 ;;
 esac
 mkdir -p "$root/proc/driver/nvidia"
 cat "$out/params.in" >"$root/proc/driver/nvidia/params"
@@ -885,7 +891,7 @@ ls -a /run "$root/dev" | grep '^\.gpuctk-params-' | sort >"$out/run.before"
 echo $? >"$out/rc"
 ls -a /run "$root/dev" | grep '^\.gpuctk-params-' | sort >"$out/run.after"
 cat "$root/proc/driver/nvidia/params" >"$out/params.out"
-grep -F " $root/proc/driver/nvidia/params " /proc/self/mountinfo >"$out/mounts"
+grep -F "/driver/nvidia/params " /proc/self/mountinfo | grep -F " $root/" >"$out/mounts"
 "$py" -c '
 import errno, os, sys
 try:
@@ -928,6 +934,7 @@ def guard_run(
     params: bytes,
     mode: str,
     old_kernel: bool = False,
+    seccomp: bool = False,
 ) -> Guarded:
     out = tmp_path / "guard"
     out.mkdir()
@@ -945,8 +952,11 @@ def guard_run(
     cmd = ["unshare", "-m", "--propagation", "private", "sh", str(script)]
     cmd += [str(bundle.root), str(out), mode, shutil.which("python3") or "python3"]
     exe = [str(front.exe), *args]
+    calls = ("openat2", "open_tree", "mount_setattr", "move_mount", "statx")
     if old_kernel:  # as before 5.2: none of these (statx: no mount id, which fdinfo gives)
-        exe = without(("openat2", "open_tree", "mount_setattr", "move_mount", "statx"), exe)
+        exe = without(calls, exe)
+    elif seccomp:  # an engine's seccomp profile that answers them with EPERM
+        exe = without(calls, exe, errno.EPERM)
     done = subprocess.run([*cmd, *exe], env=env, capture_output=True, timeout=TIMEOUT, check=False)
     assert done.returncode == 0, done.stderr
     err = (out / "stderr").read_text()
@@ -1064,6 +1074,49 @@ def test_guard_on_an_old_kernel_in_the_containers_dev(
     assert g.params == PARAMS_OFF and g.write == "EROFS" and " ro," in g.mounts
     assert " cdihook-test-dev " in g.mounts, g.mounts
     assert not g.leftover
+
+
+@guarded
+@pytest.mark.parametrize("kernel", ["new", "old"])
+def test_guard_serves_an_image_whose_dev_is_a_link(
+    front: Front, bundle: Bundle, tmp_path: Path, kernel: str
+) -> None:
+    """An image's /dev that is a link (the runtime mounts its tmpfs through it): the link is
+    followed inside the root, and the copy lies on that tmpfs, the container's own, as a user
+    namespace needs it. A kernel without openat2 follows no link here: the copy goes to /run."""
+    g = guard_run(front, bundle, tmp_path, GUARD_ARGS[0], PARAMS_ON, "linked-dev", kernel == "old")
+    assert g.rc == 0 and not g.ran, g.stderr
+    assert g.params == PARAMS_OFF and g.write == "EROFS" and not g.leftover
+    assert (" cdihook-test-dev " in g.mounts) == (kernel == "new"), g.mounts
+
+
+@guarded
+@pytest.mark.parametrize("kernel", ["new", "old"])
+def test_guard_never_takes_a_link_it_cannot_follow_for_no_driver(
+    front: Front, bundle: Bundle, tmp_path: Path, kernel: str
+) -> None:
+    """An image's /proc that is a link to where the runtime mounted procfs: guarded where
+    openat2 follows it inside the root; without openat2 an error that stops the container,
+    never "no params here" with the container unguarded."""
+    g = guard_run(front, bundle, tmp_path, GUARD_ARGS[0], PARAMS_ON, "linked-proc", kernel == "old")
+    if kernel == "new":
+        assert g.rc == 0 and g.params == PARAMS_OFF and g.write == "EROFS", g.stderr
+    else:
+        assert g.rc == 1 and "a link on the way to /proc" in g.stderr, g.stderr
+        assert g.stderr.count("\n") == 1 and g.mounts == "" and g.write == "writable"
+    assert not g.ran and not g.leftover
+
+
+@guarded
+def test_guard_under_a_seccomp_filter_that_answers_eperm(
+    front: Front, bundle: Bundle, tmp_path: Path
+) -> None:
+    """openat2, the mount API and statx refused with EPERM (a seccomp profile's answer): the
+    same fallbacks as on a kernel without them, the copy in the container's own /dev."""
+    g = guard_run(front, bundle, tmp_path, GUARD_ARGS[0], PARAMS_ON, "proc", seccomp=True)
+    assert g.rc == 0 and not g.ran, g.stderr
+    assert g.params == PARAMS_OFF and g.write == "EROFS" and " ro," in g.mounts
+    assert " cdihook-test-dev " in g.mounts and not g.leftover
 
 
 @guarded

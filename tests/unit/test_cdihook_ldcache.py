@@ -354,17 +354,19 @@ def test_gpuctk_hook_writes_what_this_hook_writes(
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root")
 def test_gpuctk_hook_takes_roots_host_files_in_a_user_namespace(part: Path, tmp_path: Path) -> None:
-    """gpuctk-hook takes the stage's cache as gpuctk-cdi-hook does inside a user namespace
-    (tests/unit/test_cdihook.py::test_in_a_user_namespace_*): root's cache under the overflow
-    uid where no host root is mapped; another user's refused where root is. The host's
-    ldconfig, root's, is taken there too."""
+    """gpuctk-hook's merge takes the stage's cache by the spec's entry's rule inside a user
+    namespace (tests/unit/test_cdihook.py::test_in_a_user_namespace_*): root's cache under the
+    overflow uid where no host root is mapped; another user's refused where root is. The
+    host's ldconfig, root's, is taken there too."""
     theirs = tmp_path / "theirs.cache"
     shutil.copyfile(part, theirs)
     os.chown(theirs, 1000, 1000)
     code = (
         "import sys\nfrom gpuctk.fs import root_seen\nfrom gpuctk.hook.verbs import ldmerge\n"
+        "from gpuctk.cdi.node.ldcache import parse_ld_cache\n"
         "for path in sys.argv[1:]:\n"
-        "    try:\n        print(root_seen(), len(ldmerge.read_stage_cache(path)))\n"
+        "    try:\n        cache = ldmerge.merged(open(path, 'rb').read(), [], path)\n"
+        "        print(root_seen(), len(parse_ld_cache(cache)))\n"
         "    except ValueError:\n        print(root_seen(), 'refused')\n"
         "from gpuctk.hook.verbs import ldconfig\n"
         "print(ldconfig.open_host_ldconfig()[1])\n"
@@ -384,3 +386,55 @@ def test_gpuctk_hook_takes_roots_host_files_in_a_user_namespace(part: Path, tmp_
     both = [f"{overflow} {entries}", f"{overflow} {entries}", ldconfig]  # both owners unmapped
     assert got["none"] == both, got
     assert got["root"] == [f"0 {entries}", "0 refused", ldconfig], got
+
+
+@pytest.mark.parametrize("seed", ["new", "compat", "refused"])
+def test_the_shims_and_gpuctk_hooks_merge_is_this_readers(
+    libs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: str
+) -> None:
+    """gpuctk.hook.verbs.ldmerge.write_cache (the shim's and gpuctk-hook's merge) parses no
+    image cache in Python: gpuctk-cdi-hook's `merge-ld-cache` does, the same reader as the
+    folder spec's entry. With Python's reader made to fail, the image's cache and the added
+    entries still merge into what the entry writes; a cache the C does not take is a
+    ValueError (the caller's ldconfig serves) and nothing is written."""
+    from gpuctk import rootfs
+    from gpuctk.cdi.node import ldcache
+    from gpuctk.hook.verbs import ldmerge
+
+    data = (
+        refused_caches()["overlap"]
+        if seed == "refused"
+        else ldconfig_cache(tmp_path / "seed", libs, seed)
+    )
+    want = None if seed == "refused" else expected(data)
+
+    def no_python_reader(*_: object, **__: object) -> None:
+        raise AssertionError("an image's cache parsed in Python")
+
+    monkeypatch.setattr(ldcache, "parse_ld_cache", no_python_reader)
+    root = image(tmp_path / "root", b"old")
+    fd = rootfs.open_root(str(root))
+    try:
+        if want is None:
+            with pytest.raises(ValueError, match="not a cache this reader takes"):
+                ldmerge.write_cache(fd, data, STAGE_ENTRIES)
+        else:
+            ldmerge.write_cache(fd, data, STAGE_ENTRIES)
+    finally:
+        os.close(fd)
+    monkeypatch.undo()
+    written = (root / "etc/ld.so.cache").read_bytes()
+    assert written == b"old" if want is None else list(parse_ld_cache(written)) == want
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], ["--image-fd", "0"], ["--image-fd", "x", "--entries-fd", "0"], ["--entries-fd", "0", "1"]],
+)
+def test_the_merge_form_says_how_it_is_run(args: list[str]) -> None:
+    from gpuctk.hook.verbs import compiled, ldmerge
+
+    done = subprocess.run([compiled.installed(), ldmerge.MERGE_VERB, *args], capture_output=True,
+                          text=True, timeout=TIMEOUT, check=False)  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "usage: merge-ld-cache --image-fd" in done.stderr

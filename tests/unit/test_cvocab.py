@@ -29,13 +29,15 @@ def compiled_values(tmp_path: Path) -> dict[str, Any]:
     cc = cbuild.compiler()
     if not cc:
         pytest.skip("no C compiler")
-    lines = ["#include <stdio.h>", f'#include "{cvocab.HEADER}"', "int main(void) {"]
-    for name, value in cvocab.values().items():
+    lines = ["#include <stdio.h>", f'#include "{cvocab.HEADER}"',
+             "static void hex(const char *s) { while (*s) printf(\"%02x\", (unsigned char)*s++); }",
+             "int main(void) {"]  # fmt: skip
+    for name, value in cvocab.values().items():  # strings in hex: white space stays whole
         if isinstance(value, tuple):
-            lines.append(f'for (int i = 0; i < {name}_COUNT; i++) printf("%s {name} %s\\n", '
-                         f'i ? "+" : "=", {name}[i]);')  # fmt: skip
+            lines.append(f'for (int i = 0; i < {name}_COUNT; i++) {{ printf("%s {name} ", '
+                         f'i ? "+" : "="); hex({name}[i]); printf("\\n"); }}')  # fmt: skip
         elif isinstance(value, str):
-            lines.append(f'printf("= {name} %s\\n", {name});')
+            lines.append(f'printf("= {name} "); hex({name}); printf("\\n");')
         else:
             lines.append(f'printf("= {name} %lld\\n", (long long)({name}));')
     (tmp_path / "probe.c").write_text("\n".join([*lines, "return 0; }", ""]))
@@ -46,6 +48,8 @@ def compiled_values(tmp_path: Path) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for line in out.splitlines():  # "= NAME value", "+ NAME value": a list's next element
         mark, name, text = line.split(" ", 2)
+        if not isinstance(cvocab.values()[name], int):
+            text = bytes.fromhex(text).decode("ascii")
         if mark == "+":
             found[name] = (*found[name], text)
         elif isinstance(cvocab.values()[name], tuple):
@@ -59,6 +63,7 @@ def test_the_header_holds_the_python_constants(tmp_path: Path) -> None:
     got = compiled_values(tmp_path)
     assert got["GPUCTK_CAPS"] == capabilities.ALL
     assert got["GPUCTK_CAPS_DEFAULT"] == 0b11  # utility and compute: bits 0 and 1 of ALL
+    assert got["GPUCTK_CAPS_BLANKS"] == capabilities.BLANKS == " \t\n\r\x0b\x0c"
     assert got["GPUCTK_HOOK_VERB"] == facts.HOOK_VERB == "createContainer"
     assert got["GPUCTK_LINK_FOR_OPT"] == facts.LINK_FOR_OPT == "--link-for"
     assert got["GPUCTK_MAX_CACHE"] == ldmerge.MAX_CACHE

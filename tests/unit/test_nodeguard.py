@@ -45,11 +45,6 @@ HOOK = {
 PARAMS = b"Foo: 1\nModifyDeviceFiles: 1\nDeviceFileUID: 0\n"
 
 
-@pytest.fixture
-def no_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nodeprotect, "PARAMS", str(tmp_path / "absent" / "params"))
-
-
 def guard(edits: dict[str, Any], protect: str = "hook", taken: bool = True) -> dict[str, Any]:
     ours = [h for h in [HOOK] if h in (edits.get("hooks") or []) or taken]
     if taken:
@@ -57,7 +52,7 @@ def guard(edits: dict[str, Any], protect: str = "hook", taken: bool = True) -> d
     return dict(nodeguard.guard(edits, ours, protect, lambda _: None, taken=taken))  # type: ignore[arg-type]
 
 
-def test_taken_over_hook_becomes_the_guard_where_no_driver_is_loaded(no_driver: None) -> None:
+def test_taken_over_hook_becomes_the_guard_where_no_driver_is_loaded() -> None:
     got = guard({"hooks": [HOOK]})
     assert got["hooks"] == [{**HOOK, "args": ["gpuctk-hook", NAME]}]
 
@@ -104,25 +99,23 @@ def test_the_python_create_and_the_plan_add_the_same_entry(
         assert shimroot.gpuctk_hooks(staged) == staged["hooks"]
 
 
-def test_a_hook_that_runs_guards_itself(no_driver: None) -> None:
+def test_a_hook_that_runs_guards_itself() -> None:
     assert guard({"hooks": [HOOK]}, taken=False)["hooks"] == [HOOK]
 
 
-def test_the_setting_off_tells_a_running_hook_and_adds_nothing(no_driver: None) -> None:
+def test_the_setting_off_tells_a_running_hook_and_adds_nothing() -> None:
     (hook,) = guard({"hooks": [HOOK]}, protect="off", taken=False)["hooks"]
     assert hook["args"][-2:] == ["--disable-hook", NAME]
     assert guard({"hooks": [HOOK]}, protect="off")["hooks"] == []
 
 
-def test_a_spec_that_disables_it_gets_no_guard(no_driver: None) -> None:
+def test_a_spec_that_disables_it_gets_no_guard() -> None:
     hook = {**HOOK, "args": [*HOOK["args"], "--disable-hook", NAME]}
     got = nodeguard.guard({"hooks": []}, [hook], "hook", lambda _: None, taken=True)
     assert got["hooks"] == []
 
 
-def test_a_spec_without_hook_gets_the_installed_one(
-    no_driver: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_spec_without_hook_gets_the_installed_one(monkeypatch: pytest.MonkeyPatch) -> None:
     hook = Path(sys.executable).with_name("gpuctk-hook")
     monkeypatch.setattr(sys, "argv", [str(hook.with_name("gpuctk-runtime"))])
     got = nodeguard.guard({"mounts": []}, [], "hook", lambda _: None)
@@ -150,7 +143,7 @@ def test_the_guard_entry_names_the_compiled_front_beside_gpuctk_hook(tmp_path: P
 
 
 def test_config_json_gets_the_guard_where_no_driver_is_loaded(
-    no_driver: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The shim's steps for a spec without a gpuctk hook (library modes mounts, folder):
     prepare, take_over, apply: config.json's createContainer hooks hold the guard."""
@@ -339,3 +332,31 @@ def test_the_config_takes_proc_root_and_reads_nothing_of_it() -> None:
     assert not hasattr(settings, "proc_root")
     with pytest.raises(Exception, match="proc-roots"):
         config.parse('proc-roots = "/proc"\n', "t.toml")
+
+
+@pytest.mark.parametrize(
+    "args", [[NAME, "--root-fd", "3"], ["merge-ld-cache", "--image-fd", "3", "--entries-fd", "4"]]
+)
+def test_a_form_of_the_c_handed_back_says_the_c_is_older(args: list[str]) -> None:
+    """gpuctk-cdi-hook's own forms reach gpuctk-hook only from an older gpuctk-cdi-hook beside
+    it (one that hands what it does not know to gpuctk-hook): one line that says so and what
+    to do, exit 1, never a merge or guard quietly skipped."""
+    hook = Path(sys.executable).with_name("gpuctk-hook")
+    done = subprocess.run([str(hook), *args], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.count("\n") == 1 and "an older build" in done.stderr
+    assert "reinstall gpuctk" in done.stderr
+
+
+def test_a_merge_that_gives_no_cache_back_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An older gpuctk-cdi-hook without the merge hands it to gpuctk-hook, whose answer is no
+    cache: an error, never an empty cache written over the image's."""
+    from gpuctk.hook.verbs import compiled, ldmerge
+
+    def handed_back(args: list[str], fds: tuple[int, ...], what: str) -> Any:
+        return subprocess.CompletedProcess(args, 0, b"", b"")
+
+    monkeypatch.setattr(compiled, "run", handed_back)
+    with pytest.raises(OSError, match="no cache came back"):
+        ldmerge.merged(b"x", [])
