@@ -70,6 +70,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/vfs.h>
@@ -1000,10 +1001,7 @@ static int guard_open(int root, const char *path, int flags)
 static int random_name(char *name, size_t size)
 {
 	unsigned char rnd[6];
-	int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-	ssize_t got = fd >= 0 ? read(fd, rnd, sizeof rnd) : -1;
-	if (fd >= 0)
-		close(fd);
+	ssize_t got = getrandom(rnd, sizeof rnd, 0); /* no file to open, none to fail */
 	if (got != (ssize_t)sizeof rnd) {
 		errno = got < 0 ? errno : EIO;
 		return -1;
