@@ -13,10 +13,6 @@ import sys
 
 from gpuctk.errors import GpuctkError
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    import subprocess
-
 PROGRAM = "gpuctk-cdi-hook"
 ERROR_PREFIX = f"{PROGRAM}: error: "
 ROOT_FD_OPT = "--root-fd"  # the guard's form: the container root as an inherited descriptor
@@ -49,28 +45,83 @@ def program() -> str:
     return installed()
 
 
-def run(args: list[str], fds: tuple[int, ...], what: str) -> subprocess.CompletedProcess[bytes]:
-    """gpuctk-cdi-hook `args` with `fds` inherited, an empty environment and no stdin; its
-    output captured. GpuctkError (`what`: the job, for the message) when it is not installed
-    or cannot run; the caller reads the exit status."""
-    import subprocess
+class Done:
+    """What a run of gpuctk-cdi-hook gave: its exit status and output."""
 
+    __slots__ = ("returncode", "stderr", "stdout")
+
+    def __init__(self, returncode: int, stdout: bytes, stderr: bytes) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def run(args: list[str], fds: tuple[int, ...], what: str, timeout: float = 60.0) -> Done:
+    """gpuctk-cdi-hook `args` with `fds` inherited under their numbers, an empty environment,
+    /dev/null on stdin, its output read whole; killed after `timeout` seconds. Spawned with
+    os.posix_spawn: subprocess's import alone costs a container start several ms. GpuctkError
+    (`what`: the job, for the message) when it is not installed, cannot run or hangs; the
+    caller reads the exit status."""
     exe = program()
     if not exe:
         raise GpuctkError(
             f"{what}: no {PROGRAM} beside gpuctk-hook or in the gpuctk package: reinstall "
             "gpuctk (pip install ., the deb or the node image), which builds it"
         )
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    actions = [(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+               (os.POSIX_SPAWN_DUP2, err_w, 2)]  # fmt: skip
     try:
-        return subprocess.run(
-            [exe, *args], pass_fds=fds, env={}, stdin=subprocess.DEVNULL, capture_output=True,
-            timeout=60, check=False,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise GpuctkError(f"{what}: {exe}: {exc}") from None
+        for fd in fds:
+            os.set_inheritable(fd, True)
+        pid = os.posix_spawn(exe, [exe, *args], {}, file_actions=actions)
+    except OSError as exc:
+        for fd in (out_r, err_r):
+            os.close(fd)
+        raise GpuctkError(f"{what}: {exe}: {exc.strerror}") from None
+    finally:
+        for fd in fds:
+            os.set_inheritable(fd, False)
+        for fd in (out_w, err_w, null):
+            os.close(fd)
+    try:
+        out, err = _read_both(out_r, err_r, timeout)
+    except TimeoutError:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise GpuctkError(f"{what}: {exe} did not finish in {timeout:g} s (killed)") from None
+    finally:
+        os.close(out_r)
+        os.close(err_r)
+    return Done(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), out, err)
 
 
-def why(done: subprocess.CompletedProcess[bytes]) -> str:
+def _read_both(out_fd: int, err_fd: int, timeout: float) -> tuple[bytes, bytes]:
+    """Both pipes read to their end; TimeoutError past `timeout` seconds."""
+    import select
+    import time
+
+    chunks: dict[int, list[bytes]] = {out_fd: [], err_fd: []}
+    poll = select.poll()
+    for fd in chunks:
+        poll.register(fd, select.POLLIN)
+    open_ = set(chunks)
+    deadline = time.monotonic() + timeout
+    while open_:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        for fd, _ in poll.poll(left * 1000):
+            data = os.read(fd, 1 << 16)
+            if data:
+                chunks[fd].append(data)
+            else:
+                poll.unregister(fd)
+                open_.discard(fd)
+    return b"".join(chunks[out_fd]), b"".join(chunks[err_fd])
+
+
+def why(done: Done) -> str:
     """The C's error line, without its program's prefix."""
     lines = done.stderr.decode(errors="replace").strip().splitlines() or ["no message"]
     return f"{lines[-1].removeprefix(ERROR_PREFIX)} (exit {done.returncode})"

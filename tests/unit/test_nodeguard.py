@@ -360,3 +360,37 @@ def test_a_merge_that_gives_no_cache_back_is_an_error(monkeypatch: pytest.Monkey
     monkeypatch.setattr(compiled, "run", handed_back)
     with pytest.raises(OSError, match="no cache came back"):
         ldmerge.merged(b"x", [])
+
+
+def test_the_c_is_run_with_only_what_it_is_given_and_bounded_in_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gpuctk-cdi-hook as gpuctk-hook runs it (gpuctk.hook.verbs.compiled.run): an empty
+    environment, /dev/null on stdin, the descriptors it is given under their numbers and no
+    other; one that does not finish is killed and named."""
+    from gpuctk.errors import GpuctkError
+    from gpuctk.hook.verbs import compiled
+
+    probe = tmp_path / "probe"
+    probe.write_text(
+        "#!/bin/sh\nenv | wc -l\nls /proc/self/fd | sort -n | tr '\\n' ' '\necho\n"
+        'cat; echo "$@" >&2\n'
+    )
+    probe.chmod(0o755)
+    monkeypatch.setattr(compiled, "program", lambda: str(probe))
+    kept = os.open(str(tmp_path), os.O_PATH | os.O_CLOEXEC)
+    other = os.open(str(tmp_path), os.O_PATH | os.O_CLOEXEC)
+    try:
+        done = compiled.run(["a", "b"], (kept,), "a probe")
+        assert os.get_inheritable(kept) is False  # as it was
+    finally:
+        os.close(other)
+        os.close(kept)
+    lines = done.stdout.decode().splitlines()
+    assert done.returncode == 0 and done.stderr == b"a b\n"
+    assert int(lines[0]) <= 1  # sh's own PWD at most
+    fds = lines[1].split()  # ls's own listing descriptor among them
+    assert fds[:3] == ["0", "1", "2"] and str(kept) in fds and str(other) not in fds
+    probe.write_text("#!/bin/sh\nexec sleep 30\n")
+    with pytest.raises(GpuctkError, match=r"did not finish in 0\.5 s"):
+        compiled.run([], (), "a probe", timeout=0.5)
