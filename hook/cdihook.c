@@ -12,7 +12,8 @@
  *
  *   - merges the stage's own ld cache (--ld-cache: a host file of the stage, written with the
  *     stage by gpuctk.cdi.stage) into the image's /etc/ld.so.cache and lists the --folder
- *     args in /etc/ld.so.conf.d/00-gpuctk.conf, as gpuctk-hook does (hook/ldcache.c): every
+ *     args in /etc/ld.so.conf.d/00-gpuctk.conf (hook/ldcache.c, the one merge: gpuctk-hook
+ *     and the shim run it too, as merge-ld-cache): every
  *     glibc, whatever its age, finds the driver through its cache, and `ldconfig -p` (what
  *     Triton and torch.compile read) lists it;
  *   - makes the entry's links: the stage's firmware and config files, each at its own path,
@@ -817,9 +818,8 @@ static int read_host_file(const char *path, size_t limit, char **out, size_t *le
 }
 
 /* The image's ld cache with the stage's libraries (hook/ldcache.c), and the stage's folders in
- * /etc/ld.so.conf.d/00-gpuctk.conf (an ldconfig the container runs later keeps them), as
- * gpuctk-hook writes them: 0 done, -1 gpuctk-hook does it (nothing written, or only what it
- * writes again the same way). `part`: the stage's cache on the host (--ld-cache); the image's
+ * /etc/ld.so.conf.d/00-gpuctk.conf (an ldconfig the container runs later keeps them): 0 done,
+ * -1 gpuctk-hook does it (nothing written, or only what it writes again the same way). `part`: the stage's cache on the host (--ld-cache); the image's
  * own cache and ld.so.conf, and the folders written, must be on the root's own mount `mnt`. */
 static int merge_cache(int root, unsigned long long mnt, const char *part, const char **folders,
 		       int nfolders)
