@@ -1,7 +1,9 @@
 """`gpuctk doctor` layer 4: gpuctk's own runtime pieces.
 
 - gpuctk-runtime and gpuctk-hook are on PATH and run (`--version`: the shim passes it through to
-  the low-level runtime, so its answer also proves that runtime runs);
+  the low-level runtime, so its answer also proves that runtime runs), and gpuctk-hook has its
+  gpuctk-cdi-hook beside it, of the same build (gpuctk-hook runs it for the device node guard
+  and the ld cache merge: without it, or with an older one, those containers fail to start);
 - the runtime config file (`--runtime-config`, $GPUCTK_CONFIG, <host>/etc/gpuctk/config.toml)
   is valid, read by the same code as the shim (gpuctk.hook.config);
 - the low-level runtime the shim will exec is found, by the shim's own search
@@ -79,7 +81,34 @@ def check_binary(ctx: Context, name: str, what: str) -> Result:
             [f"{path} --version: exit {code}: {line or '(no output)'}"],
             f"{path} --version   # read the error; reinstall gpuctk if it is an import error",
         )
+    if name == "gpuctk-hook":
+        problem = _front_problem(path)
+        if problem:
+            fix = "reinstall gpuctk (apt install ./gpuctk_*.deb, gpuctk install, or pip install .)"
+            return failed(id_, f"{title}, gpuctk-cdi-hook beside it", [problem], fix)
+        what = f"gpuctk-cdi-hook beside it; {what}"
     return ok(id_, title, f"{path}: {what}{line}")
+
+
+def _front_problem(hook: str) -> str:
+    """What is wrong with the gpuctk-cdi-hook that `hook` (gpuctk-hook) runs, as it finds it
+    (beside itself, as named or as its real file); "" when there is one that knows the forms
+    gpuctk-hook runs (asked with a descriptor that is none: it says so, exit 2)."""
+    from gpuctk.hook.verbs import compiled, nodeprotect
+
+    for mine in (hook, os.path.realpath(hook)):
+        front = os.path.join(os.path.dirname(mine), compiled.PROGRAM)
+        if os.path.isfile(front) and os.access(front, os.X_OK):
+            break
+    else:
+        return f"no {compiled.PROGRAM} beside {hook}: the guard and the ld cache merge cannot run"
+    code, line = _run([front, nodeprotect.NAME, compiled.ROOT_FD_OPT, "-1"])
+    if code != 2 or "not an open folder" not in line:
+        return (
+            f"{front} does not know `{nodeprotect.NAME} {compiled.ROOT_FD_OPT}` (exit {code}: "
+            f"{line or 'no output'}): an older build than {hook}"
+        )
+    return ""
 
 
 def check_config(ctx: Context, found: Findings) -> Result:

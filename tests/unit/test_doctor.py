@@ -494,6 +494,32 @@ def test_shim_not_on_path(make_node: NodeFactory, tmp_path: Path) -> None:
     assert "kubectl apply -k packaging/kubernetes" in fix and "gpuctk install" in fix
 
 
+@pytest.mark.parametrize("front", ["none", "older"])
+def test_a_hook_without_its_compiled_hook_fails(
+    make_node: NodeFactory, tmp_path: Path, front: str
+) -> None:
+    """gpuctk-hook runs gpuctk-cdi-hook beside it for the device node guard and the ld cache
+    merge: none there, or one of an older build (it hands its forms back), fails the check
+    with what to do."""
+    node = make_node()
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(BIN / "gpuctk-hook", lone / "gpuctk-hook")
+    if front == "older":  # what an older build answers: it hands the form to gpuctk-hook
+        (lone / "gpuctk-cdi-hook").write_text(
+            f'#!/bin/sh\nexec {lone / "gpuctk-hook"} "$@" </dev/null\n'
+        )
+        (lone / "gpuctk-cdi-hook").chmod(0o755)
+    code, report, _ = node.doctor(env=dict(node.env, PATH=f"{lone}:{node.env['PATH']}"))
+    check = node.check(report, "runtime.hook")
+    assert code == 2 and check["status"] == "failed", check
+    want = "no gpuctk-cdi-hook beside" if front == "none" else "an older build than"
+    assert want in text(check) and check["fix"].startswith("reinstall gpuctk")
+    code, report, _ = node.doctor()  # the venv's, built together
+    assert node.check(report, "runtime.hook")["status"] == "ok"
+    assert "gpuctk-cdi-hook beside it" in text(node.check(report, "runtime.hook"))
+
+
 def test_warnings_only_exit_1(make_node: NodeFactory) -> None:
     node = make_node()
     for sock in node.sockets:
