@@ -1280,28 +1280,32 @@ static int merge_served(int argc, char **argv)
 			" FILE] (gpuctk-hook runs it)\n");
 		return 2;
 	}
-	char *data[3] = { NULL, NULL, NULL }, *out = NULL;
+	char *data[3] = { NULL, NULL, NULL }, *out = NULL, why[PATH_MAX + 128] = "";
 	size_t len[3] = { 0, 0, 0 }, olen;
-	int rc = GPUCTK_NOT_MERGED, err = 0;
-	const char *why = "not a cache this reader takes, or past its limits";
+	struct ldc_file f;
+	int rc = GPUCTK_NOT_MERGED;
 	if (read_all(fds[0], GPUCTK_MAX_CACHE, &data[0], &len[0]) != 0 ||
 	    read_all(fds[1], GPUCTK_MAX_CACHE, &data[1], &len[1]) != 0) {
-		why = "cannot read the caches to merge";
+		snprintf(why, sizeof why, "cannot read the caches to merge: %s", strerror(errno));
 		rc = 1;
-		err = errno;
 	} else if (part && read_host_file(part, GPUCTK_MAX_CACHE, &data[2], &len[2]) != 0) {
-		why = errno == EPERM ? "the stage's cache is not a regular file of root's that only "
-				       "root can write" : "cannot read the stage's cache";
-		err = errno == EPERM ? 0 : errno;
+		snprintf(why, sizeof why, "the stage's cache %s: %s", part,
+			 errno == EPERM ? "not a regular file of root's that only root can write"
+					: strerror(errno));
+	} else if (ldc_open(data[0], len[0], &f) != 0) {
+		snprintf(why, sizeof why, "the image's cache is not one this reader takes");
 	} else if (ldc_merge_parts(data[0], len[0], (const char *const *)&data[1], &len[1],
-				   part ? 2 : 1, &out, &olen) == 0) {
-		rc = write_all(1, out, olen) == 0 ? 0 : 1;
-		why = rc ? "cannot write the merged cache" : NULL;
-		err = rc ? errno : 0;
+				   part ? 2 : 1, &out, &olen) != 0) {
+		snprintf(why, sizeof why, "the image's cache is past this reader's limits, or the "
+			 "caches to add are not ones it takes");
+	} else if (write_all(1, out, olen) != 0) {
+		snprintf(why, sizeof why, "cannot write the merged cache: %s", strerror(errno));
+		rc = 1;
+	} else {
+		rc = 0;
 	}
-	if (why)
-		fprintf(stderr, "gpuctk-cdi-hook: error: %s%s%s\n", why, err ? ": " : "",
-			err ? strerror(err) : "");
+	if (why[0])
+		fprintf(stderr, "gpuctk-cdi-hook: error: %s\n", why);
 	for (int i = 0; i < 3; i++)
 		free(data[i]);
 	free(out);

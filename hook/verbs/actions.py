@@ -166,7 +166,7 @@ def merge_cache(
     try:
         ldmerge.write_cache(root_fd, old, cudacompat.ahead(compat, entries))
     except ValueError as exc:
-        hooklog.warning(f"the image's {ldmerge.LD_CACHE}: {exc}: the host's ldconfig rebuilds it")
+        hooklog.warning(f"{ldmerge.LD_CACHE} not merged ({exc}): the host's ldconfig rebuilds it")
         return None
     done = f"ld cache: the image's entries and {len(entries)} driver libraries"
     if compat is not None:

@@ -54,50 +54,111 @@ class Done:
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
+def high(fd: int) -> int:
+    """`fd`, moved above the standard streams where it took one's number (a caller that ran
+    with 0, 1 or 2 closed): the spawn puts /dev/null and pipes there."""
+    if fd > 2:
+        return fd
+    import fcntl
+
+    try:
+        return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    finally:
+        os.close(fd)
+
+
 def run(args: list[str], fds: tuple[int, ...], what: str, timeout: float = 60.0) -> Done:
-    """gpuctk-cdi-hook `args` with `fds` inherited under their numbers, an empty environment,
-    /dev/null on stdin, its output read whole; killed after `timeout` seconds. Spawned with
-    os.posix_spawn: subprocess's import alone costs a container start several ms. GpuctkError
-    (`what`: the job, for the message) when it is not installed, cannot run or hangs; the
-    caller reads the exit status."""
+    """gpuctk-cdi-hook `args` with `fds` (each above 2: high()) inherited under their numbers
+    and no other descriptor, an empty environment, /dev/null on stdin, its output read whole,
+    waited for even where SIGCHLD is ignored; killed after `timeout` seconds or when this
+    process is interrupted. Spawned with os.posix_spawn: subprocess's import alone costs a
+    container start several ms. GpuctkError (`what`: the job, for the message) when it is not
+    installed, cannot run or hangs; the caller reads the exit status."""
+    import signal
+    import time
+
     exe = program()
     if not exe:
         raise GpuctkError(
             f"{what}: no {PROGRAM} beside gpuctk-hook or in the gpuctk package: reinstall "
             "gpuctk (pip install ., the deb or the node image), which builds it"
         )
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-    actions = [(os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
-               (os.POSIX_SPAWN_DUP2, err_w, 2)]  # fmt: skip
+    if any(fd < 3 for fd in fds):
+        raise GpuctkError(f"{what}: descriptors {fds}: one has a standard stream's number")
+    out_r, out_w = (high(fd) for fd in os.pipe())
+    err_r, err_w = (high(fd) for fd in os.pipe())
+    null = high(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+    actions: list[tuple[int, ...]] = [
+        (os.POSIX_SPAWN_DUP2, null, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+        (os.POSIX_SPAWN_DUP2, err_w, 2),
+    ]  # fmt: skip
+    actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited({*fds, out_w, err_w, null})]
+    ignored = signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN  # no exit status then
+    if ignored:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    deadline = time.monotonic() + timeout
     try:
-        for fd in fds:
-            os.set_inheritable(fd, True)
-        pid = os.posix_spawn(exe, [exe, *args], {}, file_actions=actions)
-    except OSError as exc:
-        for fd in (out_r, err_r):
-            os.close(fd)
-        raise GpuctkError(f"{what}: {exe}: {exc.strerror}") from None
+        try:
+            for fd in fds:
+                os.set_inheritable(fd, True)
+            pid = os.posix_spawn(exe, [exe, *args], {}, file_actions=actions)
+        except OSError as exc:
+            os.close(out_r)
+            os.close(err_r)
+            raise GpuctkError(f"{what}: {exe}: {exc.strerror}") from None
+        finally:
+            for fd in fds:
+                os.set_inheritable(fd, False)
+            for fd in (out_w, err_w, null):
+                os.close(fd)
+        try:
+            out, err = _read_both(out_r, err_r, deadline)
+            status = _wait(pid, deadline)
+        except BaseException as exc:  # a hang, or this process interrupted: never left behind
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            if isinstance(exc, TimeoutError):
+                why = f"{exe} did not finish in {timeout:g} s (killed)"
+                raise GpuctkError(f"{what}: {why}") from None
+            raise
+        finally:
+            os.close(out_r)
+            os.close(err_r)
     finally:
-        for fd in fds:
-            os.set_inheritable(fd, False)
-        for fd in (out_w, err_w, null):
-            os.close(fd)
-    try:
-        out, err = _read_both(out_r, err_r, timeout)
-    except TimeoutError:
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        raise GpuctkError(f"{what}: {exe} did not finish in {timeout:g} s (killed)") from None
-    finally:
-        os.close(out_r)
-        os.close(err_r)
-    return Done(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), out, err)
+        if ignored:
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    return Done(status, out, err)
 
 
-def _read_both(out_fd: int, err_fd: int, timeout: float) -> tuple[bytes, bytes]:
-    """Both pipes read to their end; TimeoutError past `timeout` seconds."""
+def _inherited(keep: set[int]) -> list[int]:
+    """This process's descriptors above 2, other than `keep`, that a spawned program would
+    inherit (those not close-on-exec): the spawn closes them."""
+    out = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if fd > 2 and fd not in keep and os.get_inheritable(fd):
+                out.append(fd)
+        except OSError:  # the listing's own descriptor, closed since
+            continue
+    return out
+
+
+def _wait(pid: int, deadline: float) -> int:
+    """The exit status of `pid`; TimeoutError past `deadline` (time.monotonic)."""
+    import time
+
+    while True:
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        time.sleep(0.0005)
+
+
+def _read_both(out_fd: int, err_fd: int, deadline: float) -> tuple[bytes, bytes]:
+    """Both pipes read to their end; TimeoutError past `deadline` (time.monotonic)."""
     import select
     import time
 
@@ -106,7 +167,6 @@ def _read_both(out_fd: int, err_fd: int, timeout: float) -> tuple[bytes, bytes]:
     for fd in chunks:
         poll.register(fd, select.POLLIN)
     open_ = set(chunks)
-    deadline = time.monotonic() + timeout
     while open_:
         left = deadline - time.monotonic()
         if left <= 0:
@@ -122,6 +182,8 @@ def _read_both(out_fd: int, err_fd: int, timeout: float) -> tuple[bytes, bytes]:
 
 
 def why(done: Done) -> str:
-    """The C's error line, without its program's prefix."""
+    """The C's error line (or gpuctk-hook's, where an older C handed the form back), without
+    the program's prefix."""
     lines = done.stderr.decode(errors="replace").strip().splitlines() or ["no message"]
-    return f"{lines[-1].removeprefix(ERROR_PREFIX)} (exit {done.returncode})"
+    line = lines[-1].removeprefix(ERROR_PREFIX).removeprefix("gpuctk-hook: error: ")
+    return f"{line} (exit {done.returncode})"

@@ -27,6 +27,7 @@ import stat
 
 from gpuctk import rootfs
 from gpuctk.cdi.node import facts
+from gpuctk.errors import GpuctkError
 from gpuctk.fs import stat_identity
 from gpuctk.hook.verbs import compiled
 
@@ -153,10 +154,12 @@ def merged(old: bytes, added: list[LdCacheEntry], stage_cache: str | None = None
     `added`, then those of `stage_cache` (a folder spec's own cache on the host, --ld-cache:
     read only when it is a regular file of root's that nobody else can write, as the spec's
     entry reads it), in ldconfig's order, merged by gpuctk-cdi-hook (`merge-ld-cache`,
-    hook/ldcache.c: the one reader of an image's cache, the spec's entry's merge). ValueError
-    when a cache is not one it takes, is past its limits, or the stage's cannot be used. Time
-    and memory are linear in the caches' sizes (each at most MAX_CACHE); the result is at
-    most their strings."""
+    hook/ldcache.c: the one reader of an image's cache, the spec's entry's merge). ValueError,
+    one line, whenever no merged cache comes back (a cache it does not take or past its limits,
+    a stage cache it cannot use, no gpuctk-cdi-hook or an older one, one that did not finish):
+    the callers then leave the cache to ldconfig, as for an image without one. Time and memory
+    are linear in the caches' sizes (each at most MAX_CACHE); the result is at most their
+    strings."""
     from gpuctk.cdi.node.ldcache import build_ld_cache
 
     fds = [_memfd("image-ld-cache", old), _memfd("entries", build_ld_cache(added))]
@@ -165,20 +168,20 @@ def merged(old: bytes, added: list[LdCacheEntry], stage_cache: str | None = None
         if stage_cache is not None:
             args += [STAGE_CACHE_OPT, stage_cache]
         done = compiled.run(args, tuple(fds), "the ld cache merge")
+    except GpuctkError as exc:
+        raise ValueError(exc.message) from None
     finally:
         for fd in fds:
             os.close(fd)
-    if done.returncode == NOT_MERGED:
-        raise ValueError(compiled.why(done))
     if done.returncode != 0 or not done.stdout.startswith(CACHE_MAGIC):
         why = compiled.why(done) if done.returncode else "no cache came back"
-        raise OSError(errno.EIO, f"the ld cache merge: {why}")
+        raise ValueError(f"the ld cache merge: {why}")
     return done.stdout
 
 
 def _memfd(name: str, data: bytes) -> int:
     """A memory file holding `data`, at its start."""
-    fd = os.memfd_create(name, os.MFD_CLOEXEC)
+    fd = compiled.high(os.memfd_create(name, os.MFD_CLOEXEC))
     try:
         view = memoryview(data)
         while view:

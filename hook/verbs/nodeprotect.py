@@ -37,6 +37,8 @@ does not run (gpuctk.hook.verbs.nodeguard).
 
 from __future__ import annotations
 
+import os
+
 from gpuctk.cdi.node.facts import GUARD_ACTION
 from gpuctk.errors import GpuctkError
 from gpuctk.hook.verbs import compiled
@@ -54,7 +56,11 @@ TMPFS_MAGIC = 0x01021994  # statfs(2)'s f_type of a tmpfs
 def protect(root_fd: int) -> str:
     """The guard (see the module docstring) for the container root `root_fd`, done by
     gpuctk-cdi-hook; returns what was done, in words. GpuctkError when it cannot be done."""
-    done = compiled.run([NAME, ROOT_FD_OPT, str(root_fd)], (root_fd,), NAME)
+    fd = compiled.high(os.dup(root_fd))
+    try:
+        done = compiled.run([NAME, ROOT_FD_OPT, str(fd)], (fd,), NAME)
+    finally:
+        os.close(fd)
     if done.returncode != 0:
         raise GpuctkError(f"{NAME}: {compiled.why(done)}")
     return done.stdout.decode(errors="replace").strip()

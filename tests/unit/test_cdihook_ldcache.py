@@ -416,7 +416,7 @@ def test_the_shims_and_gpuctk_hooks_merge_is_this_readers(
     fd = rootfs.open_root(str(root))
     try:
         if want is None:
-            with pytest.raises(ValueError, match="not a cache this reader takes"):
+            with pytest.raises(ValueError, match="is past this reader"):
                 ldmerge.write_cache(fd, data, STAGE_ENTRIES)
         else:
             ldmerge.write_cache(fd, data, STAGE_ENTRIES)

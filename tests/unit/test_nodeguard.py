@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -349,17 +350,29 @@ def test_a_form_of_the_c_handed_back_says_the_c_is_older(args: list[str]) -> Non
     assert "reinstall gpuctk" in done.stderr
 
 
-def test_a_merge_that_gives_no_cache_back_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An older gpuctk-cdi-hook without the merge hands it to gpuctk-hook, whose answer is no
-    cache: an error, never an empty cache written over the image's."""
+@pytest.mark.parametrize("answer", ["empty", "older", "hangs"])
+def test_a_merge_that_gives_no_cache_back_leaves_it_to_ldconfig(
+    monkeypatch: pytest.MonkeyPatch, answer: str
+) -> None:
+    """No cache back from gpuctk-cdi-hook (an older one that hands the merge to gpuctk-hook,
+    which refuses it; an empty answer; one that hangs): a ValueError, which the callers take
+    as "leave the cache to ldconfig", never an empty cache written over the image's and never
+    a container stopped for it."""
+    from gpuctk.errors import GpuctkError
     from gpuctk.hook.verbs import compiled, ldmerge
 
-    def handed_back(args: list[str], fds: tuple[int, ...], what: str) -> Any:
-        return subprocess.CompletedProcess(args, 0, b"", b"")
+    def answered(args: list[str], fds: tuple[int, ...], what: str) -> Any:
+        if answer == "hangs":
+            raise GpuctkError(f"{what}: gpuctk-cdi-hook did not finish in 60 s (killed)")
+        older = b"gpuctk-hook: error: merge-ld-cache ...: an older build ...\n"
+        return compiled.Done(1 if answer == "older" else 0, b"", older if answer else b"")
 
-    monkeypatch.setattr(compiled, "run", handed_back)
-    with pytest.raises(OSError, match="no cache came back"):
+    monkeypatch.setattr(compiled, "run", answered)
+    with pytest.raises(ValueError) as got:
         ldmerge.merged(b"x", [])
+    assert "\n" not in str(got.value) and "gpuctk-hook: error" not in str(got.value)
+    want = {"empty": "no cache came back", "older": "an older build", "hangs": "did not finish"}
+    assert want[answer] in str(got.value)
 
 
 def test_the_c_is_run_with_only_what_it_is_given_and_bounded_in_time(
@@ -379,7 +392,7 @@ def test_the_c_is_run_with_only_what_it_is_given_and_bounded_in_time(
     probe.chmod(0o755)
     monkeypatch.setattr(compiled, "program", lambda: str(probe))
     kept = os.open(str(tmp_path), os.O_PATH | os.O_CLOEXEC)
-    other = os.open(str(tmp_path), os.O_PATH | os.O_CLOEXEC)
+    other = os.open(str(tmp_path), os.O_PATH)  # inheritable: the spawn closes it all the same
     try:
         done = compiled.run(["a", "b"], (kept,), "a probe")
         assert os.get_inheritable(kept) is False  # as it was
@@ -391,6 +404,35 @@ def test_the_c_is_run_with_only_what_it_is_given_and_bounded_in_time(
     assert int(lines[0]) <= 1  # sh's own PWD at most
     fds = lines[1].split()  # ls's own listing descriptor among them
     assert fds[:3] == ["0", "1", "2"] and str(kept) in fds and str(other) not in fds
-    probe.write_text("#!/bin/sh\nexec sleep 30\n")
-    with pytest.raises(GpuctkError, match=r"did not finish in 0\.5 s"):
-        compiled.run([], (), "a probe", timeout=0.5)
+    for hang in ("exec sleep 30", "exec >&- 2>&-; exec sleep 30"):  # its output open, closed
+        probe.write_text(f"#!/bin/sh\n{hang}\n")
+        with pytest.raises(GpuctkError, match=r"did not finish in 0\.5 s"):
+            compiled.run([], (), "a probe", timeout=0.5)
+    probe.write_text("#!/bin/sh\nexit 3\n")  # its exit status where SIGCHLD is ignored
+    before = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        assert compiled.run([], (), "a probe").returncode == 3
+        assert signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGCHLD, before)
+
+
+def test_the_merge_runs_with_the_standard_streams_closed(tmp_path: Path) -> None:
+    """A caller run with 0, 1 and 2 closed: the memory files take other numbers than the
+    ones the spawn puts /dev/null and its pipes at, and the merge comes back whole."""
+    code = (
+        "import os, sys\n"
+        "from gpuctk.cdi.node.ldcache import LdCacheEntry, build_ld_cache, parse_ld_cache\n"
+        "from gpuctk.hook.verbs import ldmerge\n"
+        "old = build_ld_cache([LdCacheEntry('libc.so.6', '/lib/libc.so.6', 0x0303)])\n"
+        "new = [LdCacheEntry('libcuda.so.1', '/usr/local/nvidia/lib64/libcuda.so.1', 0x0303)]\n"
+        "out = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT)\n"
+        "for fd in (0, 1, 2):\n    os.close(fd)\n"
+        "got = [e.key for e in parse_ld_cache(ldmerge.merged(old, new))]\n"
+        "os.write(out, repr(got).encode())\n"
+    )
+    result = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-c", code, str(result)], capture_output=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert result.read_text() == "['libcuda.so.1', 'libc.so.6']"
