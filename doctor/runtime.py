@@ -1,9 +1,10 @@
 """`gpuctk doctor` layer 4: gpuctk's own runtime pieces.
 
 - gpuctk-runtime and gpuctk-hook are on PATH and run (`--version`: the shim passes it through to
-  the low-level runtime, so its answer also proves that runtime runs), and gpuctk-hook has its
-  gpuctk-cdi-hook beside it, of the same build (gpuctk-hook runs it for the device node guard
-  and the ld cache merge: without it, or with an older one, those containers fail to start);
+  the low-level runtime, so its answer also proves that runtime runs), and gpuctk-hook has
+  gpuctk-cdi-hook beside it, of the same build (the default spec's entry names it there, and
+  it does the device node guard and the ld cache merge: an older one serves containers by
+  older rules);
 - the runtime config file (`--runtime-config`, $GPUCTK_CONFIG, <host>/etc/gpuctk/config.toml)
   is valid, read by the same code as the shim (gpuctk.hook.config);
 - the low-level runtime the shim will exec is found, by the shim's own search
@@ -91,9 +92,9 @@ def check_binary(ctx: Context, name: str, what: str) -> Result:
 
 
 def _front_problem(hook: str) -> str:
-    """What is wrong with the gpuctk-cdi-hook that `hook` (gpuctk-hook) runs, as it finds it
-    (beside itself, as named or as its real file); "" when there is one that knows the forms
-    gpuctk-hook runs (asked with a descriptor that is none: it says so, exit 2)."""
+    """What is wrong with the gpuctk-cdi-hook beside `hook` (gpuctk-hook, as named or as its
+    real file), which the default spec's entry names; "" when there is one that knows this
+    build's forms (asked for the guard with a descriptor that is none: it says so, exit 2)."""
     from gpuctk.hook.verbs import compiled, nodeprotect
 
     for mine in (hook, os.path.realpath(hook)):
@@ -101,7 +102,7 @@ def _front_problem(hook: str) -> str:
         if os.path.isfile(front) and os.access(front, os.X_OK):
             break
     else:
-        return f"no {compiled.PROGRAM} beside {hook}: the guard and the ld cache merge cannot run"
+        return f"no {compiled.PROGRAM} beside {hook}, where the default spec's entry names it"
     code, line = _run([front, nodeprotect.NAME, compiled.ROOT_FD_OPT, "-1"])
     if code != 2 or "not an open folder" not in line:
         return (

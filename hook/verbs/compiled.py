@@ -35,14 +35,18 @@ def installed() -> str:
 
 
 def program() -> str:
-    """gpuctk-cdi-hook beside this launcher (as named, then its real file: the one that handed
-    the container to gpuctk-hook, or the deb's), else installed(); "" where there is none."""
+    """The gpuctk-cdi-hook of this Python's own install (installed(): built with it, so never
+    of another version), else the one beside this launcher (as named, then its real file);
+    "" where there is none."""
+    found = installed()
+    if found:
+        return found
     me = sys.argv[0] if sys.argv else ""
     for mine in [me, os.path.realpath(me)] if me[:1] == "/" else []:
         path = os.path.join(os.path.dirname(mine), PROGRAM)
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return path
-    return installed()
+    return ""
 
 
 class Done:
