@@ -78,7 +78,7 @@ def run(args: list[str], fds: tuple[int, ...], what: str, timeout: float = 60.0)
     process is interrupted. Spawned with os.posix_spawn: subprocess's import alone costs a
     container start several ms. GpuctkError (`what`: the job, for the message) when it is not
     installed, cannot run or hangs; the caller reads the exit status."""
-    import signal
+    import _signal  # type: ignore[import-not-found]  # signal would load enum: the hook avoids it
     import time
 
     exe = program()
@@ -97,9 +97,9 @@ def run(args: list[str], fds: tuple[int, ...], what: str, timeout: float = 60.0)
         (os.POSIX_SPAWN_DUP2, err_w, 2),
     ]  # fmt: skip
     actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited({*fds, out_w, err_w, null})]
-    ignored = signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN  # no exit status then
+    ignored = _signal.getsignal(_signal.SIGCHLD) == _signal.SIG_IGN  # no exit status then
     if ignored:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        _signal.signal(_signal.SIGCHLD, _signal.SIG_DFL)
     deadline = time.monotonic() + timeout
     try:
         try:
@@ -130,7 +130,7 @@ def run(args: list[str], fds: tuple[int, ...], what: str, timeout: float = 60.0)
             os.close(err_r)
     finally:
         if ignored:
-            signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+            _signal.signal(_signal.SIGCHLD, _signal.SIG_IGN)
     return Done(status, out, err)
 
 
