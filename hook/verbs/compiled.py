@@ -73,11 +73,12 @@ def high(fd: int) -> int:
 
 def run(args: list[str], fds: tuple[int, ...], what: str, timeout: float = 60.0) -> Done:
     """gpuctk-cdi-hook `args` with `fds` (each above 2: high()) inherited under their numbers
-    and no other descriptor, an empty environment, /dev/null on stdin, its output read whole,
-    waited for even where SIGCHLD is ignored; killed after `timeout` seconds or when this
-    process is interrupted. Spawned with os.posix_spawn: subprocess's import alone costs a
-    container start several ms. GpuctkError (`what`: the job, for the message) when it is not
-    installed, cannot run or hangs; the caller reads the exit status."""
+    and no other descriptor, an empty environment, SIGPIPE and SIGXFSZ at their defaults (not
+    Python's "ignore"), /dev/null on stdin, its output read whole, waited for even where
+    SIGCHLD is ignored; killed after `timeout` seconds or when this process is interrupted.
+    Spawned with os.posix_spawn: subprocess's import alone costs a container start several
+    ms. GpuctkError (`what`: the job, for the message) when it is not installed, cannot run or
+    hangs; the caller reads the exit status."""
     import _signal  # type: ignore[import-not-found]  # signal would load enum: the hook avoids it
     import time
 
@@ -105,7 +106,10 @@ def run(args: list[str], fds: tuple[int, ...], what: str, timeout: float = 60.0)
         try:
             for fd in fds:
                 os.set_inheritable(fd, True)
-            pid = os.posix_spawn(exe, [exe, *args], {}, file_actions=actions)
+            pid = os.posix_spawn(  # Python's own SIGPIPE and SIGXFSZ "ignore" not passed on
+                exe, [exe, *args], {}, file_actions=actions,
+                setsigdef=(_signal.SIGPIPE, _signal.SIGXFSZ),
+            )  # fmt: skip
         except OSError as exc:
             os.close(out_r)
             os.close(err_r)

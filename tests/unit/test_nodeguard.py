@@ -408,6 +408,10 @@ def test_the_c_is_run_with_only_what_it_is_given_and_bounded_in_time(
         probe.write_text(f"#!/bin/sh\n{hang}\n")
         with pytest.raises(GpuctkError, match=r"did not finish in 0\.5 s"):
             compiled.run([], (), "a probe", timeout=0.5)
+    probe.write_text("#!/bin/sh\ngrep SigIgn /proc/self/status\n")  # SIGPIPE (13): default
+    assert signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN  # Python's own, for this process
+    ignored = int(compiled.run([], (), "a probe").stdout.split()[1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1)) and not ignored & (1 << (signal.SIGXFSZ - 1))
     probe.write_text("#!/bin/sh\nexit 3\n")  # its exit status where SIGCHLD is ignored
     before = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     try:
