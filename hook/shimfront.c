@@ -58,7 +58,7 @@ static int sf_argc;
 
 static int sf_keying; /* front-key: a refusal is an exit, not a hand-over */
 
-static void shim_python(const char *why)
+__attribute__((noreturn)) static void shim_python(const char *why)
 {
 	if (sf_keying) {
 		fprintf(stderr, "gpuctk-cdi-hook: " GPUCTK_FRONT_KEY ": no key: %s\n", why);
@@ -84,12 +84,9 @@ static void shim_python(const char *why)
 	exit(1);
 }
 
-/* Go on only if `ok`; else Python, for `why`. */
-static void need(int ok, const char *why)
-{
-	if (!ok)
-		shim_python(why);
-}
+/* Go on only if `ok`; else Python, for `why`. A macro, so that a compiler sees what follows
+ * runs only when `ok` holds (each variable it sets is then set). */
+#define need(ok, why) ((ok) ? (void)0 : shim_python(why))
 
 /* ---- the JSON, one level at a time ----------------------------------------------------------- */
 

@@ -99,3 +99,26 @@ def test_setup_py_without_a_compiler_fails(src: Path) -> None:
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("gpuctk: error: ") and LINE in last, done.stderr
     assert not list(src.rglob(cbuild.NAME))
+
+
+def test_clang_finds_nothing_gcc_does_not(tmp_path: Path) -> None:
+    """The build's compiler is gcc; clang's -Wall -Wextra (it sees, for one, a variable used
+    where a hand-over did not happen) finds nothing either: the libFuzzer harnesses are built
+    with it."""
+    clang = shutil.which("clang")
+    if clang is None:
+        pytest.skip("no clang")
+    from gpuctk.hook import cvocab
+
+    cvocab.write(tmp_path)
+    argv = [
+        clang,
+        "-fsyntax-only",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        f"-I{tmp_path}",
+        str(cbuild.SOURCE),
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
