@@ -97,11 +97,8 @@ def _front_problem(hook: str) -> str:
     build's forms (asked for the guard with a descriptor that is none: it says so, exit 2)."""
     from gpuctk.hook.verbs import compiled, nodeprotect
 
-    for mine in (hook, os.path.realpath(hook)):
-        front = os.path.join(os.path.dirname(mine), compiled.PROGRAM)
-        if os.path.isfile(front) and os.access(front, os.X_OK):
-            break
-    else:
+    front = compiled.beside(hook)
+    if not front:
         return f"no {compiled.PROGRAM} beside {hook}, where the default spec's entry names it"
     code, line = _run([front, nodeprotect.NAME, compiled.ROOT_FD_OPT, "-1"])
     if code != 2 or "not an open folder" not in line:

@@ -38,14 +38,17 @@ def program() -> str:
     """The gpuctk-cdi-hook of this Python's own install (installed(): built with it, so never
     of another version), else the one beside this launcher (as named, then its real file);
     "" where there is none."""
-    found = installed()
-    if found:
-        return found
     me = sys.argv[0] if sys.argv else ""
-    for mine in [me, os.path.realpath(me)] if me[:1] == "/" else []:
-        path = os.path.join(os.path.dirname(mine), PROGRAM)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
+    return installed() or (beside(me) if me[:1] == "/" else "")
+
+
+def beside(path: str) -> str:
+    """The executable gpuctk-cdi-hook in the folder of `path` (a launcher), as named, else in
+    that of its real file; "" where there is none."""
+    for mine in (path, os.path.realpath(path)):
+        found = os.path.join(os.path.dirname(mine), PROGRAM)
+        if os.path.isfile(found) and os.access(found, os.X_OK):
+            return found
     return ""
 
 
