@@ -1226,22 +1226,28 @@ static const char *guard(int root)
 	return GPUCTK_PARAMS " shows ModifyDeviceFiles: 0 (read-only copy)";
 }
 
+/* A descriptor number argument, whole decimal digits: the number, -1 for anything else. */
+static int fd_arg(const char *s)
+{
+	char *end;
+	errno = 0;
+	long fd = strtol(s, &end, 10);
+	return errno || end == s || *end || fd < 0 || fd > INT_MAX ? -1 : (int)fd;
+}
+
 /* gpuctk-hook's form of the guard, `disable-device-node-modification --root-fd N`: the
  * container root it opened, inherited as descriptor N; the outcome in words on stdout. It
  * never hands over: gpuctk-hook runs it. */
 static int guard_served(const char *arg)
 {
-	char *end;
-	errno = 0;
-	long fd = strtol(arg, &end, 10);
+	int fd = fd_arg(arg);
 	struct stat st;
-	if (errno || end == arg || *end || fd < 0 || fd > INT_MAX || fstat((int)fd, &st) != 0 ||
-	    !S_ISDIR(st.st_mode)) {
+	if (fd < 0 || fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode)) {
 		fprintf(stderr, "gpuctk-cdi-hook: error: " GPUCTK_ROOT_FD_OPT " %s: not an open "
 			"folder (gpuctk-hook passes the container root it opened)\n", arg);
 		return 2;
 	}
-	const char *done = guard((int)fd);
+	const char *done = guard(fd);
 	if (printf("%s\n", done) < 0 || fflush(stdout) != 0) {
 		fprintf(stderr, "gpuctk-cdi-hook: error: the device node guard is done, but its "
 			"outcome could not be written: %s\n", strerror(errno));
@@ -1264,15 +1270,13 @@ static int merge_served(int argc, char **argv)
 	for (int i = 2; i + 1 < argc; i += 2) {
 		int which = strcmp(argv[i], GPUCTK_IMAGE_FD_OPT) == 0 ? 0
 			    : strcmp(argv[i], GPUCTK_ENTRIES_FD_OPT) == 0 ? 1 : -1;
-		char *end;
-		long fd = which < 0 ? -1 : strtol(argv[i + 1], &end, 10);
+		int fd = which < 0 ? -1 : fd_arg(argv[i + 1]);
 		if (which < 0 && !part && strcmp(argv[i], GPUCTK_LD_CACHE_OPT) == 0)
 			part = argv[i + 1];
-		else if (which < 0 || fd < 0 || fd > INT_MAX || end == argv[i + 1] || *end ||
-			 fds[which] != -1)
+		else if (fd < 0 || fds[which] != -1)
 			bad = 1;
 		else
-			fds[which] = (int)fd;
+			fds[which] = fd;
 	}
 	if (bad || fds[0] < 0 || fds[1] < 0) {
 		fprintf(stderr, "gpuctk-cdi-hook: error: usage: " GPUCTK_MERGE_VERB " "
