@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuctk import log
 from gpuctk.cdi.discover import Roots
-from gpuctk.cdi.node.facts import PACKAGED_HOOK
+from gpuctk.cdi.node.facts import HOOK_NAME, PACKAGED_HOOK
 from gpuctk.cdi.specs.spec import Spec
 from gpuctk.errors import NoDevicesError, OutputError, UsageError
 from gpuctk.records import record
@@ -53,7 +53,7 @@ MODES = ("nvml", "management", "imex")  # --mode (gpuctk.cdi.management, gpuctk.
 def default_hook_path(note: bool = True) -> str:
     """The gpuctk-hook of the running install: the one beside this `gpuctk` launcher (a venv's
     bin/, the package's /usr/bin), else the packaged path, with a note when that is absent."""
-    beside = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "gpuctk-hook")
+    beside = os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), HOOK_NAME)
     if os.path.basename(sys.argv[0]) == "gpuctk" and os.path.isfile(beside):
         return beside
     if note and not os.path.exists(PACKAGED_HOOK):
@@ -62,13 +62,6 @@ def default_hook_path(note: bool = True) -> str:
             "(not here); set --hook-path to name another"
         )
     return PACKAGED_HOOK
-
-
-def front_beside(hook_path: str) -> str:
-    """gpuctk-cdi-hook (hook/cdihook.c) beside `hook_path` when it is installed there, else ""
-    (the spec then names gpuctk-hook itself)."""
-    front = os.path.join(os.path.dirname(hook_path), "gpuctk-cdi-hook")
-    return front if os.path.isfile(front) and os.access(front, os.X_OK) else ""
 
 
 def simulation_comment(profile: str, install: str) -> str:

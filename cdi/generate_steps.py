@@ -163,11 +163,11 @@ def planned_stage(a: GenerateArgs, opts: Options, found: Found) -> Options:
     nothing written yet: the spec is built, and its errors found, before the copy."""
     if opts.library_mode != "folder":
         return opts
-    from gpuctk.cdi.generate_cmd import front_beside
+    from gpuctk.cdi.node.facts import compiled_beside
     from gpuctk.cdi.stage import stage_path_of
 
     path = stage_path_of(found.files, found.machine.driver_version, a.staging_dir)
-    return replace(opts, stage_path=path, front_path=front_beside(opts.hook_path))
+    return replace(opts, stage_path=path, front_path=compiled_beside(opts.hook_path))
 
 
 def stage(a: GenerateArgs, opts: Options, found: Found) -> Options:

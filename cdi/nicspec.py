@@ -122,7 +122,7 @@ def nic_edits(
     if netdevs:
         flags = tuple(arg for name in netdevs for arg in ("--netdev", name))
         hooks = tuple(
-            Hook(stage, hook_path, args=("gpuctk-hook", stage, *flags), env=(HOOK_ENV_PATH,))
+            Hook(stage, hook_path, args=(facts.HOOK_NAME, stage, *flags), env=(HOOK_ENV_PATH,))
             for stage in ("createRuntime", "poststop")
         )
     return ContainerEdits(device_nodes=device_nodes, hooks=hooks)

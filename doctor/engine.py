@@ -20,6 +20,7 @@ import tempfile
 from typing import Any
 
 from gpuctk import log
+from gpuctk.cdi.node.facts import HOOK_NAME
 from gpuctk.doctor import containerdfiles
 from gpuctk.doctor.context import Context, Findings
 from gpuctk.doctor.daemon import LOADED_TITLE, check_containerd_loaded
@@ -226,7 +227,7 @@ def _hook_spec(id_: str, title: str, path: str, fix: str) -> Result:
     except (OSError, ValueError, AttributeError, TypeError) as exc:
         return failed(id_, title, [f"base_runtime_spec {path}: unreadable: {exc}"], fix)
     paths = [h.get("path") for h in hooks if isinstance(h, dict)]
-    ours = [p for p in paths if isinstance(p, str) and "gpuctk-hook" in os.path.basename(p)]
+    ours = [p for p in paths if isinstance(p, str) and HOOK_NAME in os.path.basename(p)]
     if not ours:
         return failed(id_, title, [f"{path}: no gpuctk-hook entry in its hooks"], fix)
     gone = [p for p in ours if not (os.path.isfile(p) and os.access(p, os.X_OK))]

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 
+from gpuctk.cdi.node.facts import HOOK_NAME, compiled_beside
 from gpuctk.doctor.context import Context, Findings
 from gpuctk.doctor.report import Result, failed, ok, skipped
 from gpuctk.errors import GpuctkError
@@ -82,7 +83,7 @@ def check_binary(ctx: Context, name: str, what: str) -> Result:
             [f"{path} --version: exit {code}: {line or '(no output)'}"],
             f"{path} --version   # read the error; reinstall gpuctk if it is an import error",
         )
-    if name == "gpuctk-hook":
+    if name == HOOK_NAME:
         problem = _front_problem(path)
         if problem:
             fix = "reinstall gpuctk (apt install ./gpuctk_*.deb, gpuctk install, or pip install .)"
@@ -97,7 +98,7 @@ def _front_problem(hook: str) -> str:
     build's forms (asked for the guard with a descriptor that is none: it says so, exit 2)."""
     from gpuctk.hook.verbs import compiled, nodeprotect
 
-    front = compiled.beside(hook)
+    front = compiled_beside(hook)
     if not front:
         return f"no {compiled.PROGRAM} beside {hook}, where the default spec's entry names it"
     code, line = _run([front, nodeprotect.NAME, compiled.ROOT_FD_OPT, "-1"])
@@ -163,7 +164,7 @@ def runtime_checks(ctx: Context, found: Findings) -> list[Result]:
     config = check_config(ctx, found)
     return [
         check_binary(ctx, "gpuctk-runtime", "passes --version to "),
-        check_binary(ctx, "gpuctk-hook", ""),
+        check_binary(ctx, HOOK_NAME, ""),
         config,
         check_low_level(ctx, found),
     ]

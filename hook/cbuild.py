@@ -28,8 +28,24 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-NAME = "gpuctk-cdi-hook"
 HERE = Path(__file__).resolve().parent
+
+
+def _program_name() -> str:
+    """gpuctk.cdi.node.facts.COMPILED_HOOK, read from the file beside this one's folder (the
+    same in a source tree and an install): setup.py loads this module before the package is
+    importable."""
+    import importlib.util
+
+    path = HERE.parent / "cdi" / "node" / "facts.py"
+    spec = importlib.util.spec_from_file_location("_gpuctk_build_facts", path)
+    assert spec and spec.loader, path
+    facts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(facts)
+    return str(facts.COMPILED_HOOK)
+
+
+NAME = _program_name()
 SOURCE = HERE / "cdihook.c"  # the one translation unit
 SOURCES = (SOURCE, HERE / "ldcache.c", HERE / "shimfront.c")  # what the binary is made of
 WARNINGS = [

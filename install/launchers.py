@@ -74,11 +74,12 @@ from gpuctk.hook.shim.runcargs import (
     VERB_VALUE_FLAGS,
 )
 from gpuctk.hook.shim.runtime_main import FRONT_RUNTIME_ENV
+from gpuctk.hook.verbs import compiled
 from gpuctk.statedir import DEFAULT_STATE_DIR, STATE_DIR_ENV
 
 LAUNCHER_MARK = "# gpuctk launcher"  # every launcher's second line starts so
 
-FRONT = "gpuctk-cdi-hook"  # hook/cdihook.c, built by setup.py into gpuctk.hook's folder
+FRONT = compiled.PROGRAM  # hook/cdihook.c, built by setup.py into gpuctk.hook's folder
 SHIM_CREATE = "shim-create"  # its verb for gpuctk-runtime's create (hook/shimfront.c)
 
 # launcher name -> (module, function)
@@ -269,8 +270,6 @@ exec {python} -IS -c "$pycode" "$0" "$@"
 def built_front() -> str:
     """The compiled gpuctk-cdi-hook this install has (gpuctk.hook.verbs.compiled.installed);
     "" where there is none."""
-    from gpuctk.hook.verbs import compiled
-
     return compiled.installed()
 
 

@@ -22,7 +22,11 @@ toolkit's names).
 
 from __future__ import annotations
 
+import os
+
 HOOK_NAME = "gpuctk-hook"
+COMPILED_HOOK = "gpuctk-cdi-hook"  # hook/cdihook.c, installed beside HOOK_NAME
+HOOK_PROGRAMS = (HOOK_NAME, COMPILED_HOOK)  # the names of gpuctk's hook entries' paths
 PACKAGED_HOOK = f"/usr/bin/{HOOK_NAME}"  # where the deb installs gpuctk-hook
 HOOK_ENV_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 HOOK_VERB = "createContainer"  # the entry's OCI stage and the hook's verb
@@ -127,3 +131,14 @@ def decode(env: list[str] | tuple[str, ...]) -> Facts | None:
         mig = tuple(u for u in fields[4].split("+") if u)
         gpus.append(GpuFacts(int(fields[0]), fields[1], fields[2], fields[3], mig))
     return Facts(values[DRIVER_KEY], values.get(CUDA_KEY, ""), tuple(gpus))
+
+
+def compiled_beside(path: str) -> str:
+    """The executable COMPILED_HOOK in the folder of `path` (gpuctk-hook or another launcher),
+    as named, else in that of its real file; "" where there is none. What a spec's entry names
+    (gpuctk cdi generate), the guard's entry runs and doctor checks."""
+    for mine in (path, os.path.realpath(path)):
+        found = os.path.join(os.path.dirname(mine), COMPILED_HOOK)
+        if os.path.isfile(found) and os.access(found, os.X_OK):
+            return found
+    return ""

@@ -68,6 +68,8 @@ from __future__ import annotations
 
 import os
 
+from gpuctk.cdi.node import facts
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -80,8 +82,6 @@ if TYPE_CHECKING:
 
 FOLDER_NAME = "front"
 FORMAT = "gpuctk-front-plan-6"
-FRONT = "gpuctk-cdi-hook"
-GUARD = "disable-device-node-modification"
 PREFIXES_NAME = "keyed-on"  # no .json: never evicted with the plans
 PREFIXES_FORMAT = "gpuctk-front-prefixes-1"
 MAX_PLANS = 256  # a plan per request and shape of container; the ones read longest ago go
@@ -167,11 +167,11 @@ def eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:
         args = list(hook.get("args") or [])
         if (
             hook.get("hookName") != "createContainer"
-            or os.path.basename(hook["path"]) != FRONT
-            or (args[1:2] != ["createContainer"] and args[1:] != [GUARD])
+            or os.path.basename(hook["path"]) != facts.COMPILED_HOOK
+            or (args[1:2] != [facts.HOOK_VERB] and args[1:] != [facts.GUARD_ACTION])
         ):
             return False
-        if not settings.disable_device_node_modification and GUARD not in args:
+        if not settings.disable_device_node_modification and facts.GUARD_ACTION not in args:
             return False  # the entry would guard where this config says not to
     return True
 

@@ -38,6 +38,7 @@ import os
 import posixpath
 
 from gpuctk import rootfs
+from gpuctk.cdi.node import facts
 from gpuctk.hook.shim.rootcache import Fallback, merge_cache, open_glibc_root
 from gpuctk.hook.verbs import cudacompat, inroot, ldmerge, nodeguard
 
@@ -54,10 +55,10 @@ def _our_hook(hook: Any) -> bool:
     return (
         isinstance(args, list)
         and len(args) >= 2
-        and hook.get("hookName") == "createContainer"
+        and hook.get("hookName") == facts.HOOK_VERB
         and isinstance(hook.get("path"), str)
-        and posixpath.basename(hook["path"]) == "gpuctk-hook"
-        and args[1] == "createContainer"
+        and posixpath.basename(hook["path"]) == facts.HOOK_NAME
+        and args[1] == facts.HOOK_VERB
         and all(isinstance(a, str) for a in args)
         and not _stage_hook(hook)
     )
@@ -72,20 +73,20 @@ def _stage_hook(hook: Any) -> bool:
         isinstance(args, list)
         and len(args) >= 2
         and len(args) % 2 == 0
-        and hook.get("hookName") == "createContainer"
+        and hook.get("hookName") == facts.HOOK_VERB
         and isinstance(hook.get("path"), str)
-        and posixpath.basename(hook["path"]) in ("gpuctk-hook", nodeguard.FRONT)
-        and args[1] == "createContainer"
+        and posixpath.basename(hook["path"]) in facts.HOOK_PROGRAMS
+        and args[1] == facts.HOOK_VERB
     ):
         return False
     pairs = list(zip(args[2::2], args[3::2], strict=True))
     return all(
-        (k == "--folder" and v in STAGE_LIBS)
-        or (k == "--ld-cache" and v[:1] == "/" and v.endswith(STAGE_CACHE))
-        or (k == "--disable-hook" and v in nodeguard.ACTIONS)
+        (k == facts.FOLDER_OPT and v in STAGE_LIBS)
+        or (k == facts.LD_CACHE_OPT and v[:1] == "/" and v.endswith(STAGE_CACHE))
+        or (k == facts.DISABLE_OPT and v in facts.HOOK_ACTIONS)
         or (k == "--ldconfig-path" and bool(v))  # nvidia-ctk's option (gpuctk.cdi.nvctk)
-        or (k == "--link" and _stage_link(v) is not None)
-        or (k == "--link-for" and v.partition(":")[0] and _stage_link(v.partition(":")[2]))
+        or (k == facts.LINK_OPT and _stage_link(v) is not None)
+        or (k == facts.LINK_FOR_OPT and v.partition(":")[0] and _stage_link(v.partition(":")[2]))
         for k, v in pairs
     )
 
@@ -151,7 +152,7 @@ def prepare(edits: EditsDoc) -> dict[str, Any]:
     from gpuctk.hook.verbs.hook_main import parse
 
     try:
-        values, ignored = parse("createContainer", ours[0]["args"][2:])
+        values, ignored = parse(facts.HOOK_VERB, ours[0]["args"][2:])
     except Exception as exc:
         return {"fallback": f"hook arguments: {exc}"}
     if ignored or any(values[k] for k in values if k not in ("link", "folder", "disable-hook")):

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import sys
 
+from gpuctk.cdi.node.facts import COMPILED_HOOK, compiled_beside
 from gpuctk.errors import GpuctkError
 
-PROGRAM = "gpuctk-cdi-hook"
+PROGRAM = COMPILED_HOOK
 ERROR_PREFIX = f"{PROGRAM}: error: "
 ROOT_FD_OPT = "--root-fd"  # the guard's form: the container root as an inherited descriptor
 MERGE_VERB = "merge-ld-cache"  # the ld cache merge's form (gpuctk.hook.verbs.ldmerge.merged)
@@ -39,17 +40,7 @@ def program() -> str:
     of another version), else the one beside this launcher (as named, then its real file);
     "" where there is none."""
     me = sys.argv[0] if sys.argv else ""
-    return installed() or (beside(me) if me[:1] == "/" else "")
-
-
-def beside(path: str) -> str:
-    """The executable gpuctk-cdi-hook in the folder of `path` (a launcher), as named, else in
-    that of its real file; "" where there is none."""
-    for mine in (path, os.path.realpath(path)):
-        found = os.path.join(os.path.dirname(mine), PROGRAM)
-        if os.path.isfile(found) and os.access(found, os.X_OK):
-            return found
-    return ""
+    return installed() or (compiled_beside(me) if me[:1] == "/" else "")
 
 
 class Done:

@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     from gpuctk.hook.config import Settings
 
 NAME = facts.GUARD_ACTION
-FRONT = "gpuctk-cdi-hook"  # hook/cdihook.c: does the guard in C (gpuctk.install.launchers.FRONT)
 ACTIONS = facts.HOOK_ACTIONS  # the --disable-hook names of a spec's hook args
 PACKAGED_HOOK = facts.PACKAGED_HOOK
 HOOK_ENV = (facts.HOOK_ENV_PATH,)
@@ -123,7 +122,7 @@ def hook_path() -> str:
     when none is an executable file."""
     me = sys.argv[0] if sys.argv else ""
     mine = [me, os.path.realpath(me)] if me[:1] == "/" else []
-    candidates = [posixpath.join(posixpath.dirname(m), "gpuctk-hook") for m in mine]
+    candidates = [posixpath.join(posixpath.dirname(m), facts.HOOK_NAME) for m in mine]
     for path in [*candidates, PACKAGED_HOOK]:
         if os.path.isfile(path) and os.access(path, os.X_OK):
             return front(path)
@@ -133,5 +132,4 @@ def hook_path() -> str:
 def front(path: str) -> str:
     """gpuctk-cdi-hook beside the gpuctk-hook at `path` where it is installed (the guard then
     runs in C, and hands over to gpuctk-hook only where it cannot), else `path`."""
-    beside = posixpath.join(posixpath.dirname(path), FRONT)
-    return beside if os.path.isfile(beside) and os.access(beside, os.X_OK) else path
+    return facts.compiled_beside(path) or path

@@ -45,7 +45,6 @@ import time
 from gpuctk.cdi.node import facts
 from gpuctk.errors import InputError
 from gpuctk.hook import oci_state
-from gpuctk.hook.verbs import nodeguard
 from gpuctk.log import hook as hooklog
 
 TYPE_CHECKING = False
@@ -63,7 +62,6 @@ HOOK_VERBS = (  # gpuctk-hook's in-root verbs (gpuctk.hook.verbs.hook_main)
     "chmod",
     "disable-device-node-modification",
 )
-OUR_HOOKS = ("gpuctk-hook", nodeguard.FRONT)  # the names of gpuctk's hook entries' paths
 FACT_KEYS = (facts.DRIVER_KEY, facts.CUDA_KEY, facts.GPUS_KEY)  # an entry's env: the hook's
 UNSUPPORTED = ("env", "additionalGids", "netDevices", "intelRdt")
 
@@ -88,7 +86,7 @@ def ours(entry: Mapping[str, Any]) -> bool:
     gpuctk-cdi-hook (as gpuctk.hook.shim.shimroot reads a spec's entries). Its work is then done
     in this process; the binary is never run."""
     path = entry.get("path")
-    return isinstance(path, str) and posixpath.basename(path) in OUR_HOOKS
+    return isinstance(path, str) and posixpath.basename(path) in facts.HOOK_PROGRAMS
 
 
 def _list(parent: Any, *keys: str) -> list[Any]:

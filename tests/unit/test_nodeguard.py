@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from gpuctk.cdi.generate import HOOK_ACTIONS, Options, build_spec, check_options
+from gpuctk.cdi.node import facts
 from gpuctk.cdi.node.driverfiles import DriverFile, DriverFiles
 from gpuctk.cdi.node.profile import load_profile
 from gpuctk.cdi.simulate import simulated_nodes
@@ -78,15 +79,15 @@ def test_the_python_create_and_the_plan_add_the_same_entry(
     a folder spec's own entry guards, so neither adds one."""
     from gpuctk.hook.shim import frontplan
 
-    front = tmp_path / nodeguard.FRONT
+    front = tmp_path / facts.COMPILED_HOOK
     hook = tmp_path / "gpuctk-hook"
     for f in (front, hook):
         f.write_text("#!/bin/sh\n")
         f.chmod(0o755)
     monkeypatch.setattr(sys, "argv", [str(tmp_path / "gpuctk-runtime")])
     bare: Any = {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}
-    staged: Any = {"hooks": [{**HOOK, "path": str(front), "args": [
-        nodeguard.FRONT, "createContainer", "--folder", "/usr/local/nvidia/lib64"]}]}  # fmt: skip
+    args = [facts.COMPILED_HOOK, "createContainer", "--folder", "/usr/local/nvidia/lib64"]
+    staged: Any = {"hooks": [{**HOOK, "path": str(front), "args": args}]}
     for conf, want in (("", 1), ("disable-device-node-modification = false\n", 0)):
         settings = config.parse(conf, "t.toml")
         protect = "hook" if settings.disable_device_node_modification else "off"
@@ -135,7 +136,7 @@ def test_the_guard_entry_names_the_compiled_front_beside_gpuctk_hook(tmp_path: P
     hook = tmp_path / "gpuctk-hook"
     hook.write_text("#!/bin/sh\n")
     assert nodeguard.front(str(hook)) == str(hook)  # no front: gpuctk-hook itself
-    front = tmp_path / nodeguard.FRONT
+    front = tmp_path / facts.COMPILED_HOOK
     front.write_bytes(b"\x7fELF")
     front.chmod(0o644)
     assert nodeguard.front(str(hook)) == str(hook)  # not executable: not used
@@ -299,7 +300,7 @@ def test_a_runtime_run_through_a_link_finds_the_hook_beside_the_real_file(
     is not guarded and what to do."""
     real = tmp_path / "venv"
     real.mkdir()
-    for name in ("gpuctk-runtime", "gpuctk-hook", nodeguard.FRONT):
+    for name in ("gpuctk-runtime", "gpuctk-hook", facts.COMPILED_HOOK):
         (real / name).write_text("#!/bin/sh\n")
         (real / name).chmod(0o755)
     (tmp_path / "bin").mkdir()
@@ -307,7 +308,7 @@ def test_a_runtime_run_through_a_link_finds_the_hook_beside_the_real_file(
     monkeypatch.setattr(sys, "argv", [str(tmp_path / "bin" / "runc")])
     monkeypatch.setattr(nodeguard, "PACKAGED_HOOK", str(tmp_path / "absent"))
     got = nodeguard.guard({}, [], "hook", lambda _: None)
-    assert [h["path"] for h in got["hooks"]] == [str(real / nodeguard.FRONT)]
+    assert [h["path"] for h in got["hooks"]] == [str(real / facts.COMPILED_HOOK)]
     (real / "gpuctk-hook").unlink()
     said: list[str] = []
     assert nodeguard.guard({}, [], "hook", lambda _: None, warn=said.append) == {}
