@@ -149,23 +149,25 @@ def prepare(edits: EditsDoc) -> dict[str, Any]:
     ours = [h for h in edits.get("hooks") or [] if _our_hook(h)]
     if len(ours) != 1:
         return {}
-    from gpuctk.hook.verbs.hook_main import parse
+    from gpuctk.hook.verbs import hook_main as words
 
     try:
-        values, ignored = parse(facts.HOOK_VERB, ours[0]["args"][2:])
+        values, ignored = words.parse(facts.HOOK_VERB, ours[0]["args"][2:])
     except Exception as exc:
         return {"fallback": f"hook arguments: {exc}"}
-    if ignored or any(values[k] for k in values if k not in ("link", "folder", "disable-hook")):
+    if ignored or any(
+        values[k] for k in values if k not in (words.LINK, words.FOLDER, words.DISABLE)
+    ):
         return {"fallback": "the hook has options beyond --link, --folder and --disable-hook"}
-    off = values["disable-hook"]
-    unknown = [name for name in off if name not in nodeguard.ACTIONS]
+    off = values[words.DISABLE]
+    unknown = [name for name in off if name not in facts.HOOK_ACTIONS]
     if unknown:
         return {"fallback": f"--disable-hook {unknown[0]!r} is not known here"}
     try:
-        links_ = [] if "create-symlinks" in off else values["link"]
+        links_ = [] if facts.LINKS_ACTION in off else values[words.LINK]
         links = dict(reversed([inroot.parse_link(s)[::-1] for s in links_]))
-        folders = [inroot.check_folder(f) for f in values["folder"]]
-        if "update-ldcache" in off:
+        folders = [inroot.check_folder(f) for f in values[words.FOLDER]]
+        if facts.LDCACHE_ACTION in off:
             folders = []
     except (rootfs.InRootError, ValueError) as exc:
         return {"fallback": str(exc)}

@@ -36,6 +36,7 @@ import os
 import sys
 
 from gpuctk import __version__
+from gpuctk.cdi.node import facts
 from gpuctk.errors import EXIT_FAILURE, GpuctkError, UsageError
 from gpuctk.log import hook as hooklog
 
@@ -45,23 +46,28 @@ if TYPE_CHECKING:
 
     from gpuctk.hook.verbs.actions import Request
 
+# the spec entry's options, by name (their words are gpuctk.cdi.node.facts', as the C's are)
+LINK, LINK_FOR, FOLDER, LD_CACHE, DISABLE = (
+    o.removeprefix("--")
+    for o in (facts.LINK_OPT, facts.LINK_FOR_OPT, facts.FOLDER_OPT, facts.LD_CACHE_OPT,
+              facts.DISABLE_OPT)
+)  # fmt: skip
 # verb -> options it takes (all repeatable, all with a value)
 _OPTIONS = {
-    "createContainer": (
-        "link",
-        "link-for",
-        "folder",
+    facts.HOOK_VERB: (
+        LINK,
+        LINK_FOR,
+        FOLDER,
         "mode",
         "path",
         "ldconfig-path",
         "container-spec",
-        "disable-hook",
-        # a folder spec's stage cache: merged into the image's (gpuctk.hook.verbs.actions)
-        "ld-cache",
+        DISABLE,
+        LD_CACHE,  # a folder spec's stage cache, merged into the image's (hook.verbs.actions)
     ),
-    "disable-device-node-modification": ("container-spec",),
-    "create-symlinks": ("link", "container-spec"),
-    "update-ldcache": ("folder", "ldconfig-path", "container-spec"),
+    facts.GUARD_ACTION: ("container-spec",),
+    facts.LINKS_ACTION: (LINK, "container-spec"),
+    facts.LDCACHE_ACTION: (FOLDER, "ldconfig-path", "container-spec"),
     "chmod": ("mode", "path", "container-spec"),
 }
 _FLAGS = ("debug",)
@@ -126,16 +132,16 @@ def _request(verb: str, values: dict[str, list[str]]) -> Request:
 
     return Request(
         verb=verb,
-        links=values.get("link", []),
-        links_for=values.get("link-for", []),
-        folders=values.get("folder", []),
+        links=values.get(LINK, []),
+        links_for=values.get(LINK_FOR, []),
+        folders=values.get(FOLDER, []),
         mode=one("mode"),
         paths=values.get("path", []),
         ldconfig=one("ldconfig-path") or os.environ.get("GPUCTK_LDCONFIG") or None,
         container_spec=one("container-spec"),
-        run_ldconfig=verb == "update-ldcache" or bool(values.get("folder")),
-        disabled=values.get("disable-hook", []),
-        ld_cache=one("ld-cache"),
+        run_ldconfig=verb == facts.LDCACHE_ACTION or bool(values.get(FOLDER)),
+        disabled=values.get(DISABLE, []),
+        ld_cache=one(LD_CACHE),
     )
 
 
