@@ -1340,10 +1340,11 @@ static int is_blank(char c)
 }
 
 /* The capabilities the container's NVIDIA_DRIVER_CAPABILITIES asks for, a bit each, from the
- * last entry of process.env that sets it: a comma-separated list, each word trimmed of
- * GPUCTK_CAPS_BLANKS; unset or blank the default (utility, compute), `all` every one, other
- * words ignored. -1 when the config is not plain enough to tell (an env entry with an escape, a key
- * in another case). */
+ * last entry of process.env that sets it (each entry's escapes decoded: Go's JSON writes <, >
+ * and & as escapes): a comma-separated list, each word trimmed of GPUCTK_CAPS_BLANKS; unset or
+ * blank the default (utility, compute), `all` every one, other words ignored. A character
+ * above 127 is one byte that no word, blank or comma is (sf_decoded). -1 when the config is
+ * not plain enough to tell (a key in another case, no memory). */
 static int container_caps(const char *doc, size_t len)
 {
 	struct member *top = NULL, *proc = NULL, *env = NULL, *f;
@@ -1362,15 +1363,24 @@ static int container_caps(const char *doc, size_t len)
 	if (!f || sf_kind(f->val) != '[' || sf_items(f->val, 0, &env, &nenv) != 0)
 		goto out;
 	const char *value = NULL;
+	char *kept = NULL; /* the decoded text value is in, if any */
 	size_t vlen = 0, plen = strlen(GPUCTK_CAPS_ENV "=");
 	for (size_t i = 0; i < nenv; i++) {
 		const char *e;
+		char *buf;
 		size_t n;
-		if (sf_plain(env[i].val, &e, &n) != 0)
-			goto out; /* an escape may spell the variable */
+		int wide;
+		if (sf_decoded(env[i].val, &e, &n, &wide, &buf) != 0) {
+			free(kept);
+			goto out;
+		}
 		if (n >= plen && memcmp(e, GPUCTK_CAPS_ENV "=", plen) == 0) {
+			free(kept);
+			kept = buf;
 			value = e + plen;
 			vlen = n - plen;
+		} else {
+			free(buf);
 		}
 	}
 	rc = 0;
@@ -1395,6 +1405,7 @@ static int container_caps(const char *doc, size_t len)
 	}
 	if (blank) /* unset, empty or spaces */
 		rc = GPUCTK_CAPS_DEFAULT;
+	free(kept);
 out:
 	free(top);
 	free(proc);

@@ -14,9 +14,11 @@
  *     --config; GPUCTK_SHIM_FRONT not `off`, GPUCTK_SPEC_CACHE not `0`;
  *   - BUNDLE/config.json is a regular file (not a link) of plain JSON: ASCII only, strict, the
  *     keys of each object this program reads unescaped and unique in any case (runc folds case),
- *     every env entry and CDI annotation unescaped, no mount destination with an escape or
- *     naming nvidia-container-devices, each linux.devices entry an object with an unescaped
- *     path, no annotation the plan refuses, no field apply would refuse (a hook stage,
+ *     every env entry printable ASCII without a quote or a backslash once its escapes are
+ *     decoded (Go's JSON, every engine's, writes <, > and & as escapes: the `>=` of a CUDA
+ *     image's NVIDIA_REQUIRE_CUDA), each CDI annotation unescaped, no mount destination with
+ *     an escape or naming nvidia-container-devices, each linux.devices entry an object with an
+ *     unescaped path, no annotation the plan refuses, no field apply would refuse (a hook stage,
  *     additionalGids or netDevices of another type);
  *   - a front plan (gpuctk.hook.shim.frontplan) for the request's key: the container's env entries
  *     that start with NVIDIA_ or CUDA_VERSION, in order, whether CAP_SYS_ADMIN is in its
@@ -265,6 +267,62 @@ static int sf_plain(struct span v, const char **s, size_t *n)
 	if (string(&j, s, n, &esc) || esc)
 		return -1;
 	return 0;
+}
+
+/* The string v, its escapes decoded, in *s (*n bytes): v's own text where it has no escape,
+ * else a buffer of its own in *buf (NULL otherwise; the caller frees it). Every character
+ * above 127 (a byte of one, or a \u escape of one) and every NUL becomes the byte 0x80 and
+ * sets *wide: it is never a byte of a word, a blank or a separator this program compares.
+ * 0, -1 when v is not a string or there is no memory. */
+static int sf_decoded(struct span v, const char **s, size_t *n, int *wide, char **buf)
+{
+	struct json j = { sf_start(v), v.end, 0 };
+	const char *raw;
+	size_t len;
+	int esc;
+	*wide = 0;
+	*buf = NULL;
+	if (string(&j, &raw, &len, &esc))
+		return -1;
+	*s = raw;
+	*n = len;
+	if (!esc)
+		return 0;
+	char *out = malloc(len + 1);
+	if (!out)
+		return -1;
+	size_t o = 0;
+	for (size_t i = 0; i < len; i++) {
+		unsigned x = (unsigned char)raw[i];
+		if (x == '\\') { /* string() checked every escape: a letter, or u and four digits */
+			char c = raw[++i], hex[5] = { 0 };
+			if (c == 'u') {
+				memcpy(hex, raw + i + 1, 4);
+				i += 4;
+			}
+			x = c == 'u' ? (unsigned)strtoul(hex, NULL, 16) : c == 'b' ? '\b' : c == 'f' ? '\f' :
+			    c == 'n' ? '\n' : c == 'r' ? '\r' : c == 't' ? '\t' : (unsigned char)c;
+		}
+		if (x == 0 || x > 0x7f) {
+			*wide = 1;
+			x = 0x80;
+		}
+		out[o++] = (char)x;
+	}
+	out[o] = 0;
+	*s = *buf = out;
+	*n = o;
+	return 0;
+}
+
+/* Whether JSON writes `t` as it is: printable ASCII, no quote, no backslash (a key string is
+ * printed by front-key and compared with the plan's as it is). */
+static int plain_text(struct span t)
+{
+	for (const char *p = t.p; p < t.end; p++)
+		if (*p < 0x20 || *p > 0x7e || *p == '"' || *p == '\\')
+			return 0;
+	return 1;
 }
 
 /* The string v, without an escape or a NUL, as a C string in out (size bytes): 0, else -1. */
@@ -718,40 +776,22 @@ static int sf_seconds(struct span v, long *out)
 }
 
 /* The JSON string v, its escapes decoded, as a C string in out (size bytes): 0, else -1 (a
- * byte above 127 or a NUL). */
+ * character above 127 or a NUL). */
 static int sf_text(struct span v, char *out, size_t size)
 {
-	struct json j = { sf_start(v), v.end, 0 };
 	const char *s;
-	size_t n, o = 0;
-	int esc;
-	if (string(&j, &s, &n, &esc))
+	char *buf;
+	size_t n;
+	int wide;
+	if (sf_decoded(v, &s, &n, &wide, &buf) != 0)
 		return -1;
-	for (size_t i = 0; i < n; i++) {
-		unsigned x = (unsigned char)s[i];
-		if (x == '\\' && i + 1 < n) { /* string() checked every escape */
-			switch (s[++i]) {
-			case 'b': x = '\b'; break;
-			case 'f': x = '\f'; break;
-			case 'n': x = '\n'; break;
-			case 'r': x = '\r'; break;
-			case 't': x = '\t'; break;
-			case 'u': {
-				char hex[5] = { 0 };
-				memcpy(hex, s + i + 1, i + 4 < n ? 4 : 0);
-				x = i + 4 < n ? (unsigned)strtoul(hex, NULL, 16) : 0;
-				i += 4;
-				break;
-			}
-			default: x = (unsigned char)s[i]; /* " \\ / */
-			}
-		}
-		if (x == 0 || x > 0x7f || o + 1 >= size)
-			return -1;
-		out[o++] = (char)x;
+	int ok = !wide && n < size;
+	if (ok) {
+		memcpy(out, s, n);
+		out[n] = 0;
 	}
-	out[o] = 0;
-	return 0;
+	free(buf);
+	return ok ? 0 : -1;
 }
 
 /* The shim's lines for this create (the plan's `lines`, gpuctk.log's shim_lines), their marks
@@ -1031,6 +1071,7 @@ struct who {
 	char text[6][32]; /* privileged=, uid=, gid=, env=, mounts=, devices=: key strings */
 	size_t at[3], count[3]; /* the names of env, mounts, devices in the key */
 	struct member *mounts, *devs;
+	struct span *env; /* each env entry's text, its escapes decoded */
 };
 
 static void key_text(struct span *keys, size_t *nkeys, char *text)
@@ -1040,10 +1081,10 @@ static void key_text(struct span *keys, size_t *nkeys, char *text)
 }
 
 /* The names of the config's lists (as request_key says) appended to `keys`, each checked. */
-static void key_names(struct span *keys, size_t *nkeys, struct member *env, struct who *w)
+static void key_names(struct span *keys, size_t *nkeys, struct who *w)
 {
 	static const char *const what[3] = { "env", "mounts", "devices" };
-	struct member *list[3] = { env, w->mounts, w->devs };
+	struct member *list[3] = { NULL, w->mounts, w->devs };
 	for (int l = 0; l < 3; l++) {
 		snprintf(w->text[3 + l], 32, "%s=%zu", what[l], w->count[l]);
 		key_text(keys, nkeys, w->text[3 + l]);
@@ -1052,8 +1093,7 @@ static void key_names(struct span *keys, size_t *nkeys, struct member *env, stru
 			struct span s;
 			size_t sn;
 			if (l == 0) {
-				sf_plain(list[l][i].val, &s.p, &sn); /* checked by request_key */
-				s.end = s.p + sn;
+				s = w->env[i]; /* decoded and checked by request_key */
 				s.end = s.p + env_key(s);
 			} else if (l == 1) {
 				need(member_string(list[l][i].val, "destination", &s.p, &sn) == 0 &&
@@ -1083,13 +1123,19 @@ static struct span *request_key(struct member *top, size_t ntop, struct member *
 	if (ann)
 		a = object_of(ann, "annotations that are not plain", &nann);
 	struct span *keys = calloc(2 * nenv + 7 + w->count[1] + w->count[2] + 2 * nann, sizeof *keys);
-	need(keys != NULL, "out of memory");
+	w->env = calloc(nenv + 1, sizeof *w->env);
+	need(keys != NULL && w->env != NULL, "out of memory");
 	*nkeys = 0;
-	for (size_t i = 0; i < nenv; i++) {
+	for (size_t i = 0; i < nenv; i++) { /* Go's JSON writes <, > and & as escapes */
 		struct span s;
 		size_t sn;
-		need(sf_plain(env[i].val, &s.p, &sn) == 0, "an env entry that is not a plain string");
+		char *buf; /* kept: the key's spans are in it */
+		int wide;
+		need(sf_decoded(env[i].val, &s.p, &sn, &wide, &buf) == 0 && !wide &&
+			     plain_text((struct span){ s.p, s.p + sn }),
+		     "an env entry that is not a plain string");
 		s.end = s.p + sn;
+		w->env[i] = s;
 		int keyed = 0;
 		for (int p = 0; p < GPUCTK_KEY_PREFIXES_COUNT; p++)
 			keyed = keyed || starts(s, GPUCTK_KEY_PREFIXES[p]);
@@ -1112,7 +1158,7 @@ static struct span *request_key(struct member *top, size_t ntop, struct member *
 	snprintf(w->text[2], 32, "gid=%llu", w->gid);
 	for (int i = 0; i < 3; i++)
 		key_text(keys, nkeys, w->text[i]);
-	key_names(keys, nkeys, env, w);
+	key_names(keys, nkeys, w);
 	for (size_t i = 0; i < nann; i++) {
 		if (!prefixed(a[i].key, pre, npre))
 			continue;
@@ -1433,15 +1479,6 @@ static int shim_create(int argc, char **argv)
 }
 
 /* ---- the key, for Python ------------------------------------------------------------------------ */
-
-/* Whether JSON writes `t` as it is: printable ASCII, no quote, no backslash. */
-static int plain_text(struct span t)
-{
-	for (const char *p = t.p; p < t.end; p++)
-		if (*p < 0x20 || *p > 0x7e || *p == '"' || *p == '\\')
-			return 0;
-	return 1;
-}
 
 /* The n strings as a JSON list (each plain: shim-create took no other). */
 static void print_strings(const struct span *s, size_t n)

@@ -1359,11 +1359,89 @@ def test_link_for_follows_nvidia_driver_capabilities(
     assert got == made
 
 
+# what random values of the variable are made of: the words (and near misses), ASCII and other
+# blanks, commas, what may stand between them, and what Go's JSON writes as an escape
+CAP_PIECES = (
+    *("compute", "graphics", "display", "utility", "video", "compat32", "all", "ALL", "Compute"),
+    *("bogus", "", " ", "  ", "\t", "\n", "\r", "\v", "\f", "\u00a0", "\u2003", "\u0000"),
+    *(",", ",", ",", "=", ":", "x", "<", ">", "&", '"', "\\"),
+)
+CAP_NAME = "NVIDIA_DRIVER_CAPABILITIES"
+CAP_NAMES = (*[CAP_NAME] * 4, f"{CAP_NAME} ", CAP_NAME.lower(), f"{CAP_NAME}\u00a0")
+
+
+def go_json(doc: object) -> bytes:
+    """`doc` as Go's encoding/json writes it (containerd, CRI-O, podman): <, > and & as \\u
+    escapes, other characters above 127 as they are (UTF-8)."""
+    text = json.dumps(doc, ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").encode()
+
+
+def test_link_for_reads_the_variable_as_python_does(front: Front, bundle: Bundle) -> None:
+    """The capability reading is written in both languages (the C's container_caps for
+    --link-for, Python's parse_capabilities for requests and gpuctk-hook; its words and blanks
+    generated from Python): for 400 random env lists (one to three entries of the variable and
+    its near misses, values from CAP_PIECES), written as Go writes config.json, the C makes the
+    links Python's reading asks for, and never hands the container over."""
+    from gpuctk.cdi.node.capabilities import parse_capabilities
+    from gpuctk.hook.requests.devices import env_value
+
+    rng = random.Random(37)
+    staged_files(bundle.root, *LINKS_FOR.values())
+    made = [bundle.root / p.lstrip("/") for p in LINKS_FOR.values()]
+    for _ in range(400):
+        env = ["PATH=/bin", "NVIDIA_REQUIRE_CUDA=cuda>=12.0 brand=tesla,driver>=470,driver<471"]
+        for _ in range(rng.randint(1, 3)):
+            value = "".join(rng.choice(CAP_PIECES) for _ in range(rng.randint(0, 8)))
+            env.append(f"{rng.choice(CAP_NAMES)}={value}")
+        doc = {"ociVersion": "1.0.2", "root": {"path": str(bundle.root)},
+               "process": {"args": ["sh"], "env": env}}  # fmt: skip
+        bundle.config(go_json(doc))
+        asked = parse_capabilities(env_value(env, "NVIDIA_DRIVER_CAPABILITIES"))
+        served(run(front, bundle, link_for_args()))
+        got = {c for c, path in zip(LINKS_FOR, made, strict=True) if path.is_symlink()}
+        assert got == {c for c in LINKS_FOR if c in asked}, env
+        for path in made:
+            if path.is_symlink():
+                path.unlink()
+
+
+@pytest.mark.parametrize(
+    ("entry", "made"),
+    [
+        ("NVIDIA_DRIVER_CAPABILITIES\\u003dgraphics", {"graphics"}),  # an escape spells it
+        ("NVIDIA_DRIVER_CAPABILITIE\\u0053=display", {"display"}),
+        ("NVIDIA_DRIVER_CAPABILITIES=\\u0067raphics\\u002cdisplay", {"graphics", "display"}),
+        ("NVIDIA_DRIVER_CAPABILITIES=graphics\\u00e9", set()),  # not a word
+        ("NVIDIA_DRIVER_CAPABILITIES=\\t\\u0020\\n", {"compute"}),  # blank: the default
+        ("NVIDIA_DRIVER_CAPABILITIES=\\u00a0", set()),  # not an ASCII blank: not blank
+        ("NVIDIA_DRIVER_CAPABILITIES=\\ud83d\\ude00,graphics", {"graphics"}),
+        ("NVIDIA_DRIVER_CAPABILITIES=graphics\\u0000", set()),
+        ("caf\u00e9=all", {"compute"}),
+    ],
+)
+def test_link_for_reads_an_escaped_env(
+    front: Front, bundle: Bundle, entry: str, made: set[str]
+) -> None:
+    """Each env entry is read as JSON spells it (Python's json does the same), escapes and
+    characters above 127 included: such an entry is no longer gpuctk-hook's."""
+    from gpuctk.cdi.node.capabilities import parse_capabilities
+    from gpuctk.hook.requests.devices import env_value
+
+    root = json.dumps({"path": str(bundle.root)})
+    text = f'{{"ociVersion":"1.0.2","root":{root},"process":{{"env":["{entry}"]}}}}'
+    env = json.loads(text)["process"]["env"]
+    assert {c for c in LINKS_FOR if c in parse_capabilities(env_value(env, CAP_NAME))} == made
+    staged_files(bundle.root, *LINKS_FOR.values())
+    bundle.config(text.encode())
+    served(run(front, bundle, link_for_args()))
+    got = {c for c, p in LINKS_FOR.items() if (bundle.root / p.lstrip("/")).is_symlink()}
+    assert got == made
+
+
 @pytest.mark.parametrize(
     ("env", "process"),
     [
-        (["NVIDIA_DRIVER_CAPABILITIES\\u003dall"], "process"),  # an escape may spell it
-        (["PATH=/bin", "caf\u00e9"], "process"),
         (["NVIDIA_DRIVER_CAPABILITIES=all"], "Process"),  # runc folds case
         ([7], "process"),
     ],
@@ -1373,8 +1451,7 @@ def test_link_for_with_an_env_it_cannot_read(
 ) -> None:
     staged_files(bundle.root, *LINKS_FOR.values())
     doc = {"ociVersion": "1.0.2", "root": {"path": str(bundle.root)}, process: {"env": env}}
-    text = json.dumps(doc, ensure_ascii=False).replace("\\\\u003d", "\\u003d")
-    bundle.config(text.encode())
+    bundle.config(json.dumps(doc).encode())
     handover(front, bundle, "NVIDIA_DRIVER_CAPABILITIES could not be read", link_for_args())
     assert not (bundle.root / ICD.lstrip("/")).exists()
 

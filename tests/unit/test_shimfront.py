@@ -524,8 +524,15 @@ def test_the_direct_run_takes_the_plan(node: Node, planned: dict[str, Any]) -> N
 
 def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str:
     d = copy.deepcopy(doc)
-    if change == "escaped env":
+    if change == "escaped env":  # decoded: NVIDIA_VISIBLE_DEVICES, the planned request
         return json.dumps(d).replace("NVIDIA_VISIBLE", "NVIDIA\\u005fVISIBLE")
+    if change == "Go's escapes":  # as containerd, CRI-O and podman write every CUDA image's
+        d["process"]["env"] += ["NVIDIA_PRODUCT_NAME=CUDA>=12 <&>", "PS1=<&>"]
+        return json.dumps(d).replace(">", "\\u003e").replace("<", "\\u003c").replace("&", "\\u0026")
+    if change == "escaped quote":
+        d["process"]["env"].append('X=a"b')
+    if change == "escaped non-ASCII":
+        d["process"]["env"].append("X=\u00fc")
     if change == "non-ASCII":
         d["process"]["env"].append("X=\u00fc")
         return json.dumps(d, ensure_ascii=False)
@@ -583,7 +590,8 @@ def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str:
 @pytest.mark.parametrize(
     ("change", "why"),
     [
-        ("escaped env", "an env entry that is not a plain string"),
+        ("escaped quote", "an env entry that is not a plain string"),
+        ("escaped non-ASCII", "an env entry that is not a plain string"),
         ("non-ASCII", "config.json is not ASCII"),
         ("escaped annotation", "a CDI annotation that is not a plain string"),
         ("device-list mount", "a mount that is not plain, or a device-list mount"),
@@ -610,6 +618,26 @@ def test_a_config_the_front_does_not_read_goes_to_python(
     node: Node, planned: dict[str, Any], change: str, why: str
 ) -> None:
     handed_over(*direct(node, mutated(planned, change)), why)
+
+
+@pytest.mark.parametrize("change", ["escaped env", "Go's escapes"])
+def test_an_env_with_escapes_is_served_as_apply(
+    node: Node, planned: dict[str, Any], change: str
+) -> None:
+    """An env entry is read as JSON spells it: Go's encoding/json (containerd, CRI-O, podman)
+    writes <, > and & as \\u escapes, so every CUDA image's NVIDIA_REQUIRE_CUDA
+    (cuda>=12.0 ...) has them. Such a config takes its request's plan (its env patched as
+    text: the escapes stay as they were)."""
+    text = mutated(planned, change)
+    assert isinstance(text, str) and "\\u00" in text
+    first, _ = node.create(text)  # a request not seen before: Python, which writes its plan
+    assert first.returncode == 0, first.stderr
+    done, config = node.create(text)
+    assert done.returncode == 0 and "front: plan " in done.stderr, done.stderr
+    after = config.read_bytes()
+    assert json.loads(after) == expected(node, json.loads(text))
+    if change == "Go's escapes":
+        assert b"CUDA\\u003e=12 \\u003c\\u0026\\u003e" in after
 
 
 @pytest.mark.parametrize("change", ["user namespace", "namespace without a type"])
