@@ -45,7 +45,10 @@ accept-volume-mounts the device-list folder name), and the front finds the bundl
 reads `--bundle`/`-b` (the current folder without one) and runs the host's grep (/usr/bin or
 /bin, fixed paths) over config.json for them and for the escapes `\\u` and `\\/` (JSON
 may spell any character as `\\u`, and `/` as `\\/`; the markers hold no other character
-JSON escapes). No match: the low-level runtime, at once. A match, crun's `--config`/`-f` or
+JSON escapes); where it finds `\\u`, again for the markers and `\\/` alone, and for a `\\u`
+escape other than Go's of <, > and & (OTHER_ESCAPE: encoding/json, every engine's, writes a
+shell command's && and a CUDA image's NVIDIA_REQUIRE_CUDA so). No match: the low-level
+runtime, at once. A match, crun's `--config`/`-f` or
 attached `-bDIR`, no markers in the memo, no grep, or anything else: Python, which decides
 as always. A GPU node whose runtime handler is also the default one (every pod through
 gpuctk-runtime) pays for Python only on the containers that ask for a GPU. When the memo holds
@@ -120,6 +123,10 @@ def launcher_text(python: str, module: str, function: str) -> str:
 
 
 GREPS = ("/usr/bin/grep", "/bin/grep")
+# a \u escape other than Go's \u003c, \u003e and \u0026 (encoding/json writes <, > and & so:
+# every engine's config.json has them where a CUDA image's NVIDIA_REQUIRE_CUDA or a shell
+# command's && is), as grep -E reads it
+OTHER_ESCAPE = r"\\u([^0]|0[^0]|00[^23]|002[^6]|003[^ce])"
 
 # The Python half of the runtime front: run with `-IS -c CODE "$0" "$@"` (no single quotes);
 # @COMPILED@: the compiled create it writes front plans for ("" where none runs:
@@ -181,7 +188,8 @@ memo_holds() {{ # the memo is ours, current, and its runtime ours and unchanged 
 		! [ -h "$m_runtime" ] && [ -f "$m_runtime" ] && [ -x "$m_runtime" ] &&
 		[ -O "$m_runtime" ] && ! [ "$m_runtime" -nt "$memo" ] && [ -O "${{m_runtime%/*}}/." ]
 }}
-no_request() {{ # CONFIG MARKER...: true when CONFIG holds no MARKER and no \\u or \\/ escape
+no_request() {{ # CONFIG MARKER...: true when CONFIG holds no MARKER, no \\/ and no \\u escape
+	# but Go's of <, > and & (no marker holds one)
 	cfg=$1
 	shift
 	n=$#
@@ -190,6 +198,10 @@ no_request() {{ # CONFIG MARKER...: true when CONFIG holds no MARKER and no \\u 
 	for g in {" ".join(GREPS)}; do
 		if [ -x "$g" ]; then
 			"$g" -q -F "$@" -e '\\u' -e '\\/' -- "$cfg"
+			case $? in 1) return 0 ;; 0) ;; *) return 1 ;; esac
+			"$g" -q -F "$@" -e '\\/' -- "$cfg"
+			[ $? -eq 1 ] || return 1
+			"$g" -q -E -e '{OTHER_ESCAPE}' -- "$cfg"
 			[ $? -eq 1 ]
 			return
 		fi

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from gpuctk.hook.config import Settings
 
-MEMO_TAG = "gpuctk-runtime memo 3"  # the memo's first line: the format the front reads
+MEMO_TAG = "gpuctk-runtime memo 4"  # the memo's first line: the format the front reads
 
 
 def request_markers(settings: Settings) -> list[str] | None:
@@ -25,14 +25,15 @@ def request_markers(settings: Settings) -> list[str] | None:
     gpuctk.hook.requests.devices reads requests under `settings`: the NVIDIA_VISIBLE_DEVICES name,
     each annotation prefix, and with accept-volume-mounts the device-list mount folder. None
     when one cannot be given to the sh front: empty, or with a character that JSON writes
-    escaped other than `/` (a quote, a backslash, a control character), which the front's
-    plain-text search could miss (it sends any `\\u` or `\\/` escape to Python)."""
+    escaped other than `/` (a quote, a backslash, a control character) or that Go's JSON
+    writes escaped (<, > and &), which the front's plain-text search could miss (it sends a
+    `\\/` escape, and any `\\u` escape but Go's of <, > and &, to Python)."""
     from gpuctk.hook.requests.devices import VISIBLE_DEVICES
 
     markers = [VISIBLE_DEVICES, *settings.annotation_prefixes]
     if settings.accept_volume_mounts:
         markers.append("nvidia-container-devices")
-    if any(not m or any(c in '"\\' or c < " " for c in m) for m in markers):
+    if any(not m or any(c in '"\\<>&' or c < " " for c in m) for m in markers):
         return None
     return markers
 

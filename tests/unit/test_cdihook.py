@@ -32,6 +32,7 @@ from typing import Any
 
 import pytest
 from fixtures import cfront
+from fixtures.images import go_json
 from fixtures.nosyscall import without
 
 from gpuctk.cdi.node.ldcache import LdCacheEntry, build_ld_cache, parse_ld_cache
@@ -1368,13 +1369,6 @@ CAP_PIECES = (
 )
 CAP_NAME = "NVIDIA_DRIVER_CAPABILITIES"
 CAP_NAMES = (*[CAP_NAME] * 4, f"{CAP_NAME} ", CAP_NAME.lower(), f"{CAP_NAME}\u00a0")
-
-
-def go_json(doc: object) -> bytes:
-    """`doc` as Go's encoding/json writes it (containerd, CRI-O, podman): <, > and & as \\u
-    escapes, other characters above 127 as they are (UTF-8)."""
-    text = json.dumps(doc, ensure_ascii=False)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").encode()
 
 
 def test_link_for_reads_the_variable_as_python_does(front: Front, bundle: Bundle) -> None:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures.images import go_json
 
 from gpuctk.hook.shim.memo import remember_runtime
 from gpuctk.install import launchers
@@ -292,6 +293,23 @@ def test_a_create_that_asks_for_no_gpu_skips_python(node: Node, args: list[str])
     assert not node.python_ran()  # B from the front itself, not from Python
 
 
+GO_ASKS = go_json({**NO_GPU, "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0", "X=a&&b"]}}).decode()
+
+
+def test_gos_escapes_alone_do_not_start_python(node: Node) -> None:
+    """Go's JSON (every engine's) writes <, > and & as \\u003c, \\u003e and \\u0026: a shell
+    command's && or >, a CUDA image's NVIDIA_REQUIRE_CUDA. No marker holds one of them, so a
+    create whose only escapes they are still goes straight to the runtime."""
+    env = ["PATH=/bin", "NVIDIA_REQUIRE_CUDA=cuda>=12.2", "COMMAND=make && ./run > out.log <x"]
+    text = go_json({**NO_GPU, "process": {"args": ["sh", "-c", "a && b"], "env": env}}).decode()
+    assert all(e in text for e in ("\\u003c", "\\u003e", "\\u0026"))
+    bundle = _bundle(node, text)
+    node.write_memo(create=MARKERS)
+    node.python_ran()
+    assert node.run("create", "--bundle", str(bundle), "c1") == "B"
+    assert not node.python_ran()
+
+
 @pytest.mark.parametrize(
     ("doc", "args"),
     [
@@ -301,6 +319,8 @@ def test_a_create_that_asks_for_no_gpu_skips_python(node: Node, args: list[str])
         # JSON may spell any character as an escape: the front cannot see through one
         ('{"process": {"env": ["NVIDIA_VISIBLE_\\u0044EVICES=0"]}}', []),
         ('{"annotations": {"x": "\\u0041"}}', []),
+        ('{"annotations": {"x": "\\u003C"}}', []),  # not as Go writes it: Python
+        (GO_ASKS, []),  # a marker beside Go's escapes
         ('{"annotations": {"cdi.k8s.io\\/gpu": "nvidia.com/gpu=0"}}', []),  # "/" as "\/"
         (NO_GPU, ["--config", "other.json"]),  # crun's config name: Python reads it
         (NO_GPU, ["-f", "other.json"]),
@@ -358,7 +378,7 @@ def test_request_markers_refuse_what_the_front_cannot_search() -> None:
     assert request_markers(Settings()) == ["NVIDIA_VISIBLE_DEVICES", "cdi.k8s.io/"]
     assert request_markers(Settings({"annotation-prefixes": [""]})) is None
     assert request_markers(Settings({"annotation-prefixes": ["a\tb"]})) is None
-    for escaped in ('a"b', "a\\b"):  # JSON writes these escaped: plain text would miss them
+    for escaped in ('a"b', "a\\b", "a<b", "a>b", "a&b"):  # JSON or Go's JSON writes escaped
         assert request_markers(Settings({"annotation-prefixes": [escaped]})) is None
 
 

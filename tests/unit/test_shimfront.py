@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 from fixtures import cfront
+from fixtures.images import go_json
 
 from gpuctk.cdi.specs import apply, speccache
 from gpuctk.errors import ValidationError
@@ -528,7 +529,7 @@ def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str:
         return json.dumps(d).replace("NVIDIA_VISIBLE", "NVIDIA\\u005fVISIBLE")
     if change == "Go's escapes":  # as containerd, CRI-O and podman write every CUDA image's
         d["process"]["env"] += ["NVIDIA_PRODUCT_NAME=CUDA>=12 <&>", "PS1=<&>"]
-        return json.dumps(d).replace(">", "\\u003e").replace("<", "\\u003c").replace("&", "\\u0026")
+        return go_json(d).decode()
     if change == "escaped quote":
         d["process"]["env"].append('X=a"b')
     if change == "escaped non-ASCII":
