@@ -43,12 +43,12 @@ also holds the request markers of the config in force (gpuctk.hook.shim.memo
 request_markers: `NVIDIA_VISIBLE_DEVICES`, each annotation prefix, and with
 accept-volume-mounts the device-list folder name), and the front finds the bundle as runc
 reads `--bundle`/`-b` (the current folder without one) and runs the host's grep (/usr/bin or
-/bin, fixed paths) over config.json for them and for the escapes `\\u` and `\\/` (JSON
-may spell any character as `\\u`, and `/` as `\\/`; the markers hold no other character
-JSON escapes); where it finds `\\u`, again for the markers and `\\/` alone, and for a `\\u`
-escape other than Go's of <, > and & (OTHER_ESCAPE: encoding/json, every engine's, writes a
-shell command's && and a CUDA image's NVIDIA_REQUIRE_CUDA so). No match: the low-level
-runtime, at once. A match, crun's `--config`/`-f` or
+/bin, fixed paths; `grep -E`, the memo holding each marker as a pattern that matches it as
+it is) over config.json for them and for the escapes `\\/` and `\\u` (JSON may spell `/` as
+`\\/`, and any character as `\\u`), but Go's `\\u` of <, > and & (OTHER_ESCAPE:
+encoding/json, every engine's, writes a shell command's && and a CUDA image's
+NVIDIA_REQUIRE_CUDA so, and no marker holds one of them or another character JSON escapes).
+No match: the low-level runtime, at once. A match, crun's `--config`/`-f` or
 attached `-bDIR`, no markers in the memo, no grep, or anything else: Python, which decides
 as always. A GPU node whose runtime handler is also the default one (every pod through
 gpuctk-runtime) pays for Python only on the containers that ask for a GPU. When the memo holds
@@ -188,8 +188,8 @@ memo_holds() {{ # the memo is ours, current, and its runtime ours and unchanged 
 		! [ -h "$m_runtime" ] && [ -f "$m_runtime" ] && [ -x "$m_runtime" ] &&
 		[ -O "$m_runtime" ] && ! [ "$m_runtime" -nt "$memo" ] && [ -O "${{m_runtime%/*}}/." ]
 }}
-no_request() {{ # CONFIG MARKER...: true when CONFIG holds no MARKER, no \\/ and no \\u escape
-	# but Go's of <, > and & (no marker holds one)
+no_request() {{ # CONFIG PATTERN...: true when CONFIG holds no marker (each a grep -E PATTERN),
+	# no \\/ escape and no \\u escape but Go's of <, > and & (no marker holds one)
 	cfg=$1
 	shift
 	n=$#
@@ -197,11 +197,7 @@ no_request() {{ # CONFIG MARKER...: true when CONFIG holds no MARKER, no \\/ and
 	[ -f "$cfg" ] && [ -r "$cfg" ] || return 1
 	for g in {" ".join(GREPS)}; do
 		if [ -x "$g" ]; then
-			"$g" -q -F "$@" -e '\\u' -e '\\/' -- "$cfg"
-			case $? in 1) return 0 ;; 0) ;; *) return 1 ;; esac
-			"$g" -q -F "$@" -e '\\/' -- "$cfg"
-			[ $? -eq 1 ] || return 1
-			"$g" -q -E -e '{OTHER_ESCAPE}' -- "$cfg"
+			"$g" -q -E "$@" -e '\\\\/' -e '{OTHER_ESCAPE}' -- "$cfg"
 			[ $? -eq 1 ]
 			return
 		fi

@@ -26,7 +26,7 @@ def request_markers(settings: Settings) -> list[str] | None:
     each annotation prefix, and with accept-volume-mounts the device-list mount folder. None
     when one cannot be given to the sh front: empty, or with a character that JSON writes
     escaped other than `/` (a quote, a backslash, a control character) or that Go's JSON
-    writes escaped (<, > and &), which the front's plain-text search could miss (it sends a
+    writes escaped (<, > and &), which the front's search of the text could miss (it sends a
     `\\/` escape, and any `\\u` escape but Go's of <, > and &, to Python)."""
     from gpuctk.hook.requests.devices import VISIBLE_DEVICES
 
@@ -38,19 +38,24 @@ def request_markers(settings: Settings) -> list[str] | None:
     return markers
 
 
+def pattern(marker: str) -> str:
+    """`marker` as a `grep -E` pattern that matches it as it is (the sh front's search)."""
+    return "".join(f"\\{c}" if c in ".[]()*+?{}|^$" else c for c in marker)
+
+
 def remember_runtime(
     runtime: str, environ: Mapping[str, str] | None = None, markers: list[str] | None = None
 ) -> bool:
     """Write the runtime memo the sh front of gpuctk-runtime reads (gpuctk.install.launchers): the
     config file in force and whether it exists, the resolved `runtime`
     (gpuctk.hook.shim.runtime_main.find_runtime: the PATH plays no part), so that the verbs after a
-    create skip Python, and the request `markers` (request_markers), so that a create whose
-    config.json contains none of them skips Python too (without markers, every create starts
-    Python). Written only into a folder that this uid alone can write, up to /
-    (gpuctk.fs.open_private_dir; created 0700 if missing), through its descriptor, only when it
-    changes or the config or the runtime is newer than it (the front would not take it), never
-    fsync'd (it is a cache: a lost or stale memo just means a Python start). True when the memo
-    is current."""
+    create skip Python, and the request `markers` (request_markers; as `grep -E` patterns,
+    pattern()), so that a create whose config.json contains none of them skips Python too
+    (without markers, every create starts Python). Written only into a folder that this uid
+    alone can write, up to / (gpuctk.fs.open_private_dir; created 0700 if missing), through
+    its descriptor, only when it changes or the config or the runtime is newer than it (the
+    front would not take it), never fsync'd (it is a cache: a lost or stale memo just means a
+    Python start). True when the memo is current."""
     from gpuctk.hook.config import config_path
     from gpuctk.statedir import state_dir
 
@@ -58,7 +63,7 @@ def remember_runtime(
     folder = state_dir(env)
     conf, _ = config_path(env)
     present = "present" if os.path.exists(conf) else "absent"
-    create = "\t".join(["create-grep", *markers]) if markers else "create-python"
+    create = "\t".join(["create-grep", *map(pattern, markers)]) if markers else "create-python"
     lines = (MEMO_TAG, conf, present, runtime, create)
     if any("\n" in line or "\r" in line for line in lines):
         return False  # not representable in the sh front's line reads

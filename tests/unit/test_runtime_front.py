@@ -173,7 +173,7 @@ def test_python_rewrites_the_memo_and_the_front_then_uses_it(node: Node) -> None
     lines = node.memo.read_text().splitlines()
     assert lines == [
         launchers.MEMO_TAG, str(node.config), "present",
-        str(node.runtimes["A"]), "create-grep\tNVIDIA_VISIBLE_DEVICES\tcdi.k8s.io/",
+        str(node.runtimes["A"]), "create-grep\tNVIDIA_VISIBLE_DEVICES\tcdi\\.k8s\\.io/",
     ]  # fmt: skip
     node.runtimes["A"].chmod(0o644)  # the memo's runtime is no longer executable ...
     node.config.write_text(f'runtimes = ["{node.runtimes["A"]}", "{node.runtimes["B"]}"]\n')
@@ -262,7 +262,7 @@ def test_python_rewrites_a_memo_older_than_the_config(node: Node) -> None:
 
 # --- create without Python when config.json asks for no GPU -------------------------------
 
-MARKERS = "create-grep\tNVIDIA_VISIBLE_DEVICES\tcdi.k8s.io/"
+MARKERS = "create-grep\tNVIDIA_VISIBLE_DEVICES\tcdi\\.k8s\\.io/"
 NO_GPU = {"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin", "HOME=/root"]},
           "annotations": {"io.kubernetes.cri.sandbox-id": "x"}}  # fmt: skip
 
@@ -362,12 +362,26 @@ def test_the_configured_markers_are_the_ones_searched(node: Node) -> None:
     )
     assert node.run("state", "c1") == "A"  # Python writes the memo
     assert node.memo.read_text().splitlines()[4] == (
-        "create-grep\tNVIDIA_VISIBLE_DEVICES\texample.com/\tnvidia-container-devices"
+        "create-grep\tNVIDIA_VISIBLE_DEVICES\texample\\.com/\tnvidia-container-devices"
     )
     assert node.run("create", "--bundle", str(bundle), "c1") == "Python"  # asks: Python
     mounts = {**NO_GPU, "mounts": [{"source": "/dev/null", "type": "bind",
               "destination": "/var/run/nvidia-container-devices/0"}]}  # fmt: skip
     assert node.run("create", "--bundle", str(_bundle(node, mounts, "m")), "c1") == "Python"
+    assert node.run("create", "--bundle", str(_bundle(node, NO_GPU, "n")), "c1") == "A"
+
+
+@pytest.mark.parametrize("prefix", ["gpu+x.io/", "a(b)[c]{1}|d^$*?.io/"])
+def test_a_marker_is_searched_as_it_is(node: Node, prefix: str) -> None:
+    """The front's grep -E takes each marker as a pattern Python escaped: a prefix with the
+    characters a pattern gives a meaning still matches itself (else a request under it would
+    reach the runtime with no GPU)."""
+    bundle = _bundle(node, {**NO_GPU, "annotations": {f"{prefix}gpu": "nvidia.com/gpu=0"}})
+    node.config.write_text(
+        f'runtimes = ["{node.runtimes["A"]}"]\nannotation-prefixes = ["{prefix}"]\n'
+    )
+    assert node.run("state", "c1") == "A"  # Python writes the memo
+    assert node.run("create", "--bundle", str(bundle), "c1") == "Python"
     assert node.run("create", "--bundle", str(_bundle(node, NO_GPU, "n")), "c1") == "A"
 
 
