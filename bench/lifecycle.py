@@ -20,7 +20,9 @@ run so that machine noise hits them alike:
                     gpuctk's design: one Python process per container);
 - gpuctk ...        gpuctk-runtime as installed (the sh front; Python on create only): a
                     container that asks for no GPU (the front's grep sends it straight to
-                    runc), 1 GPU, 8 GPUs, 8 MIG devices, 1 GPU with
+                    runc), the same with a shell command line's `&&` and `>` in its env and
+                    its config.json written as engines write it (Go's JSON: `\\u0026`,
+                    `\\u003e`), 1 GPU, 8 GPUs, 8 MIG devices, 1 GPU with
                     NVIDIA_DRIVER_CAPABILITIES=all;
 - gpuctk ..., folder spec  1 and 8 GPUs through gpuctk-runtime on a compute node's
                     `--library-mode folder --driver-capabilities utility,compute` spec: the
@@ -31,7 +33,9 @@ run so that machine noise hits them alike:
 - gpuctk ..., default install  1 and 8 GPUs on the spec the deb and the DaemonSet write
                     (`generate` with no mode flag: the folder spec of every capability), and
                     1 GPU asked for by a CDI annotation (the device plugin's cdi-annotations
-                    strategy);
+                    strategy), and 1 GPU for a CUDA image (its NVIDIA_REQUIRE_CUDA=cuda>=12.2)
+                    whose config.json is written as engines write it (Go's JSON: `>` as
+                    `\\u003e`; the other cases' are Python's);
 - nvidia-container-runtime ...  with --nvidia-ctk-bin DIR: 1 and 8 GPUs through NVIDIA's
                     runtime from DIR in its CDI mode, on the spec DIR's nvidia-ctk writes for
                     the same node (bench/nvidiaspec.py); gpuctk's default install over it is
@@ -86,7 +90,7 @@ from common import (
 )
 from fixtures.driver_root import build_driver_root
 from fixtures.gpucheck import generate
-from fixtures.images import build_image, make_bundle, overlay, unmount
+from fixtures.images import as_go_writes, build_image, make_bundle, overlay, unmount
 from nvidiaspec import check_bin, nvidia_node_runtime
 
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -128,6 +132,8 @@ def _wait_exit(pid: int) -> None:
         time.sleep(0.0002)
 
 
+CUDA_REQUIRE = "NVIDIA_REQUIRE_CUDA=cuda>=12.2"  # what a CUDA image's env holds first
+SHELL_ENV = "COMMAND=make && ./run > out.log"  # what a shell command line holds
 Prepare = Callable[[Path], None]
 
 
@@ -332,6 +338,7 @@ def _run(
         "python shim (floor)": ([floor], [], None),
         "sh + one python start": ([one_start], [], None),
         "gpuctk, no GPU asked": ([shim], [], None),
+        "gpuctk, no GPU asked, Go's JSON": ([shim], [SHELL_ENV], as_go_writes),
         "gpuctk 1 GPU": ([shim], one, None),
         "gpuctk 8 GPUs": ([shim], ["NVIDIA_VISIBLE_DEVICES=0,1,2,3,4,5,6,7"], None),
         "gpuctk 8 MIG devices": ([shim], [f"NVIDIA_VISIBLE_DEVICES={MIG8}"], None),
@@ -372,6 +379,17 @@ def _run(
                                request, None)  # fmt: skip
                 envs[name] = {**os.environ, "GPUCTK_CONFIG": str(ftoml),
                               "GPUCTK_STATE_DIR": str(folder / "state-against")}  # fmt: skip
+        if label == "default install":  # a CUDA image's env, written as an engine writes it
+            name = f"gpuctk 1 GPU, CUDA image, {label}"
+            cases[name] = ([shim], [*one, CUDA_REQUIRE], as_go_writes)
+            envs[name] = envs[f"gpuctk 1 GPU, {label}"]
+            if args.against:
+                cases[f"{name} @{args.against}"] = (
+                    [str(installed_bin_at(args.against) / "gpuctk-runtime")],
+                    [*one, CUDA_REQUIRE],
+                    as_go_writes,
+                )
+                envs[f"{name} @{args.against}"] = envs[f"gpuctk 1 GPU, {label} @{args.against}"]
         if label == "default install":  # the device plugin's cdi-annotations strategy
             name = f"gpuctk 1 GPU by CDI annotation, {label}"
             cases[name] = ([shim], [], annotate)
@@ -390,6 +408,9 @@ def _run(
             cases[name] = ([other], request, None)
             # its own memo and caches: the plan cache is only valid for the code that wrote it
             envs[name] = {**os.environ, "GPUCTK_STATE_DIR": str(work / "state-against")}
+        name = f"gpuctk, no GPU asked, Go's JSON @{args.against}"
+        cases[name] = ([other], [SHELL_ENV], as_go_writes)
+        envs[name] = {**os.environ, "GPUCTK_STATE_DIR": str(work / "state-against")}
 
     if nvidia is not None:  # NVIDIA's runtime on nvidia-ctk's spec of the same node
         nv_argv, nv_env = nvidia_node_runtime(nvidia, driver_root, PROFILE, runc, work)
@@ -450,11 +471,19 @@ def _run(
             print(f"  gpuctk over NVIDIA's runtime, {gpus}, default install: {x:.2f}x"
                   f" ({'ahead' if x < 1 else 'BEHIND'})")  # fmt: skip
     if args.against:
-        for gpus in ("1 GPU", "8 GPUs", "1 GPU, default install", "8 GPUs, default install",
-                     "1 GPU by CDI annotation, default install"):  # fmt: skip
-            here, there = samples[f"gpuctk {gpus}"], samples[f"gpuctk {gpus} @{args.against}"]
+        tails = (
+            ", no GPU asked, Go's JSON",
+            " 1 GPU",
+            " 8 GPUs",
+            " 1 GPU, default install",
+            " 8 GPUs, default install",
+            " 1 GPU by CDI annotation, default install",
+            " 1 GPU, CUDA image, default install",
+        )  # each case's name after "gpuctk"
+        for tail in tails:
+            here, there = samples[f"gpuctk{tail}"], samples[f"gpuctk{tail} @{args.against}"]
             paired = statistics.median(a - b for a, b in zip(here, there, strict=True))
-            print(f"  this checkout against {args.against}, {gpus}: median"
+            print(f"  this checkout against {args.against},{tail.removeprefix(',')}: median"
                   f" {statistics.median(here) / statistics.median(there):.3f}x,"
                   f" paired difference {paired * 1e3:+.1f} ms")  # fmt: skip
     for name, mib in rss.items():

@@ -14,14 +14,16 @@ folder (an overlay of / is then legal), removed at the end:
    writes NVIDIA's spec of the node and its nvidia-container-runtime serves it (CDI mode).
 2. The proof, before any timing: a container on an overlay of --lower (default /: the host's
    own userland) scrubbed of the driver (ld.so.conf.d entries, libraries and nvidia-smi that
-   name it, the ld cache rebuilt), asking for GPU 0 by NVIDIA_VISIBLE_DEVICES, runs what users
-   run, through each runtime: `nvidia-smi -L` by name (smi), `ldconfig -p` listing
-   libcuda.so.1 as Triton reads it and libcuda.so as numba opens it (cache), and the CUDA
-   probe (probe: --probe names its C source, built here with gcc -ldl, or a binary; it must
-   print PROBE OK). A failed check stops the run: speed is reported only beside a path shown
-   to serve the image.
+   name it, the ld cache rebuilt), asking for GPU 0 by NVIDIA_VISIBLE_DEVICES as a CUDA image
+   does (NVIDIA_REQUIRE_CUDA=cuda>=12.2; config.json written as engines write it, Go's JSON:
+   `>` as `\\u003e`), runs what users run, through each runtime: `nvidia-smi -L` by name
+   (smi), `ldconfig -p` listing libcuda.so.1 as Triton reads it and libcuda.so as numba
+   opens it (cache), and the CUDA probe (probe: --probe names its C source, built here with
+   gcc -ldl, or a binary; it must print PROBE OK). A failed check stops the run: speed is
+   reported only beside a path shown to serve the image.
 3. The speed: --runs rounds of one container each (create --pid-file, start, wait for /bin/true,
-   delete, as containerd's shim drives a runtime: bench/lifecycle.py), alternating bare runc,
+   delete, as containerd's shim drives a runtime: bench/lifecycle.py; the proof's request and
+   config.json's writing, bare runc's asking for nothing), alternating bare runc,
    gpuctk-runtime and NVIDIA's runtime; then --rounds bursts of 32 containers at once
    (bench/burst.py), container i asking for GPU i modulo the node's count. Medians, and each
    over bare runc and over NVIDIA's runtime.
@@ -46,8 +48,8 @@ from typing import Any
 
 from burst import BURST, Bundles, burst
 from common import CACHE
-from fixtures.images import make_bundle, overlay, unmount
-from lifecycle import PATH_ENV, lifecycle
+from fixtures.images import as_go_writes, make_bundle, overlay, unmount
+from lifecycle import CUDA_REQUIRE, PATH_ENV, lifecycle
 from nvidiaspec import check_bin, nvidia_runtime
 
 CHECKS = ("smi", "cache", "probe")
@@ -139,9 +141,11 @@ def prove(
         if probe is not None:
             (rootfs / "usr/local/bin").mkdir(parents=True, exist_ok=True)
             shutil.copy2(probe, rootfs / "usr/local/bin/cudaprobe")
-        request = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
+        request = ["NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+                   CUDA_REQUIRE]  # fmt: skip
         bundle = make_bundle(folder / "bundle", rootfs, ["/bin/sh", "-c", proof_script(checks)],
                              env=[PATH_ENV, *request])  # fmt: skip
+        as_go_writes(bundle)
         out, name = folder / "out", f"gpuctk-node-proof-{label}-{os.getpid()}"
         with open(out, "w") as sink:
             steps = [[*argv, "create", "--bundle", str(bundle), "--pid-file",
@@ -197,10 +201,11 @@ def time_runs(
     times: dict[str, dict[str, list[float]]] = {
         kind: {c: [] for c in cases} for kind in ("single", "burst", "burst_cpu")
     }
-    gpu = ["NVIDIA_VISIBLE_DEVICES=0"]
+    gpu = ["NVIDIA_VISIBLE_DEVICES=0", CUDA_REQUIRE]
     for n in range(runs + 1):
         for name, (argv, env) in cases.items():
-            took = lifecycle(argv, lower, work, [] if name == "runc" else gpu, None, env)
+            ask = name != "runc"
+            took = lifecycle(argv, lower, work, gpu if ask else [], as_go_writes, env)
             if n:
                 times["single"][name].append(took)
     for n in range(rounds):

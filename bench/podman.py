@@ -15,6 +15,10 @@ runc, its own store, overlay, cgroupfs; the debian test image) alternated round 
 - default, all caps  the default spec, the container run with
                      NVIDIA_DRIVER_CAPABILITIES=all: the hook links all 13 files (a compute
                      container, the other cases, gets the firmware and the OpenCL file);
+- default, CUDA image  the default spec, the container run with a CUDA image's
+                     NVIDIA_REQUIRE_CUDA=cuda>=12.2, which podman writes (Go's JSON) as
+                     `cuda\\u003e=12.2`; with --against REV also the same spec naming REV's
+                     gpuctk-cdi-hook;
 - default, mounted   the same spec with `--disable-hook create-symlinks`: those 13 files
                      mounted one by one (16 mounts) for every container;
 - hook spec          `gpuctk cdi generate --library-mode hook`: the driver
@@ -83,7 +87,14 @@ PRIVATE = (
 NVIDIA = "nvidia"  # the case of NVIDIA's spec
 BASE = "default spec"  # gpuctk's default spec (--library-mode auto: folder)
 ALL_CAPS = "default, all caps"  # the same spec, a container that asks for every capability
-CASE_ENV = {ALL_CAPS: ("-e", "NVIDIA_DRIVER_CAPABILITIES=all")}
+CUDA = "default, CUDA image"
+CASE_ENV = {ALL_CAPS: ("-e", "NVIDIA_DRIVER_CAPABILITIES=all"),
+            CUDA: ("-e", "NVIDIA_REQUIRE_CUDA=cuda>=12.2")}  # fmt: skip
+
+
+def case_env(case: str) -> tuple[str, ...]:
+    """The podman arguments a case adds (its variable; REV's twin of a case takes its own)."""
+    return CASE_ENV.get(case.partition(" @")[0], ())
 
 
 def make_specs(
@@ -117,7 +128,7 @@ def make_specs(
             check=True, capture_output=True,
         )  # fmt: skip
         specs[case] = folder
-    specs[ALL_CAPS] = specs["default spec"]  # run with CASE_ENV's variable
+    specs[ALL_CAPS] = specs[CUDA] = specs["default spec"]  # run with CASE_ENV's variables
     doc = json.loads((work / "hook-spec" / "nvidia.json").read_text())
     doc["containerEdits"].pop("hooks", None)
     (work / "bare").mkdir()
@@ -131,6 +142,13 @@ def make_specs(
         (work / "hook-rev").mkdir()
         (work / "hook-rev" / "nvidia.json").write_text(json.dumps(doc))
         specs[f"hook spec @{rev}"] = work / "hook-rev"
+        doc = json.loads((specs["default spec"] / "nvidia.json").read_text())
+        for hook in doc["containerEdits"]["hooks"]:  # REV's compiled hook, where it has one
+            name = Path(hook["path"]).name
+            hook["path"] = str(other / name) if (other / name).is_file() else hook["path"]
+        (work / "default-rev").mkdir()
+        (work / "default-rev" / "nvidia.json").write_text(json.dumps(doc))
+        specs[f"{CUDA} @{rev}"] = work / "default-rev"
     if nvidia is not None:  # nvidia-ctk's spec of the same node (its own node roots: by-path links)
         nv_roots = make_node_roots(work / "nvidia-node", load_profile("l4"))
         add_by_path_links(nv_roots.dev_root, nv_roots.sys_root)
@@ -166,7 +184,7 @@ def measure(
                 "unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE, "sh",
                 str(specs[case]), *base, "run", "--rm", "--network", "none",
                 "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",  # root's
-                *device, *CASE_ENV.get(case, ()),
+                *device, *case_env(case),
                 IMAGE, "/bin/true",  # hard limits here are below podman's asks
             ]  # fmt: skip
             start = time.perf_counter()
@@ -210,7 +228,7 @@ def compat_check(work: Path, base: list[str], specs: dict[str, Path]) -> dict[st
             "unshare", "-m", "--propagation", "private", "sh", "-c", PRIVATE, "sh", str(folder),
             *base, "run", "--rm", "--network", "none", "--ulimit", "nofile=1024:1024",
             "--ulimit", "nproc=1024:1024", "--device", "nvidia.com/gpu=0",
-            *CASE_ENV.get(case, ()), APP_IMAGE, "/bin/gpu-apps",
+            *case_env(case), APP_IMAGE, "/bin/gpu-apps",
         ]  # fmt: skip
         done = subprocess.run(argv, capture_output=True, text=True, check=False)
         found[case] = appimages.summary(done.stdout + done.stderr)
@@ -237,6 +255,10 @@ def summarize(times: dict[str, list[float]]) -> dict[str, float]:
             diffs = [1e3 * (a - b) for a, b in zip(times["hook spec"], times[case], strict=True)]
             print(f"  this checkout's hook against {case[len('hook spec ') :]}:"
                   f" {statistics.median(diffs):+.1f} ms per start (paired median)")  # fmt: skip
+        if case.startswith(f"{CUDA} @"):
+            diffs = [1e3 * (a - b) for a, b in zip(times[CUDA], times[case], strict=True)]
+            print(f"  this checkout's CUDA image start against {case[len(CUDA) + 2 :]}:"
+                  f" {statistics.median(diffs):+.1f} ms (paired median)")  # fmt: skip
     if NVIDIA in times:
         against_nvidia(times)
     return added
