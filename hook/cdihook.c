@@ -1343,8 +1343,8 @@ static int is_blank(char c)
  * last entry of process.env that sets it (each entry's escapes decoded: Go's JSON writes <, >
  * and & as escapes): a comma-separated list, each word trimmed of GPUCTK_CAPS_BLANKS; unset or
  * blank the default (utility, compute), `all` every one, other words ignored. A character
- * above 127 is one byte that no word, blank or comma is (sf_decoded). -1 when the config is
- * not plain enough to tell (a key in another case, no memory). */
+ * above 127 is a byte that no word, blank or comma is (sf_decoded). -1 when the config is not
+ * plain enough to tell (a key in another case, bytes that are not UTF-8, no memory). */
 static int container_caps(const char *doc, size_t len)
 {
 	struct member *top = NULL, *proc = NULL, *env = NULL, *f;

@@ -269,11 +269,37 @@ static int sf_plain(struct span v, const char **s, size_t *n)
 	return 0;
 }
 
-/* The string v, its escapes decoded, in *s (*n bytes): v's own text where it has no escape,
- * else a buffer of its own in *buf (NULL otherwise; the caller frees it). Every character
- * above 127 (a byte of one, or a \u escape of one) and every NUL becomes the byte 0x80 and
- * sets *wide: it is never a byte of a word, a blank or a separator this program compares.
- * 0, -1 when v is not a string or there is no memory. */
+/* The length of the UTF-8 character at p (n bytes left, p[0] above 127), as Python's strict
+ * decoder takes it: 2 to 4, 0 for an invalid one (a stray continuation byte, an overlong form,
+ * an encoded surrogate, above U+10FFFF, cut short). */
+static size_t utf8_len(const unsigned char *p, size_t n)
+{
+	size_t len = p[0] >= 0xf0 ? 4 : p[0] >= 0xe0 ? 3 : 2;
+	unsigned lo = 0x80, hi = 0xbf; /* the second byte's range */
+	if (p[0] < 0xc2 || p[0] > 0xf4 || n < len)
+		return 0;
+	if (p[0] == 0xe0)
+		lo = 0xa0; /* no overlong form */
+	else if (p[0] == 0xed)
+		hi = 0x9f; /* no surrogate */
+	else if (p[0] == 0xf0)
+		lo = 0x90;
+	else if (p[0] == 0xf4)
+		hi = 0x8f; /* nothing above U+10FFFF */
+	if (p[1] < lo || p[1] > hi)
+		return 0;
+	for (size_t i = 2; i < len; i++)
+		if ((p[i] & 0xc0) != 0x80)
+			return 0;
+	return len;
+}
+
+/* The string v, its escapes decoded, in *s (*n bytes): v's own text where it has no escape or
+ * byte above 127, else a buffer of its own in *buf (NULL otherwise; the caller frees it). Each
+ * character above 127 (its UTF-8 bytes, or a \u escape: a surrogate pair's two) and each NUL
+ * becomes the one byte 0x80 and sets *wide: never a byte of a word, a blank or a separator
+ * this program compares. 0, -1 when v is not a string, holds bytes that are not UTF-8 (which
+ * Python's reader refuses), or there is no memory. */
 static int sf_decoded(struct span v, const char **s, size_t *n, int *wide, char **buf)
 {
 	struct json j = { sf_start(v), v.end, 0 };
@@ -302,6 +328,13 @@ static int sf_decoded(struct span v, const char **s, size_t *n, int *wide, char 
 			}
 			x = c == 'u' ? (unsigned)strtoul(hex, NULL, 16) : c == 'b' ? '\b' : c == 'f' ? '\f' :
 			    c == 'n' ? '\n' : c == 'r' ? '\r' : c == 't' ? '\t' : (unsigned char)c;
+		} else if (x > 0x7f) {
+			size_t u = utf8_len((const unsigned char *)raw + i, len - i);
+			if (u == 0) {
+				free(out);
+				return -1;
+			}
+			i += u - 1;
 		}
 		if (x == 0 || x > 0x7f) {
 			*wide = 1;

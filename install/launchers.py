@@ -43,18 +43,19 @@ also holds the request markers of the config in force (gpuctk.hook.shim.memo
 request_markers: `NVIDIA_VISIBLE_DEVICES`, each annotation prefix, and with
 accept-volume-mounts the device-list folder name), and the front finds the bundle as runc
 reads `--bundle`/`-b` (the current folder without one) and runs the host's grep (/usr/bin or
-/bin, fixed paths; `grep -E`, the memo holding each marker as a pattern that matches it as
-it is) over config.json for them and for the escapes `\\/` and `\\u` (JSON may spell `/` as
-`\\/`, and any character as `\\u`), but Go's `\\u` of <, > and & (OTHER_ESCAPE:
-encoding/json, every engine's, writes a shell command's && and a CUDA image's
-NVIDIA_REQUIRE_CUDA so, and no marker holds one of them or another character JSON escapes).
-No match: the low-level runtime, at once. A match, crun's `--config`/`-f` or
-attached `-bDIR`, no markers in the memo, no grep, or anything else: Python, which decides
-as always. A GPU node whose runtime handler is also the default one (every pod through
-gpuctk-runtime) pays for Python only on the containers that ask for a GPU. When the memo holds
-on such a create, the front hands its runtime to Python (`GPUCTK_FRONT_RUNTIME`, removed from
-the environment before the runtime runs), which then neither searches for the runtime nor
-rewrites the memo; the front unsets that variable first, so only the front can set it.
+/bin, fixed paths; `grep -E` in the C locale, without GREP_OPTIONS, the memo holding each
+marker as a pattern that matches its bytes as they are) over config.json for them and for
+the escapes `\\/` and `\\u` (JSON may spell `/` as `\\/`, and any character as `\\u`), but
+Go's `\\u` of <, > and & (OTHER_ESCAPE: encoding/json, every engine's, writes a shell
+command's && and a CUDA image's NVIDIA_REQUIRE_CUDA so; no marker holds a character JSON or
+Go's JSON writes as an escape). No match: the low-level runtime, at once. A match, crun's
+`--config`/`-f` or attached `-bDIR`, no markers in the memo, no grep, or anything else:
+Python, which decides as always. A GPU node whose runtime handler is also the default one
+(every pod through gpuctk-runtime) pays for Python only on the containers that ask for a
+GPU. When the memo holds on such a create, the front hands its runtime to Python
+(`GPUCTK_FRONT_RUNTIME`, removed from the environment before the runtime runs), which then
+neither searches for the runtime nor rewrites the memo; the front unsets that variable first,
+so only the front can set it.
 
 Once Python has written a front plan (the state folder has `front/`, gpuctk.hook.shim.frontplan),
 such a create goes to the compiled `gpuctk-cdi-hook shim-create` beside the launchers instead
@@ -195,9 +196,10 @@ no_request() {{ # CONFIG PATTERN...: true when CONFIG holds no marker (each a gr
 	n=$#
 	while [ "$n" -gt 0 ]; do set -- "$@" -e "$1"; shift; n=$((n - 1)); done
 	[ -f "$cfg" ] && [ -r "$cfg" ] || return 1
+	unset GREP_OPTIONS # grep 3.5 and older read options from it
 	for g in {" ".join(GREPS)}; do
 		if [ -x "$g" ]; then
-			"$g" -q -E "$@" -e '\\\\/' -e '{OTHER_ESCAPE}' -- "$cfg"
+			LC_ALL=C "$g" -q -E "$@" -e '\\\\/' -e '{OTHER_ESCAPE}' -- "$cfg"
 			[ $? -eq 1 ]
 			return
 		fi

@@ -26,20 +26,21 @@ def request_markers(settings: Settings) -> list[str] | None:
     each annotation prefix, and with accept-volume-mounts the device-list mount folder. None
     when one cannot be given to the sh front: empty, or with a character that JSON writes
     escaped other than `/` (a quote, a backslash, a control character) or that Go's JSON
-    writes escaped (<, > and &), which the front's search of the text could miss (it sends a
-    `\\/` escape, and any `\\u` escape but Go's of <, > and &, to Python)."""
+    writes escaped (<, >, &, U+2028 and U+2029), which the front's search of the text could
+    miss (it sends a `\\/` escape, and any `\\u` escape but Go's of <, > and &, to Python)."""
     from gpuctk.hook.requests.devices import VISIBLE_DEVICES
 
     markers = [VISIBLE_DEVICES, *settings.annotation_prefixes]
     if settings.accept_volume_mounts:
         markers.append("nvidia-container-devices")
-    if any(not m or any(c in '"\\<>&' or c < " " for c in m) for m in markers):
+    if any(not m or any(c in '"\\<>&\u2028\u2029' or c < " " for c in m) for m in markers):
         return None
     return markers
 
 
 def pattern(marker: str) -> str:
-    """`marker` as a `grep -E` pattern that matches it as it is (the sh front's search)."""
+    """`marker` as a `grep -E` pattern that matches its bytes as they are (the sh front's
+    search, which runs in the C locale)."""
     return "".join(f"\\{c}" if c in ".[]()*+?{}|^$" else c for c in marker)
 
 

@@ -1434,6 +1434,32 @@ def test_link_for_reads_an_escaped_env(
 
 
 @pytest.mark.parametrize(
+    ("entry", "served_"),
+    [
+        (b"X=\xf0\x9f\x98\x80 \xe2\x80\xa8 \xc3\xa9", True),  # UTF-8: read, not a word
+        (b"X=\xff", False),  # not UTF-8, which Python's reader refuses: gpuctk-hook says so
+        (b"X=\xc0\xac", False),  # an overlong ","
+        (b"X=\xed\xa0\x80", False),  # an encoded surrogate
+        (b"X=\xe2\x82", False),  # cut short
+        (b"X=\xf4\x90\x80\x80", False),  # above U+10FFFF
+        (b"X=\x80", False),  # a stray continuation byte
+    ],
+)
+def test_link_for_reads_only_utf8(
+    front: Front, bundle: Bundle, entry: bytes, served_: bool
+) -> None:
+    staged_files(bundle.root, *LINKS_FOR.values())
+    root = json.dumps({"path": str(bundle.root)}).encode()
+    env = b'["NVIDIA_DRIVER_CAPABILITIES=graphics","' + entry + b'"]'
+    bundle.config(b'{"ociVersion":"1.0.2","root":' + root + b',"process":{"env":' + env + b"}}")
+    if served_:
+        served(run(front, bundle, link_for_args()))
+        assert (bundle.root / ICD.lstrip("/")).is_symlink()
+    else:
+        handover(front, bundle, "NVIDIA_DRIVER_CAPABILITIES could not be read", link_for_args())
+
+
+@pytest.mark.parametrize(
     ("env", "process"),
     [
         (["NVIDIA_DRIVER_CAPABILITIES=all"], "Process"),  # runc folds case

@@ -392,7 +392,7 @@ def test_request_markers_refuse_what_the_front_cannot_search() -> None:
     assert request_markers(Settings()) == ["NVIDIA_VISIBLE_DEVICES", "cdi.k8s.io/"]
     assert request_markers(Settings({"annotation-prefixes": [""]})) is None
     assert request_markers(Settings({"annotation-prefixes": ["a\tb"]})) is None
-    for escaped in ('a"b', "a\\b", "a<b", "a>b", "a&b"):  # JSON or Go's JSON writes escaped
+    for escaped in ('a"b', "a\\b", "a<b", "a>b", "a&b", "a\u2028b"):  # (Go's) JSON escapes
         assert request_markers(Settings({"annotation-prefixes": [escaped]})) is None
 
 
