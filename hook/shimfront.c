@@ -14,9 +14,9 @@
  *     --config; GPUCTK_SHIM_FRONT not `off`, GPUCTK_SPEC_CACHE not `0`;
  *   - BUNDLE/config.json is a regular file (not a link) of plain JSON: ASCII only, strict, the
  *     keys of each object this program reads unescaped and unique in any case (runc folds case),
- *     every env entry printable ASCII without a quote or a backslash once its escapes are
- *     decoded (Go's JSON, every engine's, writes <, > and & as escapes: the `>=` of a CUDA
- *     image's NVIDIA_REQUIRE_CUDA), each CDI annotation unescaped, no mount destination with
+ *     what the key holds of each env entry (a keyed one whole, another's name) printable
+ *     ASCII without a quote or a backslash once its escapes are decoded (Go's JSON, every
+ *     engine's, writes <, > and & as escapes: the `>=` of a CUDA image's NVIDIA_REQUIRE_CUDA), each CDI annotation unescaped, no mount destination with
  *     an escape or naming nvidia-container-devices, each linux.devices entry an object with an
  *     unescaped path, no annotation the plan refuses, no field apply would refuse (a hook stage,
  *     additionalGids or netDevices of another type);
@@ -1164,14 +1164,15 @@ static struct span *request_key(struct member *top, size_t ntop, struct member *
 		size_t sn;
 		char *buf; /* kept: the key's spans are in it */
 		int wide;
-		need(sf_decoded(env[i].val, &s.p, &sn, &wide, &buf) == 0 && !wide &&
-			     plain_text((struct span){ s.p, s.p + sn }),
-		     "an env entry that is not a plain string");
+		need(sf_decoded(env[i].val, &s.p, &sn, &wide, &buf) == 0, "an env entry that is not a string");
 		s.end = s.p + sn;
 		w->env[i] = s;
 		int keyed = 0;
 		for (int p = 0; p < GPUCTK_KEY_PREFIXES_COUNT; p++)
 			keyed = keyed || starts(s, GPUCTK_KEY_PREFIXES[p]);
+		/* what the key holds of it, a keyed entry whole, another its name, as it is */
+		need(plain_text(keyed ? s : (struct span){ s.p, s.p + env_key(s) }),
+		     "an env entry that is not a plain string");
 		if (keyed)
 			keys[(*nkeys)++] = s;
 	}

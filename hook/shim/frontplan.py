@@ -22,12 +22,12 @@ of the config's CDI annotation prefixes, in the document's order. Those prefixes
 decide: `front/keyed-on` names them (for the config file in force) for the front to build the
 key with, and each plan names those it was keyed on (`cdi_prefixes`). The front sends anything
 else that could carry a request to Python: a device-list mount (and no plan is written for a
-config that has one), an env entry that is not printable ASCII without a quote or a backslash
-once its escapes are decoded (the key holds the decoded text: Go's JSON, every engine's, writes
-<, > and & as escapes, as in every CUDA image's NVIDIA_REQUIRE_CUDA), an escape in a CDI
-annotation. Whether an env request is
-honoured also depends on whether the container is a Kubernetes one
-(gpuctk.hook.requests.devices.env_allowed), which the key does not say: a plan whose env request
+config that has one), a keyed env entry or an env entry's name that is not printable ASCII
+without a quote or a backslash once its escapes are decoded (the key holds the decoded text:
+Go's JSON, every engine's, writes <, > and & as escapes, as in every CUDA image's
+NVIDIA_REQUIRE_CUDA), an escape in a CDI annotation. Whether an env request is honoured also
+depends on whether the container is a Kubernetes one (gpuctk.hook.requests.devices.env_allowed),
+which the key does not say: a plan whose env request
 only a plain container gets (unprivileged, accept-envvar-unprivileged auto) lists the CRI
 runtimes' marker annotations among its `prefixes`, so a Kubernetes container goes to Python
 (refusals).

@@ -530,10 +530,15 @@ def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str:
     if change == "Go's escapes":  # as containerd, CRI-O and podman write every CUDA image's
         d["process"]["env"] += ["NVIDIA_PRODUCT_NAME=CUDA>=12 <&>", "PS1=<&>"]
         return go_json(d).decode()
-    if change == "escaped quote":
-        d["process"]["env"].append('X=a"b')
-    if change == "escaped non-ASCII":
-        d["process"]["env"].append("X=\u00fc")
+    if change == "escaped value":  # not in the key: a PS1 as images set it
+        d["process"]["env"] += ['PS1=\\u@\\h:\\w\\$ "x"\u00fc', "X=\u0000"]
+        return json.dumps(d)
+    if change == "quote in a name":
+        d["process"]["env"].append('X"Y=1')
+    if change == "quote in a keyed entry":
+        d["process"]["env"].append('NVIDIA_X=a"b')
+    if change == "non-ASCII in a keyed entry":
+        d["process"]["env"].append("CUDA_VERSION=\u00fc")
     if change == "non-ASCII":
         d["process"]["env"].append("X=\u00fc")
         return json.dumps(d, ensure_ascii=False)
@@ -591,8 +596,9 @@ def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str:
 @pytest.mark.parametrize(
     ("change", "why"),
     [
-        ("escaped quote", "an env entry that is not a plain string"),
-        ("escaped non-ASCII", "an env entry that is not a plain string"),
+        ("quote in a name", "an env entry that is not a plain string"),
+        ("quote in a keyed entry", "an env entry that is not a plain string"),
+        ("non-ASCII in a keyed entry", "an env entry that is not a plain string"),
         ("non-ASCII", "config.json is not ASCII"),
         ("escaped annotation", "a CDI annotation that is not a plain string"),
         ("device-list mount", "a mount that is not plain, or a device-list mount"),
@@ -621,7 +627,7 @@ def test_a_config_the_front_does_not_read_goes_to_python(
     handed_over(*direct(node, mutated(planned, change)), why)
 
 
-@pytest.mark.parametrize("change", ["escaped env", "Go's escapes"])
+@pytest.mark.parametrize("change", ["escaped env", "Go's escapes", "escaped value"])
 def test_an_env_with_escapes_is_served_as_apply(
     node: Node, planned: dict[str, Any], change: str
 ) -> None:
