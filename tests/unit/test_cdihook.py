@@ -1418,7 +1418,7 @@ def test_link_for_reads_an_escaped_env(
     front: Front, bundle: Bundle, entry: str, made: set[str]
 ) -> None:
     """Each env entry is read as JSON spells it (Python's json does the same), escapes and
-    characters above 127 included: such an entry is no longer gpuctk-hook's."""
+    characters above 127 included: such an entry is read here, not handed to gpuctk-hook."""
     from gpuctk.cdi.node.capabilities import parse_capabilities
     from gpuctk.hook.requests.devices import env_value
 

@@ -299,7 +299,7 @@ GO_ASKS = go_json({**NO_GPU, "process": {"env": ["NVIDIA_VISIBLE_DEVICES=0", "X=
 def test_gos_escapes_alone_do_not_start_python(node: Node) -> None:
     """Go's JSON (every engine's) writes <, > and & as \\u003c, \\u003e and \\u0026: a shell
     command's && or >, a CUDA image's NVIDIA_REQUIRE_CUDA. No marker holds one of them, so a
-    create whose only escapes they are still goes straight to the runtime."""
+    create whose only escapes they are goes straight to the runtime."""
     env = ["PATH=/bin", "NVIDIA_REQUIRE_CUDA=cuda>=12.2", "COMMAND=make && ./run > out.log <x"]
     text = go_json({**NO_GPU, "process": {"args": ["sh", "-c", "a && b"], "env": env}}).decode()
     assert all(e in text for e in ("\\u003c", "\\u003e", "\\u0026"))
@@ -374,7 +374,7 @@ def test_the_configured_markers_are_the_ones_searched(node: Node) -> None:
 @pytest.mark.parametrize("prefix", ["gpu+x.io/", "a(b)[c]{1}|d^$*?.io/"])
 def test_a_marker_is_searched_as_it_is(node: Node, prefix: str) -> None:
     """The front's grep -E takes each marker as a pattern Python escaped: a prefix with the
-    characters a pattern gives a meaning still matches itself (else a request under it would
+    characters a pattern gives a meaning matches itself (else a request under it would
     reach the runtime with no GPU)."""
     bundle = _bundle(node, {**NO_GPU, "annotations": {f"{prefix}gpu": "nvidia.com/gpu=0"}})
     node.config.write_text(
