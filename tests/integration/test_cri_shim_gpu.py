@@ -27,7 +27,11 @@ into a host folder mounted at /out, then waits until the test has read its bundl
 - config.json as runc read it carries the spec's device nodes and driver mounts (and the
   libcuda.so.1 link the shim mounts in the root), none of which are in the spec containerd
   itself stored for the container;
-- the same request on the default `runc` handler gets nothing: the GPU comes from the handler.
+- the same request on the default `runc` handler gets nothing: the GPU comes from the handler;
+- with gpuctk-runtime as packaging installs it (the launchers' sh front and the compiled
+  create) on the default install's folder spec, a CUDA image's second create of a request is
+  the compiled create's: containerd writes NVIDIA_REQUIRE_CUDA's `>` as `\\u003e`, which it
+  reads as JSON spells it.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ from fixtures.containerd import SYSTEMD_SANDBOX, PrivateContainerd, can_run_daem
 from fixtures.cri import EXITED, Cri, have_grpc, oci_archive
 from fixtures.gpucheck import LIBDIR, SCRIPT, Node, check_nodes, generate, seen
 from fixtures.images import ImageError, build_image
+
+from gpuctk.cdi.specs.speccache import SETTLE_NS
 
 pytestmark = [
     pytest.mark.integration,
@@ -111,13 +117,40 @@ class Daemon:
 def daemon(tmp_path_factory: pytest.TempPathFactory, node: Node) -> Iterator[Daemon]:
     if not SHIM.exists():
         pytest.skip("gpuctk-runtime console script not installed in the venv")
+    yield from private_daemon(tmp_path_factory.mktemp("cri-shim"), node, SHIM)
+
+
+@pytest.fixture(scope="module")
+def packaged(
+    tmp_path_factory: pytest.TempPathFactory, driver_root: Path
+) -> Iterator[tuple[Daemon, Path]]:
+    """The daemon with gpuctk-runtime as packaging installs it (the launchers' sh front, the
+    compiled create beside it: gpuctk.install.launchers) on the default install's spec (the
+    folder spec, its entry the compiled gpuctk-cdi-hook); and gpuctk's state folder."""
+    from gpuctk.install import launchers
+
+    bindir = tmp_path_factory.mktemp("launchers")
+    launchers.write_launchers(str(bindir), sys.executable)
+    if not (bindir / launchers.FRONT).is_file():
+        pytest.skip("no compiled gpuctk-cdi-hook in this venv (tests/run.sh builds it)")
+    base = tmp_path_factory.mktemp("cri-packaged")
+    staged = ("--library-mode", "auto", "--staging-dir", str(base / "staging"))
+    node = generate(base, driver_root, "h100-8", base / "cdi" / "nvidia.json", bindir, staged)
+    for daemon in private_daemon(base, node, bindir / "gpuctk-runtime", base / "state"):
+        yield daemon, base / "state"
+
+
+def private_daemon(
+    base: Path, node: Node, runtime: Path, state: Path | None = None
+) -> Iterator[Daemon]:
+    """A private containerd in `base` whose handler HANDLER runs `runtime` on `node`'s spec
+    (with gpuctk's state folder `state`, where given), the test image imported."""
     try:
         image = build_image("debian")
     except ImageError as exc:
         if os.environ.get("GPUCTK_REQUIRE_IMAGES") == "1":
             pytest.fail(f"cannot build test images: {exc}")
         pytest.skip(f"cannot build test images: {exc}")
-    base = tmp_path_factory.mktemp("cri-shim")
     etc = base / "etc"
     etc.mkdir()
     # cgroupfs, and restrict_oom_score_adj: CRI gives sandboxes oom_score_adj -998, which root
@@ -128,7 +161,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, node: Node) -> Iterator[Dae
     configure = [
         str(BIN / "gpuctk"), "runtime", "configure", "--runtime", "containerd",
         "--config", str(etc / "config.toml"), "--drop-in", str(etc / "conf.d" / "99-gpuctk.toml"),
-        "--mode", "shim", "--runtime-path", str(SHIM), "--runtime-name", HANDLER,
+        "--mode", "shim", "--runtime-path", str(runtime), "--runtime-name", HANDLER,
     ]  # fmt: skip
     done = subprocess.run(configure, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
@@ -137,11 +170,10 @@ def daemon(tmp_path_factory: pytest.TempPathFactory, node: Node) -> Iterator[Dae
         f'log-file = "{base}/gpuctk.log"\naccept-volume-mounts = true\n'
     )
     archive = oci_archive(image, base / "image.tar", IMAGE, ["/bin/sleep", "100000"])
-    containerd = PrivateContainerd(
-        base,
-        private_config(base, etc / "config.toml"),
-        env={"GPUCTK_CONFIG": str(base / "gpuctk.toml")},
-    )
+    env = {"GPUCTK_CONFIG": str(base / "gpuctk.toml")}
+    if state is not None:
+        env["GPUCTK_STATE_DIR"] = str(state)
+    containerd = PrivateContainerd(base, private_config(base, etc / "config.toml"), env=env)
     containerd.start()
     cri = None
     try:
@@ -301,3 +333,29 @@ def test_handler_runs_the_shim(daemon: Daemon) -> None:
     assert runtimes[HANDLER]["options"]["BinaryName"] == str(SHIM)
     assert runtimes[HANDLER].get("base_runtime_spec", "") == ""
     assert runtimes["runc"]["options"].get("BinaryName", "") == ""
+
+
+def test_a_cuda_images_second_create_is_the_compiled_creates(
+    packaged: tuple[Daemon, Path],
+) -> None:
+    """Through containerd's CRI as the deb installs gpuctk-runtime, a CUDA image (containerd
+    writes its NVIDIA_REQUIRE_CUDA as `cuda\\u003e=12.0`: Go's JSON) asking for GPU 1 by a CDI
+    annotation (the device plugin's cdi-annotations strategy): the first create is Python's,
+    which writes the request's front plan; the second is the compiled create's, which reads it
+    (and sets its mtime). Both containers see their GPU and the driver in `ldconfig -p`."""
+    daemon, state = packaged
+    time.sleep(SETTLE_NS / 1e9)  # the spec left alone, as on a node: plans are written after
+    request = {"NVIDIA_REQUIRE_CUDA": "cuda>=12.0"}, {ANNOTATION: "nvidia.com/gpu=1"}
+    runs = [run_pod(daemon, HANDLER, *request)]
+    front = state / "front"
+    plans = {p: p.stat().st_mtime_ns for p in front.glob("*.json")}
+    assert len(plans) == 1, sorted(front.iterdir()) if front.is_dir() else "no front folder"
+    time.sleep(0.05)
+    runs.append(run_pod(daemon, HANDLER, *request))
+    [(plan, written)] = plans.items()
+    assert plan.stat().st_mtime_ns > written  # the compiled create read it
+    for run in runs:
+        done = completed(run)
+        found = seen(done.stdout, "NODE")
+        assert "/dev/nvidia1" in found and "/dev/nvidia0" not in found, done.stdout
+        assert "LDCACHE libcuda.so.1" in done.stdout.splitlines(), done.stdout
