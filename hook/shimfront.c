@@ -16,8 +16,9 @@
  *     keys of each object this program reads unescaped and unique in any case (runc folds case),
  *     what the key holds of each env entry (a keyed one whole, another's name) printable
  *     ASCII without a quote or a backslash once its escapes are decoded (Go's JSON, every
- *     engine's, writes <, > and & as escapes: the `>=` of a CUDA image's NVIDIA_REQUIRE_CUDA), each CDI annotation unescaped, no mount destination with
- *     an escape or naming nvidia-container-devices, each linux.devices entry an object with an
+ *     engine's, writes <, > and & as escapes: the `>=` of a CUDA image's
+ *     NVIDIA_REQUIRE_CUDA), each CDI annotation unescaped, no mount destination with an
+ *     escape or naming nvidia-container-devices, each linux.devices entry an object with an
  *     unescaped path, no annotation the plan refuses, no field apply would refuse (a hook stage,
  *     additionalGids or netDevices of another type);
  *   - a front plan (gpuctk.hook.shim.frontplan) for the request's key: the container's env entries

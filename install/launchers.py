@@ -277,12 +277,6 @@ exec {python} -IS -c "$pycode" "$0" "$@"
 """
 
 
-def built_front() -> str:
-    """The compiled gpuctk-cdi-hook this install has (gpuctk.hook.verbs.compiled.installed);
-    "" where there is none."""
-    return compiled.installed()
-
-
 def write_launchers(bindir: str, python: str | None = None, installed: str = "") -> list[str]:
     """Write every launcher into `bindir` (mode 0755, atomically), and the package's
     gpuctk-cdi-hook where it was built; returns their paths. `installed`: the folder they will
@@ -292,7 +286,7 @@ def write_launchers(bindir: str, python: str | None = None, installed: str = "")
     interpreter = python or sys.executable
     _check_interpreter(interpreter)  # before anything is written
     paths = []
-    front = built_front()
+    front = compiled.installed()
     beside = os.path.join(os.path.abspath(bindir), FRONT) if front else ""
     if beside:  # the compiled front goes beside gpuctk-hook (the spec hook, the shim's create)
         with open(front, "rb") as f:

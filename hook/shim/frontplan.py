@@ -27,10 +27,9 @@ without a quote or a backslash once its escapes are decoded (the key holds the d
 Go's JSON, every engine's, writes <, > and & as escapes, as in every CUDA image's
 NVIDIA_REQUIRE_CUDA), an escape in a CDI annotation. Whether an env request is honoured also
 depends on whether the container is a Kubernetes one (gpuctk.hook.requests.devices.env_allowed),
-which the key does not say: a plan whose env request
-only a plain container gets (unprivileged, accept-envvar-unprivileged auto) lists the CRI
-runtimes' marker annotations among its `prefixes`, so a Kubernetes container goes to Python
-(refusals).
+which the key does not say: a plan whose env request only a plain container gets (unprivileged,
+accept-envvar-unprivileged auto) lists the CRI runtimes' marker annotations among its
+`prefixes`, so a Kubernetes container goes to Python (refusals).
 
 A plan is written only for a request from CDI annotations or NVIDIA_VISIBLE_DEVICES that
 resolved with no note and no error, in a world (gpuctk.hook.shim.plans.Plans.snapshot, plus the
@@ -169,7 +168,7 @@ def eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:
     for hook in edits.get("hooks") or []:
         args = list(hook.get("args") or [])
         if (
-            hook.get("hookName") != "createContainer"
+            hook.get("hookName") != facts.HOOK_VERB
             or os.path.basename(hook["path"]) != facts.COMPILED_HOOK
             or (args[1:2] != [facts.HOOK_VERB] and args[1:] != [facts.GUARD_ACTION])
         ):

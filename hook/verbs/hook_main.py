@@ -70,6 +70,7 @@ _OPTIONS = {
     facts.LDCACHE_ACTION: (FOLDER, "ldconfig-path", "container-spec"),
     "chmod": ("mode", "path", "container-spec"),
 }
+VERBS = tuple(_OPTIONS)  # gpuctk-hook's in-root verbs
 _FLAGS = ("debug",)
 USAGE = """Usage: gpuctk-hook [OPTIONS] VERB [VERB OPTIONS]
 

@@ -55,13 +55,6 @@ if TYPE_CHECKING:
     from gpuctk.cdi.specs.shape import EditsDoc
     from gpuctk.hook.verbs.actions import Request
 
-HOOK_VERBS = (  # gpuctk-hook's in-root verbs (gpuctk.hook.verbs.hook_main)
-    "createContainer",
-    "create-symlinks",
-    "update-ldcache",
-    "chmod",
-    "disable-device-node-modification",
-)
 FACT_KEYS = (facts.DRIVER_KEY, facts.CUDA_KEY, facts.GPUS_KEY)  # an entry's env: the hook's
 UNSUPPORTED = ("env", "additionalGids", "netDevices", "intelRdt")
 
@@ -98,7 +91,7 @@ def _list(parent: Any, *keys: str) -> list[Any]:
 def plan(doc: dict[str, Any], edits: EditsDoc) -> Plan:
     """Apply `edits` to `doc` (in place) and collect what was added, in the runtime's order."""
     from gpuctk.cdi.specs import apply
-    from gpuctk.hook.verbs import cgroupdev
+    from gpuctk.hook.verbs import cgroupdev, hook_main
 
     had = {id(x) for x in (*_list(doc, "linux", "devices"), *_list(doc, "mounts"))}
     rules_before = len(_list(doc, "linux", "resources", "devices"))
@@ -118,7 +111,7 @@ def plan(doc: dict[str, Any], edits: EditsDoc) -> Plan:
         for entry in _list(doc, "hooks", stage)[hooks_before[stage] :]:
             args = entry.get("args") or [entry["path"]]
             verb = args[1] if len(args) > 1 else ""
-            if stage == "createContainer" and ours(entry) and verb in HOOK_VERBS:
+            if stage == facts.HOOK_VERB and ours(entry) and verb in hook_main.VERBS:
                 out.hooks.append(list(args[1:]))
                 env = (e.partition("=") for e in entry.get("env") or ())
                 out.hook_env.append({k: v for k, _, v in env if k in FACT_KEYS})

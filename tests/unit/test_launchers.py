@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctk.install import launchers
+from gpuctk.hook.verbs import compiled
 from gpuctk.install.launchers import ENTRY_POINTS, FRONT, launcher_text, main, write_launchers
 
 PYVER = f"python{sys.version_info[0]}.{sys.version_info[1]}"
@@ -79,7 +79,7 @@ def test_outside_a_venv_the_launcher_falls_back_to_site(tmp_path: Path) -> None:
 
 def test_launchers_are_executable_and_name_the_interpreter(tmp_path: Path) -> None:
     paths = write_launchers(str(tmp_path), "/opt/gpuctk/bin/python3")
-    built = bool(launchers.built_front())  # setup.py's gpuctk-cdi-hook, or cbuild's in the venv
+    built = bool(compiled.installed())  # setup.py's gpuctk-cdi-hook, or cbuild's in the venv
     assert sorted(Path(p).name for p in paths) == sorted([*ENTRY_POINTS, *[FRONT] * built])
     for path in paths:
         assert os.stat(path).st_mode & 0o777 == 0o755
@@ -109,7 +109,7 @@ def test_bad_interpreter_paths_are_refused(python: str, tmp_path: Path, capsys) 
 def test_the_runtime_front_names_the_compiled_create_where_it_will_run(
     tmp_path: Path, installed: str
 ) -> None:
-    if not launchers.built_front():
+    if not compiled.installed():
         pytest.skip("gpuctk-cdi-hook not built")
     assert main([str(tmp_path), "--python", "/opt/gpuctk/bin/python3",
                  *(["--installed-in", installed] if installed else [])]) == 0  # fmt: skip
