@@ -379,28 +379,20 @@ def _run(
                                request, None)  # fmt: skip
                 envs[name] = {**os.environ, "GPUCTK_CONFIG": str(ftoml),
                               "GPUCTK_STATE_DIR": str(folder / "state-against")}  # fmt: skip
-        if label == "default install":  # a CUDA image's env, written as an engine writes it
-            name = f"gpuctk 1 GPU, CUDA image, {label}"
-            cases[name] = ([shim], [*one, CUDA_REQUIRE], as_go_writes)
-            envs[name] = envs[f"gpuctk 1 GPU, {label}"]
+        # a CUDA image's env, written as an engine writes it; the device plugin's
+        # cdi-annotations strategy: each on the default install, and through REV
+        for case, request, prepare in (
+            ("1 GPU, CUDA image", [*one, CUDA_REQUIRE], as_go_writes),
+            ("1 GPU by CDI annotation", [], annotate),
+        ):
+            if label != "default install":
+                break
+            name, like = f"gpuctk {case}, {label}", f"gpuctk 1 GPU, {label}"
+            cases[name], envs[name] = ([shim], request, prepare), envs[like]
             if args.against:
-                cases[f"{name} @{args.against}"] = (
-                    [str(installed_bin_at(args.against) / "gpuctk-runtime")],
-                    [*one, CUDA_REQUIRE],
-                    as_go_writes,
-                )
-                envs[f"{name} @{args.against}"] = envs[f"gpuctk 1 GPU, {label} @{args.against}"]
-        if label == "default install":  # the device plugin's cdi-annotations strategy
-            name = f"gpuctk 1 GPU by CDI annotation, {label}"
-            cases[name] = ([shim], [], annotate)
-            envs[name] = envs[f"gpuctk 1 GPU, {label}"]
-            if args.against:
-                cases[f"{name} @{args.against}"] = (
-                    [str(installed_bin_at(args.against) / "gpuctk-runtime")],
-                    [],
-                    annotate,
-                )
-                envs[f"{name} @{args.against}"] = envs[f"gpuctk 1 GPU, {label} @{args.against}"]
+                other = str(installed_bin_at(args.against) / "gpuctk-runtime")
+                cases[f"{name} @{args.against}"] = ([other], request, prepare)
+                envs[f"{name} @{args.against}"] = envs[f"{like} @{args.against}"]
     if args.against:
         other = str(installed_bin_at(args.against) / "gpuctk-runtime")
         for gpus, request in (("1 GPU", one), ("8 GPUs", cases["gpuctk 8 GPUs"][1])):
