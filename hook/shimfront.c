@@ -12,8 +12,9 @@
  *   - the arguments are runc's usual create, the flags gpuctk.hook.shim.runcargs names for
  *     this program (in gpuctk_vocab.h) and one container id, each once: not --debug nor crun's
  *     --config; GPUCTK_SHIM_FRONT not `off`, GPUCTK_SPEC_CACHE not `0`;
- *   - BUNDLE/config.json is a regular file (not a link) of plain JSON: ASCII only, strict, the
- *     keys of each object this program reads unescaped and unique in any case (runc folds case),
+ *   - BUNDLE/config.json is a regular file (not a link) of plain JSON: UTF-8, strict, the
+ *     keys of each object this program reads ASCII, unescaped and unique in any case (runc
+ *     folds case, and U+017F and U+212A onto s and k),
  *     what the key holds of each env entry (a keyed one whole, another's name) printable
  *     ASCII without a quote or a backslash once its escapes are decoded (Go's JSON, every
  *     engine's, writes <, > and & as escapes: the `>=` of a CUDA image's
@@ -996,16 +997,21 @@ static void shape(struct member *top, size_t ntop, struct member *proc, size_t n
 
 /* ---- the create, step by step: each need() that fails hands the create to Python ----------- */
 
-/* config.json's text is ASCII and strict JSON. */
+/* config.json's text is UTF-8 (as Python's strict decoder reads it: Go's JSON writes a
+ * character above 127 as it is) and strict JSON. Such a character is copied as it stands: the
+ * key's strings and every key of an object this program reads are ASCII (sf_items, plain_text). */
 static void plain_config(const char *doc, size_t len)
 {
-	for (size_t i = 0; i < len; i++)
-		need((unsigned char)doc[i] < 0x80, "config.json is not ASCII");
+	for (size_t i = 0; i < len; i++) {
+		size_t u = (unsigned char)doc[i] < 0x80 ? 1 : utf8_len((const unsigned char *)doc + i, len - i);
+		need(u > 0, "config.json is not UTF-8");
+		i += u - 1;
+	}
 	struct json whole = { doc, doc + len, 0 };
 	need(compound(&whole, NULL, NULL) >= 0 && whole.p == whole.end, "config.json is not plain JSON");
 }
 
-/* config.json, read through the bundle's descriptor `bfd`: ASCII, strict JSON. */
+/* config.json, read through the bundle's descriptor `bfd`: UTF-8, strict JSON. */
 static void read_config(int bfd, struct stat *cst, char **doc, size_t *len)
 {
 	int cfd = openat(bfd, "config.json", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);

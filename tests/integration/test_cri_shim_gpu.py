@@ -339,13 +339,18 @@ def test_a_cuda_images_second_create_is_the_compiled_creates(
     packaged: tuple[Daemon, Path],
 ) -> None:
     """Through containerd's CRI as the deb installs gpuctk-runtime, a CUDA image (containerd
-    writes its NVIDIA_REQUIRE_CUDA as `cuda\\u003e=12.0`: Go's JSON) asking for GPU 1 by a CDI
-    annotation (the device plugin's cdi-annotations strategy): the first create is Python's,
-    which writes the request's front plan; the second is the compiled create's, which reads it
-    (and sets its mtime). Both containers see their GPU and the driver in `ldconfig -p`."""
+    writes its NVIDIA_REQUIRE_CUDA as `cuda\\u003e=12.0`: Go's JSON; and a value in another
+    script as its UTF-8 bytes) asking for GPU 1 by a CDI annotation (the device plugin's
+    cdi-annotations strategy): the first create is Python's, which writes the request's front
+    plan; the second is the compiled create's, which reads it (and sets its mtime). Both
+    containers see their GPU and the driver in `ldconfig -p`."""
     daemon, state = packaged
     time.sleep(SETTLE_NS / 1e9)  # the spec left alone, as on a node: plans are written after
-    request = {"NVIDIA_REQUIRE_CUDA": "cuda>=12.0"}, {ANNOTATION: "nvidia.com/gpu=1"}
+    hello = "gr\u00fc\u00dfe \u65e5\u672c"
+    request = (
+        {"NVIDIA_REQUIRE_CUDA": "cuda>=12.0", "HELLO": hello},
+        {ANNOTATION: "nvidia.com/gpu=1"},
+    )
     runs = [run_pod(daemon, HANDLER, *request)]
     front = state / "front"
     plans = {p: p.stat().st_mtime_ns for p in front.glob("*.json")}
@@ -359,3 +364,4 @@ def test_a_cuda_images_second_create_is_the_compiled_creates(
         found = seen(done.stdout, "NODE")
         assert "/dev/nvidia1" in found and "/dev/nvidia0" not in found, done.stdout
         assert "LDCACHE libcuda.so.1" in done.stdout.splitlines(), done.stdout
+        assert f"HELLO={hello}" in run.config["process"]["env"]

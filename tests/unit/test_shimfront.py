@@ -105,7 +105,7 @@ class Node:
         bundle = Path(os.path.join(self.work, f"bundle-{time.monotonic_ns()}"))
         bundle.mkdir()
         text = doc if isinstance(doc, str) else json.dumps(doc)
-        (bundle / "config.json").write_text(text)
+        (bundle / "config.json").write_bytes(text.encode())
         argv = [str(self.bin / "gpuctk-runtime"), *(args or ("create", "--bundle", str(bundle)))]
         if not args:
             argv.append("c1")
@@ -478,15 +478,15 @@ HANDOVER = "import sys; sys.exit(42)"  # the "Python" the front hands over to, i
 
 
 def direct(
-    node: Node, doc: dict[str, Any] | str, *args: str, link: bool = False, **extra: str
+    node: Node, doc: dict[str, Any] | str | bytes, *args: str, link: bool = False, **extra: str
 ) -> tuple[subprocess.CompletedProcess[str], bytes, bytes]:
     """The front run as the sh front runs it (the memo's runtime /bin/true), its handover a
     Python that exits 42: (the run, config.json before, after)."""
     bundle = Path(os.path.join(node.work, f"direct-{time.monotonic_ns()}"))
     bundle.mkdir()
-    text = doc if isinstance(doc, str) else json.dumps(doc)
+    text = doc if isinstance(doc, str | bytes) else json.dumps(doc)
     target = bundle / ("real.json" if link else "config.json")
-    target.write_text(text)
+    target.write_bytes(text if isinstance(text, bytes) else text.encode())
     if link:
         (bundle / "config.json").symlink_to("real.json")
     before = target.read_bytes()
@@ -523,8 +523,45 @@ def test_the_direct_run_takes_the_plan(node: Node, planned: dict[str, Any]) -> N
     assert json.loads(after) == expected(node, planned)
 
 
-def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str:
+# bytes that are not UTF-8 as Python's strict decoder reads it
+NOT_UTF8 = {
+    "a lone continuation byte": b"\x80",
+    "a character cut short": b"\xc3",
+    "an overlong slash": b"\xc0\xaf",
+    "an encoded surrogate": b"\xed\xa0\x80",
+    "above U+10FFFF": b"\xf4\x90\x80\x80",
+}
+UTF8 = "gr\u00fc\u00dfe \u65e5\u672c \U0001f680"  # two, three and four bytes each
+
+
+def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str | bytes:
     d = copy.deepcopy(doc)
+    if change in NOT_UTF8:  # in a value the front does not read
+        return json.dumps(d).encode().replace(b"/bin/true", b"/bin/" + NOT_UTF8[change])
+    if change == "UTF-8 values":  # as Go writes them: as they are
+        d["process"]["env"] += [f"GREETING={UTF8}", "NVIDIA_PRODUCT_NAME=CUDA>=12"]
+        d["process"]["args"] += [UTF8]
+        d["annotations"]["io.kubernetes.pod.description"] = UTF8
+        d["mounts"].append({"destination": "/data", "type": "bind", "source": f"/srv/{UTF8}"})
+        return go_json(d).decode()
+    if change == "long s key":  # runc (Go) reads "proce\u017fs" as "process"
+        d["proce\u017fs"] = {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}
+        return json.dumps(d, ensure_ascii=False)
+    if change == "Kelvin key":  # and "lin\u212ax" as "linux"
+        d["lin\u212ax"] = d["linux"]
+        return json.dumps(d, ensure_ascii=False)
+    if change == "non-ASCII mount key":
+        d["mounts"][0]["de\u017ftination"] = "/var/run/nvidia-container-devices/all"
+        return json.dumps(d, ensure_ascii=False)
+    if change == "non-ASCII annotation key":
+        d["annotations"]["cdi.k8s.io/\u00fc"] = "nvidia.com/gpu=1"
+        return json.dumps(d, ensure_ascii=False)
+    if change == "non-ASCII CDI annotation":
+        d["annotations"]["cdi.k8s.io/gpu"] = "nvidia.com/gpu=\u00fc"
+        return json.dumps(d, ensure_ascii=False)
+    if change == "non-ASCII mount destination":
+        d["mounts"].append({"destination": "/d\u00fc", "type": "bind", "source": "/srv"})
+        return json.dumps(d, ensure_ascii=False)
     if change == "escaped env":  # decoded: NVIDIA_VISIBLE_DEVICES, the planned request
         return json.dumps(d).replace("NVIDIA_VISIBLE", "NVIDIA\\u005fVISIBLE")
     if change == "Go's escapes":  # as containerd, CRI-O and podman write every CUDA image's
@@ -599,7 +636,13 @@ def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str:
         ("quote in a name", "an env entry that is not a plain string"),
         ("quote in a keyed entry", "an env entry that is not a plain string"),
         ("non-ASCII in a keyed entry", "an env entry that is not a plain string"),
-        ("non-ASCII", "config.json is not ASCII"),
+        *((change, "config.json is not UTF-8") for change in NOT_UTF8),
+        ("long s key", "config.json is not plain JSON"),
+        ("Kelvin key", "config.json is not plain JSON"),
+        ("non-ASCII mount key", "a mount that is not plain, or a device-list mount"),
+        ("non-ASCII mount destination", "a mount that is not plain, or a device-list mount"),
+        ("non-ASCII annotation key", "annotations that are not plain"),
+        ("non-ASCII CDI annotation", "a CDI annotation that is not a plain string"),
         ("escaped annotation", "a CDI annotation that is not a plain string"),
         ("device-list mount", "a mount that is not plain, or a device-list mount"),
         ("escaped mount", "a mount that is not plain, or a device-list mount"),
@@ -627,16 +670,19 @@ def test_a_config_the_front_does_not_read_goes_to_python(
     handed_over(*direct(node, mutated(planned, change)), why)
 
 
-@pytest.mark.parametrize("change", ["escaped env", "Go's escapes", "escaped value"])
-def test_an_env_with_escapes_is_served_as_apply(
+@pytest.mark.parametrize(
+    "change", ["escaped env", "Go's escapes", "escaped value", "non-ASCII", "UTF-8 values"]
+)
+def test_escapes_and_utf8_are_served_as_apply(
     node: Node, planned: dict[str, Any], change: str
 ) -> None:
     """An env entry is read as JSON spells it: Go's encoding/json (containerd, CRI-O, podman)
     writes <, > and & as \\u escapes, so every CUDA image's NVIDIA_REQUIRE_CUDA
-    (cuda>=12.0 ...) has them. Such a config takes its request's plan (its env patched as
-    text: the escapes stay as they were)."""
+    (cuda>=12.0 ...) has them, and a character above 127 as its UTF-8 bytes (an argument, a
+    value, a volume's host path in any language). Such a config takes its request's plan (its
+    env patched as text: the escapes and the characters stay as they were)."""
     text = mutated(planned, change)
-    assert isinstance(text, str) and "\\u00" in text
+    assert isinstance(text, str) and ("\\u00" in text or not text.isascii())
     first, _ = node.create(text)  # a request not seen before: Python, which writes its plan
     assert first.returncode == 0, first.stderr
     done, config = node.create(text)
@@ -645,6 +691,8 @@ def test_an_env_with_escapes_is_served_as_apply(
     assert json.loads(after) == expected(node, json.loads(text))
     if change == "Go's escapes":
         assert b"CUDA\\u003e=12 \\u003c\\u0026\\u003e" in after
+    if change == "UTF-8 values":  # each as it stood, the env's patched as text
+        assert after.count(UTF8.encode()) == 4 and b"CUDA\\u003e=12" in after
 
 
 @pytest.mark.parametrize("change", ["user namespace", "namespace without a type"])
