@@ -35,7 +35,8 @@ run so that machine noise hits them alike:
                     1 GPU asked for by a CDI annotation (the device plugin's cdi-annotations
                     strategy), and 1 GPU for a CUDA image (its NVIDIA_REQUIRE_CUDA=cuda>=12.2)
                     whose config.json is written as engines write it (Go's JSON: `>` as
-                    `\\u003e`; the other cases' are Python's);
+                    `\\u003e`; the other cases' are Python's), and 1 GPU with an env value
+                    in other scripts (Go writes it as its UTF-8 bytes);
 - nvidia-container-runtime ...  with --nvidia-ctk-bin DIR: 1 and 8 GPUs through NVIDIA's
                     runtime from DIR in its CDI mode, on the spec DIR's nvidia-ctk writes for
                     the same node (bench/nvidiaspec.py); gpuctk's default install over it is
@@ -134,6 +135,7 @@ def _wait_exit(pid: int) -> None:
 
 CUDA_REQUIRE = "NVIDIA_REQUIRE_CUDA=cuda>=12.2"  # what a CUDA image's env holds first
 SHELL_ENV = "COMMAND=make && ./run > out.log"  # what a shell command line holds
+UTF8_ENV = "GREETING=gr\u00fc\u00dfe \u65e5\u672c"  # a value in other scripts, as Go writes it
 Prepare = Callable[[Path], None]
 
 
@@ -383,6 +385,8 @@ def _run(
         # cdi-annotations strategy: each on the default install, and through REV
         for case, request, prepare in (
             ("1 GPU, CUDA image", [*one, CUDA_REQUIRE], as_go_writes),
+            ("1 GPU, a UTF-8 value", [*one, UTF8_ENV], as_go_writes),
+            ("1 GPU, caps all", [*one, "NVIDIA_DRIVER_CAPABILITIES=all"], None),
             ("1 GPU by CDI annotation", [], annotate),
         ):
             if label != "default install":
@@ -471,6 +475,8 @@ def _run(
             " 8 GPUs, default install",
             " 1 GPU by CDI annotation, default install",
             " 1 GPU, CUDA image, default install",
+            " 1 GPU, a UTF-8 value, default install",
+            " 1 GPU, caps all, default install",
         )  # each case's name after "gpuctk"
         for tail in tails:
             here, there = samples[f"gpuctk{tail}"], samples[f"gpuctk{tail} @{args.against}"]

@@ -19,13 +19,14 @@
  *     ASCII without a quote or a backslash once its escapes are decoded (Go's JSON, every
  *     engine's, writes <, > and & as escapes: the `>=` of a CUDA image's
  *     NVIDIA_REQUIRE_CUDA), each CDI annotation unescaped, no mount destination with an
- *     escape or naming nvidia-container-devices, each linux.devices entry an object with an
- *     unescaped path, no annotation the plan refuses, no field apply would refuse (a hook stage,
+ *     escape, a plain source for each that names nvidia-container-devices (the device
+ *     plugin's volume-mounts), each linux.devices entry an object with an unescaped path, no annotation the plan refuses, no field apply would refuse (a hook stage,
  *     additionalGids or netDevices of another type);
  *   - a front plan (gpuctk.hook.shim.frontplan) for the request's key: the container's env entries
  *     that start with NVIDIA_ or CUDA_VERSION, in order, whether CAP_SYS_ADMIN is in its
  *     bounding set, its uid and gid, the name of each env entry, mount destination and
- *     linux.devices path (each a plain string), then the key and value of each annotation whose
+ *     linux.devices path (each a plain string), the source of each mount whose destination
+ *     names nvidia-container-devices, then the key and value of each annotation whose
  *     key starts with one of the CDI prefixes Python names in front/keyed-on (for this config
  *     file; the plan must name the same). Python writes one when it resolved that key with no
  *     note and no error and the spec's only hooks are gpuctk-cdi-hook createContainer entries.
@@ -1100,15 +1101,15 @@ static struct member *linux_list(struct member *top, size_t ntop, const char *na
 /* The request's key: the env entries that start with one of GPUCTK_KEY_PREFIXES, in order, then
  * privileged=, uid= and gid= (in `w`, their text too); then the names the edits' places are
  * known by: env=N and each env entry's name (up to its `=`), mounts=N and each mount's
- * destination, devices=N and each linux.devices path (where each list starts: w->at); then the
- * key and value of each annotation whose key starts with one of the n `pre`fixes, in the
- * document's order. `w` also holds the config's mounts, each a plain destination, none a
- * device-list mount (a request the key does not hold), and its linux.devices, each with a
+ * destination, then key_sources' (a device-list request's other half), devices=N and each
+ * linux.devices path (where each list starts: w->at); then the key and value of each
+ * annotation whose key starts with one of the n `pre`fixes, in the document's order. `w` also
+ * holds the config's mounts, each a plain destination, and its linux.devices, each with a
  * plain path. */
 struct who {
 	int privileged;
 	unsigned long long uid, gid;
-	char text[6][32]; /* privileged=, uid=, gid=, env=, mounts=, devices=: key strings */
+	char text[7][32]; /* privileged=, uid=, gid=, env=, mounts=, devices=, device-list=: key strings */
 	size_t at[3], count[3]; /* the names of env, mounts, devices in the key */
 	struct member *mounts, *devs;
 	struct span *env; /* each env entry's text, its escapes decoded */
@@ -1120,7 +1121,36 @@ static void key_text(struct span *keys, size_t *nkeys, char *text)
 	keys[(*nkeys)++].end = text + strlen(text);
 }
 
-/* The names of the config's lists (as request_key says) appended to `keys`, each checked. */
+/* Whether the plain mount destination s is one a device-list request may be read from. */
+static int device_list(struct span s)
+{
+	size_t n = strlen(GPUCTK_DEVICE_LIST_MOUNTS);
+	return memmem(s.p, (size_t)(s.end - s.p), GPUCTK_DEVICE_LIST_MOUNTS, n) != NULL;
+}
+
+/* device-list=K, then the source of each of the K mounts whose destination device_list()
+ * names, in order (the volume-mounts request is read from a mount's source and destination
+ * alike): appended to `keys`, each source a plain string. */
+static void key_sources(struct span *keys, size_t *nkeys, struct who *w)
+{
+	size_t k = 0, first = *nkeys + 1;
+	for (size_t i = 0; i < w->count[1]; i++) {
+		struct span s;
+		size_t sn;
+		if (!device_list(keys[w->at[1] + i]))
+			continue;
+		need(member_string(w->mounts[i].val, "source", &s.p, &sn) == 0,
+		     "a device-list mount whose source is not a plain string");
+		s.end = s.p + sn;
+		keys[first + k++] = s;
+	}
+	snprintf(w->text[6], 32, "device-list=%zu", k);
+	key_text(keys, nkeys, w->text[6]);
+	*nkeys += k;
+}
+
+/* The names of the config's lists (as request_key says) appended to `keys`, each checked; after
+ * the mounts' destinations, key_sources'. */
 static void key_names(struct span *keys, size_t *nkeys, struct who *w)
 {
 	static const char *const what[3] = { "env", "mounts", "devices" };
@@ -1136,10 +1166,8 @@ static void key_names(struct span *keys, size_t *nkeys, struct who *w)
 				s = w->env[i]; /* decoded and checked by request_key */
 				s.end = s.p + env_key(s);
 			} else if (l == 1) {
-				need(member_string(list[l][i].val, "destination", &s.p, &sn) == 0 &&
-					     !memmem(s.p, sn, GPUCTK_DEVICE_LIST_MOUNTS,
-						     strlen(GPUCTK_DEVICE_LIST_MOUNTS)),
-				     "a mount that is not plain, or a device-list mount");
+				need(member_string(list[l][i].val, "destination", &s.p, &sn) == 0,
+				     "a mount that is not plain");
 				s.end = s.p + sn;
 			} else {
 				need(member_string(list[l][i].val, "path", &s.p, &sn) == 0,
@@ -1148,6 +1176,8 @@ static void key_names(struct span *keys, size_t *nkeys, struct who *w)
 			}
 			keys[(*nkeys)++] = s;
 		}
+		if (l == 1)
+			key_sources(keys, nkeys, w);
 	}
 }
 
@@ -1162,7 +1192,7 @@ static struct span *request_key(struct member *top, size_t ntop, struct member *
 	struct member *ann = sf_get(top, ntop, "annotations"), *a = NULL;
 	if (ann)
 		a = object_of(ann, "annotations that are not plain", &nann);
-	struct span *keys = calloc(2 * nenv + 7 + w->count[1] + w->count[2] + 2 * nann, sizeof *keys);
+	struct span *keys = calloc(2 * nenv + 8 + 2 * w->count[1] + w->count[2] + 2 * nann, sizeof *keys);
 	w->env = calloc(nenv + 1, sizeof *w->env);
 	need(keys != NULL && w->env != NULL, "out of memory");
 	*nkeys = 0;
@@ -1236,7 +1266,7 @@ static struct member *front_plan(const struct span *keys, size_t nkeys, const ch
 
 /* What only the Python shim reads: an annotation the plan refuses (a CRI runtime's marker where
  * the plan's env request is a plain container's), a field apply refuses, a file or runtime
- * other than the plan names (a device-list mount: request_key). */
+ * other than the plan names. */
 static void python_only(struct member *top, size_t ntop, struct member *proc, size_t nproc,
 			struct member *plan, size_t nplan, const char *runtime)
 {

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 ANNOTATIONS = "annotations"  # a Request's source when CDI annotations ask
+DEVICE_MOUNTS = "mounts"  # a Request's source when device-list mounts ask
 MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 IMEX_MOUNTS = "imex/"  # IMEX channel mounts (gpuctk.hook.requests.imex)
 IMEX_ENV = "NVIDIA_IMEX_CHANNELS"
@@ -349,7 +350,7 @@ def requested(
     if accept_volume_mounts:
         names = from_mounts(config.get("mounts"), kind, kinds)
         if names:
-            return _with_imex(Request(names, source="mounts", kind=kind), config, env, refused)
+            return _with_imex(Request(names, source=DEVICE_MOUNTS, kind=kind), config, env, refused)
     value = env_value(env, VISIBLE_DEVICES)
     if refused:
         notes = [ignored_note(VISIBLE_DEVICES, value or "", refused)] if asks(value) else []

@@ -8,38 +8,40 @@ config.json, finds the plan, applies it, writes config.json back and execs the r
 about a millisecond; anything it does not fully understand goes to Python as before.
 
 The key is what the request and its edits depend on besides the specs and the config
-(gpuctk.hook.requests.devices, gpuctk.hook.requests.require, gpuctk.hook.requests.drivercaps,
-the device nodes' owner in gpuctk.cdi.specs.apply). The compiled create alone computes it
-(hook/shimfront.c request_key); the shim asks it (gpuctk.hook.shim.frontkey) for
-the config's text as read, and writes the plan under the file name and key it says. So only
-a shim started by the launchers' front (gpuctk.install.launchers, which names it) writes
-plans: nothing else would read them. The key: every env entry that starts with `NVIDIA_`
-or `CUDA_VERSION`, in order; `privileged=0|1` (CAP_SYS_ADMIN in the bounding set); `uid=N`,
-`gid=N` (process.user); `env=N` and each env entry's name (up to its `=`), `mounts=N` and each
-mount destination, `devices=N` and each `linux.devices` path (the places the edits land, so that
-the plan can say where); then the key and the value of each annotation whose key starts with one
-of the config's CDI annotation prefixes, in the document's order. Those prefixes are Python's to
-decide: `front/keyed-on` names them (for the config file in force) for the front to build the
-key with, and each plan names those it was keyed on (`cdi_prefixes`). The front sends anything
-else that could carry a request to Python: a device-list mount (and no plan is written for a
-config that has one), a keyed env entry or an env entry's name that is not printable ASCII
-without a quote or a backslash once its escapes are decoded (the key holds the decoded text:
-Go's JSON, every engine's, writes <, > and & as escapes, as in every CUDA image's
-NVIDIA_REQUIRE_CUDA), an escape in a CDI annotation. Whether an env request is honoured also
-depends on whether the container is a Kubernetes one (gpuctk.hook.requests.devices.env_allowed),
-which the key does not say: a plan whose env request only a plain container gets (unprivileged,
-accept-envvar-unprivileged auto) lists the CRI runtimes' marker annotations among its
-`prefixes`, so a Kubernetes container goes to Python (refusals).
+(gpuctk.hook.requests.devices, gpuctk.hook.requests.require, gpuctk.hook.requests.drivercaps, the
+device nodes' owner in gpuctk.cdi.specs.apply). The compiled create alone computes it
+(hook/shimfront.c request_key); the shim asks it (gpuctk.hook.shim.frontkey) for the config's text
+as read, and writes the plan under the file name and key it says. So only a shim started by the
+launchers' front (gpuctk.install.launchers, which names it) writes plans: nothing else would read
+them. The key: every env entry that starts with `NVIDIA_` or `CUDA_VERSION`, in order;
+`privileged=0|1` (CAP_SYS_ADMIN in the bounding set); `uid=N`, `gid=N` (process.user); `env=N` and
+each env entry's name (up to its `=`), `mounts=N` and each mount destination, `device-list=K` and
+the source of each of the K mounts whose destination names nvidia-container-devices (with its
+destination, what a volume-mounts request is read from: gpuctk.hook.requests.devices), `devices=N`
+and each `linux.devices` path (the places the edits land, so that the plan can say where); then the
+key and the value of each annotation whose key starts with one of the config's CDI annotation
+prefixes, in the document's order. Those prefixes are Python's to decide: `front/keyed-on` names
+them (for the config file in force) for the front to build the key with, and each plan names those
+it was keyed on (`cdi_prefixes`). The front sends anything else that could carry a request to
+Python: a device-list mount whose source is not a plain string, a keyed env entry or an env entry's
+name that is not printable ASCII without a quote or a backslash once its escapes are decoded (the
+key holds the decoded text: Go's JSON, every engine's, writes <, > and & as escapes, as in every
+CUDA image's NVIDIA_REQUIRE_CUDA), an escape in a CDI annotation. Whether an env request is honoured
+also depends on whether the container is a Kubernetes one
+(gpuctk.hook.requests.devices.env_allowed), which the key does not say: a plan whose env request
+only a plain container gets (unprivileged, accept-envvar-unprivileged auto) lists the CRI runtimes'
+marker annotations among its `prefixes`, so a Kubernetes container goes to Python (refusals).
 
-A plan is written only for a request from CDI annotations or NVIDIA_VISIBLE_DEVICES that
-resolved with no note and no error, in a world (gpuctk.hook.shim.plans.Plans.snapshot, plus the
-config file) left alone for SETTLE_NS, whose edits are env, device nodes, bind mounts and hooks
-only, each device path and mount destination once, and whose hooks are all `gpuctk-cdi-hook
-createContainer` entries (the compiled front of the spec hook) with the device node guard on or
-disabled in the entry itself. The front keeps that entry where the Python shim does its work in
-the shim (gpuctk.hook.shim.shimroot): inside runc it does nothing for the common image and hands
-the rest to gpuctk-hook, and it guards /proc/driver/nvidia/params, so every image is served as
-an engine that applies the spec itself (podman, containerd's CDI) serves it.
+A plan is written only for a request from CDI annotations, device-list mounts or
+NVIDIA_VISIBLE_DEVICES that resolved with no note and no error, in a world
+(gpuctk.hook.shim.plans.Plans.snapshot, plus the config file) left alone for SETTLE_NS, whose edits
+are env, device nodes, bind mounts and hooks only, each device path and mount destination once, and
+whose hooks are all `gpuctk-cdi-hook createContainer` entries (the compiled front of the spec hook)
+with the device node guard on or disabled in the entry itself. The front keeps that entry where the
+Python shim does its work in the shim (gpuctk.hook.shim.shimroot): inside runc it does nothing for
+the common image and hands the rest to gpuctk-hook, and it guards /proc/driver/nvidia/params, so
+every image is served as an engine that applies the spec itself (podman, containerd's CDI) serves
+it.
 
 The edits are what gpuctk.cdi.specs.apply makes of them on a config with the key's names (`render`):
 the new env, mounts and linux.devices lists as recipes, each item the index of the config's item
@@ -151,9 +153,9 @@ def guarded(edits: EditsDoc, settings: Settings, compiled: str) -> EditsDoc:
 def eligible(req: Request, edits: EditsDoc, settings: Settings) -> bool:
     """Whether the compiled create could apply these edits for this request."""
     from gpuctk.cdi.specs.apply import BIND_TYPES
-    from gpuctk.hook.requests.devices import ANNOTATIONS, VISIBLE_DEVICES
+    from gpuctk.hook.requests.devices import ANNOTATIONS, DEVICE_MOUNTS, VISIBLE_DEVICES
 
-    if req.source not in (VISIBLE_DEVICES, ANNOTATIONS) or req.notes:
+    if req.source not in (VISIBLE_DEVICES, ANNOTATIONS, DEVICE_MOUNTS) or req.notes:
         return False
     if any(v for k, v in edits.items() if k not in _EDIT_KEYS):
         return False

@@ -29,9 +29,9 @@ into a host folder mounted at /out, then waits until the test has read its bundl
   itself stored for the container;
 - the same request on the default `runc` handler gets nothing: the GPU comes from the handler;
 - with gpuctk-runtime as packaging installs it (the launchers' sh front and the compiled
-  create) on the default install's folder spec, a CUDA image's second create of a request is
-  the compiled create's: containerd writes NVIDIA_REQUIRE_CUDA's `>` as `\\u003e`, which it
-  reads as JSON spells it.
+  create) on the default install's folder spec, a CUDA image's second create of a request
+  (by CDI annotation or volume-mounts) is the compiled create's: containerd writes
+  NVIDIA_REQUIRE_CUDA's `>` as `\\u003e`, which it reads as JSON spells it.
 """
 
 from __future__ import annotations
@@ -335,25 +335,31 @@ def test_handler_runs_the_shim(daemon: Daemon) -> None:
     assert runtimes["runc"]["options"].get("BinaryName", "") == ""
 
 
+@pytest.mark.parametrize("form", ["CDI annotation", "volume-mounts"])
 def test_a_cuda_images_second_create_is_the_compiled_creates(
-    packaged: tuple[Daemon, Path],
+    packaged: tuple[Daemon, Path], form: str
 ) -> None:
     """Through containerd's CRI as the deb installs gpuctk-runtime, a CUDA image (containerd
     writes its NVIDIA_REQUIRE_CUDA as `cuda\\u003e=12.0`: Go's JSON; and a value in another
-    script as its UTF-8 bytes) asking for GPU 1 by a CDI annotation (the device plugin's
-    cdi-annotations strategy): the first create is Python's, which writes the request's front
+    script as its UTF-8 bytes) granted GPU 1 as the device plugin grants it (its
+    cdi-annotations strategy, or volume-mounts: a `/dev/null` mount the key holds by its
+    destination and source): the first create is Python's, which writes the request's front
     plan; the second is the compiled create's, which reads it (and sets its mtime). Both
     containers see their GPU and the driver in `ldconfig -p`."""
     daemon, state = packaged
     time.sleep(SETTLE_NS / 1e9)  # the spec left alone, as on a node: plans are written after
     hello = "gr\u00fc\u00dfe \u65e5\u672c"
-    request = (
-        {"NVIDIA_REQUIRE_CUDA": "cuda>=12.0", "HELLO": hello},
-        {ANNOTATION: "nvidia.com/gpu=1"},
-    )
-    runs = [run_pod(daemon, HANDLER, *request)]
+    env = {"NVIDIA_REQUIRE_CUDA": "cuda>=12.0", "HELLO": hello}
+    request: tuple[dict[str, str], dict[str, str] | None, dict[str, str] | None] = (
+        (env, {ANNOTATION: "nvidia.com/gpu=1"}, None)
+        if form == "CDI annotation"
+        else ({**env, "NVIDIA_VISIBLE_DEVICES": DEVICE_MOUNTS}, None,
+              {f"{DEVICE_MOUNTS}/1": "/dev/null"})
+    )  # fmt: skip
     front = state / "front"
-    plans = {p: p.stat().st_mtime_ns for p in front.glob("*.json")}
+    before = set(front.glob("*.json"))
+    runs = [run_pod(daemon, HANDLER, *request)]
+    plans = {p: p.stat().st_mtime_ns for p in set(front.glob("*.json")) - before}
     assert len(plans) == 1, sorted(front.iterdir()) if front.is_dir() else "no front folder"
     time.sleep(0.05)
     runs.append(run_pod(daemon, HANDLER, *request))

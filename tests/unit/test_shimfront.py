@@ -314,7 +314,8 @@ def test_the_second_create_is_the_fronts_and_equals_apply(node: Node) -> None:
     mounts = ["/proc", "/dev", "/dev/pts", "/sys"]
     assert key is not None and key.key == [
         VISIBLE, "privileged=0", "uid=0", "gid=0",
-        "env=2", "PATH", "NVIDIA_VISIBLE_DEVICES", "mounts=4", *mounts, "devices=0",
+        "env=2", "PATH", "NVIDIA_VISIBLE_DEVICES", "mounts=4", *mounts, "device-list=0",
+        "devices=0",
     ]  # fmt: skip
     assert (key.env, key.mounts, key.devices) == (["PATH", "NVIDIA_VISIBLE_DEVICES"], mounts, [])
     assert (key.privileged, key.uid, key.gid) == (0, 0, 0)
@@ -584,9 +585,13 @@ def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str | bytes:
     elif change == "escaped annotation":
         d["annotations"]["cdi.k8s.io/gpu"] = "nvidia.com/gpu=1"
         return json.dumps(d).replace("nvidia.com/gpu=1", "nvidia.com\\/gpu=1")
-    elif change == "device-list mount":
+    elif change.startswith("device-list mount"):
         d["mounts"].append({"destination": "/var/run/nvidia-container-devices/1",
                             "source": "/dev/null", "options": ["bind"]})  # fmt: skip
+        if change.endswith("no source"):
+            del d["mounts"][-1]["source"]
+        elif change.endswith("escaped source"):
+            return json.dumps(d).replace('"/dev/null"', '"\\/dev/null"')
     elif change == "escaped mount":
         return json.dumps(d).replace('"/proc"', '"\\/proc"')
     elif change == "Process too":
@@ -639,13 +644,14 @@ def mutated(doc: dict[str, Any], change: str) -> dict[str, Any] | str | bytes:
         *((change, "config.json is not UTF-8") for change in NOT_UTF8),
         ("long s key", "config.json is not plain JSON"),
         ("Kelvin key", "config.json is not plain JSON"),
-        ("non-ASCII mount key", "a mount that is not plain, or a device-list mount"),
-        ("non-ASCII mount destination", "a mount that is not plain, or a device-list mount"),
+        ("non-ASCII mount key", "a mount that is not plain"),
+        ("non-ASCII mount destination", "a mount that is not plain"),
         ("non-ASCII annotation key", "annotations that are not plain"),
         ("non-ASCII CDI annotation", "a CDI annotation that is not a plain string"),
         ("escaped annotation", "a CDI annotation that is not a plain string"),
-        ("device-list mount", "a mount that is not plain, or a device-list mount"),
-        ("escaped mount", "a mount that is not plain, or a device-list mount"),
+        ("device-list mount, escaped source", "a device-list mount whose source is not a plain"),
+        ("device-list mount, no source", "a device-list mount whose source is not a plain"),
+        ("escaped mount", "a mount that is not plain"),
         ("Process too", "config.json is not plain JSON"),
         ("Process only", "a key in another case"),
         ("Bounding", "a key in another case"),
@@ -892,10 +898,12 @@ def test_a_cdi_annotation_request_is_the_fronts_the_second_time(
     assert "/dev/nvidia0" in {d["path"] for d in json.loads(config.read_text())["linux"]["devices"]}
 
 
-def test_a_device_list_mount_gets_no_plan_another_container_could_take(tmp_path: Path) -> None:
-    """Under accept-volume-mounts, an IMEX channel mount beside the env's GPU is part of the
-    request but not of the key: Python writes no plan for it, so a container with the same env
-    and no such mount never gets the channel."""
+def test_a_device_list_mount_is_served_by_its_destination_and_source(tmp_path: Path) -> None:
+    """Under accept-volume-mounts (the device plugin's volume-mounts strategy), a request read
+    from `/dev/null` mounts under /var/run/nvidia-container-devices (GPU 1, an IMEX channel)
+    takes its plan from the second create on; the key holds each such mount's source beside
+    its destination, so a container with the same destinations from another source (no
+    request: only a `/dev/null` mount asks) or without the channel's mount never takes it."""
     own = make_node(tmp_path, conf="accept-volume-mounts = true\n")
     channel = "/dev/nvidia-caps-imex-channels/channel0"
     node = {"path": channel, "hostPath": "/dev/urandom", "type": "c", "major": 1, "minor": 9}
@@ -903,19 +911,41 @@ def test_a_device_list_mount_gets_no_plan_another_container_could_take(tmp_path:
             "devices": [{"name": "0", "containerEdits": {"deviceNodes": [node]}}]}  # fmt: skip
     (own.spec_dir / "imex.json").write_text(json.dumps(imex))
     time.sleep(speccache.SETTLE_NS / 1e9 + 0.2)
-    asking = base_doc("/nonexistent-root")
-    asking["mounts"].append({"destination": "/var/run/nvidia-container-devices/imex/0",
-                             "source": "/dev/null", "options": ["bind"]})  # fmt: skip
-    assert key_of(own, asking) is None
-    for _ in range(2):
-        done, config = own.create(asking)
-        assert done.returncode == 0, done.stderr
-        assert channel in {d["path"] for d in json.loads(config.read_text())["linux"]["devices"]}
-    plain = base_doc("/nonexistent-root")
-    done, config = own.create(plain)
+
+    def asking(source: str = "/dev/null", channel_mount: bool = True) -> dict[str, Any]:
+        doc = base_doc("/nonexistent-root")
+        doc["process"]["env"].remove(VISIBLE)
+        for name in ("1", "imex/0")[: 1 + channel_mount]:
+            doc["mounts"].append({"destination": f"/var/run/nvidia-container-devices/{name}",
+                                  "source": source, "options": ["bind"]})  # fmt: skip
+        return doc
+
+    def devices(config: Path) -> set[str]:
+        return {d["path"] for d in json.loads(config.read_text())["linux"].get("devices", [])}
+
+    key = key_of(own, asking())
+    assert key is not None and "device-list=2" in key.key, key
+    at = key.key.index("device-list=2")
+    assert key.key[at - 2 : at + 4] == [
+        *(m["destination"] for m in asking()["mounts"][-2:]),
+        "device-list=2",
+        "/dev/null",
+        "/dev/null",
+        "devices=0",
+    ]
+    assert fronted(own, asking()) == expected(own, asking())
+    done, config = own.create(asking())
+    assert done.returncode == 0 and "front: plan " in done.stderr, done.stderr
+    assert devices(config) == {"/dev/nvidiactl", "/dev/nvidia1", channel}
+    for other in (asking(source="/srv/data"), asking(channel_mount=False)):
+        assert key_of(own, other) != key
+        done, config = own.create(other)
+        assert done.returncode == 0 and "front: plan " not in done.stderr, done.stderr
+        assert channel not in devices(config), done.stderr
+    assert devices(config) == {"/dev/nvidiactl", "/dev/nvidia1"}  # the mount's GPU alone
+    done, config = own.create(asking(source="/srv/data"))  # its own plan: no GPU
     assert done.returncode == 0, done.stderr
-    devices = {d["path"] for d in json.loads(config.read_text())["linux"]["devices"]}
-    assert devices == {"/dev/nvidiactl", "/dev/nvidia0"}, done.stderr  # no channel
+    assert not devices(config) & {"/dev/nvidia1", channel}, done.stderr
 
 
 def test_a_keyed_on_file_of_another_config_is_written_again(tmp_path: Path) -> None:
@@ -1163,13 +1193,15 @@ def test_the_key_is_the_compiled_creates_to_say(node: Node) -> None:
     doc["process"]["env"].append("NO_VALUE")
     doc["annotations"].update({"cdi.k8s.io/a": "nvidia.com/gpu=1", "other/b": "x"})
     doc["linux"]["devices"] = [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}]
+    listed = "/var/run/nvidia-container-devices/GPU-1"  # the device plugin's volume-mounts
+    doc["mounts"].append({"destination": listed, "type": "bind", "source": "/dev/null"})
     key = key_of(node, doc)
     assert key is not None
     env = ["PATH", "NVIDIA_VISIBLE_DEVICES", "CUDA_VERSION", "NO_VALUE"]
-    mounts = ["/proc", "/dev", "/dev/pts", "/sys"]
+    mounts = ["/proc", "/dev", "/dev/pts", "/sys", listed]
     assert key.key == [VISIBLE, "CUDA_VERSION=12.4", "privileged=1", "uid=7", "gid=8",
-                       "env=4", *env, "mounts=4", *mounts, "devices=1", "/dev/fuse",
-                       "cdi.k8s.io/a", "nvidia.com/gpu=1"]  # fmt: skip
+                       "env=4", *env, "mounts=5", *mounts, "device-list=1", "/dev/null",
+                       "devices=1", "/dev/fuse", "cdi.k8s.io/a", "nvidia.com/gpu=1"]  # fmt: skip
     assert (key.env, key.mounts, key.devices) == (env, mounts, ["/dev/fuse"])
     assert (key.privileged, key.uid, key.gid) == (1, 7, 8)
     assert key_of(node, doc, ("other/",)) != key  # the prefixes are the caller's
