@@ -31,12 +31,14 @@ run so that machine noise hits them alike:
                     (gpuctk.cdi.stage).
 - runc + folder edits  the same on the folder spec's edits (1 GPU): runc's own floor there.
 - gpuctk ..., default install  1 and 8 GPUs on the spec the deb and the DaemonSet write
-                    (`generate` with no mode flag: the folder spec of every capability), and
-                    1 GPU asked for by a CDI annotation (the device plugin's cdi-annotations
-                    strategy), and 1 GPU for a CUDA image (its NVIDIA_REQUIRE_CUDA=cuda>=12.2)
+                    (`generate` with no mode flag: the folder spec of every capability, with
+                    accept-volume-mounts), and 1 GPU asked for by a CDI annotation and by a
+                    `/dev/null` mount (the device plugin's cdi-annotations and volume-mounts
+                    strategies), 1 GPU for a CUDA image (its NVIDIA_REQUIRE_CUDA=cuda>=12.2)
                     whose config.json is written as engines write it (Go's JSON: `>` as
-                    `\\u003e`; the other cases' are Python's), and 1 GPU with an env value
-                    in other scripts (Go writes it as its UTF-8 bytes);
+                    `\\u003e`; the other cases' are Python's), 1 GPU with an env value in
+                    other scripts (Go writes it as its UTF-8 bytes), 1 GPU with
+                    NVIDIA_DRIVER_CAPABILITIES=all;
 - nvidia-container-runtime ...  with --nvidia-ctk-bin DIR: 1 and 8 GPUs through NVIDIA's
                     runtime from DIR in its CDI mode, on the spec DIR's nvidia-ctk writes for
                     the same node (bench/nvidiaspec.py); gpuctk's default install over it is
@@ -135,6 +137,7 @@ def _wait_exit(pid: int) -> None:
 
 CUDA_REQUIRE = "NVIDIA_REQUIRE_CUDA=cuda>=12.2"  # what a CUDA image's env holds first
 SHELL_ENV = "COMMAND=make && ./run > out.log"  # what a shell command line holds
+DEVICE_MOUNTS = "/var/run/nvidia-container-devices"  # the device plugin's volume-mounts
 UTF8_ENV = "GREETING=gr\u00fc\u00dfe \u65e5\u672c"  # a value in other scripts, as Go writes it
 Prepare = Callable[[Path], None]
 
@@ -358,6 +361,13 @@ def _run(
         config.setdefault("annotations", {})["cdi.k8s.io/gpuctk-bench"] = "nvidia.com/gpu=0"
         (bundle / "config.json").write_text(json.dumps(config))
 
+    def mount_request(bundle: Path) -> None:
+        """GPU 0 asked for as the device plugin's volume-mounts strategy asks (off the clock)."""
+        config = json.loads((bundle / "config.json").read_text())
+        config["mounts"].append({"destination": f"{DEVICE_MOUNTS}/0", "type": "bind",
+                                 "source": "/dev/null", "options": ["rbind", "ro"]})  # fmt: skip
+        (bundle / "config.json").write_text(json.dumps(config))
+
     for label, mode in (("folder spec", ("folder", "--driver-capabilities", "utility,compute")),
                         ("default install", ("auto",))):  # fmt: skip
         folder = work / label.replace(" ", "-")
@@ -365,7 +375,8 @@ def _run(
         fnode = generate(folder, driver_root, PROFILE, folder / "cdi" / "nvidia.json", bindir,
                          staged)  # fmt: skip
         ftoml = folder / "gpuctk.toml"
-        ftoml.write_text(f'runtimes = ["{runc}"]\nspec-dirs = ["{fnode.spec_dir}"]\n')
+        ftoml.write_text(f'runtimes = ["{runc}"]\nspec-dirs = ["{fnode.spec_dir}"]\n'
+                         "accept-volume-mounts = true\n")  # the device plugin's three strategies
         if label == "folder spec":
             fdry = folder / "dry.toml"
             fdry.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{fnode.spec_dir}"]\n')
@@ -388,6 +399,7 @@ def _run(
             ("1 GPU, a UTF-8 value", [*one, UTF8_ENV], as_go_writes),
             ("1 GPU, caps all", [*one, "NVIDIA_DRIVER_CAPABILITIES=all"], None),
             ("1 GPU by CDI annotation", [], annotate),
+            ("1 GPU by volume-mounts", [f"NVIDIA_VISIBLE_DEVICES={DEVICE_MOUNTS}"], mount_request),
         ):
             if label != "default install":
                 break
@@ -474,6 +486,7 @@ def _run(
             " 1 GPU, default install",
             " 8 GPUs, default install",
             " 1 GPU by CDI annotation, default install",
+            " 1 GPU by volume-mounts, default install",
             " 1 GPU, CUDA image, default install",
             " 1 GPU, a UTF-8 value, default install",
             " 1 GPU, caps all, default install",
