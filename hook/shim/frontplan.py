@@ -261,14 +261,20 @@ def _recipe(items: list[Any]) -> list[Any]:
 
 
 def refusals(req: Request, key: FrontKey, settings: Settings) -> list[str]:
-    """The annotation key prefixes that send a create to Python: where this plan's env request
-    is honoured only outside Kubernetes (accept-envvar-unprivileged auto, unprivileged:
-    gpuctk.hook.requests.devices.env_allowed), the CRI runtimes' own markers, so that the front
-    never replays for a Kubernetes container a plan a plain one made."""
-    from gpuctk.hook.requests.devices import KUBERNETES_MARKERS, VISIBLE_DEVICES
+    """The annotation key prefixes that send a create to Python: where this plan read the env
+    as honoured only outside Kubernetes (accept-envvar-unprivileged auto, unprivileged:
+    gpuctk.hook.requests.devices.env_allowed) -- its NVIDIA_VISIBLE_DEVICES request, or the
+    NVIDIA_IMEX_CHANNELS a device-list request carries -- the CRI runtimes' own markers, so
+    that the front never replays for a Kubernetes container a plan a plain one made."""
+    from gpuctk.hook.requests import devices
 
-    env_only = req.source == VISIBLE_DEVICES and settings.accept_envvar_unprivileged is None
-    return list(KUBERNETES_MARKERS) if env_only and not key.privileged else []
+    if settings.accept_envvar_unprivileged is not None or key.privileged:
+        return []
+    channels = any(k.startswith(devices.IMEX_ENV + "=") for k in key.key)  # it holds NVIDIA_*
+    read = req.source == devices.VISIBLE_DEVICES or (
+        req.source == devices.DEVICE_MOUNTS and channels
+    )
+    return list(devices.KUBERNETES_MARKERS) if read else []
 
 
 def offer(

@@ -860,6 +860,36 @@ def test_a_kubernetes_container_never_takes_a_plain_containers_plan(
     )
 
 
+def test_a_kubernetes_container_never_takes_a_plain_containers_imex_channels(
+    tmp_path: Path,
+) -> None:
+    """A device-list request (volume-mounts) carries the IMEX channels NVIDIA_IMEX_CHANNELS
+    asks for where the env is honoured: in a plain container, not in an unprivileged
+    Kubernetes one (accept-envvar-unprivileged auto). The markers are not in the key, so the
+    plain container's plan refuses them: the pod goes to Python, which grants GPU 1 alone."""
+    own = make_node(tmp_path, conf="accept-volume-mounts = true\n")
+    channel = "/dev/nvidia-caps-imex-channels/channel0"
+    node = {"path": channel, "hostPath": "/dev/urandom", "type": "c", "major": 1, "minor": 9}
+    imex = {"cdiVersion": "0.6.0", "kind": "nvidia.com/imex-channel",
+            "devices": [{"name": "0", "containerEdits": {"deviceNodes": [node]}}]}  # fmt: skip
+    (own.spec_dir / "imex.json").write_text(json.dumps(imex))
+    time.sleep(speccache.SETTLE_NS / 1e9 + 0.2)
+    plain = base_doc("/nonexistent-root")
+    plain["process"]["env"] = ["PATH=/bin", "NVIDIA_IMEX_CHANNELS=0"]
+    plain["mounts"].append({"destination": "/var/run/nvidia-container-devices/1",
+                            "source": "/dev/null", "options": ["bind"]})  # fmt: skip
+    assert channel in {d["path"] for d in fronted(own, plain)["linux"]["devices"]}
+    pod = copy.deepcopy(plain)
+    pod["annotations"].update(CRI)
+    assert key_of(own, pod) == key_of(own, plain)
+    handed_over(*direct(own, pod), "an annotation the front plan refuses")
+    done, config = own.create(pod)
+    assert done.returncode == 0, done.stderr
+    paths = {d["path"] for d in json.loads(config.read_text())["linux"]["devices"]}
+    assert "/dev/nvidia1" in paths and channel not in paths, done.stderr
+    assert "ignoring NVIDIA_IMEX_CHANNELS=0" in done.stderr
+
+
 def test_a_plan_honoured_everywhere_is_replayed_for_kubernetes(tmp_path: Path) -> None:
     """A privileged request, or any under an explicit accept-envvar-unprivileged = true, is
     honoured in a Kubernetes container too: its plan does not send those to Python."""
