@@ -375,8 +375,10 @@ def _run(
         fnode = generate(folder, driver_root, PROFILE, folder / "cdi" / "nvidia.json", bindir,
                          staged)  # fmt: skip
         ftoml = folder / "gpuctk.toml"
-        ftoml.write_text(f'runtimes = ["{runc}"]\nspec-dirs = ["{fnode.spec_dir}"]\n'
-                         "accept-volume-mounts = true\n")  # the device plugin's three strategies
+        ftoml.write_text(
+            f'runtimes = ["{runc}"]\nspec-dirs = ["{fnode.spec_dir}"]\n'
+            "accept-volume-mounts = true\n"
+        )  # the device plugin's three strategies
         if label == "folder spec":
             fdry = folder / "dry.toml"
             fdry.write_text(f'runtimes = ["/bin/true"]\nspec-dirs = ["{fnode.spec_dir}"]\n')
