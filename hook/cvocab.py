@@ -116,6 +116,8 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_MAX_CONFIG", "gpuctk.hook.bundle.MAX_CONFIG", ""),
     ("GPUCTK_HOOK_STAGES", "gpuctk.cdi.specs.apply.HOOK_STAGES", "sorted"),
     ("GPUCTK_DEVICE_LIST_MOUNTS", "gpuctk.hook.requests.devices.MOUNTS_ROOT", "name"),
+    ("GPUCTK_KUBE_MARKERS", "gpuctk.hook.requests.devices.KUBERNETES_MARKERS", ""),
+    ("GPUCTK_MANAGER", "gpuctk.hook.requests.devices.MANAGER", ""),
 )
 
 Value = str | int | tuple[str, ...]

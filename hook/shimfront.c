@@ -20,13 +20,15 @@
  *     engine's, writes <, > and & as escapes: the `>=` of a CUDA image's
  *     NVIDIA_REQUIRE_CUDA), each CDI annotation unescaped, no mount destination with an
  *     escape, a plain source for each that names nvidia-container-devices (the device
- *     plugin's volume-mounts), each linux.devices entry an object with an unescaped path, no annotation the plan refuses, no field apply would refuse (a hook stage,
- *     additionalGids or netDevices of another type);
+ *     plugin's volume-mounts), each linux.devices entry an object with an unescaped path,
+ *     no field apply would refuse (a hook stage, additionalGids or netDevices of another
+ *     type);
  *   - a front plan (gpuctk.hook.shim.frontplan) for the request's key: the container's env entries
  *     that start with NVIDIA_ or CUDA_VERSION, in order, whether CAP_SYS_ADMIN is in its
  *     bounding set, its uid and gid, the name of each env entry, mount destination and
  *     linux.devices path (each a plain string), the source of each mount whose destination
- *     names nvidia-container-devices, then the key and value of each annotation whose
+ *     names nvidia-container-devices, the key of each annotation that marks a Kubernetes
+ *     container (and the manager's value), then the key and value of each annotation whose
  *     key starts with one of the CDI prefixes Python names in front/keyed-on (for this config
  *     file; the plan must name the same). Python writes one when it resolved that key with no
  *     note and no error and the spec's only hooks are gpuctk-cdi-hook createContainer entries.
@@ -1102,14 +1104,15 @@ static struct member *linux_list(struct member *top, size_t ntop, const char *na
  * privileged=, uid= and gid= (in `w`, their text too); then the names the edits' places are
  * known by: env=N and each env entry's name (up to its `=`), mounts=N and each mount's
  * destination, then key_sources' (a device-list request's other half), devices=N and each
- * linux.devices path (where each list starts: w->at); then the key and value of each
- * annotation whose key starts with one of the n `pre`fixes, in the document's order. `w` also
+ * linux.devices path (where each list starts: w->at); then key_markers'; then the key and
+ * value of each annotation whose key starts with one of the n `pre`fixes, in the document's
+ * order. `w` also
  * holds the config's mounts, each a plain destination, and its linux.devices, each with a
  * plain path. */
 struct who {
 	int privileged;
 	unsigned long long uid, gid;
-	char text[7][32]; /* privileged=, uid=, gid=, env=, mounts=, devices=, device-list=: key strings */
+	char text[8][32]; /* privileged=, uid=, gid=, env=, mounts=, devices=, device-list=, markers= */
 	size_t at[3], count[3]; /* the names of env, mounts, devices in the key */
 	struct member *mounts, *devs;
 	struct span *env; /* each env entry's text, its escapes decoded */
@@ -1181,6 +1184,33 @@ static void key_names(struct span *keys, size_t *nkeys, struct who *w)
 	}
 }
 
+/* markers=K, then each of the K annotations whose key is one of GPUCTK_KUBE_MARKERS or
+ * GPUCTK_MANAGER, in the document's order: its key, and the manager's value (what Python reads
+ * to tell a Kubernetes container, where an unprivileged env request is no grant). */
+static void key_markers(struct member *a, size_t nann, struct span *keys, size_t *nkeys,
+			struct who *w)
+{
+	size_t at = (*nkeys)++, k = 0;
+	for (size_t i = 0; i < nann; i++) {
+		int manager = sf_is(a[i].key, GPUCTK_MANAGER), marker = manager;
+		for (int m = 0; m < GPUCTK_KUBE_MARKERS_COUNT && !marker; m++)
+			marker = sf_is(a[i].key, GPUCTK_KUBE_MARKERS[m]);
+		if (!marker)
+			continue;
+		k++;
+		keys[(*nkeys)++] = a[i].key;
+		if (manager) {
+			struct span v;
+			size_t vn;
+			need(sf_plain(a[i].val, &v.p, &vn) == 0, "a marker annotation that is not a plain string");
+			v.end = v.p + vn;
+			keys[(*nkeys)++] = v;
+		}
+	}
+	snprintf(w->text[7], 32, "markers=%zu", k);
+	keys[at] = (struct span){ w->text[7], w->text[7] + strlen(w->text[7]) };
+}
+
 static struct span *request_key(struct member *top, size_t ntop, struct member *proc, size_t nproc,
 				struct member *env, size_t nenv, const struct span *pre, size_t npre,
 				struct who *w, size_t *nkeys)
@@ -1192,7 +1222,7 @@ static struct span *request_key(struct member *top, size_t ntop, struct member *
 	struct member *ann = sf_get(top, ntop, "annotations"), *a = NULL;
 	if (ann)
 		a = object_of(ann, "annotations that are not plain", &nann);
-	struct span *keys = calloc(2 * nenv + 8 + 2 * w->count[1] + w->count[2] + 2 * nann, sizeof *keys);
+	struct span *keys = calloc(2 * nenv + 9 + 2 * w->count[1] + w->count[2] + 4 * nann, sizeof *keys);
 	w->env = calloc(nenv + 1, sizeof *w->env);
 	need(keys != NULL && w->env != NULL, "out of memory");
 	*nkeys = 0;
@@ -1230,6 +1260,7 @@ static struct span *request_key(struct member *top, size_t ntop, struct member *
 	for (int i = 0; i < 3; i++)
 		key_text(keys, nkeys, w->text[i]);
 	key_names(keys, nkeys, w);
+	key_markers(a, nann, keys, nkeys, w);
 	for (size_t i = 0; i < nann; i++) {
 		if (!prefixed(a[i].key, pre, npre))
 			continue;
@@ -1264,28 +1295,11 @@ static struct member *front_plan(const struct span *keys, size_t nkeys, const ch
 	return plan;
 }
 
-/* What only the Python shim reads: an annotation the plan refuses (a CRI runtime's marker where
- * the plan's env request is a plain container's), a field apply refuses, a file or runtime
- * other than the plan names. */
+/* What only the Python shim reads: a field apply refuses, a file or runtime other than the plan
+ * names. */
 static void python_only(struct member *top, size_t ntop, struct member *proc, size_t nproc,
 			struct member *plan, size_t nplan, const char *runtime)
 {
-	const char *s;
-	size_t sn, npre;
-	struct member *pre = array_of(sf_get(plan, nplan, "prefixes"), "the front plan has no prefixes",
-				      &npre);
-	struct member *ann = sf_get(top, ntop, "annotations");
-	if (ann) {
-		size_t na;
-		struct member *a = object_of(ann, "annotations that are not plain", &na);
-		for (size_t i = 0; i < na; i++)
-			for (size_t p = 0; p < npre; p++) {
-				need(sf_plain(pre[p].val, &s, &sn) == 0, "the front plan is not plain");
-				need((size_t)(a[i].key.end - a[i].key.p) < sn ||
-					     memcmp(a[i].key.p, s, sn) != 0,
-				     "an annotation the front plan refuses");
-			}
-	}
 	shape(top, ntop, proc, nproc);
 	char planned[PATH_MAX];
 	need(plan_string(plan, nplan, "runtime", planned, sizeof planned) == 0 &&

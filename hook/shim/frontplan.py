@@ -18,19 +18,18 @@ them. The key: every env entry that starts with `NVIDIA_` or `CUDA_VERSION`, in 
 each env entry's name (up to its `=`), `mounts=N` and each mount destination, `device-list=K` and
 the source of each of the K mounts whose destination names nvidia-container-devices (with its
 destination, what a volume-mounts request is read from: gpuctk.hook.requests.devices), `devices=N`
-and each `linux.devices` path (the places the edits land, so that the plan can say where); then the
-key and the value of each annotation whose key starts with one of the config's CDI annotation
-prefixes, in the document's order. Those prefixes are Python's to decide: `front/keyed-on` names
-them (for the config file in force) for the front to build the key with, and each plan names those
-it was keyed on (`cdi_prefixes`). The front sends anything else that could carry a request to
-Python: a device-list mount whose source is not a plain string, a keyed env entry or an env entry's
-name that is not printable ASCII without a quote or a backslash once its escapes are decoded (the
-key holds the decoded text: Go's JSON, every engine's, writes <, > and & as escapes, as in every
-CUDA image's NVIDIA_REQUIRE_CUDA), an escape in a CDI annotation. Whether an env request is honoured
-also depends on whether the container is a Kubernetes one
-(gpuctk.hook.requests.devices.env_allowed), which the key does not say: a plan whose env request
-only a plain container gets (unprivileged, accept-envvar-unprivileged auto) lists the CRI runtimes'
-marker annotations among its `prefixes`, so a Kubernetes container goes to Python (refusals).
+and each `linux.devices` path (the places the edits land, so that the plan can say where);
+`markers=K` and the key of each of the K annotations that tell a Kubernetes container
+(devices.KUBERNETES_MARKERS, and devices.MANAGER with its value: whether an unprivileged env
+request is a grant there, devices.env_allowed), in the document's order; then the key and the
+value of each annotation whose key starts with one of the config's CDI annotation prefixes, in the
+document's order. Those prefixes are Python's to decide: `front/keyed-on` names them (for the
+config file in force) for the front to build the key with, and each plan names those it was keyed
+on (`cdi_prefixes`). The front sends anything else that could carry a request to Python: a
+device-list mount whose source is not a plain string, a keyed env entry or an env entry's name
+that is not printable ASCII without a quote or a backslash once its escapes are decoded (the key
+holds the decoded text: Go's JSON, every engine's, writes <, > and & as escapes, as in every CUDA
+image's NVIDIA_REQUIRE_CUDA), an escape in a CDI annotation or in a marker's value.
 
 A plan is written only for a request from CDI annotations, device-list mounts or
 NVIDIA_VISIBLE_DEVICES that resolved with no note and no error, in a world
@@ -85,7 +84,7 @@ if TYPE_CHECKING:
     from gpuctk.hook.shim.frontkey import FrontKey
 
 FOLDER_NAME = "front"
-FORMAT = "gpuctk-front-plan-6"
+FORMAT = "gpuctk-front-plan-7"
 PREFIXES_NAME = "keyed-on"  # no .json: never evicted with the plans
 PREFIXES_FORMAT = "gpuctk-front-prefixes-1"
 MAX_PLANS = 256  # a plan per request and shape of container; the ones read longest ago go
@@ -260,23 +259,6 @@ def _recipe(items: list[Any]) -> list[Any]:
     ]  # fmt: skip
 
 
-def refusals(req: Request, key: FrontKey, settings: Settings) -> list[str]:
-    """The annotation key prefixes that send a create to Python: where this plan read the env
-    as honoured only outside Kubernetes (accept-envvar-unprivileged auto, unprivileged:
-    gpuctk.hook.requests.devices.env_allowed) -- its NVIDIA_VISIBLE_DEVICES request, or the
-    NVIDIA_IMEX_CHANNELS a device-list request carries -- the CRI runtimes' own markers, so
-    that the front never replays for a Kubernetes container a plan a plain one made."""
-    from gpuctk.hook.requests import devices
-
-    if settings.accept_envvar_unprivileged is not None or key.privileged:
-        return []
-    channels = any(k.startswith(devices.IMEX_ENV + "=") for k in key.key)  # it holds NVIDIA_*
-    read = req.source == devices.VISIBLE_DEVICES or (
-        req.source == devices.DEVICE_MOUNTS and channels
-    )
-    return list(devices.KUBERNETES_MARKERS) if read else []
-
-
 def offer(
     state: str,
     key: FrontKey,
@@ -316,7 +298,6 @@ def offer(
         "key": key.key,
         "config": conf,
         "world": identities,
-        "prefixes": refusals(req, key, settings),
         "cdi_prefixes": list(settings.annotation_prefixes),
         "lines": lines,
         "log_file": log_file,

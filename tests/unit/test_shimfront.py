@@ -315,7 +315,7 @@ def test_the_second_create_is_the_fronts_and_equals_apply(node: Node) -> None:
     assert key is not None and key.key == [
         VISIBLE, "privileged=0", "uid=0", "gid=0",
         "env=2", "PATH", "NVIDIA_VISIBLE_DEVICES", "mounts=4", *mounts, "device-list=0",
-        "devices=0",
+        "devices=0", "markers=0",
     ]  # fmt: skip
     assert (key.env, key.mounts, key.devices) == (["PATH", "NVIDIA_VISIBLE_DEVICES"], mounts, [])
     assert (key.privileged, key.uid, key.gid) == (0, 0, 0)
@@ -839,19 +839,42 @@ def plan_of(node: Node, doc: dict[str, Any]) -> Path:
 
 CRI = {"io.kubernetes.cri.container-type": "container", "io.kubernetes.cri.sandbox-id": "x"}
 CRIO = {"io.kubernetes.cri-o.ContainerType": "container", "io.container.manager": "cri-o"}
+MANAGER = "io.container.manager"  # the marker whose value the key holds too
+
+
+def test_a_podman_pods_plan_is_not_a_cri_o_containers(tmp_path: Path) -> None:
+    """podman marks its own pods' containers as CRI-O does, with the manager `libpod`: not a
+    Kubernetes container, so its env request is honoured and its plan serves the next one.
+    A CRI-O container with the same env differs only in the manager's value, which the key
+    holds: it never takes that plan, and gets nothing."""
+    own = make_node(tmp_path)
+    podman = base_doc("/nonexistent-root")
+    podman["annotations"].update({**CRIO, MANAGER: "libpod"})
+    assert "/dev/nvidia0" in {d["path"] for d in fronted(own, podman)["linux"]["devices"]}
+    crio = copy.deepcopy(podman)
+    crio["annotations"][MANAGER] = "cri-o"
+    assert key_of(own, crio) != key_of(own, podman)
+    handed_over(*direct(own, crio), "no front plan for this request")
+    done, config = own.create(crio)
+    assert done.returncode == 0 and json.loads(config.read_text()) == crio, done.stderr
 
 
 @pytest.mark.parametrize("markers", [CRI, CRIO], ids=["containerd", "cri-o"])
 def test_a_kubernetes_container_never_takes_a_plain_containers_plan(
     node: Node, planned: dict[str, Any], markers: dict[str, str]
 ) -> None:
-    """The same key (env, unprivileged, ids) in a Kubernetes container: the env is no grant
-    there (accept-envvar-unprivileged auto), so the front must not replay the plan a plain
-    container's create wrote: it hands over, and the shim injects nothing."""
+    """The same env, unprivileged, in a Kubernetes container: the env is no grant there
+    (accept-envvar-unprivileged auto), so the front must not replay the plan a plain
+    container's create wrote. The key holds the markers: it finds none, and the shim injects
+    nothing."""
     doc = copy.deepcopy(planned)
     doc["annotations"].update(markers)
-    assert key_of(node, doc) == key_of(node, planned)
-    handed_over(*direct(node, doc), "an annotation the front plan refuses")
+    key = key_of(node, doc)
+    assert key is not None and key != key_of(node, planned)
+    words = [w for k, v in markers.items() for w in ((k, v) if k == MANAGER else (k,))]
+    at = key.key.index(f"markers={len(markers)}")
+    assert key.key[at + 1 : at + 1 + len(words)] == words
+    handed_over(*direct(node, doc), "no front plan for this request")
     done, config = node.create(doc)
     assert done.returncode == 0, done.stderr
     assert json.loads(config.read_text()) == doc  # left as it is: no GPU
@@ -865,8 +888,8 @@ def test_a_kubernetes_container_never_takes_a_plain_containers_imex_channels(
 ) -> None:
     """A device-list request (volume-mounts) carries the IMEX channels NVIDIA_IMEX_CHANNELS
     asks for where the env is honoured: in a plain container, not in an unprivileged
-    Kubernetes one (accept-envvar-unprivileged auto). The markers are not in the key, so the
-    plain container's plan refuses them: the pod goes to Python, which grants GPU 1 alone."""
+    Kubernetes one (accept-envvar-unprivileged auto). The key holds the markers, so the pod
+    never takes the plain container's plan: Python grants it GPU 1 alone."""
     own = make_node(tmp_path, conf="accept-volume-mounts = true\n")
     channel = "/dev/nvidia-caps-imex-channels/channel0"
     node = {"path": channel, "hostPath": "/dev/urandom", "type": "c", "major": 1, "minor": 9}
@@ -881,8 +904,8 @@ def test_a_kubernetes_container_never_takes_a_plain_containers_imex_channels(
     assert channel in {d["path"] for d in fronted(own, plain)["linux"]["devices"]}
     pod = copy.deepcopy(plain)
     pod["annotations"].update(CRI)
-    assert key_of(own, pod) == key_of(own, plain)
-    handed_over(*direct(own, pod), "an annotation the front plan refuses")
+    assert key_of(own, pod) != key_of(own, plain)
+    handed_over(*direct(own, pod), "no front plan for this request")
     done, config = own.create(pod)
     assert done.returncode == 0, done.stderr
     paths = {d["path"] for d in json.loads(config.read_text())["linux"]["devices"]}
@@ -1231,7 +1254,8 @@ def test_the_key_is_the_compiled_creates_to_say(node: Node) -> None:
     mounts = ["/proc", "/dev", "/dev/pts", "/sys", listed]
     assert key.key == [VISIBLE, "CUDA_VERSION=12.4", "privileged=1", "uid=7", "gid=8",
                        "env=4", *env, "mounts=5", *mounts, "device-list=1", "/dev/null",
-                       "devices=1", "/dev/fuse", "cdi.k8s.io/a", "nvidia.com/gpu=1"]  # fmt: skip
+                       "devices=1", "/dev/fuse", "markers=0", "cdi.k8s.io/a",
+                       "nvidia.com/gpu=1"]  # fmt: skip
     assert (key.env, key.mounts, key.devices) == (env, mounts, ["/dev/fuse"])
     assert (key.privileged, key.uid, key.gid) == (1, 7, 8)
     assert key_of(node, doc, ("other/",)) != key  # the prefixes are the caller's
