@@ -91,7 +91,9 @@ class Bundles:
         self.paths: list[Path] = []
         try:
             for i in range(BURST):
-                self.rootfs.append(overlay(image, self.work / f"ov-{i}"))
+                place = self.work / f"ov-{i}"
+                self.rootfs.append(place / "merged")  # unmounted by close() if the mount ran
+                overlay(image, place)
                 env = [PATH_ENV, f"NVIDIA_VISIBLE_DEVICES={i % count}"] if gpus else [PATH_ENV]
                 bundle = self.work / f"bundle-{i}"
                 self.paths.append(make_bundle(bundle, self.rootfs[-1], ["/bin/true"], env=env))

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -180,6 +181,9 @@ def persistenced(driver_root: Path, on: bool = True) -> Iterator[Path | None]:
     if not on:
         yield None
         return
+    # a SIGTERM (`timeout`, `kill`) ends the bench through the cleanups, this one's too: the
+    # socket left in the cached driver root would be mounted by every test's spec
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     path = driver_root / PERSISTENCED
     path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     path.unlink(missing_ok=True)

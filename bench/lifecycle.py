@@ -155,13 +155,14 @@ def lifecycle(
     drives a runtime; the overlay and bundle (and `prepare(bundle)`) are set up off the
     clock."""
     n = next(_names)
-    rootfs = overlay(image, work / f"ov-{n}")
-    bundle = make_bundle(work / f"bundle-{n}", rootfs, ["/bin/true"], env=[PATH_ENV, *env])
-    if prepare is not None:
-        prepare(bundle)
     name = f"gpuctk-bench-{os.getpid()}-{n}"
     pid_file, log = work / f"pid-{n}", work / f"err-{n}"
+    rootfs = work / f"ov-{n}" / "merged"  # unmounted below whatever stops the run
     try:
+        overlay(image, rootfs.parent)
+        bundle = make_bundle(work / f"bundle-{n}", rootfs, ["/bin/true"], env=[PATH_ENV, *env])
+        if prepare is not None:
+            prepare(bundle)
         with open(log, "w") as err:
             quiet: dict[str, Any] = {
                 "stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": err,
