@@ -29,7 +29,7 @@ on (`cdi_prefixes`). The front sends anything else that could carry a request to
 device-list mount whose source is not a plain string, a keyed env entry or an env entry's name
 that is not printable ASCII without a quote or a backslash once its escapes are decoded (the key
 holds the decoded text: Go's JSON, every engine's, writes <, > and & as escapes, as in every CUDA
-image's NVIDIA_REQUIRE_CUDA), an escape in a CDI annotation or in a marker's value.
+image's NVIDIA_REQUIRE_CUDA), an escape in a CDI annotation or in io.container.manager's value.
 
 A plan is written only for a request from CDI annotations, device-list mounts or
 NVIDIA_VISIBLE_DEVICES that resolved with no note and no error, in a world
