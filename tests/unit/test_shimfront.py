@@ -883,6 +883,20 @@ def test_a_kubernetes_container_never_takes_a_plain_containers_plan(
     )
 
 
+CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
+
+
+def volume_mounts_node(tmp_path: Path) -> Node:
+    """A node that accepts device-list mounts, with a spec of IMEX channel 0 (at CHANNEL)."""
+    own = make_node(tmp_path, conf="accept-volume-mounts = true\n")
+    node = {"path": CHANNEL, "hostPath": "/dev/urandom", "type": "c", "major": 1, "minor": 9}
+    imex = {"cdiVersion": "0.6.0", "kind": "nvidia.com/imex-channel",
+            "devices": [{"name": "0", "containerEdits": {"deviceNodes": [node]}}]}  # fmt: skip
+    (own.spec_dir / "imex.json").write_text(json.dumps(imex))
+    time.sleep(speccache.SETTLE_NS / 1e9 + 0.2)
+    return own
+
+
 def test_a_kubernetes_container_never_takes_a_plain_containers_imex_channels(
     tmp_path: Path,
 ) -> None:
@@ -890,18 +904,12 @@ def test_a_kubernetes_container_never_takes_a_plain_containers_imex_channels(
     asks for where the env is honoured: in a plain container, not in an unprivileged
     Kubernetes one (accept-envvar-unprivileged auto). The key holds the markers, so the pod
     never takes the plain container's plan: Python grants it GPU 1 alone."""
-    own = make_node(tmp_path, conf="accept-volume-mounts = true\n")
-    channel = "/dev/nvidia-caps-imex-channels/channel0"
-    node = {"path": channel, "hostPath": "/dev/urandom", "type": "c", "major": 1, "minor": 9}
-    imex = {"cdiVersion": "0.6.0", "kind": "nvidia.com/imex-channel",
-            "devices": [{"name": "0", "containerEdits": {"deviceNodes": [node]}}]}  # fmt: skip
-    (own.spec_dir / "imex.json").write_text(json.dumps(imex))
-    time.sleep(speccache.SETTLE_NS / 1e9 + 0.2)
+    own = volume_mounts_node(tmp_path)
     plain = base_doc("/nonexistent-root")
     plain["process"]["env"] = ["PATH=/bin", "NVIDIA_IMEX_CHANNELS=0"]
     plain["mounts"].append({"destination": "/var/run/nvidia-container-devices/1",
                             "source": "/dev/null", "options": ["bind"]})  # fmt: skip
-    assert channel in {d["path"] for d in fronted(own, plain)["linux"]["devices"]}
+    assert CHANNEL in {d["path"] for d in fronted(own, plain)["linux"]["devices"]}
     pod = copy.deepcopy(plain)
     pod["annotations"].update(CRI)
     assert key_of(own, pod) != key_of(own, plain)
@@ -909,7 +917,7 @@ def test_a_kubernetes_container_never_takes_a_plain_containers_imex_channels(
     done, config = own.create(pod)
     assert done.returncode == 0, done.stderr
     paths = {d["path"] for d in json.loads(config.read_text())["linux"]["devices"]}
-    assert "/dev/nvidia1" in paths and channel not in paths, done.stderr
+    assert "/dev/nvidia1" in paths and CHANNEL not in paths, done.stderr
     assert "ignoring NVIDIA_IMEX_CHANNELS=0" in done.stderr
 
 
@@ -957,13 +965,7 @@ def test_a_device_list_mount_is_served_by_its_destination_and_source(tmp_path: P
     takes its plan from the second create on; the key holds each such mount's source beside
     its destination, so a container with the same destinations from another source (no
     request: only a `/dev/null` mount asks) or without the channel's mount never takes it."""
-    own = make_node(tmp_path, conf="accept-volume-mounts = true\n")
-    channel = "/dev/nvidia-caps-imex-channels/channel0"
-    node = {"path": channel, "hostPath": "/dev/urandom", "type": "c", "major": 1, "minor": 9}
-    imex = {"cdiVersion": "0.6.0", "kind": "nvidia.com/imex-channel",
-            "devices": [{"name": "0", "containerEdits": {"deviceNodes": [node]}}]}  # fmt: skip
-    (own.spec_dir / "imex.json").write_text(json.dumps(imex))
-    time.sleep(speccache.SETTLE_NS / 1e9 + 0.2)
+    own = volume_mounts_node(tmp_path)
 
     def asking(source: str = "/dev/null", channel_mount: bool = True) -> dict[str, Any]:
         doc = base_doc("/nonexistent-root")
@@ -989,16 +991,16 @@ def test_a_device_list_mount_is_served_by_its_destination_and_source(tmp_path: P
     assert fronted(own, asking()) == expected(own, asking())
     done, config = own.create(asking())
     assert done.returncode == 0 and "front: plan " in done.stderr, done.stderr
-    assert devices(config) == {"/dev/nvidiactl", "/dev/nvidia1", channel}
+    assert devices(config) == {"/dev/nvidiactl", "/dev/nvidia1", CHANNEL}
     for other in (asking(source="/srv/data"), asking(channel_mount=False)):
         assert key_of(own, other) != key
         done, config = own.create(other)
         assert done.returncode == 0 and "front: plan " not in done.stderr, done.stderr
-        assert channel not in devices(config), done.stderr
+        assert CHANNEL not in devices(config), done.stderr
     assert devices(config) == {"/dev/nvidiactl", "/dev/nvidia1"}  # the mount's GPU alone
     done, config = own.create(asking(source="/srv/data"))  # its own plan: no GPU
     assert done.returncode == 0, done.stderr
-    assert not devices(config) & {"/dev/nvidia1", channel}, done.stderr
+    assert not devices(config) & {"/dev/nvidia1", CHANNEL}, done.stderr
 
 
 def test_a_keyed_on_file_of_another_config_is_written_again(tmp_path: Path) -> None:
