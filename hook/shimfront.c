@@ -1118,10 +1118,11 @@ struct who {
 	struct span *env; /* each env entry's text, its escapes decoded */
 };
 
-static void key_text(struct span *keys, size_t *nkeys, char *text)
+/* `text` as keys[*at], *at moved past it. */
+static void key_text(struct span *keys, size_t *at, char *text)
 {
-	keys[*nkeys].p = text;
-	keys[(*nkeys)++].end = text + strlen(text);
+	keys[*at].p = text;
+	keys[(*at)++].end = text + strlen(text);
 }
 
 /* Whether the plain mount destination s is one a device-list request may be read from. */
@@ -1136,7 +1137,7 @@ static int device_list(struct span s)
  * alike): appended to `keys`, each source a plain string. */
 static void key_sources(struct span *keys, size_t *nkeys, struct who *w)
 {
-	size_t k = 0, first = *nkeys + 1;
+	size_t at = (*nkeys)++, k = 0; /* the count's place, written last */
 	for (size_t i = 0; i < w->count[1]; i++) {
 		struct span s;
 		size_t sn;
@@ -1145,11 +1146,11 @@ static void key_sources(struct span *keys, size_t *nkeys, struct who *w)
 		need(member_string(w->mounts[i].val, "source", &s.p, &sn) == 0,
 		     "a device-list mount whose source is not a plain string");
 		s.end = s.p + sn;
-		keys[first + k++] = s;
+		keys[(*nkeys)++] = s;
+		k++;
 	}
 	snprintf(w->text[6], 32, "device-list=%zu", k);
-	key_text(keys, nkeys, w->text[6]);
-	*nkeys += k;
+	key_text(keys, &at, w->text[6]);
 }
 
 /* The names of the config's lists (as request_key says) appended to `keys`, each checked; after
@@ -1190,7 +1191,7 @@ static void key_names(struct span *keys, size_t *nkeys, struct who *w)
 static void key_markers(struct member *a, size_t nann, struct span *keys, size_t *nkeys,
 			struct who *w)
 {
-	size_t at = (*nkeys)++, k = 0;
+	size_t at = (*nkeys)++, k = 0; /* the count's place, written last */
 	for (size_t i = 0; i < nann; i++) {
 		int manager = sf_is(a[i].key, GPUCTK_MANAGER), marker = manager;
 		for (int m = 0; m < GPUCTK_KUBE_MARKERS_COUNT && !marker; m++)
@@ -1208,7 +1209,7 @@ static void key_markers(struct member *a, size_t nann, struct span *keys, size_t
 		}
 	}
 	snprintf(w->text[7], 32, "markers=%zu", k);
-	keys[at] = (struct span){ w->text[7], w->text[7] + strlen(w->text[7]) };
+	key_text(keys, &at, w->text[7]);
 }
 
 static struct span *request_key(struct member *top, size_t ntop, struct member *proc, size_t nproc,
