@@ -369,6 +369,13 @@ def _run(
                                  "source": "/dev/null", "options": ["rbind", "ro"]})  # fmt: skip
         (bundle / "config.json").write_text(json.dumps(config))
 
+    installed_cases: tuple[tuple[str, list[str], Prepare | None], ...] = (
+        ("1 GPU, CUDA image", [*one, CUDA_REQUIRE], as_go_writes),
+        ("1 GPU, a UTF-8 value", [*one, UTF8_ENV], as_go_writes),
+        ("1 GPU, caps all", [*one, "NVIDIA_DRIVER_CAPABILITIES=all"], None),
+        ("1 GPU by CDI annotation", [], annotate),
+        ("1 GPU by volume-mounts", [f"NVIDIA_VISIBLE_DEVICES={DEVICE_MOUNTS}"], mount_request),
+    )
     for label, mode in (("folder spec", ("folder", "--driver-capabilities", "utility,compute")),
                         ("default install", ("auto",))):  # fmt: skip
         folder = work / label.replace(" ", "-")
@@ -395,17 +402,8 @@ def _run(
                                request, None)  # fmt: skip
                 envs[name] = {**os.environ, "GPUCTK_CONFIG": str(ftoml),
                               "GPUCTK_STATE_DIR": str(folder / "state-against")}  # fmt: skip
-        # a CUDA image's env, written as an engine writes it; the device plugin's
-        # cdi-annotations strategy: each on the default install, and through REV
-        for case, request, prepare in (
-            ("1 GPU, CUDA image", [*one, CUDA_REQUIRE], as_go_writes),
-            ("1 GPU, a UTF-8 value", [*one, UTF8_ENV], as_go_writes),
-            ("1 GPU, caps all", [*one, "NVIDIA_DRIVER_CAPABILITIES=all"], None),
-            ("1 GPU by CDI annotation", [], annotate),
-            ("1 GPU by volume-mounts", [f"NVIDIA_VISIBLE_DEVICES={DEVICE_MOUNTS}"], mount_request),
-        ):
-            if label != "default install":
-                break
+        # the default install's other image classes and request forms, each through REV too
+        for case, request, prepare in installed_cases if label == "default install" else ():
             name, like = f"gpuctk {case}, {label}", f"gpuctk 1 GPU, {label}"
             cases[name], envs[name] = ([shim], request, prepare), envs[like]
             if args.against:
@@ -482,18 +480,8 @@ def _run(
             print(f"  gpuctk over NVIDIA's runtime, {gpus}, default install: {x:.2f}x"
                   f" ({'ahead' if x < 1 else 'BEHIND'})")  # fmt: skip
     if args.against:
-        tails = (
-            ", no GPU asked, Go's JSON",
-            " 1 GPU",
-            " 8 GPUs",
-            " 1 GPU, default install",
-            " 8 GPUs, default install",
-            " 1 GPU by CDI annotation, default install",
-            " 1 GPU by volume-mounts, default install",
-            " 1 GPU, CUDA image, default install",
-            " 1 GPU, a UTF-8 value, default install",
-            " 1 GPU, caps all, default install",
-        )  # each case's name after "gpuctk"
+        # each case that runs through REV too, by its name after "gpuctk"
+        tails = [n.removeprefix("gpuctk") for n in cases if f"{n} @{args.against}" in cases]
         for tail in tails:
             here, there = samples[f"gpuctk{tail}"], samples[f"gpuctk{tail} @{args.against}"]
             paired = statistics.median(a - b for a, b in zip(here, there, strict=True))
