@@ -96,7 +96,8 @@ def _front_problem(hook: str) -> str:
     """What is wrong with the gpuctk-cdi-hook beside `hook` (gpuctk-hook, as named or as its
     real file), which the default spec's entry names; "" when there is one that knows this
     build's forms (asked for the guard with a descriptor that is none: it says so, exit 2)."""
-    from gpuctk.hook.verbs import compiled, nodeprotect
+    from gpuctk.hook import compiled
+    from gpuctk.hook.verbs import nodeprotect
 
     front = compiled_beside(hook)
     if not front:

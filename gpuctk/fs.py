@@ -67,26 +67,6 @@ _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_EXTRA = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
 
-NO_UID = 0xFFFFFFFF  # (uid_t)-1: no file's owner
-
-
-def root_seen() -> int:
-    """The uid under which this process sees host root's files: 0, or inside a user namespace
-    that maps no host uid 0 (Kubernetes' `hostUsers: false`, podman's --userns), the kernel's
-    overflow uid, under which every owner the namespace does not map shows; NO_UID (no
-    file's) when either cannot be read."""
-    try:
-        with open("/proc/self/uid_map", "rb") as f:
-            for line in f.read(1 << 16).splitlines():
-                inside, outside, count = (int(w) for w in line.split())
-                if outside == 0 and count > 0:
-                    return inside
-        with open("/proc/sys/kernel/overflowuid", "rb") as f:
-            return int(f.read(64))
-    except (OSError, ValueError):
-        return NO_UID
-
-
 def _writable_words(mode: int) -> str:
     if mode & _WRITABLE == _WRITABLE:
         return "group- and world-writable"

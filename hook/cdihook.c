@@ -1342,14 +1342,16 @@ static int is_blank(char c)
 /* The capabilities the container's NVIDIA_DRIVER_CAPABILITIES asks for, a bit each, from the
  * last entry of process.env that sets it (each entry's escapes decoded: Go's JSON writes <, >
  * and & as escapes): a comma-separated list, each word trimmed of GPUCTK_CAPS_BLANKS; unset or
- * blank the default (utility, compute), `all` every one, other words ignored. A character
- * above 127 is a byte that no word, blank or comma is (sf_decoded). -1 when the config is not
- * plain enough to tell (a key in another case, bytes that are not UTF-8, no memory). */
-static int container_caps(const char *doc, size_t len)
+ * blank the default (utility, compute), `all` every one, other words ignored (counted in
+ * *unknown). A character above 127 is a byte that no word, blank or comma is (sf_decoded). -1
+ * when the config is not plain enough to tell (a key in another case, bytes that are not
+ * UTF-8, no memory). The rule's one home: gpuctk-hook and the Python shim ask caps_served. */
+static int container_caps(const char *doc, size_t len, int *unknown)
 {
 	struct member *top = NULL, *proc = NULL, *env = NULL, *f;
 	size_t ntop, nproc, nenv;
 	int rc = -1, folded;
+	*unknown = 0;
 	if (sf_items((struct span){ doc, doc + len }, 1, &top, &ntop) != 0)
 		return -1;
 	f = sf_member(top, ntop, "process", &folded);
@@ -1396,11 +1398,15 @@ static int container_caps(const char *doc, size_t len)
 			a++;
 		while (b > a && is_blank(value[b - 1]))
 			b--;
-		if (b - a == strlen(GPUCTK_CAPS_EVERY) && memcmp(value + a, GPUCTK_CAPS_EVERY, b - a) == 0)
-			rc = EVERY_CAP;
+		int every = b - a == strlen(GPUCTK_CAPS_EVERY) &&
+			    memcmp(value + a, GPUCTK_CAPS_EVERY, b - a) == 0;
 		int bit = cap_bit(value + a, b - a);
-		if (bit >= 0 && rc != EVERY_CAP)
+		if (every)
+			rc = EVERY_CAP;
+		else if (bit >= 0 && rc != EVERY_CAP)
 			rc |= 1 << bit;
+		else if (bit < 0 && a < b)
+			(*unknown)++;
 		i = end + 1;
 	}
 	if (blank) /* unset, empty or spaces */
@@ -1411,6 +1417,49 @@ out:
 	free(proc);
 	free(env);
 	return rc;
+}
+
+/* gpuctk-hook's and the Python shim's form, `driver-capabilities --config-fd N`: the capabilities the
+ * OCI config read from the inherited descriptor N asks for (container_caps), on stdout as
+ * {"asked": [NAME, ...], "unknown": COUNT}, NAME in GPUCTK_CAPS' order, COUNT the words
+ * that name none. Exit 0; 1 where the config is not plain enough to tell, why on stderr; 2 bad
+ * arguments. It never hands over: gpuctk-hook runs it. */
+static int caps_served(int argc, char **argv)
+{
+	int fd = argc == 4 && strcmp(argv[2], GPUCTK_CONFIG_FD_OPT) == 0 ? fd_arg(argv[3]) : -1;
+	char *doc;
+	size_t len;
+	int unknown, caps;
+	if (fd < 0) {
+		fprintf(stderr, "gpuctk-cdi-hook: error: usage: " GPUCTK_CAPS_VERB " "
+			GPUCTK_CONFIG_FD_OPT " FD (gpuctk-hook runs it)\n");
+		return 2;
+	}
+	if (read_all(fd, GPUCTK_MAX_CONFIG, &doc, &len) != 0) {
+		fprintf(stderr, "gpuctk-cdi-hook: error: cannot read the OCI config: %s\n",
+			strerror(errno));
+		return 1;
+	}
+	if ((caps = container_caps(doc, len, &unknown)) < 0) {
+		fprintf(stderr, "gpuctk-cdi-hook: error: " GPUCTK_CAPS_ENV " cannot be read from this "
+			"OCI config (a key in another case or with an escape, text that is not "
+			"UTF-8, a list over its limit): write it as the OCI runtime spec does\n");
+		return 1;
+	}
+	printf("{\"asked\":[");
+	for (int i = 0, n = 0; i < GPUCTK_CAPS_COUNT; i++)
+		if (caps >> i & 1)
+			printf("%s\"%s\"", n++ ? "," : "", GPUCTK_CAPS[i]);
+	printf("],\"unknown\":%d}\n", unknown);
+	return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
+}
+
+/* gpuctk-hook's form `root-seen`: the uid under which host root's files show here
+ * (root_seen()), on stdout; NO_UID where it cannot be told. */
+static int root_seen_served(void)
+{
+	printf("%lu\n", root_seen());
+	return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
 }
 
 /* ---- the verbs ----------------------------------------------------------------------------- */
@@ -1555,7 +1604,7 @@ static void serve_ld_cache(int root, struct hook_args *a)
 /* A --link-for of a capability the container did not ask for is left out. */
 static void keep_asked_links(const char *doc, size_t doclen, struct hook_args *a)
 {
-	int caps = container_caps(doc, doclen), kept = 0;
+	int unknown, caps = container_caps(doc, doclen, &unknown), kept = 0;
 	if (caps < 0)
 		python(GPUCTK_CAPS_ENV " could not be read");
 	for (int i = 0; i < a->nlinks; i++)
@@ -1574,6 +1623,10 @@ int main(int argc, char **argv)
 		return front_key(argc, argv);
 	if (argc > 1 && strcmp(argv[1], GPUCTK_MERGE_VERB) == 0)
 		return merge_served(argc, argv);
+	if (argc > 1 && strcmp(argv[1], GPUCTK_CAPS_VERB) == 0)
+		return caps_served(argc, argv);
+	if (argc == 2 && strcmp(argv[1], GPUCTK_ROOT_SEEN_VERB) == 0)
+		return root_seen_served();
 	g_argv = argv;
 	if (argc < 2)
 		python("no verb");

@@ -68,6 +68,7 @@ from __future__ import annotations
 import os
 import sys
 
+from gpuctk.hook import compiled
 from gpuctk.hook.config import DEFAULT_PATH as DEFAULT_CONFIG
 from gpuctk.hook.shim.memo import MEMO_TAG
 from gpuctk.hook.shim.runcargs import (
@@ -78,7 +79,6 @@ from gpuctk.hook.shim.runcargs import (
     VERB_VALUE_FLAGS,
 )
 from gpuctk.hook.shim.runtime_main import FRONT_RUNTIME_ENV
-from gpuctk.hook.verbs import compiled
 from gpuctk.statedir import DEFAULT_STATE_DIR, STATE_DIR_ENV
 
 LAUNCHER_MARK = "# gpuctk launcher"  # every launcher's second line starts so

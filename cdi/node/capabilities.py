@@ -31,7 +31,7 @@ COMPAT32 = "compat32"
 ALL = (UTILITY, COMPUTE, VIDEO, GRAPHICS, DISPLAY, NGX, COMPAT32)
 DEFAULT = (UTILITY, COMPUTE)  # NVIDIA_DRIVER_CAPABILITIES unset
 EVERY = "all"  # the word that asks for every capability
-BLANKS = " \t\n\r\x0b\x0c"  # what a word of the variable is trimmed of: ASCII white space
+BLANKS = " \t\n\r\x0b\x0c"  # what gpuctk-cdi-hook trims a word of the variable of: ASCII space
 # The GPUs' DRM card and render nodes go with these only (as in libnvidia-container's legacy
 # mode): a spec or container without either gets no node under DRM_NODES.
 DRM_USERS = frozenset((GRAPHICS, DISPLAY))
@@ -110,16 +110,3 @@ def parse_strict(value: str) -> frozenset[str]:
             f"unknown capabilities {', '.join(unknown)} (known: {EVERY}, {', '.join(ALL)})"
         )
     return frozenset(ALL) if EVERY in words else frozenset(words)
-
-
-def parse_capabilities(value: str | None) -> frozenset[str]:
-    """NVIDIA_DRIVER_CAPABILITIES as a set: comma-separated words, each trimmed of BLANKS;
-    unset or blank means the default, "all" means all. Unknown words are ignored, as the
-    reference runtime does. gpuctk-cdi-hook reads the variable by the same words (its
-    --link-for), BLANKS included (hook/cvocab.py)."""
-    if value is None or not value.strip(BLANKS):
-        return frozenset(DEFAULT)
-    words = {w.strip(BLANKS) for w in value.split(",")}
-    if EVERY in words:
-        return frozenset(ALL)
-    return frozenset(w for w in words if w in ALL)

@@ -71,7 +71,7 @@ def edits_for(
         blocks += reg.resolve(req.devices)
     process = doc.get("process")
     env = devices.env_map(process.get("env") if isinstance(process, dict) else None)
-    caps, notes = drivercaps.parse(env.get(drivercaps.ENV))
+    caps, notes = drivercaps.parse(doc, env.get(drivercaps.ENV))
     parts = [
         drivercaps.filter_device_edits(b.edits, caps)
         if b.device

@@ -51,17 +51,19 @@ _CONFIG_CAPS = (  # container path prefix -> capability, for non-library files
 _32BIT_PARTS = ("/i386-linux-gnu", "/lib32", "/i686-linux-gnu", "/arm-linux-gnueabihf")
 
 
-def parse(value: str | None) -> tuple[frozenset[str], list[str]]:
-    """(capabilities, notes) for an NVIDIA_DRIVER_CAPABILITIES value (None: unset)."""
-    selected = caps.parse_capabilities(value)
+def parse(config: Mapping[str, Any], value: str | None) -> tuple[frozenset[str], list[str]]:
+    """(capabilities, notes) the OCI config `config` asks for by NVIDIA_DRIVER_CAPABILITIES, as
+    gpuctk-cdi-hook reads it (gpuctk.hook.compiled.capabilities: the rule's one home);
+    `value`, the variable as set, only names it in a note."""
+    from gpuctk.hook import compiled
+
+    selected, unknown = compiled.capabilities(config)
     notes: list[str] = []
-    if value:
-        unknown = sorted({w.strip(caps.BLANKS) for w in value.split(",")} - {*caps.ALL, "all", ""})
-        if unknown:
-            notes.append(
-                f"{ENV}: ignoring unknown capabilities {', '.join(unknown)} "
-                f"(known: {', '.join(caps.ALL)}, all)"
-            )
+    if unknown:
+        words = "a word that names" if unknown == 1 else f"{unknown} words that name"
+        notes.append(
+            f"{ENV}={value!r}: ignoring {words} no capability (known: {', '.join(caps.ALL)}, all)"
+        )
     return selected, notes
 
 

@@ -171,7 +171,7 @@ def _run(argv: list[str]) -> int:
         from gpuctk.hook.verbs import prestart
 
         return prestart.main(verb, words[1:])
-    from gpuctk.hook.verbs import compiled
+    from gpuctk.hook import compiled
 
     if verb in compiled.SERVED_VERBS or compiled.ROOT_FD_OPT in words[1:]:
         # gpuctk-cdi-hook's own forms, run by this gpuctk-hook: the one beside it handed them

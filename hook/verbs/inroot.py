@@ -56,13 +56,11 @@ def parse_link_for(spec: str) -> tuple[str, str, str]:
 
 
 def container_capabilities(config: object) -> frozenset[str]:
-    """What the container's NVIDIA_DRIVER_CAPABILITIES asks for (the last entry wins)."""
-    from gpuctk.cdi.node import capabilities as caps
-    from gpuctk.hook.requests.devices import env_value
+    """What the container's NVIDIA_DRIVER_CAPABILITIES asks for, as gpuctk-cdi-hook reads it
+    (gpuctk.hook.compiled.capabilities)."""
+    from gpuctk.hook import compiled
 
-    process = config.get("process") if isinstance(config, dict) else None
-    env = process.get("env") if isinstance(process, dict) else None
-    return caps.parse_capabilities(env_value(env, "NVIDIA_DRIVER_CAPABILITIES"))
+    return compiled.capabilities(config)[0]
 
 
 def check_folder(folder: str) -> str:

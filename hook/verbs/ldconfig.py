@@ -39,7 +39,7 @@ import time
 
 from gpuctk import libc
 from gpuctk.errors import GpuctkError
-from gpuctk.fs import root_seen
+from gpuctk.hook.compiled import root_seen
 from gpuctk.hook.verbs import mounts, namespaces
 from gpuctk.log import hook as hooklog
 

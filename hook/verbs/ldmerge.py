@@ -29,7 +29,7 @@ from gpuctk import rootfs
 from gpuctk.cdi.node import facts
 from gpuctk.errors import GpuctkError
 from gpuctk.fs import stat_identity
-from gpuctk.hook.verbs import compiled
+from gpuctk.hook import compiled
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:

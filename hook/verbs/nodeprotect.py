@@ -41,7 +41,7 @@ import os
 
 from gpuctk.cdi.node.facts import GUARD_ACTION
 from gpuctk.errors import GpuctkError
-from gpuctk.hook.verbs import compiled
+from gpuctk.hook import compiled
 
 NAME = GUARD_ACTION
 ROOT_FD_OPT = compiled.ROOT_FD_OPT  # gpuctk-hook's form: the root as an inherited descriptor

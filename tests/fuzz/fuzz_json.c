@@ -20,8 +20,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	char *doc = fuzz_copy(data, size);
 	check_path(lookup(doc, size, "bundle", NULL));
 	check_path(lookup(doc, size, "root", "path"));
-	int caps = container_caps(doc, size);
-	if (caps < -1 || caps > EVERY_CAP)
+	int unknown, caps = container_caps(doc, size, &unknown);
+	if (caps < -1 || caps > EVERY_CAP || unknown < 0 || (size_t)unknown > size)
 		abort();
 	fuzz_release();
 	free(doc);

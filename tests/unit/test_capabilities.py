@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpuctk.cdi.node import capabilities as caps
-from gpuctk.cdi.node.capabilities import capability_of, parse_capabilities
+from gpuctk.cdi.node.capabilities import capability_of
 
 V = "535.309.01"
 
@@ -63,13 +63,32 @@ def test_prefixes_do_not_leak() -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "expected"),
-    [(None, {"utility", "compute"}), ("", {"utility", "compute"}), ("all", set(caps.ALL)),
-     ("compute,video", {"compute", "video"}), (" graphics , display ", {"graphics", "display"}),
-     ("utility,bogus", {"utility"}), ("compute,all", set(caps.ALL))],
+    ("value", "expected", "unknown"),
+    [(None, {"utility", "compute"}, 0), ("", {"utility", "compute"}, 0),
+     (" \t", {"utility", "compute"}, 0), ("all", set(caps.ALL), 0),
+     ("compute,video", {"compute", "video"}, 0),
+     (" graphics , display ", {"graphics", "display"}, 0),
+     ("utility,bogus", {"utility"}, 1), ("compute,all", set(caps.ALL), 0),
+     ("x,,Utility, ngx\u00e9", set(), 3), ("compute,\u0000", {"compute"}, 1)],
 )  # fmt: skip
-def test_parse_capabilities(value: str | None, expected: set[str]) -> None:
-    assert parse_capabilities(value) == expected
+def test_the_container_capabilities_as_the_c_reads_them(
+    value: str | None, expected: set[str], unknown: int
+) -> None:
+    """gpuctk-cdi-hook's container_caps (the reading's one home), asked by the Python."""
+    from gpuctk.hook import compiled
+
+    env = ["PATH=/bin", "NVIDIA_DRIVER_CAPABILITIES=video"]  # the last entry wins
+    env += [] if value is None else [f"NVIDIA_DRIVER_CAPABILITIES={value}"]
+    config = {"process": {"env": env if value is not None else env[:1]}}
+    assert compiled.capabilities(config) == (expected, unknown)
+
+
+def test_a_config_whose_capabilities_cannot_be_read_is_an_error() -> None:
+    from gpuctk.errors import GpuctkError
+    from gpuctk.hook import compiled
+
+    with pytest.raises(GpuctkError, match="NVIDIA_DRIVER_CAPABILITIES cannot be read"):
+        compiled.capabilities({"Process": {"env": []}})  # runc reads it as process
 
 
 def test_import_is_light(tmp_path: Path) -> None:

@@ -1322,6 +1322,24 @@ def with_env(b: Bundle, env: list[str] | None, process: str = "process") -> None
     b.config(json.dumps(doc))
 
 
+def asked_caps(env: list[str] | None) -> set[str]:
+    """The reference runtime's reading of NVIDIA_DRIVER_CAPABILITIES, as these tests expect
+    it (the product reads it in C alone, container_caps): the last entry that sets it, its
+    comma-separated words trimmed of ASCII blanks; unset or blank the default, `all` every
+    one, other words ignored."""
+    from gpuctk.cdi.node import capabilities as caps
+
+    value = None
+    for entry in env or []:
+        name, eq, rest = entry.partition("=")
+        if eq and name == CAP_NAME:
+            value = rest
+    if value is None or not value.strip(caps.BLANKS):
+        return set(caps.DEFAULT)
+    words = {w.strip(caps.BLANKS) for w in value.split(",")}
+    return set(caps.ALL) if caps.EVERY in words else {w for w in words if w in caps.ALL}
+
+
 @pytest.mark.parametrize(
     ("env", "made"),
     [
@@ -1343,16 +1361,8 @@ def with_env(b: Bundle, env: list[str] | None, process: str = "process") -> None
 def test_link_for_follows_nvidia_driver_capabilities(
     front: Front, bundle: Bundle, env: list[str] | None, made: set[str]
 ) -> None:
-    """As gpuctk.cdi.node.capabilities.parse_capabilities reads the last entry."""
-    from gpuctk.cdi.node.capabilities import parse_capabilities
-    from gpuctk.hook.requests.devices import env_value
-
-    expect = {
-        c
-        for c in LINKS_FOR
-        if c in parse_capabilities(env_value(env, "NVIDIA_DRIVER_CAPABILITIES"))
-    }
-    assert expect == made  # the table agrees with Python's reading
+    """The last entry that sets it counts (asked_caps)."""
+    assert {c for c in LINKS_FOR if c in asked_caps(env)} == made  # the table agrees
     staged_files(bundle.root, *LINKS_FOR.values())
     with_env(bundle, env)
     served(run(front, bundle, link_for_args()))
@@ -1371,14 +1381,13 @@ CAP_NAME = "NVIDIA_DRIVER_CAPABILITIES"
 CAP_NAMES = (*[CAP_NAME] * 4, f"{CAP_NAME} ", CAP_NAME.lower(), f"{CAP_NAME}\u00a0")
 
 
-def test_link_for_reads_the_variable_as_python_does(front: Front, bundle: Bundle) -> None:
-    """The capability reading is written in both languages (the C's container_caps for
-    --link-for, Python's parse_capabilities for requests and gpuctk-hook; its words and blanks
-    generated from Python): for 400 random env lists (one to three entries of the variable and
-    its near misses, values from CAP_PIECES), written as Go writes config.json, the C makes the
-    links Python's reading asks for, and never hands the container over."""
-    from gpuctk.cdi.node.capabilities import parse_capabilities
-    from gpuctk.hook.requests.devices import env_value
+def test_link_for_reads_the_variable_as_the_reference_does(front: Front, bundle: Bundle) -> None:
+    """For 400 random env lists (one to three entries of the variable and its near misses,
+    values from CAP_PIECES), written as Go writes config.json, the C makes the links
+    asked_caps expects, never hands the container over, and tells the Python the same
+    capabilities (gpuctk.hook.compiled.capabilities: the shim's and gpuctk-hook's
+    reading)."""
+    from gpuctk.hook import compiled
 
     rng = random.Random(37)
     staged_files(bundle.root, *LINKS_FOR.values())
@@ -1391,7 +1400,8 @@ def test_link_for_reads_the_variable_as_python_does(front: Front, bundle: Bundle
         doc = {"ociVersion": "1.0.2", "root": {"path": str(bundle.root)},
                "process": {"args": ["sh"], "env": env}}  # fmt: skip
         bundle.config(go_json(doc))
-        asked = parse_capabilities(env_value(env, "NVIDIA_DRIVER_CAPABILITIES"))
+        asked = asked_caps(env)
+        assert compiled.capabilities(doc)[0] == asked, env
         served(run(front, bundle, link_for_args()))
         got = {c for c, path in zip(LINKS_FOR, made, strict=True) if path.is_symlink()}
         assert got == {c for c in LINKS_FOR if c in asked}, env
@@ -1419,13 +1429,10 @@ def test_link_for_reads_an_escaped_env(
 ) -> None:
     """Each env entry is read as JSON spells it (Python's json does the same), escapes and
     characters above 127 included: such an entry is read here, not handed to gpuctk-hook."""
-    from gpuctk.cdi.node.capabilities import parse_capabilities
-    from gpuctk.hook.requests.devices import env_value
-
     root = json.dumps({"path": str(bundle.root)})
     text = f'{{"ociVersion":"1.0.2","root":{root},"process":{{"env":["{entry}"]}}}}'
     env = json.loads(text)["process"]["env"]
-    assert {c for c in LINKS_FOR if c in parse_capabilities(env_value(env, CAP_NAME))} == made
+    assert {c for c in LINKS_FOR if c in asked_caps(env)} == made
     staged_files(bundle.root, *LINKS_FOR.values())
     bundle.config(text.encode())
     served(run(front, bundle, link_for_args()))

@@ -362,7 +362,8 @@ def test_gpuctk_hook_takes_roots_host_files_in_a_user_namespace(part: Path, tmp_
     shutil.copyfile(part, theirs)
     os.chown(theirs, 1000, 1000)
     code = (
-        "import sys\nfrom gpuctk.fs import root_seen\nfrom gpuctk.hook.verbs import ldmerge\n"
+        "import sys\nfrom gpuctk.hook.compiled import root_seen\n"
+        "from gpuctk.hook.verbs import ldmerge\n"
         "from gpuctk.cdi.node.ldcache import parse_ld_cache\n"
         "for path in sys.argv[1:]:\n"
         "    try:\n        cache = ldmerge.merged(open(path, 'rb').read(), [], path)\n"
@@ -432,7 +433,8 @@ def test_the_shims_and_gpuctk_hooks_merge_is_this_readers(
     [[], ["--image-fd", "0"], ["--image-fd", "x", "--entries-fd", "0"], ["--entries-fd", "0", "1"]],
 )
 def test_the_merge_form_says_how_it_is_run(args: list[str]) -> None:
-    from gpuctk.hook.verbs import compiled, ldmerge
+    from gpuctk.hook import compiled
+    from gpuctk.hook.verbs import ldmerge
 
     done = subprocess.run([compiled.installed(), ldmerge.MERGE_VERB, *args], capture_output=True,
                           text=True, timeout=TIMEOUT, check=False)  # fmt: skip

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpuctk.hook.requests.drivercaps import file_capabilities, filter_edits, parse
+from gpuctk.hook.requests import drivercaps
+from gpuctk.hook.requests.drivercaps import file_capabilities, filter_edits
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 
@@ -17,13 +18,23 @@ def m(path: str, *options: str) -> dict[str, Any]:
     return {"hostPath": "/drv" + path, "containerPath": path, "options": list(options) or ["ro"]}
 
 
+def parse(value: str | None) -> tuple[frozenset[str], list[str]]:
+    """drivercaps.parse for a config whose env sets the variable to `value` (None: unset)."""
+    env = [] if value is None else [f"{drivercaps.ENV}={value}"]
+    return drivercaps.parse({"process": {"env": ["PATH=/bin", *env]}}, value)
+
+
 def test_parse() -> None:
     assert parse(None) == (frozenset({"utility", "compute"}), [])
     assert parse("") == (frozenset({"utility", "compute"}), [])
     assert parse("all")[0] >= {"graphics", "video", "display", "ngx", "compat32"}
     caps, notes = parse("video, compute,bogus")
     assert caps == {"video", "compute"}
-    assert notes and "bogus" in notes[0]
+    assert notes == [
+        "NVIDIA_DRIVER_CAPABILITIES='video, compute,bogus': ignoring a word that names no "
+        "capability (known: utility, compute, video, graphics, display, ngx, compat32, all)"
+    ]
+    assert "2 words" in parse("x,y")[1][0]
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuctk.hook.verbs import compiled
+from gpuctk.hook import compiled
 from gpuctk.install.launchers import ENTRY_POINTS, FRONT, launcher_text, main, write_launchers
 
 PYVER = f"python{sys.version_info[0]}.{sys.version_info[1]}"

@@ -360,7 +360,8 @@ def test_a_merge_that_gives_no_cache_back_leaves_it_to_ldconfig(
     as "leave the cache to ldconfig", never an empty cache written over the image's and never
     a container stopped for it."""
     from gpuctk.errors import GpuctkError
-    from gpuctk.hook.verbs import compiled, ldmerge
+    from gpuctk.hook import compiled
+    from gpuctk.hook.verbs import ldmerge
 
     def answered(args: list[str], fds: tuple[int, ...], what: str) -> Any:
         if answer == "hangs":
@@ -379,11 +380,11 @@ def test_a_merge_that_gives_no_cache_back_leaves_it_to_ldconfig(
 def test_the_c_is_run_with_only_what_it_is_given_and_bounded_in_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """gpuctk-cdi-hook as gpuctk-hook runs it (gpuctk.hook.verbs.compiled.run): an empty
+    """gpuctk-cdi-hook as gpuctk-hook runs it (gpuctk.hook.compiled.run): an empty
     environment, /dev/null on stdin, the descriptors it is given under their numbers and no
     other; one that does not finish is killed and named."""
     from gpuctk.errors import GpuctkError
-    from gpuctk.hook.verbs import compiled
+    from gpuctk.hook import compiled
 
     probe = tmp_path / "probe"
     probe.write_text(

@@ -1,7 +1,9 @@
 """gpuctk-cdi-hook (hook/cdihook.c) as gpuctk-hook and gpuctk-runtime run it for the rules
-written in C alone: the device node guard (gpuctk.hook.verbs.nodeprotect) and the merge of an
-image's ld cache (gpuctk.hook.verbs.ldmerge). Each such form takes what Python resolved inside
-the root as inherited descriptors, does its one job and never hands anything back.
+written in C alone: the device node guard (gpuctk.hook.verbs.nodeprotect), the merge of an
+image's ld cache (gpuctk.hook.verbs.ldmerge), the reading of a container's
+NVIDIA_DRIVER_CAPABILITIES (capabilities()) and the owner host root's files show under
+(root_seen()). Each such form takes what Python resolved as inherited descriptors, does its one
+job and never hands anything back.
 
 The C is a required part of every install (setup.py builds it; no compiler, no install).
 """
@@ -18,7 +20,11 @@ PROGRAM = COMPILED_HOOK
 ERROR_PREFIX = f"{PROGRAM}: error: "
 ROOT_FD_OPT = "--root-fd"  # the guard's form: the container root as an inherited descriptor
 MERGE_VERB = "merge-ld-cache"  # the ld cache merge's form (gpuctk.hook.verbs.ldmerge.merged)
-SERVED_VERBS = (MERGE_VERB,)  # the verbs of its own forms
+CAPS_VERB = "driver-capabilities"  # the container's capabilities' form (capabilities())
+CONFIG_FD_OPT = "--config-fd"  # its OCI config, as an inherited descriptor
+ROOT_SEEN_VERB = "root-seen"  # root_seen()'s form
+SERVED_VERBS = (MERGE_VERB, CAPS_VERB, ROOT_SEEN_VERB)  # the verbs of its own forms
+NO_UID = 0xFFFFFFFF  # (uid_t)-1: no file's owner
 
 
 def installed() -> str:
@@ -189,3 +195,43 @@ def why(done: Done) -> str:
     lines = done.stderr.decode(errors="replace").strip().splitlines() or ["no message"]
     line = lines[-1].removeprefix(ERROR_PREFIX).removeprefix("gpuctk-hook: error: ")
     return f"{line} (exit {done.returncode})"
+
+
+def capabilities(config: object) -> tuple[frozenset[str], int]:
+    """What the OCI config `config` (as parsed) asks for by NVIDIA_DRIVER_CAPABILITIES, as
+    gpuctk-cdi-hook reads it at every container start (`container_caps` in hook/cdihook.c,
+    the rule's one home), and how many of its words name no capability (ignored, as the
+    reference runtime does). GpuctkError where the C cannot tell (an object key in another
+    case: no engine writes one) or does not run."""
+    from gpuctk.jsonfast import dumps, loads
+
+    what = "the container's driver capabilities"
+    fd = high(os.memfd_create("oci-config", os.MFD_CLOEXEC))
+    try:
+        data = memoryview(dumps(config))
+        while data:
+            data = data[os.write(fd, data) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        done = run([CAPS_VERB, CONFIG_FD_OPT, str(fd)], (fd,), what)
+    finally:
+        os.close(fd)
+    try:
+        doc = loads(done.stdout.decode("ascii")) if done.returncode == 0 else None
+        caps, unknown = doc["asked"], doc["unknown"]  # type: ignore[index]
+        if isinstance(caps, list) and type(unknown) is int:
+            return frozenset(str(c) for c in caps), unknown
+    except (ValueError, TypeError, KeyError):
+        pass
+    raise GpuctkError(f"{what}: {why(done)}")
+
+
+def root_seen() -> int:
+    """The uid under which this process sees host root's files, as gpuctk-cdi-hook tells it
+    (`root_seen` in hook/cdihook.c, the rule's one home): 0, or inside a user namespace that
+    maps no host uid 0 (Kubernetes' `hostUsers: false`, podman's --userns), the kernel's
+    overflow uid; NO_UID (no file's) when it cannot be told."""
+    try:
+        done = run([ROOT_SEEN_VERB], (), "the owner of host root's files")
+        return int(done.stdout) if done.returncode == 0 else NO_UID
+    except (GpuctkError, ValueError):
+        return NO_UID
