@@ -2,13 +2,13 @@
 
 `import ctypes` is costly at every Python start (it builds every C type, imports `struct`,
 `types` and its endianness helpers); the shim and the hook need a few functions: `syscall` (for
-openat2), `renameat2`, and in the hook `mount`, `umount2`, `unshare`, `prctl`, `capget`,
+openat2), and in the hook `mount`, `umount2`, `unshare`, `prctl`, `capget`,
 `capset`. This module builds exactly those from the `_ctypes` extension the
 package itself wraps (dlopen of the running program, a CFuncPtr subclass with the cdecl and
 use-errno flags, a C `long`, `int` and `char[]` type), a fraction of that. Where `_ctypes`
 lacks any of that, it falls back to `ctypes` itself: the same result, only slower to load.
 
-    function("renameat2", restype="i")  -> callable; errno after a call: get_errno()
+    function("mount", restype="i")      -> callable; errno after a call: get_errno()
     long_arg(n)                          a C long argument (for variadic calls such as syscall)
     buffer(data)                         a mutable char[] (a struct the kernel reads or fills)
 

@@ -1,18 +1,18 @@
 """Paths inside a container rootfs, resolved inside that root.
 
 An image is hostile: any folder in it may be a symlink to `/`, `../..` or a `/proc/1/root` magic
-link. Each function takes a descriptor of the root (`open_root`) and a container path resolved
-with the root as `/`: openat2 RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS, or where openat2 is missing
-a descriptor walk (each component opened O_PATH | O_NOFOLLOW from the previous one; links read
-and expanded by hand, `..` clamped at the root, 40 links at most): the kernel never follows one.
-Writes use the parent folder's descriptor and one plain name (*at calls): files go to a temp name
-and are renamed, symlinks are swapped in with renameat2(RENAME_EXCHANGE), modes are set through
-the inode's own descriptor. Files, links and folders are created only on the root's own mount:
-a folder that is a bind mount or volume (host storage) is refused with EXDEV, whatever its path
-(modes may be set on any mount below the root: device nodes live on the container's /dev).
-Files are read only when regular and on the root's own mount (EXDEV otherwise): an image's link
-into the container's /proc (/proc/kmsg), /sys, /dev or a volume is never opened for reading.
-Failures are InRootError (a GpuctkError) carrying the errno.
+link. Each function takes a descriptor of the root (`open_root`) and a container path resolved with
+the root as `/`: openat2 RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS, or where openat2 is missing a
+descriptor walk (each component opened O_PATH | O_NOFOLLOW from the previous one; links read and
+expanded by hand, `..` clamped at the root, 40 links at most): the kernel never follows one. Writes
+use the parent folder's descriptor and one plain name (*at calls): files go to a temp name and are
+renamed, modes are set through the inode's own descriptor; a link is made by gpuctk-cdi-hook's link
+policy in the folder `parent_in_root` opens (gpuctk.hook.compiled). Files, links and folders are
+created only on the root's own mount: a folder that is a bind mount or volume (host storage) is
+refused with EXDEV, whatever its path (modes may be set on any mount below the root: device nodes
+live on the container's /dev). Files are read only when regular and on the root's own mount (EXDEV
+otherwise): an image's link into the container's /proc (/proc/kmsg), /sys, /dev or a volume is
+never opened for reading. Failures are InRootError (a GpuctkError) carrying the errno.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
 MAX_LINKS = 40
 _SYS_OPENAT2 = 437  # the same number on x86_64, aarch64 and every other modern arch
-_RENAME_EXCHANGE = 2
 _CLOEXEC = os.O_CLOEXEC
 
 
@@ -287,7 +286,10 @@ def mkdir_p_in_root(root_fd: int, path: str, mode: int = 0o755) -> int:
     return open_in_root(root_fd, path, os.O_PATH | os.O_DIRECTORY)
 
 
-def _parent(root_fd: int, path: str, parents: bool) -> tuple[int, str]:
+def parent_in_root(root_fd: int, path: str, parents: bool) -> tuple[int, str]:
+    """(an O_PATH descriptor of the folder of `path` inside the root, on the root's own mount,
+    the last name of `path`); the folder made with its missing parents where `parents`.
+    InRootError otherwise (EXDEV: on another mount)."""
     dirname, name = _split(path)
     if parents:
         return _own_mount(root_fd, mkdir_p_in_root(root_fd, dirname), dirname), name
@@ -307,7 +309,7 @@ def write_file_in_root(
     root_fd: int, path: str, data: bytes, mode: int = 0o644, *, parents: bool = False
 ) -> None:
     """Atomically replace a container file: temp file in the parent fd, then rename."""
-    pfd, name = _parent(root_fd, path, parents)
+    pfd, name = parent_in_root(root_fd, path, parents)
     tmp = _tmpname(name)
     try:
         fd = os.open(
@@ -329,46 +331,6 @@ def write_file_in_root(
         except OSError:
             pass
         raise _fail("write", path, exc) from exc
-    finally:
-        os.close(pfd)
-
-
-def _exchange(pfd: int, a: str, b: str) -> None:
-    rc = libc.function("renameat2")(pfd, a.encode(), pfd, b.encode(), _RENAME_EXCHANGE)
-    if rc != 0:
-        err = libc.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-def symlink_in_root(root_fd: int, target: str, path: str, *, parents: bool = True) -> bool:
-    """Make `path` a symlink to `target` (text, not resolved). An existing symlink is swapped
-    atomically; anything else is left alone. True when the link was created or changed."""
-    if "\0" in target or not target:
-        raise InRootError(f"invalid symlink target {target!r} for {path}", errno.EINVAL)
-    pfd, name = _parent(root_fd, path, parents)
-    try:
-        try:
-            os.symlink(target, name, dir_fd=pfd)
-            return True
-        except FileExistsError:
-            pass
-        st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
-        if not stat.S_ISLNK(st.st_mode):
-            return False
-        if os.readlink(name, dir_fd=pfd) == target:
-            return False
-        tmp = _tmpname(name)
-        os.symlink(target, tmp, dir_fd=pfd)
-        try:
-            _exchange(pfd, tmp, name)
-            if not stat.S_ISLNK(os.stat(tmp, dir_fd=pfd, follow_symlinks=False).st_mode):
-                _exchange(pfd, tmp, name)  # raced with a real file: put it back
-                return False
-        finally:
-            os.unlink(tmp, dir_fd=pfd)
-        return True
-    except OSError as exc:
-        raise _fail("create symlink", path, exc) from exc
     finally:
         os.close(pfd)
 

@@ -659,13 +659,56 @@ static int folder_in_root(int root, unsigned long long mnt, char *path)
 	return ok ? in_root(root, path, O_PATH | O_DIRECTORY) : -1;
 }
 
-/* The entry's links, where they are plain: each paths[i] made a symlink to
- * targets[i] (absolute container paths, checked plain by main) when its target is in the
- * root, its folders made as needed, all on the root's own mount; a link that already names
- * its target is left as it is, and so is an image's own file, folder or node at that path
- * (an image that ships its own ICD or GLVND file keeps it), a target not in the root skipped.
- * 0 done, -1 anything else (a link of the image's naming something else, which gpuctk-hook
- * replaces; a folder on another mount, a read-only root): gpuctk-hook then does them all. */
+#define LINK_MADE 0 /* link_at(): made, or an image's other link swapped for it */
+#define LINK_KEPT 1 /* it already names the target */
+#define LINK_LEFT 2 /* the image's own file, folder or node: left alone */
+
+/* The link policy, its one home: `name` in the folder `dir` made a symlink to `target`; a link
+ * there that already names it kept; the image's own file, folder or node left alone (an image
+ * that ships its own ICD or GLVND file keeps it); an image's link naming something else swapped
+ * for the new one at once (RENAME_EXCHANGE: no moment without a link), put back if what it
+ * swapped turns out to be no link (raced). LINK_MADE, LINK_KEPT, LINK_LEFT; -1 with errno. */
+static int link_at(int dir, const char *name, const char *target)
+{
+	if (symlinkat(target, dir, name) == 0)
+		return LINK_MADE;
+	if (errno != EEXIST)
+		return -1;
+	struct stat st;
+	char now[PATH_MAX], tmp[64];
+	if (fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+		return -1;
+	if (!S_ISLNK(st.st_mode))
+		return LINK_LEFT;
+	size_t want = strlen(target);
+	ssize_t len = readlinkat(dir, name, now, sizeof now);
+	if (len >= 0 && (size_t)len == want && memcmp(now, target, want) == 0)
+		return LINK_KEPT;
+	unsigned char rnd[6];
+	if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
+		errno = EIO;
+		return -1;
+	}
+	snprintf(tmp, sizeof tmp, ".gpuctk-link-%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2],
+		 rnd[3], rnd[4], rnd[5]);
+	if (symlinkat(target, dir, tmp) != 0)
+		return -1;
+	int rc = (int)syscall(SYS_renameat2, dir, tmp, dir, name, 2U /* RENAME_EXCHANGE */);
+	int saved = errno;
+	if (rc == 0 && (fstatat(dir, tmp, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISLNK(st.st_mode))) {
+		syscall(SYS_renameat2, dir, tmp, dir, name, 2U); /* raced with a real file: back */
+		rc = LINK_LEFT;
+	}
+	unlinkat(dir, tmp, 0);
+	errno = saved;
+	return rc == 0 ? LINK_MADE : rc;
+}
+
+/* The entry's links, where they are plain: each paths[i] made a symlink to targets[i]
+ * (absolute container paths, checked plain by main) by link_at() when its target is in the
+ * root, its folders made as needed, all on the root's own mount; a target not in the root
+ * skipped. 0 done, -1 anything else (a folder on another mount, a read-only root): gpuctk-hook
+ * then does them all, asking link_at() through link_served(). */
 static int make_links(int root, const char **targets, char **paths, int n)
 {
 	unsigned long long mnt;
@@ -685,23 +728,40 @@ static int make_links(int root, const char **targets, char **paths, int n)
 		*slash = '/';
 		if (dir < 0)
 			return -1;
-		const char *name = slash + 1;
-		int rc = own_mount(dir, mnt) == 0 ? symlinkat(targets[i], dir, name) : -1;
-		int exists = rc != 0 && errno == EEXIST;
-		struct stat st;
-		if (exists && fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISLNK(st.st_mode)) {
-			rc = 0; /* the image's own entry: left alone */
-		} else if (exists) {
-			char now[PATH_MAX];
-			size_t want = strlen(targets[i]);
-			ssize_t len = readlinkat(dir, name, now, sizeof now);
-			rc = len >= 0 && (size_t)len == want && memcmp(now, targets[i], want) == 0 ? 0 : -1;
-		}
+		int rc = own_mount(dir, mnt) == 0 ? link_at(dir, slash + 1, targets[i]) : -1;
 		close(dir);
-		if (rc != 0)
+		if (rc < 0)
 			return -1;
 	}
 	return 0;
+}
+
+/* gpuctk-hook's form of the link policy, `make-links (--dir-fd N NAME TARGET)...`: each NAME in
+ * the folder gpuctk-hook opened inside the root (inherited as descriptor N; its parents made,
+ * its mount checked there) made a link to TARGET by link_at(); one line per link on stdout:
+ * made, kept, left, or `error ERRNO` (that link not made; the next ones are). Exit 0; 2 bad
+ * arguments. It never hands over: gpuctk-hook runs it. */
+static int fd_arg(const char *s);
+static int link_served(int argc, char **argv)
+{
+	int bad = argc < 6 || (argc - 2) % 4;
+	for (int i = 2; !bad && i < argc; i += 4)
+		bad = strcmp(argv[i], GPUCTK_DIR_FD_OPT) != 0 || fd_arg(argv[i + 1]) < 0 ||
+		      !argv[i + 2][0] || strchr(argv[i + 2], '/') || !argv[i + 3][0];
+	if (bad) {
+		fprintf(stderr, "gpuctk-cdi-hook: error: usage: " GPUCTK_LINKS_VERB " ("
+			GPUCTK_DIR_FD_OPT " FD NAME TARGET)... (gpuctk-hook runs it)\n");
+		return 2;
+	}
+	static const char *const words[] = { "made", "kept", "left" };
+	for (int i = 2; i < argc; i += 4) {
+		int rc = link_at(fd_arg(argv[i + 1]), argv[i + 2], argv[i + 3]);
+		if (rc < 0)
+			printf("error %d\n", errno);
+		else
+			printf("%s\n", words[rc]);
+	}
+	return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
 }
 
 #include "ldcache.c"
@@ -1346,11 +1406,56 @@ static int is_blank(char c)
  * *unknown). A character above 127 is a byte that no word, blank or comma is (sf_decoded). -1
  * when the config is not plain enough to tell (a key in another case, bytes that are not
  * UTF-8, no memory). The rule's one home: gpuctk-hook and the Python shim ask caps_served. */
+/* The last entry of the env list `env` that sets GPUCTK_CAPS_ENV, each entry decoded
+ * (sf_decoded), walked one at a time (a list of any length a config holds): 0 with *at its
+ * value and *vlen its length (*at NULL: none sets it), *kept the buffer to free (or NULL); -1
+ * when the list is not plain (an entry that is not a string, bytes that are not UTF-8). */
+static int caps_entry(struct span env, const char **at, size_t *vlen, char **kept)
+{
+	size_t n, plen = strlen(GPUCTK_CAPS_ENV "=");
+	*at = NULL;
+	*vlen = 0;
+	*kept = NULL;
+	if (sf_count(env, 0, &n) != 0) /* checked whole: each step below stays in it */
+		return -1;
+	struct json j = { sf_start(env) + 1, env.end, 0 };
+	for (size_t i = 0; i < n; i++) {
+		const char *e;
+		char *buf;
+		size_t len;
+		int wide;
+		ws(&j);
+		struct span item = { j.p, NULL };
+		if (value(&j) != 0)
+			break;
+		item.end = j.p;
+		ws(&j);
+		j.p++; /* a comma, or the closing bracket */
+		if (sf_decoded(item, &e, &len, &wide, &buf) != 0)
+			break;
+		if (len >= plen && memcmp(e, GPUCTK_CAPS_ENV "=", plen) == 0) {
+			free(*kept);
+			*kept = buf;
+			*at = e + plen;
+			*vlen = len - plen;
+		} else {
+			free(buf);
+		}
+		if (i + 1 == n)
+			return 0;
+	}
+	free(*kept);
+	*kept = NULL;
+	return n ? -1 : 0;
+}
+
 static int container_caps(const char *doc, size_t len, int *unknown)
 {
-	struct member *top = NULL, *proc = NULL, *env = NULL, *f;
-	size_t ntop, nproc, nenv;
+	struct member *top = NULL, *proc = NULL, *f;
+	size_t ntop, nproc, vlen;
 	int rc = -1, folded;
+	const char *value;
+	char *kept; /* the decoded text value is in, if any */
 	*unknown = 0;
 	if (sf_items((struct span){ doc, doc + len }, 1, &top, &ntop) != 0)
 		return -1;
@@ -1362,29 +1467,8 @@ static int container_caps(const char *doc, size_t len, int *unknown)
 	f = sf_member(proc, nproc, "env", &folded);
 	if ((!f && !folded) || (f && is_null(f->val)))
 		rc = GPUCTK_CAPS_DEFAULT;
-	if (!f || sf_kind(f->val) != '[' || sf_items(f->val, 0, &env, &nenv) != 0)
+	if (!f || sf_kind(f->val) != '[' || caps_entry(f->val, &value, &vlen, &kept) != 0)
 		goto out;
-	const char *value = NULL;
-	char *kept = NULL; /* the decoded text value is in, if any */
-	size_t vlen = 0, plen = strlen(GPUCTK_CAPS_ENV "=");
-	for (size_t i = 0; i < nenv; i++) {
-		const char *e;
-		char *buf;
-		size_t n;
-		int wide;
-		if (sf_decoded(env[i].val, &e, &n, &wide, &buf) != 0) {
-			free(kept);
-			goto out;
-		}
-		if (n >= plen && memcmp(e, GPUCTK_CAPS_ENV "=", plen) == 0) {
-			free(kept);
-			kept = buf;
-			value = e + plen;
-			vlen = n - plen;
-		} else {
-			free(buf);
-		}
-	}
 	rc = 0;
 	int blank = 1;
 	for (size_t i = 0; value && i < vlen; i++)
@@ -1415,12 +1499,11 @@ static int container_caps(const char *doc, size_t len, int *unknown)
 out:
 	free(top);
 	free(proc);
-	free(env);
 	return rc;
 }
 
-/* gpuctk-hook's and the Python shim's form, `driver-capabilities --config-fd N`: the capabilities the
- * OCI config read from the inherited descriptor N asks for (container_caps), on stdout as
+/* gpuctk-hook's and the Python shim's form, `driver-capabilities --config-fd N`: the
+ * capabilities the OCI config read from the inherited descriptor N asks for (container_caps), as
  * {"asked": [NAME, ...], "unknown": COUNT}, NAME in GPUCTK_CAPS' order, COUNT the words
  * that name none. Exit 0; 1 where the config is not plain enough to tell, why on stderr; 2 bad
  * arguments. It never hands over: gpuctk-hook runs it. */
@@ -1440,10 +1523,13 @@ static int caps_served(int argc, char **argv)
 			strerror(errno));
 		return 1;
 	}
-	if ((caps = container_caps(doc, len, &unknown)) < 0) {
+	caps = container_caps(doc, len, &unknown);
+	free(doc);
+	if (caps < 0) {
 		fprintf(stderr, "gpuctk-cdi-hook: error: " GPUCTK_CAPS_ENV " cannot be read from this "
-			"OCI config (a key in another case or with an escape, text that is not "
-			"UTF-8, a list over its limit): write it as the OCI runtime spec does\n");
+			"OCI config: its top level, process or process.env is not as the OCI runtime "
+			"spec writes it (a key in another case or with an escape, a value of another "
+			"type, an env entry that is not a UTF-8 string); fix the engine's config.json\n");
 		return 1;
 	}
 	printf("{\"asked\":[");
@@ -1456,8 +1542,13 @@ static int caps_served(int argc, char **argv)
 
 /* gpuctk-hook's form `root-seen`: the uid under which host root's files show here
  * (root_seen()), on stdout; NO_UID where it cannot be told. */
-static int root_seen_served(void)
+static int root_seen_served(int argc)
 {
+	if (argc != 2) {
+		fprintf(stderr, "gpuctk-cdi-hook: error: usage: " GPUCTK_ROOT_SEEN_VERB
+			" (gpuctk-hook runs it)\n");
+		return 2;
+	}
 	printf("%lu\n", root_seen());
 	return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
 }
@@ -1623,10 +1714,12 @@ int main(int argc, char **argv)
 		return front_key(argc, argv);
 	if (argc > 1 && strcmp(argv[1], GPUCTK_MERGE_VERB) == 0)
 		return merge_served(argc, argv);
+	if (argc > 1 && strcmp(argv[1], GPUCTK_LINKS_VERB) == 0)
+		return link_served(argc, argv);
 	if (argc > 1 && strcmp(argv[1], GPUCTK_CAPS_VERB) == 0)
 		return caps_served(argc, argv);
-	if (argc == 2 && strcmp(argv[1], GPUCTK_ROOT_SEEN_VERB) == 0)
-		return root_seen_served();
+	if (argc > 1 && strcmp(argv[1], GPUCTK_ROOT_SEEN_VERB) == 0)
+		return root_seen_served(argc);
 	g_argv = argv;
 	if (argc < 2)
 		python("no verb");

@@ -2,19 +2,26 @@
 written in C alone: the device node guard (gpuctk.hook.verbs.nodeprotect), the merge of an
 image's ld cache (gpuctk.hook.verbs.ldmerge), the reading of a container's
 NVIDIA_DRIVER_CAPABILITIES (capabilities()) and the owner host root's files show under
-(root_seen()). Each such form takes what Python resolved as inherited descriptors, does its one
-job and never hands anything back.
+(root_seen()), and the link policy at a link's place (links_in_root()). Each such form takes
+what Python resolved as inherited descriptors, does its one job and never hands anything back.
 
 The C is a required part of every install (setup.py builds it; no compiler, no install).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
 from gpuctk.cdi.node.facts import COMPILED_HOOK, compiled_beside
 from gpuctk.errors import GpuctkError
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from gpuctk.rootfs import InRootError
 
 PROGRAM = COMPILED_HOOK
 ERROR_PREFIX = f"{PROGRAM}: error: "
@@ -23,7 +30,10 @@ MERGE_VERB = "merge-ld-cache"  # the ld cache merge's form (gpuctk.hook.verbs.ld
 CAPS_VERB = "driver-capabilities"  # the container's capabilities' form (capabilities())
 CONFIG_FD_OPT = "--config-fd"  # its OCI config, as an inherited descriptor
 ROOT_SEEN_VERB = "root-seen"  # root_seen()'s form
-SERVED_VERBS = (MERGE_VERB, CAPS_VERB, ROOT_SEEN_VERB)  # the verbs of its own forms
+LINKS_VERB = "make-links"  # the link policy's form (links_in_root())
+DIR_FD_OPT = "--dir-fd"  # a link's folder, as an inherited descriptor
+SERVED_VERBS = (MERGE_VERB, CAPS_VERB, ROOT_SEEN_VERB, LINKS_VERB)  # the verbs of its own forms
+LINK_OUTCOMES = ("made", "kept", "left")  # what links_in_root() says of each link
 NO_UID = 0xFFFFFFFF  # (uid_t)-1: no file's owner
 
 
@@ -201,18 +211,31 @@ def capabilities(config: object) -> tuple[frozenset[str], int]:
     """What the OCI config `config` (as parsed) asks for by NVIDIA_DRIVER_CAPABILITIES, as
     gpuctk-cdi-hook reads it at every container start (`container_caps` in hook/cdihook.c,
     the rule's one home), and how many of its words name no capability (ignored, as the
-    reference runtime does). GpuctkError where the C cannot tell (an object key in another
-    case: no engine writes one) or does not run."""
+    reference runtime does). Only process.env is passed on: the config's keys were checked
+    where it was read (gpuctk.hook.ocikeys refuses a key runc reads in another case).
+    GpuctkError where the C cannot tell (a value of another type: no engine writes one) or
+    does not run."""
     from gpuctk.jsonfast import dumps, loads
 
     what = "the container's driver capabilities"
-    fd = high(os.memfd_create("oci-config", os.MFD_CLOEXEC))
+    read: dict[str, object] = {}  # what the rule reads: the keys were checked (ocikeys)
+    if isinstance(config, dict) and "process" in config:
+        process = config["process"]
+        if isinstance(process, dict):
+            process = {"env": process["env"]} if "env" in process else {}
+        read["process"] = process
     try:
-        data = memoryview(dumps(config))
+        data = memoryview(dumps(read))
+        fd = high(os.memfd_create("oci-config", os.MFD_CLOEXEC))
+    except (ValueError, OSError) as exc:  # a number JSON cannot carry; no memory
+        raise GpuctkError(f"{what}: the OCI config cannot be passed on: {exc}") from None
+    try:
         while data:
             data = data[os.write(fd, data) :]
         os.lseek(fd, 0, os.SEEK_SET)
         done = run([CAPS_VERB, CONFIG_FD_OPT, str(fd)], (fd,), what)
+    except OSError as exc:
+        raise GpuctkError(f"{what}: the OCI config cannot be passed on: {exc.strerror}") from None
     finally:
         os.close(fd)
     try:
@@ -229,9 +252,64 @@ def root_seen() -> int:
     """The uid under which this process sees host root's files, as gpuctk-cdi-hook tells it
     (`root_seen` in hook/cdihook.c, the rule's one home): 0, or inside a user namespace that
     maps no host uid 0 (Kubernetes' `hostUsers: false`, podman's --userns), the kernel's
-    overflow uid; NO_UID (no file's) when it cannot be told."""
+    overflow uid; NO_UID (no file's) where the kernel does not say. GpuctkError where the C
+    does not run."""
+    what = "the owner of host root's files"
+    done = run([ROOT_SEEN_VERB], (), what)
+    word = done.stdout.strip()
+    if done.returncode != 0 or not word.isdigit():
+        raise GpuctkError(f"{what}: {why(done)}")
+    return int(word)
+
+
+def links_in_root(
+    root_fd: int, links: Sequence[tuple[str, str]], *, parents: bool = True
+) -> list[str | InRootError]:
+    """Each (TARGET, PATH) of `links` made a symlink inside the root `root_fd` by gpuctk-cdi-hook's
+    link policy (`link_at` in hook/cdihook.c, its one home): PATH's folder opened here, inside
+    the root and on its own mount (gpuctk.rootfs.parent_in_root; its missing parents made
+    where `parents`), the link made there by the C. For each link, in order: "made" (made, or
+    an image's link naming something else swapped for it), "kept" (it names TARGET already),
+    "left" (the image's own file, folder or node there), or the InRootError that stopped it.
+    GpuctkError where the C does not run."""
+    from gpuctk.rootfs import InRootError, parent_in_root
+
+    out: list[str | InRootError] = []
+    fds: list[int] = []
+    args: list[str] = []
+    at: list[tuple[int, str]] = []  # each link the C is asked for: its place in out, its path
     try:
-        done = run([ROOT_SEEN_VERB], (), "the owner of host root's files")
-        return int(done.stdout) if done.returncode == 0 else NO_UID
-    except (GpuctkError, ValueError):
-        return NO_UID
+        for target, path in links:
+            if not target or "\0" in target:
+                why_ = f"invalid symlink target {target!r} for {path}"
+                out.append(InRootError(why_, errno.EINVAL))
+                continue
+            try:
+                pfd, name = parent_in_root(root_fd, path, parents)
+            except InRootError as exc:
+                out.append(exc)
+                continue
+            fds.append(high(pfd))
+            args += [DIR_FD_OPT, str(fds[-1]), name, target]
+            at.append((len(out), path))
+            out.append("")
+        if not fds:
+            return out
+        done = run([LINKS_VERB, *args], tuple(fds), "the container's links")
+    finally:
+        for fd in fds:
+            os.close(fd)
+    words = done.stdout.decode("ascii", "replace").splitlines()
+    if done.returncode != 0 or len(words) != len(at):
+        raise GpuctkError(f"the container's links: {why(done)}")
+    for (i, path), word in zip(at, words, strict=True):
+        err = int(word[6:]) if word.startswith("error ") and word[6:].isdigit() else 0
+        if word in LINK_OUTCOMES:
+            out[i] = word
+        else:
+            out[i] = InRootError(
+                f"cannot create symlink {path} in the container root: "
+                f"{os.strerror(err) if err else word}",
+                err or errno.EIO,
+            )
+    return out

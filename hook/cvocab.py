@@ -70,6 +70,8 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_CAPS_VERB", "gpuctk.hook.compiled.CAPS_VERB", ""),
     ("GPUCTK_CONFIG_FD_OPT", "gpuctk.hook.compiled.CONFIG_FD_OPT", ""),
     ("GPUCTK_ROOT_SEEN_VERB", "gpuctk.hook.compiled.ROOT_SEEN_VERB", ""),
+    ("GPUCTK_LINKS_VERB", "gpuctk.hook.compiled.LINKS_VERB", ""),
+    ("GPUCTK_DIR_FD_OPT", "gpuctk.hook.compiled.DIR_FD_OPT", ""),
     ("GPUCTK_IMAGE_FD_OPT", "gpuctk.hook.verbs.ldmerge.IMAGE_FD_OPT", ""),
     ("GPUCTK_ENTRIES_FD_OPT", "gpuctk.hook.verbs.ldmerge.ENTRIES_FD_OPT", ""),
     ("GPUCTK_NOT_MERGED", "gpuctk.hook.verbs.ldmerge.NOT_MERGED", ""),

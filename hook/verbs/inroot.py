@@ -80,7 +80,9 @@ def create_symlinks(
     An existing symlink is replaced; an existing file or folder is never touched; a link in a
     folder on another mount (a bind mount or volume) or a read-only one is skipped, with a
     warning: the driver's own folder mounted whole already has its links."""
-    changed = 0
+    from gpuctk.hook import compiled
+
+    asked = []
     for target, link in links:
         resolved = (
             target if target.startswith("/") else posixpath.join(posixpath.dirname(link), target)
@@ -92,20 +94,18 @@ def create_symlinks(
                 "debug", f"skip {link} -> {target}: target not in the container", to_stderr=False
             )
             continue
-        try:
-            made = rootfs.symlink_in_root(root_fd, target, link)
-        except rootfs.InRootError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EROFS):
-                raise
-            hooklog.warning(f"left {link} alone: {exc.message}")
-            continue
-        if made:
+        asked.append((target, link))
+    changed = 0
+    for (target, link), done in zip(asked, compiled.links_in_root(root_fd, asked), strict=True):
+        if isinstance(done, rootfs.InRootError):
+            if done.errno not in (errno.EXDEV, errno.EROFS):
+                raise done
+            hooklog.warning(f"left {link} alone: {done.message}")
+        elif done == "made":
             changed += 1
             hooklog.log("debug", f"linked {link} -> {target}", to_stderr=False)
-        else:
-            st = rootfs.stat_in_root(root_fd, link, follow=False)
-            if st is not None and not stat.S_ISLNK(st.st_mode):
-                hooklog.warning(f"left {link} alone: it exists and is not a symlink")
+        elif done == "left":
+            hooklog.warning(f"left {link} alone: it exists and is not a symlink")
     return changed
 
 

@@ -16,6 +16,7 @@ import posixpath
 import stat
 
 from gpuctk import rootfs
+from gpuctk.hook import compiled
 from gpuctk.hook.verbs.ldconfig import LdconfigError, run_confined
 from gpuctk.hook.verbs.namespaces import UNPRIVILEGED
 from gpuctk.log import hook as hooklog
@@ -117,12 +118,14 @@ def rebuild_cache(root_fd: int, root_path: str, exe_fd: int, args: list[str]) ->
             hooklog.warning("the host ldconfig wrote no ld cache: /etc/ld.so.cache left as it was")
         else:
             rootfs.write_file_in_root(root_fd, "/etc/ld.so.cache", data, 0o644)
-        for target, link in skipped_links(listing):
-            try:
-                if rootfs.symlink_in_root(root_fd, target, link, parents=False):
-                    hooklog.log("debug", f"linked {link} -> {target} (ldconfig's)", to_stderr=False)
-            except rootfs.InRootError as exc:
-                hooklog.log("debug", f"left {link} alone: {exc.message}", to_stderr=False)
+        links = skipped_links(listing)
+        for (target, link), done in zip(
+            links, compiled.links_in_root(root_fd, links, parents=False), strict=True
+        ):
+            if done == "made":
+                hooklog.log("debug", f"linked {link} -> {target} (ldconfig's)", to_stderr=False)
+            elif isinstance(done, rootfs.InRootError):
+                hooklog.log("debug", f"left {link} alone: {done.message}", to_stderr=False)
     finally:
         try:
             _remove_scratch(etc_fd, folder_fd, name)

@@ -83,12 +83,33 @@ def test_the_container_capabilities_as_the_c_reads_them(
     assert compiled.capabilities(config) == (expected, unknown)
 
 
+def test_an_env_of_any_length_is_read() -> None:
+    """A process starts with far more env entries than the C's lists of members hold: the
+    variable is read from an env list of any length the config holds."""
+    from gpuctk.hook import compiled
+
+    env = [f"V{i}=x" for i in range(70_000)] + ["NVIDIA_DRIVER_CAPABILITIES=video"]
+    assert compiled.capabilities({"process": {"env": env}}) == ({"video"}, 0)
+    env.append("NVIDIA_DRIVER_CAPABILITIES=")
+    assert compiled.capabilities({"process": {"env": env}}) == ({"utility", "compute"}, 0)
+
+
 def test_a_config_whose_capabilities_cannot_be_read_is_an_error() -> None:
     from gpuctk.errors import GpuctkError
     from gpuctk.hook import compiled
 
-    with pytest.raises(GpuctkError, match="NVIDIA_DRIVER_CAPABILITIES cannot be read"):
-        compiled.capabilities({"Process": {"env": []}})  # runc reads it as process
+    for config in (
+        {"process": {"env": ["A=1", 7]}},
+        {"process": None},
+        {"process": {"env": "NVIDIA_DRIVER_CAPABILITIES=all"}},
+    ):
+        with pytest.raises(GpuctkError, match="NVIDIA_DRIVER_CAPABILITIES cannot be read"):
+            compiled.capabilities(config)
+    with pytest.raises(GpuctkError, match="cannot be passed on"):
+        compiled.capabilities({"process": {"env": [float("inf")]}})
+    # the keys are checked where the config is read (gpuctk.hook.ocikeys), not here
+    assert compiled.capabilities({"pr\u00f3cess": {}, "process": {"Env": 1}})[0] == {
+        "utility", "compute"}  # fmt: skip
 
 
 def test_import_is_light(tmp_path: Path) -> None:

@@ -1184,9 +1184,9 @@ def test_links_disabled(front: Front, bundle: Bundle) -> None:
 @pytest.mark.parametrize("kind", ["file", "other link", "folder", "fifo"])
 def test_link_over_an_image_entry_is_left_alone(front: Front, bundle: Bundle, kind: str) -> None:
     """An image's own file, folder or node where a link goes (a cudagl image's GLVND file, an
-    ICD an image copies to /etc/vulkan) is left alone here, as gpuctk-hook leaves it, so the
-    container stays on the C path; a link of the image's naming something else goes to
-    gpuctk-hook, which replaces it."""
+    ICD an image copies to /etc/vulkan) is left alone, the container staying on the C path; a
+    link of the image's naming something else is swapped for the entry's, here too (link_at,
+    the policy's one home, which gpuctk-hook asks)."""
     staged_files(bundle.root, ICD)
     there = bundle.root / ICD.lstrip("/")
     there.parent.mkdir(parents=True)
@@ -1199,10 +1199,11 @@ def test_link_over_an_image_entry_is_left_alone(front: Front, bundle: Bundle, ki
     else:
         os.mkfifo(there)
     before = there.lstat()
+    served(run(front, bundle, link_args(ICD)))
     if kind == "other link":
-        handover(front, bundle, "a --link gpuctk-hook makes", link_args(ICD))
-    else:
-        served(run(front, bundle, link_args(ICD)))
+        assert os.readlink(there) == f"{FILES}{ICD}"
+        assert sorted(p.name for p in there.parent.iterdir()) == [there.name]  # no temp left
+        return
     after = there.lstat()
     assert (after.st_ino, after.st_mode, after.st_mtime_ns) == (
         before.st_ino, before.st_mode, before.st_mtime_ns)  # fmt: skip
@@ -1571,3 +1572,70 @@ def test_a_cache_on_another_mount_is_never_read(
     assert f"gpuctk-cdi-hook: gpuctk-hook: {WHY_CACHE}" in err, err
     assert (bundle.root / "etc/ld.so.cache").is_symlink()  # nothing written in its place
     assert not (bundle.root / "etc/ld.so.conf.d/00-gpuctk.conf").exists()
+
+
+# ---- the forms Python asks (gpuctk.hook.compiled) -------------------------------------------
+
+
+def ask(exe: Path, *args: str, fds: tuple[int, ...] = ()) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([str(exe), *args], pass_fds=fds, capture_output=True, text=True,
+                          env={}, timeout=TIMEOUT, check=False)  # fmt: skip
+    assert "Sanitizer" not in done.stderr and "runtime error" not in done.stderr, done.stderr
+    return done
+
+
+def test_driver_capabilities_and_root_seen_as_python_asks(
+    front_binary: Path, tmp_path: Path
+) -> None:
+    """`driver-capabilities --config-fd N` says what container_caps reads, the words that name
+    nothing counted; `root-seen` the owner host root's files show under (0 outside a user
+    namespace); bad arguments exit 2 with one usage line."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"process": {"env": [f"{CAP_NAME}=video, x,,ALL"]}}))
+    with config.open("rb") as f:
+        done = ask(front_binary, "driver-capabilities", "--config-fd", str(f.fileno()),
+                   fds=(f.fileno(),))  # fmt: skip
+    assert (done.returncode, json.loads(done.stdout)) == (0, {"asked": ["video"], "unknown": 2})
+    config.write_text('{"Process": {"env": []}}')
+    with config.open("rb") as f:
+        done = ask(front_binary, "driver-capabilities", "--config-fd", str(f.fileno()),
+                   fds=(f.fileno(),))  # fmt: skip
+    assert done.returncode == 1 and "cannot be read from this OCI config" in done.stderr
+    for bad in ([], ["--config-fd"], ["--config-fd", "x"], ["--config-fd", "99", "more"]):
+        done = ask(front_binary, "driver-capabilities", *bad)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, (bad, done.stderr)
+    uid_map = Path("/proc/self/uid_map").read_text().split()
+    if uid_map[:2] == ["0", "0"]:
+        assert ask(front_binary, "root-seen").stdout == "0\n"
+
+
+def test_make_links_is_the_link_policy(front_binary: Path, tmp_path: Path) -> None:
+    """`make-links (--dir-fd N NAME TARGET)...`: a new link made, one that names the target
+    kept, an image's link naming something else swapped (no temp name left), an image's own
+    file left alone, a name the kernel refuses an `error ERRNO` line while the others go on;
+    bad arguments exit 2 and change nothing."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    (folder / "same").symlink_to("t")
+    (folder / "other").symlink_to("elsewhere")
+    (folder / "file").write_text("the image's")
+    fd = os.open(folder, os.O_PATH | os.O_DIRECTORY)
+    try:
+        args = []
+        for name in ("new", "same", "other", "file", "n" * 300, "last"):
+            args += ["--dir-fd", str(fd), name, "t"]
+        done = ask(front_binary, "make-links", *args, fds=(fd,))
+        for bad in (["--dir-fd", str(fd), "a/b", "t"], ["--dir-fd", str(fd), "a", ""],
+                    ["--dir-fd", str(fd), "a"], ["--dir-fd", "x", "a", "t"], []):  # fmt: skip
+            refused = ask(front_binary, "make-links", *bad, fds=(fd,))
+            assert refused.returncode == 2 and refused.stderr.count("\n") == 1, bad
+    finally:
+        os.close(fd)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "made", "kept", "made", "left", f"error {errno.ENAMETOOLONG}", "made"]  # fmt: skip
+    assert sorted(p.name for p in folder.iterdir()) == ["file", "last", "new", "other", "same"]
+    assert {n: os.readlink(folder / n) for n in ("new", "same", "other", "last")} == dict.fromkeys(
+        ("new", "same", "other", "last"), "t"
+    )
+    assert (folder / "file").read_text() == "the image's"

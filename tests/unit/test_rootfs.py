@@ -22,6 +22,18 @@ from fixtures.images import snapshot_tree as snapshot
 from gpuctk import rootfs
 
 
+def symlink_in_root(fd: int, target: str, path: str, *, parents: bool = True) -> bool:
+    """One link by the link policy as gpuctk-hook runs it (gpuctk.hook.compiled.links_in_root:
+    its folder opened by gpuctk.rootfs, the link made by gpuctk-cdi-hook): True where it was
+    made or swapped; its InRootError raised."""
+    from gpuctk.hook import compiled
+
+    (done,) = compiled.links_in_root(fd, [(target, path)], parents=parents)
+    if isinstance(done, rootfs.InRootError):
+        raise done
+    return done == "made"
+
+
 @pytest.fixture(params=["openat2", "walk"])
 def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     if request.param == "openat2" and not rootfs.have_openat2():
@@ -99,7 +111,7 @@ def test_folder_symlink_escapes_stay_in_root(world: tuple[Path, Path, int], link
     with pytest.raises(rootfs.InRootError):
         rootfs.write_file_in_root(fd, "/etc/ld.so.conf", b"pwned\n")
     with pytest.raises(rootfs.InRootError):
-        rootfs.symlink_in_root(fd, "x", "/etc/lib/pwned", parents=False)
+        symlink_in_root(fd, "x", "/etc/lib/pwned", parents=False)
     with pytest.raises(rootfs.InRootError):
         rootfs.chmod_in_root(fd, "/etc/secret", 0o777)
     # a folder that is a dangling link in the root is an error, as for `mkdir -p`
@@ -145,13 +157,13 @@ def test_dotdot_is_clamped_at_the_root(world: tuple[Path, Path, int]) -> None:
 def test_symlink_creation_rules(world: tuple[Path, Path, int]) -> None:
     root, _, fd = world
     lib = "/usr/lib/nvidia/libfoo.so.1"
-    assert rootfs.symlink_in_root(fd, "libfoo.so.1.2.3", lib)
+    assert symlink_in_root(fd, "libfoo.so.1.2.3", lib)
     assert os.readlink(root / lib.lstrip("/")) == "libfoo.so.1.2.3"
-    assert not rootfs.symlink_in_root(fd, "libfoo.so.1.2.3", lib)  # already right
-    assert rootfs.symlink_in_root(fd, "libfoo.so.1.2.4", lib)  # swapped atomically
+    assert not symlink_in_root(fd, "libfoo.so.1.2.3", lib)  # already right
+    assert symlink_in_root(fd, "libfoo.so.1.2.4", lib)  # swapped atomically
     assert os.readlink(root / lib.lstrip("/")) == "libfoo.so.1.2.4"
     (root / "usr/lib/nvidia/real.so").write_text("x")
-    assert not rootfs.symlink_in_root(fd, "other", "/usr/lib/nvidia/real.so")
+    assert not symlink_in_root(fd, "other", "/usr/lib/nvidia/real.so")
     assert (root / "usr/lib/nvidia/real.so").read_text() == "x"
     assert sorted(p.name for p in (root / "usr/lib/nvidia").iterdir()) == ["libfoo.so.1", "real.so"]
 
@@ -163,7 +175,7 @@ def test_nul_bytes_and_root_names_are_refused(world: tuple[Path, Path, int]) -> 
     with pytest.raises(rootfs.InRootError):
         rootfs.write_file_in_root(fd, "/", b"x")
     with pytest.raises(rootfs.InRootError):
-        rootfs.symlink_in_root(fd, "a\0b", "/etc/x")
+        symlink_in_root(fd, "a\0b", "/etc/x")
 
 
 def test_fifo_is_not_read(world: tuple[Path, Path, int]) -> None:
@@ -203,7 +215,7 @@ def test_magic_links_in_the_root_never_lead_out(
     with pytest.raises(rootfs.InRootError):
         rootfs.chmod_in_root(fd, "/etc/lnk/secret", 0o777)
     with pytest.raises(rootfs.InRootError):
-        rootfs.symlink_in_root(fd, "x", "/etc/lnk/lib/pwned", parents=False)
+        symlink_in_root(fd, "x", "/etc/lnk/lib/pwned", parents=False)
 
 
 def test_folder_swapped_for_a_symlink_while_writing(world: tuple[Path, Path, int]) -> None:
@@ -234,7 +246,7 @@ def test_folder_swapped_for_a_symlink_while_writing(world: tuple[Path, Path, int
     deadline = time.monotonic() + 20
     ops = (
         lambda i: rootfs.write_file_in_root(fd, f"/etc/d/ld.so.conf.{i % 3}", b"x\n"),
-        lambda i: rootfs.symlink_in_root(fd, "t", f"/etc/d/link{i % 3}", parents=False),
+        lambda i: symlink_in_root(fd, "t", f"/etc/d/link{i % 3}", parents=False),
         lambda i: rootfs.chmod_in_root(fd, "/etc/d/ld.so.conf.0", 0o600),
     )
     try:
@@ -276,7 +288,7 @@ def test_writes_into_a_bind_mounted_folder_are_refused(world: tuple[Path, Path, 
         assert rootfs.read_file_in_root(fd, "/etc/ld.so.conf.d/secret", 100, any_mount=True)
         for write in (
             lambda: rootfs.write_file_in_root(fd, "/etc/ld.so.conf.d/x.conf", b"x"),
-            lambda: rootfs.symlink_in_root(fd, "x", "/etc/ld.so.conf.d/lnk"),
+            lambda: symlink_in_root(fd, "x", "/etc/ld.so.conf.d/lnk"),
             lambda: rootfs.mkdir_p_in_root(fd, "/etc/ld.so.conf.d/sub/dir"),
             lambda: rootfs.write_file_in_root(fd, "/etc/ld.so.conf.d/a/b", b"x", parents=True),
         ):
