@@ -174,7 +174,9 @@ def stat_in_root(root_fd: int, path: str, *, follow: bool = True) -> os.stat_res
         os.close(fd)
 
 
-def _split(path: str) -> tuple[str, str]:
+def split_in_root(path: str) -> tuple[str, str]:
+    """(folder, last name) of a container path, normalized; InRootError for a NUL byte or the
+    root itself."""
     norm = posixpath.normpath("/" + "/".join(_parts(path)))
     parent, name = posixpath.split(norm)
     if not name:
@@ -255,7 +257,12 @@ def mount_id(fd: int) -> int:
 
 def _own_mount(root_fd: int, pfd: int, path: str) -> int:
     """`pfd` if it is on the root's own mount, else close it and raise (EXDEV)."""
-    if mount_id(pfd) != mount_id(root_fd):
+    try:
+        other = mount_id(pfd) != mount_id(root_fd)
+    except BaseException:
+        os.close(pfd)
+        raise
+    if other:
         os.close(pfd)
         raise InRootError(
             f"cannot write in {path} in the container root: it is on another mount (a bind mount "
@@ -273,7 +280,7 @@ def mkdir_p_in_root(root_fd: int, path: str, mode: int = 0o755) -> int:
     except InRootError as exc:
         if exc.errno != errno.ENOENT:
             raise
-    parent, name = _split(path)
+    parent, name = split_in_root(path)
     pfd = _own_mount(root_fd, mkdir_p_in_root(root_fd, parent, mode), parent)
     try:
         os.mkdir(name, mode, dir_fd=pfd)
@@ -290,7 +297,7 @@ def parent_in_root(root_fd: int, path: str, parents: bool) -> tuple[int, str]:
     """(an O_PATH descriptor of the folder of `path` inside the root, on the root's own mount,
     the last name of `path`); the folder made with its missing parents where `parents`.
     InRootError otherwise (EXDEV: on another mount)."""
-    dirname, name = _split(path)
+    dirname, name = split_in_root(path)
     if parents:
         return _own_mount(root_fd, mkdir_p_in_root(root_fd, dirname), dirname), name
     pfd = open_in_root(root_fd, dirname, os.O_PATH | os.O_DIRECTORY)

@@ -63,6 +63,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <ctype.h>
 #include <dirent.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -666,42 +667,45 @@ static int folder_in_root(int root, unsigned long long mnt, char *path)
 /* The link policy, its one home: `name` in the folder `dir` made a symlink to `target`; a link
  * there that already names it kept; the image's own file, folder or node left alone (an image
  * that ships its own ICD or GLVND file keeps it); an image's link naming something else swapped
- * for the new one at once (RENAME_EXCHANGE: no moment without a link), put back if what it
- * swapped turns out to be no link (raced). LINK_MADE, LINK_KEPT, LINK_LEFT; -1 with errno. */
+ * for the new one at once (RENAME_EXCHANGE: no moment without a link) through the temp name
+ * `.NAME.gpuctk-link` (one per name: a killed run's is a link of its own, replaced the next
+ * time), put back if what it swapped turns out to be no link, and unlinked only while it is
+ * still the link swapped out. LINK_MADE, LINK_KEPT, LINK_LEFT; -1 with errno. */
 static int link_at(int dir, const char *name, const char *target)
 {
 	if (symlinkat(target, dir, name) == 0)
 		return LINK_MADE;
 	if (errno != EEXIST)
 		return -1;
-	struct stat st;
-	char now[PATH_MAX], tmp[64];
-	if (fstatat(dir, name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+	struct stat was, st;
+	char now[PATH_MAX], tmp[NAME_MAX + 1];
+	if (fstatat(dir, name, &was, AT_SYMLINK_NOFOLLOW) != 0)
 		return -1;
-	if (!S_ISLNK(st.st_mode))
+	if (!S_ISLNK(was.st_mode))
 		return LINK_LEFT;
 	size_t want = strlen(target);
 	ssize_t len = readlinkat(dir, name, now, sizeof now);
 	if (len >= 0 && (size_t)len == want && memcmp(now, target, want) == 0)
 		return LINK_KEPT;
-	unsigned char rnd[6];
-	if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd) {
-		errno = EIO;
-		return -1;
-	}
-	snprintf(tmp, sizeof tmp, ".gpuctk-link-%02x%02x%02x%02x%02x%02x", rnd[0], rnd[1], rnd[2],
-		 rnd[3], rnd[4], rnd[5]);
+	snprintf(tmp, sizeof tmp, ".%.200s.gpuctk-link", name);
+	if (fstatat(dir, tmp, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode))
+		unlinkat(dir, tmp, 0); /* a killed run's */
 	if (symlinkat(target, dir, tmp) != 0)
 		return -1;
-	int rc = (int)syscall(SYS_renameat2, dir, tmp, dir, name, 2U /* RENAME_EXCHANGE */);
-	int saved = errno;
-	if (rc == 0 && (fstatat(dir, tmp, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISLNK(st.st_mode))) {
-		syscall(SYS_renameat2, dir, tmp, dir, name, 2U); /* raced with a real file: back */
-		rc = LINK_LEFT;
+	if (syscall(SYS_renameat2, dir, tmp, dir, name, 2U /* RENAME_EXCHANGE */) != 0) {
+		int saved = errno;
+		unlinkat(dir, tmp, 0); /* still ours: the exchange did not happen */
+		errno = saved;
+		return -1;
+	}
+	if (fstatat(dir, tmp, &st, AT_SYMLINK_NOFOLLOW) != 0 || st.st_ino != was.st_ino ||
+	    st.st_dev != was.st_dev || !S_ISLNK(st.st_mode)) {
+		syscall(SYS_renameat2, dir, tmp, dir, name, 2U); /* raced: put back, left there */
+		errno = EAGAIN;
+		return -1;
 	}
 	unlinkat(dir, tmp, 0);
-	errno = saved;
-	return rc == 0 ? LINK_MADE : rc;
+	return LINK_MADE;
 }
 
 /* The entry's links, where they are plain: each paths[i] made a symlink to targets[i]
@@ -761,7 +765,11 @@ static int link_served(int argc, char **argv)
 		else
 			printf("%s\n", words[rc]);
 	}
-	return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
+	if (fflush(stdout) == 0 && !ferror(stdout))
+		return 0;
+	fprintf(stderr, "gpuctk-cdi-hook: error: the links are made, but what became of each could "
+		"not be written: %s\n", strerror(errno));
+	return 1;
 }
 
 #include "ldcache.c"
@@ -1292,7 +1300,7 @@ static int fd_arg(const char *s)
 	char *end;
 	errno = 0;
 	long fd = strtol(s, &end, 10);
-	return errno || end == s || *end || fd < 0 || fd > INT_MAX ? -1 : (int)fd;
+	return errno || !isdigit((unsigned char)*s) || *end || fd > INT_MAX ? -1 : (int)fd;
 }
 
 /* gpuctk-hook's form of the guard, `disable-device-node-modification --root-fd N`: the

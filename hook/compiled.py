@@ -34,6 +34,7 @@ LINKS_VERB = "make-links"  # the link policy's form (links_in_root())
 DIR_FD_OPT = "--dir-fd"  # a link's folder, as an inherited descriptor
 SERVED_VERBS = (MERGE_VERB, CAPS_VERB, ROOT_SEEN_VERB, LINKS_VERB)  # the verbs of its own forms
 LINK_OUTCOMES = ("made", "kept", "left")  # what links_in_root() says of each link
+LINKS_PER_RUN = 256  # links asked for in one run of the C (its argument list, descriptors)
 NO_UID = 0xFFFFFFFF  # (uid_t)-1: no file's owner
 
 
@@ -268,14 +269,24 @@ def links_in_root(
     """Each (TARGET, PATH) of `links` made a symlink inside the root `root_fd` by gpuctk-cdi-hook's
     link policy (`link_at` in hook/cdihook.c, its one home): PATH's folder opened here, inside
     the root and on its own mount (gpuctk.rootfs.parent_in_root; its missing parents made
-    where `parents`), the link made there by the C. For each link, in order: "made" (made, or
-    an image's link naming something else swapped for it), "kept" (it names TARGET already),
-    "left" (the image's own file, folder or node there), or the InRootError that stopped it.
-    GpuctkError where the C does not run."""
-    from gpuctk.rootfs import InRootError, parent_in_root
+    where `parents`), once per folder, the links made there by the C, LINKS_PER_RUN at a time.
+    For each link, in order: "made" (made, or an image's link naming something else swapped
+    for it), "kept" (it names TARGET already), "left" (the image's own file, folder or node
+    there), or the InRootError that stopped it. GpuctkError where the C does not run."""
 
     out: list[str | InRootError] = []
-    fds: list[int] = []
+    for start in range(0, len(links), LINKS_PER_RUN):
+        out += _links_run(root_fd, links[start : start + LINKS_PER_RUN], parents)
+    return out
+
+
+def _links_run(
+    root_fd: int, links: Sequence[tuple[str, str]], parents: bool
+) -> list[str | InRootError]:
+    from gpuctk.rootfs import InRootError, parent_in_root, split_in_root
+
+    out: list[str | InRootError] = []
+    folders: dict[str, int] = {}  # a link's folder -> its descriptor, opened once
     args: list[str] = []
     at: list[tuple[int, str]] = []  # each link the C is asked for: its place in out, its path
     try:
@@ -285,19 +296,24 @@ def links_in_root(
                 out.append(InRootError(why_, errno.EINVAL))
                 continue
             try:
-                pfd, name = parent_in_root(root_fd, path, parents)
+                folder, name = split_in_root(path)
+                if folder not in folders:
+                    folders[folder] = high(parent_in_root(root_fd, path, parents)[0])
             except InRootError as exc:
                 out.append(exc)
                 continue
-            fds.append(high(pfd))
-            args += [DIR_FD_OPT, str(fds[-1]), name, target]
+            except OSError as exc:  # no descriptor left
+                why_ = f"cannot open the folder of {path}: {exc.strerror}"
+                out.append(InRootError(why_, exc.errno or errno.EIO))
+                continue
+            args += [DIR_FD_OPT, str(folders[folder]), name, target]
             at.append((len(out), path))
             out.append("")
-        if not fds:
+        if not at:
             return out
-        done = run([LINKS_VERB, *args], tuple(fds), "the container's links")
+        done = run([LINKS_VERB, *args], tuple(folders.values()), "the container's links")
     finally:
-        for fd in fds:
+        for fd in folders.values():
             os.close(fd)
     words = done.stdout.decode("ascii", "replace").splitlines()
     if done.returncode != 0 or len(words) != len(at):

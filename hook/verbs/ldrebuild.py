@@ -16,6 +16,7 @@ import posixpath
 import stat
 
 from gpuctk import rootfs
+from gpuctk.errors import GpuctkError
 from gpuctk.hook import compiled
 from gpuctk.hook.verbs.ldconfig import LdconfigError, run_confined
 from gpuctk.hook.verbs.namespaces import UNPRIVILEGED
@@ -119,9 +120,12 @@ def rebuild_cache(root_fd: int, root_path: str, exe_fd: int, args: list[str]) ->
         else:
             rootfs.write_file_in_root(root_fd, "/etc/ld.so.cache", data, 0o644)
         links = skipped_links(listing)
-        for (target, link), done in zip(
-            links, compiled.links_in_root(root_fd, links, parents=False), strict=True
-        ):
+        try:
+            outcomes = compiled.links_in_root(root_fd, links, parents=False)
+        except GpuctkError as exc:  # the cache is written: its links are ldconfig's extra
+            hooklog.warning(f"ldconfig's SONAME links not made: {exc.message}")
+            outcomes = []
+        for (target, link), done in zip(links, outcomes, strict=False):
             if done == "made":
                 hooklog.log("debug", f"linked {link} -> {target} (ldconfig's)", to_stderr=False)
             elif isinstance(done, rootfs.InRootError):

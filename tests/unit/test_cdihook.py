@@ -1611,7 +1611,8 @@ def test_driver_capabilities_and_root_seen_as_python_asks(
 
 def test_make_links_is_the_link_policy(front_binary: Path, tmp_path: Path) -> None:
     """`make-links (--dir-fd N NAME TARGET)...`: a new link made, one that names the target
-    kept, an image's link naming something else swapped (no temp name left), an image's own
+    kept, an image's link naming something else swapped (no temp name left, a killed run's
+    too), an image's own
     file left alone, a name the kernel refuses an `error ERRNO` line while the others go on;
     bad arguments exit 2 and change nothing."""
     folder = tmp_path / "d"
@@ -1619,6 +1620,7 @@ def test_make_links_is_the_link_policy(front_binary: Path, tmp_path: Path) -> No
     (folder / "same").symlink_to("t")
     (folder / "other").symlink_to("elsewhere")
     (folder / "file").write_text("the image's")
+    (folder / ".other.gpuctk-link").symlink_to("t")  # a killed run's temp name: replaced
     fd = os.open(folder, os.O_PATH | os.O_DIRECTORY)
     try:
         args = []
@@ -1626,7 +1628,9 @@ def test_make_links_is_the_link_policy(front_binary: Path, tmp_path: Path) -> No
             args += ["--dir-fd", str(fd), name, "t"]
         done = ask(front_binary, "make-links", *args, fds=(fd,))
         for bad in (["--dir-fd", str(fd), "a/b", "t"], ["--dir-fd", str(fd), "a", ""],
-                    ["--dir-fd", str(fd), "a"], ["--dir-fd", "x", "a", "t"], []):  # fmt: skip
+                    ["--dir-fd", str(fd), "a"], ["--dir-fd", "x", "a", "t"],
+                    ["--dir-fd", f" +{fd}", "a", "t"], ["--dir-fd", "-1", "a", "t"],
+                    []):  # fmt: skip
             refused = ask(front_binary, "make-links", *bad, fds=(fd,))
             assert refused.returncode == 2 and refused.stderr.count("\n") == 1, bad
     finally:

@@ -168,6 +168,22 @@ def test_symlink_creation_rules(world: tuple[Path, Path, int]) -> None:
     assert sorted(p.name for p in (root / "usr/lib/nvidia").iterdir()) == ["libfoo.so.1", "real.so"]
 
 
+def test_many_links_are_made_a_folder_open_once(world: tuple[Path, Path, int]) -> None:
+    """An image's SONAME links can be many (ldrebuild): each folder is opened once and the C
+    is run on LINKS_PER_RUN links at a time; the outcomes stay in order, no descriptor left."""
+    from gpuctk.hook import compiled
+
+    root, _, fd = world
+    links = [(f"t{i}", f"/usr/lib/many/l{i}") for i in range(600)]
+    links += [("x", "/usr/lib/other/y"), ("a\0b", "/usr/lib/other/z"), ("x", "/usr/lib/\0/w")]
+    before = sorted(os.listdir("/proc/self/fd"))
+    out = compiled.links_in_root(fd, links)
+    assert out[:601] == ["made"] * 601
+    assert all(isinstance(e, rootfs.InRootError) for e in out[601:]), out[601:]
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert os.readlink(root / "usr/lib/many/l599") == "t599"
+
+
 def test_nul_bytes_and_root_names_are_refused(world: tuple[Path, Path, int]) -> None:
     _, _, fd = world
     with pytest.raises(rootfs.InRootError):
