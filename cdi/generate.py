@@ -210,7 +210,7 @@ def _hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
     args = [facts.HOOK_NAME, facts.HOOK_VERB]
     off = opts.disabled_hooks
     for target, link in files.symlinks if facts.LINKS_ACTION not in off else ():
-        args += [facts.LINK_OPT, f"{target}::{link}"]
+        args += [facts.LINK_OPT, facts.link_value(target, link)]
     for folder in files.ld_folders if facts.LDCACHE_ACTION not in off else ():
         args += [facts.FOLDER_OPT, folder]
     args += _ldconfig_args(opts)
@@ -258,17 +258,17 @@ def _stage_hook(machine: Machine, files: DriverFiles, opts: Options) -> Hook:
     linked = linked_files(files) if facts.LINKS_ACTION not in opts.disabled_hooks else ()
     for f in sorted(linked, key=lambda f: f.container_path):  # a config: its capability's
         path = posixpath.normpath(f.container_path)
-        link = f"{STAGE_PATH}/{STAGE_FILES}{path}::{path}"
+        target = f"{STAGE_PATH}/{STAGE_FILES}{path}"
         args += (
-            [facts.LINK_OPT, link]
+            [facts.LINK_OPT, facts.link_value(target, path)]
             if f.kind == "firmware"
-            else [facts.LINK_FOR_OPT, f"{f.capability}:{link}"]
+            else [facts.LINK_FOR_OPT, facts.link_value(target, path, f.capability)]
         )
     for f in files.binaries if facts.LINKS_ACTION not in opts.disabled_hooks else ():
         path = posixpath.normpath(f.container_path)
         if not path.startswith(f"{STAGE_PATH}/"):
             target = f"{STAGE_PATH}/bin/{posixpath.basename(path)}"
-            args += [facts.LINK_FOR_OPT, f"{f.capability}:{target}::{path}"]
+            args += [facts.LINK_FOR_OPT, facts.link_value(target, path, f.capability)]
     if facts.LDCACHE_ACTION not in opts.disabled_hooks:
         for sub in folders:
             args += [facts.FOLDER_OPT, f"{STAGE_PATH}/{sub}"]

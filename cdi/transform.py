@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from gpuctk.cdi.node.facts import LIBCUDA_DIR_ENV
+from gpuctk.cdi.node.facts import LIBCUDA_DIR_ENV, link_value, split_link
 from gpuctk.clitypes import NORMAL_PATH
 from gpuctk.errors import InputError, UsageError
 
@@ -39,8 +39,9 @@ def _args(args: list[Any], root: str, target: str) -> list[Any]:
     out = []
     for arg in args:
         if isinstance(arg, str):
-            head, sep, tail = arg.partition("::")
-            arg = move(head, root, target) + (sep + move(tail, root, target) if sep else "")
+            pair = split_link(arg)  # a link's TARGET::LINK: both paths moved
+            arg = (link_value(*(move(p, root, target) for p in pair)) if pair
+                   else move(arg, root, target))  # fmt: skip
         out.append(arg)
     return out
 

@@ -1575,26 +1575,28 @@ struct hook_args {
 /* A --link TARGET::LINK or --link-for CAPABILITY:TARGET::LINK value, kept in `a`. */
 static void parse_link(char *v, int link_for, struct hook_args *a)
 {
-	if (link_for) { /* CAPABILITY:TARGET::LINK */
-		char *colon = strchr(v, ':');
+	size_t cap_sep = strlen(GPUCTK_CAP_SEP);
+	if (link_for) { /* CAPABILITY:TARGET::LINK, as the spec's entry has it */
+		char *colon = strstr(v, GPUCTK_CAP_SEP);
 		int bit = colon ? cap_bit(v, (size_t)(colon - v)) : -1;
-		if (bit < 0 || colon[1] == ':')
+		if (bit < 0 || strncmp(colon + cap_sep, GPUCTK_CAP_SEP, cap_sep) == 0)
 			python("a " GPUCTK_LINK_FOR_OPT " only gpuctk-hook reads");
-		v = colon + 1;
+		v = colon + cap_sep;
 		a->needs[a->nlinks] = bit;
 		a->nlinks_for++;
 	} else {
 		a->needs[a->nlinks] = -1;
 	}
-	char *sep = strstr(v, "::");
+	char *sep = strstr(v, GPUCTK_LINK_SEP);
+	size_t link_sep = strlen(GPUCTK_LINK_SEP);
 	if (!sep)
 		python("a " GPUCTK_LINK_OPT " only gpuctk-hook reads");
 	*sep = 0;
-	int plain = plain_path(v) && plain_path(sep + 2);
-	if (plain &&
-	    (!(a->targets[a->nlinks] = strdup(v)) || !(a->paths[a->nlinks] = strdup(sep + 2))))
+	int plain = plain_path(v) && plain_path(sep + link_sep);
+	if (plain && (!(a->targets[a->nlinks] = strdup(v)) ||
+		      !(a->paths[a->nlinks] = strdup(sep + link_sep))))
 		plain = 0;
-	*sep = ':'; /* argv as it came, for gpuctk-hook */
+	*sep = GPUCTK_LINK_SEP[0]; /* argv as it came, for gpuctk-hook */
 	if (!plain)
 		python("a " GPUCTK_LINK_OPT " only gpuctk-hook reads");
 	a->nlinks++;

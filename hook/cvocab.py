@@ -48,6 +48,8 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_GUARD_ACTION", f"{_FACTS}.GUARD_ACTION", ""),
     ("GPUCTK_LINK_OPT", f"{_FACTS}.LINK_OPT", ""),
     ("GPUCTK_LINK_FOR_OPT", f"{_FACTS}.LINK_FOR_OPT", ""),
+    ("GPUCTK_LINK_SEP", f"{_FACTS}.LINK_SEP", ""),
+    ("GPUCTK_CAP_SEP", f"{_FACTS}.CAP_SEP", ""),
     ("GPUCTK_FOLDER_OPT", f"{_FACTS}.FOLDER_OPT", ""),
     ("GPUCTK_LD_CACHE_OPT", f"{_FACTS}.LD_CACHE_OPT", ""),
     ("GPUCTK_DISABLE_OPT", f"{_FACTS}.DISABLE_OPT", ""),

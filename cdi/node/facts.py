@@ -39,9 +39,34 @@ HOOK_ACTIONS = (LINKS_ACTION, LDCACHE_ACTION, COMPAT_ACTION, GUARD_ACTION)
 # the entry's options (each with a value, each repeatable but --ld-cache)
 LINK_OPT = "--link"  # TARGET::LINK
 LINK_FOR_OPT = "--link-for"  # CAPABILITY:TARGET::LINK: a link for a container asking for it
+LINK_SEP = "::"  # between a link's TARGET and LINK (nvidia-ctk's create-symlinks form)
+CAP_SEP = ":"  # after a --link-for's CAPABILITY
 FOLDER_OPT = "--folder"  # a library folder for the ld cache
 LD_CACHE_OPT = "--ld-cache"  # the stage's own ld cache (a host file)
 DISABLE_OPT = "--disable-hook"  # one of HOOK_ACTIONS, left out
+
+
+def link_value(target: str, link: str, capability: str = "") -> str:
+    """A --link value, TARGET::LINK; with `capability` a --link-for value,
+    CAPABILITY:TARGET::LINK. The entry's link values are written here and read by
+    split_link and split_link_for (and by hook/cdihook.c, through the generated header)."""
+    value = f"{target}{LINK_SEP}{link}"
+    return f"{capability}{CAP_SEP}{value}" if capability else value
+
+
+def split_link(value: str) -> tuple[str, str] | None:
+    """(TARGET, LINK) of a --link value; None without LINK_SEP."""
+    target, sep, link = value.partition(LINK_SEP)
+    return (target, link) if sep else None
+
+
+def split_link_for(value: str) -> tuple[str, str] | None:
+    """(CAPABILITY, TARGET::LINK) of a --link-for value; None without a capability before
+    CAP_SEP, or where what follows it starts with another (that was a LINK_SEP)."""
+    capability, sep, rest = value.partition(CAP_SEP)
+    return (capability, rest) if capability and sep and not rest.startswith(CAP_SEP) else None
+
+
 # a spec's env: the container folder of the driver's libcuda.so.1 (nvidia-ctk's name;
 # gpuctk.cdi.generate.libcuda_dir)
 LIBCUDA_DIR_ENV = "NVIDIA_CTK_LIBCUDA_DIR"

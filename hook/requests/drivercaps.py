@@ -24,6 +24,7 @@ from __future__ import annotations
 import posixpath
 
 from gpuctk.cdi.node import capabilities as caps
+from gpuctk.cdi.node import facts
 from gpuctk.cdi.node.facts import LIBCUDA_DIR_ENV
 
 TYPE_CHECKING = False
@@ -100,7 +101,7 @@ def _link_pairs(args: list[str]) -> Iterable[tuple[int, int, str, str, str | Non
     while i < len(args):
         arg, cap = args[i], None
         name, eq, inline = arg.partition("=")
-        if name not in ("--link", "--link-for"):
+        if name not in (facts.LINK_OPT, facts.LINK_FOR_OPT):
             i += 1
             continue
         if eq:
@@ -109,11 +110,11 @@ def _link_pairs(args: list[str]) -> Iterable[tuple[int, int, str, str, str | Non
             value, stop = args[i + 1], i + 2
         else:
             break
-        if name == "--link-for":
-            cap, _, value = value.partition(":")
-        target, sep, link = value.partition("::")
-        if sep:
-            yield i, stop, target, link, cap
+        if name == facts.LINK_FOR_OPT:
+            cap, value = facts.split_link_for(value) or (None, "")
+        pair = facts.split_link(value)
+        if pair:
+            yield i, stop, *pair, cap
         i = stop
 
 

@@ -86,7 +86,7 @@ def _stage_hook(hook: Any) -> bool:
         or (k == facts.DISABLE_OPT and v in facts.HOOK_ACTIONS)
         or (k == "--ldconfig-path" and bool(v))  # nvidia-ctk's option (gpuctk.cdi.nvctk)
         or (k == facts.LINK_OPT and _stage_link(v) is not None)
-        or (k == facts.LINK_FOR_OPT and v.partition(":")[0] and _stage_link(v.partition(":")[2]))
+        or (k == facts.LINK_FOR_OPT and _stage_link((facts.split_link_for(v) or ("", ""))[1]))
         for k, v in pairs
     )
 
@@ -94,10 +94,10 @@ def _stage_hook(hook: Any) -> bool:
 def _stage_link(value: str) -> tuple[str, str] | None:
     """(target, link) of a folder spec's `--link`: a staged file at its own container path,
     or a staged binary at its usual path (/usr/local/nvidia/bin/NAME at /usr/bin/NAME)."""
-    target, sep, link = value.partition("::")
+    target, link = facts.split_link(value) or ("", "")
     plain = link[:1] == "/" != link[1:2] and posixpath.normpath(link) == link and "\0" not in link
     staged = target in (STAGE_FILES + link, f"{STAGE_PATH}/bin/{posixpath.basename(link)}")
-    return (target, link) if sep and plain and staged else None
+    return (target, link) if plain and staged else None
 
 
 def gpuctk_hooks(edits: EditsDoc) -> list[Any]:

@@ -12,6 +12,7 @@ import posixpath
 import stat
 
 from gpuctk import rootfs
+from gpuctk.cdi.node import facts
 from gpuctk.errors import UsageError
 from gpuctk.log import hook as hooklog
 
@@ -31,8 +32,8 @@ _LIB_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/lib32")
 
 def parse_link(spec: str) -> tuple[str, str]:
     """`TARGET::LINK` -> (target, link); LINK must be an absolute container path."""
-    target, sep, link = spec.partition("::")
-    if not sep or not target or not link:
+    target, link = facts.split_link(spec) or ("", "")
+    if not target or not link:
         raise UsageError(f"--link {spec!r}: expected TARGET::LINK")
     for text in (target, link):
         if "\0" in text or "\n" in text:
@@ -47,8 +48,8 @@ def parse_link_for(spec: str) -> tuple[str, str, str]:
     of a newer gpuctk) is warned about: no container asks for it, so the link is never made."""
     from gpuctk.cdi.node import capabilities as caps
 
-    cap, sep, rest = spec.partition(":")
-    if not sep or not cap or rest.startswith(":"):
+    cap, rest = facts.split_link_for(spec) or ("", "")
+    if not cap:
         raise UsageError(f"--link-for {spec!r}: expected CAPABILITY:TARGET::LINK")
     if cap not in caps.ALL:
         hooklog.warning(f"--link-for {spec!r}: unknown capability {cap!r} (link left out)")

@@ -82,6 +82,7 @@ def test_the_c_spells_no_word_of_the_vocabulary() -> None:
     words = [w for v in cvocab.values().values() if not isinstance(v, int)
              for w in (v if isinstance(v, tuple) else (v,))]  # fmt: skip
     assert "--link" in words and "compute" in words and "createContainer" in words
+    words = [w for w in words if len(w) > 1]  # a one-character separator is JSON's too
     for file, text in SOURCES.items():
         spelled = sorted({w for w in words if f'"{w}"' in text})
         assert not spelled, f"hook/{file} spells {spelled}: name them from {cvocab.HEADER}"
