@@ -1407,13 +1407,6 @@ static int is_blank(char c)
 	return c && strchr(GPUCTK_CAPS_BLANKS, c);
 }
 
-/* The capabilities the container's NVIDIA_DRIVER_CAPABILITIES asks for, a bit each, from the
- * last entry of process.env that sets it (each entry's escapes decoded: Go's JSON writes <, >
- * and & as escapes): a comma-separated list, each word trimmed of GPUCTK_CAPS_BLANKS; unset or
- * blank the default (utility, compute), `all` every one, other words ignored (counted in
- * *unknown). A character above 127 is a byte that no word, blank or comma is (sf_decoded). -1
- * when the config is not plain enough to tell (a key in another case, bytes that are not
- * UTF-8, no memory). The rule's one home: gpuctk-hook and the Python shim ask caps_served. */
 /* The last entry of the env list `env` that sets GPUCTK_CAPS_ENV, each entry decoded
  * (sf_decoded), walked one at a time (a list of any length a config holds): 0 with *at its
  * value and *vlen its length (*at NULL: none sets it), *kept the buffer to free (or NULL); -1
@@ -1457,6 +1450,13 @@ static int caps_entry(struct span env, const char **at, size_t *vlen, char **kep
 	return n ? -1 : 0;
 }
 
+/* The capabilities the container's NVIDIA_DRIVER_CAPABILITIES asks for, a bit each, from the
+ * last entry of process.env that sets it (each entry's escapes decoded: Go's JSON writes <, >
+ * and & as escapes): a comma-separated list, each word trimmed of GPUCTK_CAPS_BLANKS; unset or
+ * blank the default (utility, compute), `all` every one, other words ignored (counted in
+ * *unknown). A character above 127 is a byte that no word, blank or comma is (sf_decoded). -1
+ * when the config is not plain enough to tell (a key in another case, bytes that are not
+ * UTF-8, no memory). The rule's one home: gpuctk-hook and the Python shim ask caps_served. */
 static int container_caps(const char *doc, size_t len, int *unknown)
 {
 	struct member *top = NULL, *proc = NULL, *f;

@@ -35,7 +35,6 @@ DIR_FD_OPT = "--dir-fd"  # a link's folder, as an inherited descriptor
 SERVED_VERBS = (MERGE_VERB, CAPS_VERB, ROOT_SEEN_VERB, LINKS_VERB)  # the verbs of its own forms
 LINK_OUTCOMES = ("made", "kept", "left")  # what links_in_root() says of each link
 LINKS_PER_RUN = 256  # links asked for in one run of the C (its argument list, descriptors)
-NO_UID = 0xFFFFFFFF  # (uid_t)-1: no file's owner
 
 
 def installed() -> str:
@@ -80,6 +79,21 @@ def high(fd: int) -> int:
         return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
     finally:
         os.close(fd)
+
+
+def memfd(name: str, data: bytes) -> int:
+    """A memory file holding `data`, at its start, above the standard streams (high()): what
+    a form of the C reads from an inherited descriptor."""
+    fd = high(os.memfd_create(name, os.MFD_CLOEXEC))
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def run(args: list[str], fds: tuple[int, ...], what: str, timeout: float = 60.0) -> Done:
@@ -226,17 +240,11 @@ def capabilities(config: object) -> tuple[frozenset[str], int]:
             process = {"env": process["env"]} if "env" in process else {}
         read["process"] = process
     try:
-        data = memoryview(dumps(read))
-        fd = high(os.memfd_create("oci-config", os.MFD_CLOEXEC))
+        fd = memfd("oci-config", dumps(read))
     except (ValueError, OSError) as exc:  # a number JSON cannot carry; no memory
         raise GpuctkError(f"{what}: the OCI config cannot be passed on: {exc}") from None
     try:
-        while data:
-            data = data[os.write(fd, data) :]
-        os.lseek(fd, 0, os.SEEK_SET)
         done = run([CAPS_VERB, CONFIG_FD_OPT, str(fd)], (fd,), what)
-    except OSError as exc:
-        raise GpuctkError(f"{what}: the OCI config cannot be passed on: {exc.strerror}") from None
     finally:
         os.close(fd)
     try:
@@ -253,7 +261,7 @@ def root_seen() -> int:
     """The uid under which this process sees host root's files, as gpuctk-cdi-hook tells it
     (`root_seen` in hook/cdihook.c, the rule's one home): 0, or inside a user namespace that
     maps no host uid 0 (Kubernetes' `hostUsers: false`, podman's --userns), the kernel's
-    overflow uid; NO_UID (no file's) where the kernel does not say. GpuctkError where the C
+    overflow uid; (uid_t)-1, no file's, where the kernel does not say. GpuctkError where the C
     does not run."""
     what = "the owner of host root's files"
     done = run([ROOT_SEEN_VERB], (), what)

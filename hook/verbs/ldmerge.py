@@ -162,7 +162,7 @@ def merged(old: bytes, added: list[LdCacheEntry], stage_cache: str | None = None
     strings."""
     from gpuctk.cdi.node.ldcache import build_ld_cache
 
-    fds = [_memfd("image-ld-cache", old), _memfd("entries", build_ld_cache(added))]
+    fds = [compiled.memfd("image-ld-cache", old), compiled.memfd("entries", build_ld_cache(added))]
     try:
         args = [MERGE_VERB, IMAGE_FD_OPT, str(fds[0]), ENTRIES_FD_OPT, str(fds[1])]
         if stage_cache is not None:
@@ -177,17 +177,3 @@ def merged(old: bytes, added: list[LdCacheEntry], stage_cache: str | None = None
         why = compiled.why(done) if done.returncode else "no cache came back"
         raise ValueError(f"the ld cache merge: {why}")
     return done.stdout
-
-
-def _memfd(name: str, data: bytes) -> int:
-    """A memory file holding `data`, at its start."""
-    fd = compiled.high(os.memfd_create(name, os.MFD_CLOEXEC))
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.lseek(fd, 0, os.SEEK_SET)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
