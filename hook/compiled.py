@@ -281,7 +281,6 @@ def links_in_root(
     For each link, in order: "made" (made, or an image's link naming something else swapped
     for it), "kept" (it names TARGET already), "left" (the image's own file, folder or node
     there), or the InRootError that stopped it. GpuctkError where the C does not run."""
-
     out: list[str | InRootError] = []
     for start in range(0, len(links), LINKS_PER_RUN):
         out += _links_run(root_fd, links[start : start + LINKS_PER_RUN], parents)

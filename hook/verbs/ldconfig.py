@@ -88,7 +88,7 @@ def open_host_ldconfig(path: str | None = None) -> tuple[int, str]:
     """Open the host's static ldconfig: `path` (a leading '@' is allowed, as nvidia-ctk writes
     it) or the first of CANDIDATES that exists. Returns (descriptor, path)."""
     candidates = [path.removeprefix("@")] if path else list(CANDIDATES)
-    root: list[int] = []  # root_seen(), asked once, at the first file found
+    root: int | None = None  # root_seen(), asked once, at the first file found
     for candidate in candidates:
         try:
             fd = os.open(candidate, os.O_RDONLY | os.O_CLOEXEC)
@@ -100,12 +100,12 @@ def open_host_ldconfig(path: str | None = None) -> tuple[int, str]:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or not st.st_mode & 0o111:
                 raise LdconfigError(f"host ldconfig {candidate} is not an executable file")
-            if not root:
+            if root is None:
                 try:
-                    root.append(root_seen())
+                    root = root_seen()
                 except GpuctkError as exc:
                     raise LdconfigError(f"host ldconfig {candidate}: {exc.message}") from None
-            if st.st_uid != root[0] or st.st_mode & 0o022:  # root's, in a user namespace too
+            if st.st_uid != root or st.st_mode & 0o022:  # root's, in a user namespace too
                 raise LdconfigError(
                     f"host ldconfig {candidate} is not root-owned and write-protected"
                 )
