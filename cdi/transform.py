@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from gpuctk.cdi.node.facts import LIBCUDA_DIR_ENV, link_value, split_link
+from gpuctk.cdi.node.facts import LIBCUDA_DIR_ENV, LINK_SEP
 from gpuctk.clitypes import NORMAL_PATH
 from gpuctk.errors import InputError, UsageError
 
@@ -38,10 +38,8 @@ def move(path: str, root: str, target: str) -> str:
 def _args(args: list[Any], root: str, target: str) -> list[Any]:
     out = []
     for arg in args:
-        if isinstance(arg, str):
-            pair = split_link(arg)  # a link's TARGET::LINK: both paths moved
-            arg = (link_value(*(move(p, root, target) for p in pair)) if pair
-                   else move(arg, root, target))  # fmt: skip
+        if isinstance(arg, str):  # each path of a link's TARGET::LINK moved
+            arg = LINK_SEP.join(move(p, root, target) for p in arg.split(LINK_SEP))
         out.append(arg)
     return out
 

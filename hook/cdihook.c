@@ -1561,9 +1561,173 @@ static int root_seen_served(int argc)
 	return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
 }
 
+/* ---- the entry's arguments ------------------------------------------------------------- */
+
+/* One argument after a verb as read_args() reads it: an option of the verb (its name, without
+ * the dashes, and its value) or, with no name, an argument the verb does not take. */
+struct arg {
+	int start, stop; /* its words: argv[start] up to argv[stop] */
+	const char *name, *value;
+	size_t namelen;
+};
+
+/* The verb's row of GPUCTK_HOOK_OPTIONS ("VERB NAME..."), NULL where it has none. */
+static const char *verb_row(const char *verb)
+{
+	size_t n = strlen(verb);
+	for (int i = 0; i < GPUCTK_HOOK_OPTIONS_COUNT; i++)
+		if (strncmp(GPUCTK_HOOK_OPTIONS[i], verb, n) == 0 &&
+		    (GPUCTK_HOOK_OPTIONS[i][n] == ' ' || !GPUCTK_HOOK_OPTIONS[i][n]))
+			return GPUCTK_HOOK_OPTIONS[i];
+	return NULL;
+}
+
+/* Whether the words of `row` after its first (the verb) include the n bytes at `name`. */
+static int row_has(const char *row, const char *name, size_t n)
+{
+	const char *w = strchr(row, ' ');
+	while (n && w) {
+		w++;
+		size_t len = strcspn(w, " ");
+		if (len == n && memcmp(w, name, n) == 0)
+			return 1;
+		w = strchr(w, ' ');
+	}
+	return 0;
+}
+
+static int is_flag(const char *name, size_t n)
+{
+	for (int i = 0; i < GPUCTK_HOOK_FLAGS_COUNT; i++)
+		if (strlen(GPUCTK_HOOK_FLAGS[i]) == n && memcmp(GPUCTK_HOOK_FLAGS[i], name, n) == 0)
+			return 1;
+	return 0;
+}
+
+/* The arguments argv[first..argc) after a verb of `row`, the one reading of them (gpuctk-hook
+ * asks for it: read_args_served()): --NAME VALUE or --NAME=VALUE for each option NAME of the row
+ * (each takes a value and may repeat); a flag (GPUCTK_HOOK_FLAGS) without =, skipped; any other
+ * argument not taken (an unknown --NAME without = takes the next word with it when that does not
+ * start with '-'). Fills out[] (argc entries) and returns how many; -1 with a usage error in
+ * err where an option's value is missing. */
+static int read_args(const char *row, int argc, char **argv, int first, struct arg *out,
+		     char *err, size_t errsize)
+{
+	int n = 0;
+	for (int i = first; i < argc;) {
+		const char *word = argv[i++], *name = "", *eq = NULL;
+		size_t len = 0;
+		if (strncmp(word, "--", 2) == 0) {
+			name = word + 2;
+			eq = strchr(name, '=');
+			len = eq ? (size_t)(eq - name) : strlen(name);
+		}
+		if (!eq && len && is_flag(name, len))
+			continue;
+		struct arg *a = &out[n++];
+		*a = (struct arg){ .start = i - 1, .name = name, .namelen = len };
+		if (row_has(row, name, len)) {
+			if (!eq && i >= argc) {
+				snprintf(err, errsize, "%.*s: --%.*s needs a value",
+					 (int)strcspn(row, " "), row, (int)len, name);
+				return -1;
+			}
+			a->value = eq ? eq + 1 : argv[i++];
+		} else {
+			if (len && !eq && i < argc && argv[i][0] != '-')
+				i++; /* an unknown option's value */
+			a->name = NULL;
+		}
+		a->stop = i;
+	}
+	return n;
+}
+
+/* Whether `a` is the option `opt` (its --NAME). */
+static int is_opt(const struct arg *a, const char *opt)
+{
+	return a->name && strlen(opt) == a->namelen + 2 && memcmp(opt + 2, a->name, a->namelen) == 0;
+}
+
+/* A --link value TARGET::LINK, or with link_for a --link-for value CAPABILITY:TARGET::LINK,
+ * split: the lengths of CAPABILITY (0 for a --link) and TARGET (at *target), LINK at *link;
+ * -1 where it does not split so (no LINK_SEP; no CAPABILITY before CAP_SEP, or another
+ * CAP_SEP right after it). The one reading of a link value: gpuctk-hook gets it from
+ * read_args_served(). */
+static int split_link(const char *v, int link_for, size_t *cap, const char **target,
+		      size_t *target_len, const char **link)
+{
+	size_t cap_sep = strlen(GPUCTK_CAP_SEP), link_sep = strlen(GPUCTK_LINK_SEP);
+	*cap = 0;
+	if (link_for) {
+		const char *colon = strstr(v, GPUCTK_CAP_SEP);
+		if (!colon || colon == v || strncmp(colon + cap_sep, GPUCTK_CAP_SEP, cap_sep) == 0)
+			return -1;
+		*cap = (size_t)(colon - v);
+		v = colon + cap_sep;
+	}
+	const char *sep = strstr(v, GPUCTK_LINK_SEP);
+	if (!sep)
+		return -1;
+	*target = v;
+	*target_len = (size_t)(sep - v);
+	*link = sep + link_sep;
+	return 0;
+}
+
+static void field(const char *s, size_t n)
+{
+	fwrite(s, 1, n, stdout);
+	putchar(0);
+}
+
+/* gpuctk-hook's form `read-args VERB [ARG]...`: the ARGs after VERB as read_args() reads them,
+ * one record per argument on stdout, eight fields each ended by a NUL byte: KIND (o an option
+ * of the verb, l a --link or --link-for whose value splits, i an argument the verb does not
+ * take), START and STOP (its words, counted from the first ARG), NAME, VALUE, and for l the
+ * CAPABILITY (empty for a --link), TARGET and LINK (split_link()), else three empty fields.
+ * Exit 0; 2 with the usage error on stderr (a missing value, a verb without options). It never
+ * hands over: gpuctk-hook runs it. */
+static int read_args_served(int argc, char **argv)
+{
+	const char *row = argc > 2 ? verb_row(argv[2]) : NULL;
+	struct arg *args = calloc((size_t)argc, sizeof *args);
+	char err[512], num[24];
+	if (!row || !args) {
+		fprintf(stderr, "%s\n", args ? "usage: " GPUCTK_READ_ARGS_VERB " VERB [ARG]... (a "
+			"verb of gpuctk-hook; gpuctk-hook runs it)" : strerror(errno));
+		return 2;
+	}
+	int n = read_args(row, argc, argv, 3, args, err, sizeof err);
+	if (n < 0) {
+		fprintf(stderr, "%s\n", err);
+		return 2;
+	}
+	for (int k = 0; k < n; k++) {
+		const struct arg *a = &args[k];
+		const char *target = "", *link = "";
+		size_t cap = 0, tlen = 0;
+		int l = (is_opt(a, GPUCTK_LINK_OPT) || is_opt(a, GPUCTK_LINK_FOR_OPT)) &&
+			split_link(a->value, is_opt(a, GPUCTK_LINK_FOR_OPT), &cap, &target, &tlen,
+				   &link) == 0;
+		field(!a->name ? "i" : l ? "l" : "o", 1);
+		for (int w = 0; w < 2; w++) {
+			int len = snprintf(num, sizeof num, "%d", (w ? a->stop : a->start) - 3);
+			field(num, (size_t)len);
+		}
+		field(a->name ? a->name : "", a->name ? a->namelen : 0);
+		field(a->value ? a->value : "", a->value ? strlen(a->value) : 0);
+		field(a->value ? a->value : "", cap);
+		field(target, tlen);
+		field(link, strlen(link));
+	}
+	free(args);
+	return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
+}
+
 /* ---- the verbs ----------------------------------------------------------------------------- */
 
-/* What the arguments ask for; each one this program does not read goes to gpuctk-hook. */
+/* What the arguments ask for; each one this program does not serve goes to gpuctk-hook. */
 struct hook_args {
 	int create; /* createContainer, else disable-device-node-modification */
 	const char *folders[16], *targets[MAX_LINKS], *part;
@@ -1572,34 +1736,24 @@ struct hook_args {
 	int nfolders, nlinks, nlinks_for, off_ld, off_compat, off_guard, off_links;
 };
 
-/* A --link TARGET::LINK or --link-for CAPABILITY:TARGET::LINK value, kept in `a`. */
-static void parse_link(char *v, int link_for, struct hook_args *a)
+/* A --link or --link-for (link_for) value, kept in `a` where this program makes it. */
+static void keep_link(const char *v, int link_for, struct hook_args *a)
 {
-	size_t cap_sep = strlen(GPUCTK_CAP_SEP);
-	if (link_for) { /* CAPABILITY:TARGET::LINK, as the spec's entry has it */
-		char *colon = strstr(v, GPUCTK_CAP_SEP);
-		int bit = colon ? cap_bit(v, (size_t)(colon - v)) : -1;
-		if (bit < 0 || strncmp(colon + cap_sep, GPUCTK_CAP_SEP, cap_sep) == 0)
-			python("a " GPUCTK_LINK_FOR_OPT " only gpuctk-hook reads");
-		v = colon + cap_sep;
-		a->needs[a->nlinks] = bit;
-		a->nlinks_for++;
-	} else {
-		a->needs[a->nlinks] = -1;
-	}
-	char *sep = strstr(v, GPUCTK_LINK_SEP);
-	size_t link_sep = strlen(GPUCTK_LINK_SEP);
-	if (!sep)
+	const char *target, *link;
+	size_t cap, tlen;
+	int bit = -1;
+	if (!a->create || a->nlinks == MAX_LINKS ||
+	    split_link(v, link_for, &cap, &target, &tlen, &link) != 0 ||
+	    (link_for && (bit = cap_bit(v, cap)) < 0))
+		python(link_for ? "a " GPUCTK_LINK_FOR_OPT " only gpuctk-hook reads"
+				: "a " GPUCTK_LINK_OPT " only gpuctk-hook reads");
+	char *t = strndup(target, tlen);
+	if (!t || !plain_path(t) || !plain_path(link))
 		python("a " GPUCTK_LINK_OPT " only gpuctk-hook reads");
-	*sep = 0;
-	int plain = plain_path(v) && plain_path(sep + link_sep);
-	if (plain && (!(a->targets[a->nlinks] = strdup(v)) ||
-		      !(a->paths[a->nlinks] = strdup(sep + link_sep))))
-		plain = 0;
-	*sep = GPUCTK_LINK_SEP[0]; /* argv as it came, for gpuctk-hook */
-	if (!plain)
-		python("a " GPUCTK_LINK_OPT " only gpuctk-hook reads");
-	a->nlinks++;
+	a->targets[a->nlinks] = t;
+	a->paths[a->nlinks] = (char *)link;
+	a->needs[a->nlinks++] = bit;
+	a->nlinks_for += link_for;
 }
 
 /* A --disable-hook NAME. */
@@ -1617,34 +1771,34 @@ static void parse_disable(const char *v, struct hook_args *a)
 		python("a " GPUCTK_DISABLE_OPT " name only gpuctk-hook knows");
 }
 
+/* The verb's arguments, read by read_args(), kept in `a` where this program serves them all. */
 static void parse_args(int argc, char **argv, struct hook_args *a)
 {
-	for (int i = 2; i < argc; i++) {
-		int folder = strcmp(argv[i], GPUCTK_FOLDER_OPT) == 0;
-		int link = strcmp(argv[i], GPUCTK_LINK_OPT) == 0;
-		int link_for = strcmp(argv[i], GPUCTK_LINK_FOR_OPT) == 0;
-		int cache = strcmp(argv[i], GPUCTK_LD_CACHE_OPT) == 0;
-		if ((!folder && !link && !link_for && !cache &&
-		     strcmp(argv[i], GPUCTK_DISABLE_OPT) != 0) ||
-		    i + 1 >= argc)
-			python("an argument only gpuctk-hook reads");
-		char *v = argv[++i];
-		if ((link || link_for) && (!a->create || a->nlinks == MAX_LINKS))
-			python("a " GPUCTK_LINK_OPT " only gpuctk-hook reads");
-		if (link || link_for) {
-			parse_link(v, link_for, a);
-		} else if (cache) {
-			if (!a->create || a->part || !plain_path(v))
+	struct arg *args = calloc((size_t)argc, sizeof *args);
+	char err[512];
+	int n = args ? read_args(verb_row(argv[1]), argc, argv, 2, args, err, sizeof err) : -1;
+	if (n < 0)
+		python("arguments gpuctk-hook refuses");
+	for (int k = 0; k < n; k++) {
+		const struct arg *g = &args[k];
+		const char *v = g->value;
+		if (is_opt(g, GPUCTK_LINK_OPT) || is_opt(g, GPUCTK_LINK_FOR_OPT)) {
+			keep_link(v, is_opt(g, GPUCTK_LINK_FOR_OPT), a);
+		} else if (is_opt(g, GPUCTK_LD_CACHE_OPT)) {
+			if (a->part || !plain_path(v))
 				python("an " GPUCTK_LD_CACHE_OPT " only gpuctk-hook reads");
 			a->part = v;
-		} else if (folder) {
-			if (!a->create || a->nfolders == 16 || v[0] != '/')
+		} else if (is_opt(g, GPUCTK_FOLDER_OPT)) {
+			if (a->nfolders == 16 || v[0] != '/')
 				python("a " GPUCTK_FOLDER_OPT " only gpuctk-hook reads");
 			a->folders[a->nfolders++] = v;
-		} else {
+		} else if (is_opt(g, GPUCTK_DISABLE_OPT)) {
 			parse_disable(v, a);
+		} else {
+			python("an argument only gpuctk-hook reads");
 		}
 	}
+	free(args);
 }
 
 /* The container root named by the state's bundle's config.json, as an O_PATH descriptor; the
@@ -1730,6 +1884,8 @@ int main(int argc, char **argv)
 		return caps_served(argc, argv);
 	if (argc > 1 && strcmp(argv[1], GPUCTK_ROOT_SEEN_VERB) == 0)
 		return root_seen_served(argc);
+	if (argc > 1 && strcmp(argv[1], GPUCTK_READ_ARGS_VERB) == 0)
+		return read_args_served(argc, argv);
 	g_argv = argv;
 	if (argc < 2)
 		python("no verb");

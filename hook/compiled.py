@@ -15,13 +15,16 @@ import os
 import sys
 
 from gpuctk.cdi.node.facts import COMPILED_HOOK, compiled_beside
-from gpuctk.errors import GpuctkError
+from gpuctk.errors import GpuctkError, UsageError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from gpuctk.rootfs import InRootError
+
+    # read_args(): KIND, START, STOP, NAME, VALUE, CAPABILITY, TARGET, LINK
+    Arg = tuple[str, int, int, str, str, str, str, str]
 
 PROGRAM = COMPILED_HOOK
 ERROR_PREFIX = f"{PROGRAM}: error: "
@@ -32,7 +35,9 @@ CONFIG_FD_OPT = "--config-fd"  # its OCI config, as an inherited descriptor
 ROOT_SEEN_VERB = "root-seen"  # root_seen()'s form
 LINKS_VERB = "make-links"  # the link policy's form (links_in_root())
 DIR_FD_OPT = "--dir-fd"  # a link's folder, as an inherited descriptor
-SERVED_VERBS = (MERGE_VERB, CAPS_VERB, ROOT_SEEN_VERB, LINKS_VERB)  # the verbs of its own forms
+READ_ARGS_VERB = "read-args"  # the reading of a hook entry's arguments' form (read_args())
+# the verbs of its own forms
+SERVED_VERBS = (MERGE_VERB, CAPS_VERB, ROOT_SEEN_VERB, LINKS_VERB, READ_ARGS_VERB)
 LINK_OUTCOMES = ("made", "kept", "left")  # what links_in_root() says of each link
 LINKS_PER_RUN = 256  # links asked for in one run of the C (its argument list, descriptors)
 
@@ -255,6 +260,47 @@ def capabilities(config: object) -> tuple[frozenset[str], int]:
     except (ValueError, TypeError, KeyError):
         pass
     raise GpuctkError(f"{what}: {why(done)}")
+
+
+_READ: dict[tuple[str, ...], tuple[Arg, ...]] = {}  # read_args()' answers in this process
+_READ_KEPT = 64
+
+
+def read_args(verb: str, args: Sequence[str]) -> tuple[Arg, ...]:
+    """The arguments `args` after `verb` (a verb of gpuctk.cdi.node.facts.HOOK_OPTIONS) of a
+    hook entry, as gpuctk-cdi-hook reads them at every container start (`read_args` and
+    `split_link` in hook/cdihook.c, the one reading of an entry's arguments and link values):
+    one (KIND, START, STOP, NAME, VALUE, CAPABILITY, TARGET, LINK) per argument, KIND "o" an
+    option of the verb with its VALUE, "l" a --link or --link-for whose VALUE splits into
+    CAPABILITY ("" for a --link), TARGET and LINK, "i" an argument the verb does not take;
+    args[START:STOP] its words. UsageError where the C refuses them (an option's value
+    missing), GpuctkError where it does not run."""
+    key = (verb, *args)
+    if key in _READ:
+        return _READ[key]
+    what = f"the arguments of {verb}"
+    if any("\0" in word for word in key):
+        raise UsageError(f"{verb}: an argument holds a NUL byte")
+    try:
+        os.fsencode(verb), [os.fsencode(word) for word in args]
+    except UnicodeError:
+        raise UsageError(f"{verb}: an argument is not text a program can be given") from None
+    done = run([READ_ARGS_VERB, *key], (), what)
+    fields = [os.fsdecode(f) for f in done.stdout.split(b"\0")]
+    if done.returncode == 2 and done.stderr.strip():
+        raise UsageError(done.stderr.decode(errors="replace").strip().splitlines()[-1])
+    if done.returncode != 0 or len(fields) % 8 != 1 or fields[-1]:
+        raise GpuctkError(f"{what}: {why(done)}")
+    read = tuple(
+        (kind, int(start), int(stop), name, value, cap, target, link)
+        for kind, start, stop, name, value, cap, target, link in zip(
+            *[iter(fields)] * 8, strict=False
+        )
+    )
+    if len(_READ) >= _READ_KEPT:
+        _READ.clear()
+    _READ[key] = read
+    return read
 
 
 def root_seen() -> int:

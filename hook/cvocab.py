@@ -31,7 +31,8 @@ _ARGS = "gpuctk.hook.shim.runcargs"
 
 # (C name, the Python constant as module.NAME, what of its value the C takes: "" the value,
 # "dir" / "name" a path's folder / last name, "sorted" a set in order, "mask" the capabilities'
-# bits in capabilities.ALL's order, "ascii" bytes as text)
+# bits in capabilities.ALL's order, "ascii" bytes as text, "rows" a table of words, each key and
+# its words as one string "KEY WORD...")
 WORDS: tuple[tuple[str, str, str], ...] = (
     # the container's capabilities: bit i of a mask is GPUCTK_CAPS[i]
     ("GPUCTK_CAPS", f"{_CAPS}.ALL", ""),
@@ -53,6 +54,9 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_FOLDER_OPT", f"{_FACTS}.FOLDER_OPT", ""),
     ("GPUCTK_LD_CACHE_OPT", f"{_FACTS}.LD_CACHE_OPT", ""),
     ("GPUCTK_DISABLE_OPT", f"{_FACTS}.DISABLE_OPT", ""),
+    ("GPUCTK_HOOK_OPTIONS", f"{_FACTS}.HOOK_OPTIONS", "rows"),
+    ("GPUCTK_HOOK_FLAGS", f"{_FACTS}.HOOK_FLAGS", ""),
+    ("GPUCTK_READ_ARGS_VERB", "gpuctk.hook.compiled.READ_ARGS_VERB", ""),
     ("GPUCTK_DRIVER_VERSION_ENV", f"{_FACTS}.DRIVER_KEY", ""),
     ("GPUCTK_HOOK_FRONT_ENV", f"{_FACTS}.HOOK_FRONT_ENV", ""),
     ("GPUCTK_HOOK_FRONT_TRACE_ENV", f"{_FACTS}.HOOK_FRONT_TRACE_ENV", ""),
@@ -145,6 +149,8 @@ def value(source: str, take: str) -> Value:
         return posixpath.basename(v)
     if take == "sorted" and isinstance(v, frozenset | set):
         return tuple(sorted(str(x) for x in v))
+    if take == "rows" and isinstance(v, dict):
+        return tuple(" ".join((k, *words)) for k, words in v.items())
     if take == "ascii" and isinstance(v, bytes):
         return v.decode("ascii")
     if take == "mask" and isinstance(v, tuple):

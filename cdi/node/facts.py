@@ -44,27 +44,31 @@ CAP_SEP = ":"  # after a --link-for's CAPABILITY
 FOLDER_OPT = "--folder"  # a library folder for the ld cache
 LD_CACHE_OPT = "--ld-cache"  # the stage's own ld cache (a host file)
 DISABLE_OPT = "--disable-hook"  # one of HOOK_ACTIONS, left out
+# gpuctk-hook's in-root verbs -> the options each takes, by name (all repeatable, all with a
+# value), and its flags, which a verb's arguments may hold too: read by read_args in
+# hook/cdihook.c alone (through the generated header; gpuctk.hook.compiled.read_args asks it)
+_PATH_OPTS = ("mode", "path")  # chmod's
+_OWN = "container-spec"  # a config.json's path, for a verb run by hand
+HOOK_OPTIONS = {
+    HOOK_VERB: tuple(o.removeprefix("--") for o in (
+        LINK_OPT, LINK_FOR_OPT, FOLDER_OPT, *_PATH_OPTS, "ldconfig-path", _OWN, DISABLE_OPT,
+        LD_CACHE_OPT,
+    )),
+    GUARD_ACTION: (_OWN,),
+    LINKS_ACTION: (LINK_OPT.removeprefix("--"), _OWN),
+    LDCACHE_ACTION: (FOLDER_OPT.removeprefix("--"), "ldconfig-path", _OWN),
+    "chmod": (*_PATH_OPTS, _OWN),
+}  # fmt: skip
+HOOK_FLAGS = ("debug",)
 
 
 def link_value(target: str, link: str, capability: str = "") -> str:
     """A --link value, TARGET::LINK; with `capability` a --link-for value,
     CAPABILITY:TARGET::LINK. The entry's link values are written here and read by
-    split_link and split_link_for (and by hook/cdihook.c, through the generated header)."""
+    split_link in hook/cdihook.c alone (the separators through the generated header;
+    gpuctk.hook.compiled.read_args asks it)."""
     value = f"{target}{LINK_SEP}{link}"
     return f"{capability}{CAP_SEP}{value}" if capability else value
-
-
-def split_link(value: str) -> tuple[str, str] | None:
-    """(TARGET, LINK) of a --link value; None without LINK_SEP."""
-    target, sep, link = value.partition(LINK_SEP)
-    return (target, link) if sep else None
-
-
-def split_link_for(value: str) -> tuple[str, str] | None:
-    """(CAPABILITY, TARGET::LINK) of a --link-for value; None without a capability before
-    CAP_SEP, or where what follows it starts with another (that was a LINK_SEP)."""
-    capability, sep, rest = value.partition(CAP_SEP)
-    return (capability, rest) if capability and sep and not rest.startswith(CAP_SEP) else None
 
 
 # a spec's env: the container folder of the driver's libcuda.so.1 (nvidia-ctk's name;

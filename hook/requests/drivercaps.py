@@ -26,6 +26,7 @@ import posixpath
 from gpuctk.cdi.node import capabilities as caps
 from gpuctk.cdi.node import facts
 from gpuctk.cdi.node.facts import LIBCUDA_DIR_ENV
+from gpuctk.errors import GpuctkError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -96,26 +97,21 @@ def file_capabilities(mount: Mapping[str, Any], lib64: bool) -> tuple[str, ...]:
 
 def _link_pairs(args: list[str]) -> Iterable[tuple[int, int, str, str, str | None]]:
     """(start, stop, target, link, capability) of each --link and --link-for argument in a
-    hook's args (capability None for a --link)."""
-    i = 0
-    while i < len(args):
-        arg, cap = args[i], None
-        name, eq, inline = arg.partition("=")
-        if name not in (facts.LINK_OPT, facts.LINK_FOR_OPT):
-            i += 1
-            continue
-        if eq:
-            value, stop = inline, i + 1
-        elif i + 1 < len(args):
-            value, stop = args[i + 1], i + 2
-        else:
-            break
-        if name == facts.LINK_FOR_OPT:
-            cap, value = facts.split_link_for(value) or (None, "")
-        pair = facts.split_link(value)
-        if pair:
-            yield i, stop, *pair, cap
-        i = stop
+    hook's args (capability None for a --link), as gpuctk-cdi-hook reads them
+    (gpuctk.hook.compiled.read_args) after the first of args[1:] that is one of gpuctk-hook's
+    verbs (nvidia-ctk's `nvidia-ctk hook create-symlinks` has one more word before it); none
+    where there is no such verb or the C refuses the arguments."""
+    from gpuctk.hook import compiled
+
+    at = next((i for i, arg in enumerate(args) if i and arg in facts.HOOK_OPTIONS), 0)
+    try:
+        read = compiled.read_args(args[at], args[at + 1 :]) if at else ()
+    except GpuctkError:
+        return
+    link_for = facts.LINK_FOR_OPT[2:]
+    for kind, start, stop, name, _value, cap, target, link in read:
+        if kind == "l":
+            yield at + 1 + start, at + 1 + stop, target, link, cap if name == link_for else None
 
 
 def _filter_links(args: list[str], dropped: set[str], selected: frozenset[str]) -> list[str]:

@@ -39,6 +39,7 @@ import posixpath
 
 from gpuctk import rootfs
 from gpuctk.cdi.node import facts
+from gpuctk.errors import GpuctkError
 from gpuctk.hook.shim.rootcache import Fallback, merge_cache, open_glibc_root
 from gpuctk.hook.verbs import cudacompat, inroot, ldmerge, nodeguard
 
@@ -72,32 +73,38 @@ def _stage_hook(hook: Any) -> bool:
     if not (
         isinstance(args, list)
         and len(args) >= 2
-        and len(args) % 2 == 0
+        and all(isinstance(a, str) for a in args)
         and hook.get("hookName") == facts.HOOK_VERB
         and isinstance(hook.get("path"), str)
         and posixpath.basename(hook["path"]) in facts.HOOK_PROGRAMS
         and args[1] == facts.HOOK_VERB
     ):
         return False
-    pairs = list(zip(args[2::2], args[3::2], strict=True))
-    return all(
-        (k == facts.FOLDER_OPT and v in STAGE_LIBS)
-        or (k == facts.LD_CACHE_OPT and v[:1] == "/" and v.endswith(STAGE_CACHE))
-        or (k == facts.DISABLE_OPT and v in facts.HOOK_ACTIONS)
-        or (k == "--ldconfig-path" and bool(v))  # nvidia-ctk's option (gpuctk.cdi.nvctk)
-        or (k == facts.LINK_OPT and _stage_link(v) is not None)
-        or (k == facts.LINK_FOR_OPT and _stage_link((facts.split_link_for(v) or ("", ""))[1]))
-        for k, v in pairs
+    from gpuctk.hook import compiled
+
+    try:
+        read = compiled.read_args(facts.HOOK_VERB, args[2:])
+    except GpuctkError:
+        return False
+    return all(_stage_arg(kind, f"--{name}", value, target, link)
+               for kind, _start, _stop, name, value, _cap, target, link in read)  # fmt: skip
+
+
+def _stage_arg(kind: str, opt: str, value: str, target: str, link: str) -> bool:
+    """One argument of a folder spec's entry (as gpuctk.hook.compiled.read_args reads it): a
+    stage folder, the stage's cache, an action's name, an --ldconfig-path, or a link of a
+    staged file at its own container path or of a staged binary at its usual path
+    (/usr/local/nvidia/bin/NAME at /usr/bin/NAME)."""
+    if kind == "l":
+        plain = link[:1] == "/" != link[1:2] and posixpath.normpath(link) == link
+        staged = target in (STAGE_FILES + link, f"{STAGE_PATH}/bin/{posixpath.basename(link)}")
+        return plain and staged and "\0" not in link
+    return (
+        (opt == facts.FOLDER_OPT and value in STAGE_LIBS)
+        or (opt == facts.LD_CACHE_OPT and value[:1] == "/" and value.endswith(STAGE_CACHE))
+        or (opt == facts.DISABLE_OPT and value in facts.HOOK_ACTIONS)
+        or (opt == "--ldconfig-path" and bool(value))  # nvidia-ctk's option (gpuctk.cdi.nvctk)
     )
-
-
-def _stage_link(value: str) -> tuple[str, str] | None:
-    """(target, link) of a folder spec's `--link`: a staged file at its own container path,
-    or a staged binary at its usual path (/usr/local/nvidia/bin/NAME at /usr/bin/NAME)."""
-    target, link = facts.split_link(value) or ("", "")
-    plain = link[:1] == "/" != link[1:2] and posixpath.normpath(link) == link and "\0" not in link
-    staged = target in (STAGE_FILES + link, f"{STAGE_PATH}/bin/{posixpath.basename(link)}")
-    return (target, link) if plain and staged else None
 
 
 def gpuctk_hooks(edits: EditsDoc) -> list[Any]:
@@ -152,7 +159,7 @@ def prepare(edits: EditsDoc) -> dict[str, Any]:
     from gpuctk.hook.verbs import hook_main as words
 
     try:
-        values, ignored = words.parse(facts.HOOK_VERB, ours[0]["args"][2:])
+        values, parts, ignored = words.parse(facts.HOOK_VERB, ours[0]["args"][2:])
     except Exception as exc:
         return {"fallback": f"hook arguments: {exc}"}
     if ignored or any(
@@ -165,7 +172,9 @@ def prepare(edits: EditsDoc) -> dict[str, Any]:
         return {"fallback": f"--disable-hook {unknown[0]!r} is not known here"}
     try:
         links_ = [] if facts.LINKS_ACTION in off else values[words.LINK]
-        links = dict(reversed([inroot.parse_link(s)[::-1] for s in links_]))
+        links = dict(reversed([
+            inroot.parse_link(s, parts.get((words.LINK, s)))[::-1] for s in links_
+        ]))  # fmt: skip
         folders = [inroot.check_folder(f) for f in values[words.FOLDER]]
         if facts.LDCACHE_ACTION in off:
             folders = []

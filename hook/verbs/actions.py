@@ -19,6 +19,7 @@ import os
 import posixpath
 
 from gpuctk import rootfs
+from gpuctk.cdi.node import facts
 from gpuctk.cdi.node.facts import HOOK_ACTIONS
 from gpuctk.errors import UsageError
 from gpuctk.hook import oci_state
@@ -47,6 +48,7 @@ class Request:
         "links",
         "links_for",
         "mode",
+        "parts",
         "paths",
         "run_ldconfig",
         "verb",
@@ -66,6 +68,7 @@ class Request:
         run_ldconfig: bool = False,
         disabled: list[str] | None = None,
         ld_cache: str | None = None,
+        parts: dict[tuple[str, str], tuple[str, str, str]] | None = None,
     ) -> None:
         self.verb = verb
         self.links = list(links or [])
@@ -78,6 +81,9 @@ class Request:
         self.run_ldconfig = run_ldconfig
         self.disabled = frozenset(disabled or ())
         self.ld_cache = ld_cache  # a folder spec's stage cache (--ld-cache), a host file
+        # (NAME, VALUE) -> (CAPABILITY, TARGET, LINK) of each link value that splits, as
+        # gpuctk-cdi-hook reads it (gpuctk.hook.verbs.hook_main.parse)
+        self.parts = dict(parts or {})
 
 
 def locate(container_spec: str | None, stdin: BinaryIO | None = None) -> tuple[dict[str, Any], str]:
@@ -279,10 +285,13 @@ def run_request(req: Request, stdin: BinaryIO | None = None) -> None:
     off = req.disabled
     for name in sorted(off - KNOWN_ACTIONS):
         hooklog.warning(f"{req.verb}: --disable-hook {name!r} ignored (written by a newer gpuctk?)")
-    links = [] if "create-symlinks" in off else [inroot.parse_link(spec) for spec in req.links]
-    links_for = (
-        [] if "create-symlinks" in off else [inroot.parse_link_for(s) for s in req.links_for]
-    )
+    link, link_for = facts.LINK_OPT[2:], facts.LINK_FOR_OPT[2:]
+    links = [] if facts.LINKS_ACTION in off else [
+        inroot.parse_link(s, req.parts.get((link, s))) for s in req.links
+    ]  # fmt: skip
+    links_for = [] if facts.LINKS_ACTION in off else [
+        inroot.parse_link_for(s, req.parts.get((link_for, s))) for s in req.links_for
+    ]  # fmt: skip
     folders = [inroot.check_folder(folder) for folder in req.folders]
     mode = inroot.parse_mode(req.mode) if req.mode is not None else None
     if req.paths and mode is None:

@@ -52,26 +52,8 @@ LINK, LINK_FOR, FOLDER, LD_CACHE, DISABLE = (
     for o in (facts.LINK_OPT, facts.LINK_FOR_OPT, facts.FOLDER_OPT, facts.LD_CACHE_OPT,
               facts.DISABLE_OPT)
 )  # fmt: skip
-# verb -> options it takes (all repeatable, all with a value)
-_OPTIONS = {
-    facts.HOOK_VERB: (
-        LINK,
-        LINK_FOR,
-        FOLDER,
-        "mode",
-        "path",
-        "ldconfig-path",
-        "container-spec",
-        DISABLE,
-        LD_CACHE,  # a folder spec's stage cache, merged into the image's (hook.verbs.actions)
-    ),
-    facts.GUARD_ACTION: ("container-spec",),
-    facts.LINKS_ACTION: (LINK, "container-spec"),
-    facts.LDCACHE_ACTION: (FOLDER, "ldconfig-path", "container-spec"),
-    "chmod": ("mode", "path", "container-spec"),
-}
-VERBS = tuple(_OPTIONS)  # gpuctk-hook's in-root verbs
-_FLAGS = ("debug",)
+OPTIONS = facts.HOOK_OPTIONS  # verb -> the options it takes
+VERBS = tuple(OPTIONS)  # gpuctk-hook's in-root verbs
 USAGE = """Usage: gpuctk-hook [OPTIONS] VERB [VERB OPTIONS]
 
   The OCI hook named in gpuctk's CDI specs: reads the OCI state on stdin (or
@@ -97,32 +79,29 @@ An unknown verb or a verb's unknown option is ignored with a warning.
 """  # + details_line
 
 
-def parse(verb: str, argv: list[str]) -> tuple[dict[str, list[str]], list[str]]:
-    """Options of `verb` as name -> values, and warnings about what was ignored."""
-    allowed = _OPTIONS[verb]
-    values: dict[str, list[str]] = {name: [] for name in allowed}
+Parts = dict[tuple[str, str], tuple[str, str, str]]  # (NAME, VALUE) -> how a link value splits
+
+
+def parse(verb: str, argv: list[str]) -> tuple[dict[str, list[str]], Parts, list[str]]:
+    """Options of `verb` as name -> values, the split of each --link and --link-for value that
+    splits ((NAME, VALUE) -> (CAPABILITY or "", TARGET, LINK)), and the arguments ignored: as
+    gpuctk-cdi-hook reads them at every container start (gpuctk.hook.compiled.read_args)."""
+    from gpuctk.hook import compiled
+
+    values: dict[str, list[str]] = {name: [] for name in OPTIONS[verb]}
+    parts: Parts = {}
     ignored: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        name, eq, value = arg[2:].partition("=") if arg.startswith("--") else ("", "", "")
-        if name in _FLAGS and not eq:
+    for kind, start, _stop, name, value, cap, target, link in compiled.read_args(verb, argv):
+        if kind == "i":
+            ignored.append(argv[start])
             continue
-        if name in allowed:
-            if not eq:
-                if i >= len(argv):
-                    raise UsageError(f"{verb}: --{name} needs a value")
-                value, i = argv[i], i + 1
-            values[name].append(value)
-            continue
-        if name and not eq and i < len(argv) and not argv[i].startswith("-"):
-            i += 1  # an unknown option's value
-        ignored.append(arg)
-    return values, ignored
+        values[name].append(value)
+        if kind == "l":
+            parts[name, value] = (cap, target, link)
+    return values, parts, ignored
 
 
-def _request(verb: str, values: dict[str, list[str]]) -> Request:
+def _request(verb: str, values: dict[str, list[str]], parts: Parts) -> Request:
     from gpuctk.hook.verbs.actions import Request
 
     def one(name: str) -> str | None:
@@ -143,6 +122,7 @@ def _request(verb: str, values: dict[str, list[str]]) -> Request:
         run_ldconfig=verb == facts.LDCACHE_ACTION or bool(values.get(FOLDER)),
         disabled=values.get(DISABLE, []),
         ld_cache=one(LD_CACHE),
+        parts=parts,
     )
 
 
@@ -181,15 +161,15 @@ def _run(argv: list[str]) -> int:
             f"{compiled.PROGRAM} beside gpuctk-hook does not know (an older build): reinstall "
             "gpuctk (pip install ., the deb, or gpuctk install) so that both come from one build"
         )
-    if verb not in _OPTIONS:
+    if verb not in OPTIONS:
         hooklog.warning(f"unknown verb {verb!r} ignored (written by a newer gpuctk?)")
         return 0
-    values, ignored = parse(verb, words[1:])
+    values, parts, ignored = parse(verb, words[1:])
     for arg in ignored:
         hooklog.warning(f"{verb}: unknown argument {arg!r} ignored")
     from gpuctk.hook.verbs.actions import run_request  # not for prestart's nothing-requested exit
 
-    run_request(_request(verb, values))
+    run_request(_request(verb, values, parts))
     return 0
 
 

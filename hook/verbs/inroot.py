@@ -30,30 +30,35 @@ _LOADER_TAIL = _WORD | {".", "-"}
 _LIB_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64", "/lib32")
 
 
-def parse_link(spec: str) -> tuple[str, str]:
-    """`TARGET::LINK` -> (target, link); LINK must be an absolute container path."""
-    target, link = facts.split_link(spec) or ("", "")
+def parse_link(
+    spec: str, parts: tuple[str, str, str] | None, opt: str = facts.LINK_OPT
+) -> tuple[str, str]:
+    """A `TARGET::LINK` value `spec`, as gpuctk-cdi-hook split it (`parts`: CAPABILITY, TARGET,
+    LINK; None where it does not split: gpuctk.hook.compiled.read_args) -> (target, link);
+    LINK must be an absolute container path."""
+    _cap, target, link = parts or ("", "", "")
     if not target or not link:
-        raise UsageError(f"--link {spec!r}: expected TARGET::LINK")
+        raise UsageError(f"{opt} {spec!r}: expected TARGET::LINK")
     for text in (target, link):
         if "\0" in text or "\n" in text:
-            raise UsageError(f"--link {spec!r}: NUL or newline in a path")
+            raise UsageError(f"{opt} {spec!r}: NUL or newline in a path")
     if not link.startswith("/"):
-        raise UsageError(f"--link {spec!r}: LINK must be an absolute container path")
+        raise UsageError(f"{opt} {spec!r}: LINK must be an absolute container path")
     return target, posixpath.normpath(link)
 
 
-def parse_link_for(spec: str) -> tuple[str, str, str]:
-    """`CAPABILITY:TARGET::LINK` -> (capability, target, link). An unknown capability (a spec
-    of a newer gpuctk) is warned about: no container asks for it, so the link is never made."""
+def parse_link_for(spec: str, parts: tuple[str, str, str] | None) -> tuple[str, str, str]:
+    """A `CAPABILITY:TARGET::LINK` value `spec`, as gpuctk-cdi-hook split it (parse_link) ->
+    (capability, target, link). An unknown capability (a spec of a newer gpuctk) is warned
+    about: no container asks for it, so the link is never made."""
     from gpuctk.cdi.node import capabilities as caps
 
-    cap, rest = facts.split_link_for(spec) or ("", "")
-    if not cap:
-        raise UsageError(f"--link-for {spec!r}: expected CAPABILITY:TARGET::LINK")
+    if not parts:
+        raise UsageError(f"{facts.LINK_FOR_OPT} {spec!r}: expected CAPABILITY:TARGET::LINK")
+    cap = parts[0]
     if cap not in caps.ALL:
         hooklog.warning(f"--link-for {spec!r}: unknown capability {cap!r} (link left out)")
-    return (cap, *parse_link(rest))
+    return (cap, *parse_link(spec, parts, facts.LINK_FOR_OPT))
 
 
 def container_capabilities(config: object) -> frozenset[str]:

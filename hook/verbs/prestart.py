@@ -133,11 +133,11 @@ def _hook_request(args: list[str], config_path: str) -> Request:
     from gpuctk.hook.verbs import hook_main
 
     verb = args[0]
-    values, ignored = hook_main.parse(verb, args[1:])
+    values, parts, ignored = hook_main.parse(verb, args[1:])
     for arg in ignored:
         hooklog.warning(f"{verb}: unknown argument {arg!r} ignored")
     values["container-spec"] = [config_path]
-    return hook_main._request(verb, values)
+    return hook_main._request(verb, values, parts)
 
 
 def _set_env(env: Mapping[str, str | None]) -> dict[str, str | None]:

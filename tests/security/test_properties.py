@@ -27,7 +27,7 @@ from gpuctk.cdi.specs.names import is_qualified_name
 from gpuctk.errors import InputError, RequestError, UsageError
 from gpuctk.hook import oci_state
 from gpuctk.hook.requests import devices
-from gpuctk.hook.verbs import inroot
+from gpuctk.hook.verbs import hook_main, inroot
 
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KIND = "nvidia.com/gpu"
@@ -197,8 +197,10 @@ def test_mig_minors(text: str) -> None:
 @SETTINGS
 @given(REQUEST_TEXT, REQUEST_TEXT)
 def test_hook_options(left: str, right: str) -> None:
+    spec = f"{left}::{right}"
     try:
-        target, link = inroot.parse_link(f"{left}::{right}")
+        _values, parts, _ignored = hook_main.parse("create-symlinks", ["--link", spec])
+        target, link = inroot.parse_link(spec, parts.get(("link", spec)))
     except UsageError:
         pass
     else:

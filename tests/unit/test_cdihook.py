@@ -527,19 +527,21 @@ def test_ldcache_disabled_skips_the_image(front: Front, bundle: Bundle) -> None:
     [
         ([*ARGS, "--link", "a::b"], "a --link only gpuctk-hook reads"),
         ([*ARGS, "--link", "/a:/b"], "a --link only gpuctk-hook reads"),
-        ([*ARGS, "--link"], "an argument only gpuctk-hook reads"),
-        (["disable-device-node-modification", "--link", "/a::/b"], "a --link only"),
-        ([*ARGS, "--folder"], "an argument only gpuctk-hook reads"),
+        ([*ARGS, "--link"], "arguments gpuctk-hook refuses"),
+        ([*ARGS, "--link-for", "bogus:/a::/b"], "a --link-for only gpuctk-hook reads"),
+        (["disable-device-node-modification", "--link", "/a::/b"], "an argument only"),
+        ([*ARGS, "--folder"], "arguments gpuctk-hook refuses"),
         ([*ARGS, "--help"], "an argument only gpuctk-hook reads"),
-        ([*ARGS, "--folder=/x"], "an argument only gpuctk-hook reads"),
+        ([*ARGS, "--mode", "755"], "an argument only gpuctk-hook reads"),
+        ([*ARGS, "--folder=x"], "a --folder only gpuctk-hook reads"),
         (["createContainer", "--folder", "usr/lib"], "a --folder only gpuctk-hook reads"),
         (["createContainer", *["--folder", STAGE] * 17], "a --folder only gpuctk-hook reads"),
-        (["disable-device-node-modification", "--folder", STAGE], "a --folder only"),
+        (["disable-device-node-modification", "--folder", STAGE], "an argument only"),
         ([*ARGS, "--disable-hook", "bogus"], "a --disable-hook name only gpuctk-hook knows"),
         ([*ARGS, "--ld-cache", str(PART)], "an --ld-cache only gpuctk-hook reads"),
         (["createContainer", "--ld-cache", "build/x"], "an --ld-cache only gpuctk-hook reads"),
         (["createContainer", "--ld-cache", "/a/../b"], "an --ld-cache only gpuctk-hook reads"),
-        (["disable-device-node-modification", "--ld-cache", str(PART)], "an --ld-cache only"),
+        (["disable-device-node-modification", "--ld-cache", str(PART)], "an argument only"),
         (["createContainer"], "no --folder or no --ld-cache"),
         (["createContainer", "--folder", STAGE], "no --folder or no --ld-cache"),
         (["createContainer", "--ld-cache", str(PART)], "no --folder or no --ld-cache"),
@@ -1164,6 +1166,23 @@ def test_links_made_in_the_root(front: Front, bundle: Bundle) -> None:
     served(run(front, bundle, link_args(ICD, OPENCL)))  # a restart: already made
 
 
+def test_arguments_in_every_form_gpuctk_hook_reads(front: Front, bundle: Bundle) -> None:
+    """--NAME=VALUE, --debug and a --link-for are read as gpuctk-hook reads them: served here."""
+    staged_files(bundle.root, ICD, OPENCL)
+    (bundle.root / "etc").mkdir(exist_ok=True)
+    args = [
+        "createContainer",
+        f"--folder={STAGE}",
+        "--debug",
+        f"--ld-cache={PART}",
+        f"--link={FILES}{ICD}::{ICD}",
+        f"--link-for=compute:{FILES}{OPENCL}::{OPENCL}",
+    ]
+    served(run(front, bundle, args))
+    assert os.readlink(bundle.root / ICD.lstrip("/")) == FILES + ICD
+    assert os.readlink(bundle.root / OPENCL.lstrip("/")) == FILES + OPENCL
+
+
 def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
@@ -1495,7 +1514,7 @@ LINK_ONLY = "a --link only gpuctk-hook reads"
         (f"bogus:{FILES}{ICD}::{ICD}", FOR_ONLY),  # a capability of a newer gpuctk
         (f"graphics::{ICD}", FOR_ONLY),
         (f":{FILES}{ICD}::{ICD}", FOR_ONLY),
-        (f"graphics:{FILES}{ICD}", LINK_ONLY),
+        (f"graphics:{FILES}{ICD}", FOR_ONLY),
         (f"graphics:libx.so::{ICD}", LINK_ONLY),
     ],
 )
