@@ -4,7 +4,8 @@ As the reference toolkit's `nvidia-ctk cdi transform root`. Relative to the host
 default) it rewrites the host side: each mount's hostPath, each device node's hostPath (its
 path where it has none), each hook's path (not a startContainer hook's, which runs in the
 container) and the arguments of the hooks that run on the host (not createContainer or
-startContainer), both halves of a `TARGET::LINK` argument included. Relative to the
+startContainer), both halves of a `TARGET::LINK` argument included (and the path after a
+`--link-for`'s `CAPABILITY:` or in an `--opt=PATH`). Relative to the
 container it rewrites the container side: containerPath, device node path, a startContainer
 hook's path, the arguments of createContainer and startContainer hooks, and the folder
 NVIDIA_CTK_LIBCUDA_DIR names (the one env entry that is a container path). A path is
@@ -35,11 +36,20 @@ def move(path: str, root: str, target: str) -> str:
     return posixpath.normpath(posixpath.join(target, (path + "/")[len(prefix) :]))
 
 
+def _move_piece(piece: str, root: str, target: str) -> str:
+    """A piece of a hook argument (the argument, or each half of a link's TARGET::LINK) with
+    its path moved: the piece, or what follows a --link-for's `CAPABILITY:` or an `--opt=`."""
+    head, slash, rest = piece.partition("/")
+    if not slash or (head and head[-1] not in ":="):
+        return piece
+    return head + move(slash + rest, root, target)
+
+
 def _args(args: list[Any], root: str, target: str) -> list[Any]:
     out = []
     for arg in args:
-        if isinstance(arg, str):  # each path of a link's TARGET::LINK moved
-            arg = LINK_SEP.join(move(p, root, target) for p in arg.split(LINK_SEP))
+        if isinstance(arg, str):
+            arg = LINK_SEP.join(_move_piece(p, root, target) for p in arg.split(LINK_SEP))
         out.append(arg)
     return out
 

@@ -24,14 +24,20 @@
  *     gpuctk-hook runs too (`disable-device-node-modification --root-fd N`, the root it
  *     opened passed as a descriptor: that form never hands over).
  *
+ * The entry's arguments are read here alone (read_args(), split_link(): every verb of
+ * gpuctk-hook, --NAME VALUE and --NAME=VALUE, the verbs' options generated from
+ * gpuctk.cdi.node.facts.HOOK_OPTIONS); gpuctk-hook asks for that reading as `read-args`.
+ *
  * It serves a container in a user namespace too (Kubernetes' hostUsers: false, podman's
  * --userns), where it runs inside the namespace: see root_seen() and scratch_file().
  *
  * gpuctk-hook runs instead when any of these holds:
  *
- *   - another verb, any other argument, --help, --version, GPUCTK_HOOK_FRONT=off (the
- *     guard's verb with --root-fd and merge-ld-cache are gpuctk-hook's own calls of the C's
- *     rules: they never hand over);
+ *   - another verb, --help, --version, GPUCTK_HOOK_FRONT=off, an argument the verb does not
+ *     take or one it takes that this program does not serve (--mode, --path,
+ *     --ldconfig-path, --container-spec), an option without its value (the guard's verb
+ *     with --root-fd, merge-ld-cache, make-links, driver-capabilities, root-seen and
+ *     read-args are gpuctk-hook's own calls of the C's rules: they never hand over);
  *   - anything this program does not fully understand: the OCI state or config.json not the
  *     plain JSON it expects (not strict JSON, a key with an escape or a byte above 127, a key
  *     that is root or path in another case, a duplicate, more than MAX_DEPTH levels, a
@@ -45,7 +51,8 @@
  *     cache hook/ldcache.c reads, or a compat run of gpuctk-hook left its conf file; the
  *     stage's cache is not a regular file of root's that nobody else can write; /etc cannot
  *     be written (a read-only root);
- *   - a --link that is not two plain absolute paths, or one not made here: see make_links().
+ *   - a --link that is not two plain absolute paths, a --link-for of a capability this
+ *     build does not know, or a link not made here: see make_links().
  *
  * The image is hostile: every path in it is opened with openat2(RESOLVE_IN_ROOT |
  * RESOLVE_NO_MAGICLINKS) from the root's descriptor, looked at through an O_PATH descriptor
@@ -1575,7 +1582,7 @@ struct arg {
 static const char *verb_row(const char *verb)
 {
 	size_t n = strlen(verb);
-	for (int i = 0; i < GPUCTK_HOOK_OPTIONS_COUNT; i++)
+	for (int i = 0; n && !strchr(verb, ' ') && i < GPUCTK_HOOK_OPTIONS_COUNT; i++)
 		if (strncmp(GPUCTK_HOOK_OPTIONS[i], verb, n) == 0 &&
 		    (GPUCTK_HOOK_OPTIONS[i][n] == ' ' || !GPUCTK_HOOK_OPTIONS[i][n]))
 			return GPUCTK_HOOK_OPTIONS[i];
@@ -1693,14 +1700,12 @@ static int read_args_served(int argc, char **argv)
 	const char *row = argc > 2 ? verb_row(argv[2]) : NULL;
 	struct arg *args = calloc((size_t)argc, sizeof *args);
 	char err[512], num[24];
-	if (!row || !args) {
-		fprintf(stderr, "%s\n", args ? "usage: " GPUCTK_READ_ARGS_VERB " VERB [ARG]... (a "
-			"verb of gpuctk-hook; gpuctk-hook runs it)" : strerror(errno));
-		return 2;
-	}
-	int n = read_args(row, argc, argv, 3, args, err, sizeof err);
+	int n = row && args ? read_args(row, argc, argv, 3, args, err, sizeof err) : -1;
 	if (n < 0) {
-		fprintf(stderr, "%s\n", err);
+		fprintf(stderr, "%s\n", !args ? strerror(errno) : row ? err : "usage: "
+			GPUCTK_READ_ARGS_VERB " VERB [ARG]... (a verb of gpuctk-hook; gpuctk-hook "
+			"runs it)");
+		free(args);
 		return 2;
 	}
 	for (int k = 0; k < n; k++) {

@@ -14,7 +14,7 @@ import errno
 import os
 import sys
 
-from gpuctk.cdi.node.facts import COMPILED_HOOK, compiled_beside
+from gpuctk.cdi.node.facts import COMPILED_HOOK, HOOK_OPTIONS, compiled_beside
 from gpuctk.errors import GpuctkError, UsageError
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: typing's import is costly at every start
@@ -262,8 +262,7 @@ def capabilities(config: object) -> tuple[frozenset[str], int]:
     raise GpuctkError(f"{what}: {why(done)}")
 
 
-_READ: dict[tuple[str, ...], tuple[Arg, ...]] = {}  # read_args()' answers in this process
-_READ_KEPT = 64
+_READ: dict[tuple[str, ...], tuple[Arg, ...]] = {}  # read_args()' answers (64 at most)
 
 
 def read_args(verb: str, args: Sequence[str]) -> tuple[Arg, ...]:
@@ -279,12 +278,14 @@ def read_args(verb: str, args: Sequence[str]) -> tuple[Arg, ...]:
     if key in _READ:
         return _READ[key]
     what = f"the arguments of {verb}"
-    if any("\0" in word for word in key):
-        raise UsageError(f"{verb}: an argument holds a NUL byte")
-    try:
-        os.fsencode(verb), [os.fsencode(word) for word in args]
-    except UnicodeError:
-        raise UsageError(f"{verb}: an argument is not text a program can be given") from None
+    for word in key:
+        try:
+            os.fsencode(word)
+            bad = "a NUL byte" if "\0" in word else ""
+        except UnicodeError:
+            bad = "a lone surrogate (text no program can be given)"
+        if bad:
+            raise UsageError(f"{verb}: argument {word!r} holds {bad}: fix the hook entry's args")
     done = run([READ_ARGS_VERB, *key], (), what)
     fields = [os.fsdecode(f) for f in done.stdout.split(b"\0")]
     if done.returncode == 2 and done.stderr.strip():
@@ -297,10 +298,25 @@ def read_args(verb: str, args: Sequence[str]) -> tuple[Arg, ...]:
             *[iter(fields)] * 8, strict=False
         )
     )
-    if len(_READ) >= _READ_KEPT:
+    if len(_READ) >= 64:
         _READ.clear()
     _READ[key] = read
     return read
+
+
+def entry_links(args: Sequence[str]) -> list[tuple[int, int, str, str, str, str]]:
+    """(START, STOP, NAME, CAPABILITY, TARGET, LINK) of each --link and --link-for that splits
+    in a hook entry's whole `args` (args[0] its program), as read_args() reads what follows the
+    first of args[1:] that is one of gpuctk-hook's verbs (nvidia-ctk's `nvidia-ctk hook
+    create-symlinks` has a word before it); args[START:STOP] its words. None where no such verb
+    is there; UsageError where the C refuses the arguments (the hook would too)."""
+    at = next((i for i, arg in enumerate(args) if i and arg in HOOK_OPTIONS), 0)
+    read = read_args(args[at], args[at + 1 :]) if at else ()
+    return [
+        (at + 1 + start, at + 1 + stop, name, cap, target, link)
+        for kind, start, stop, name, _value, cap, target, link in read
+        if kind == "l"
+    ]
 
 
 def root_seen() -> int:

@@ -26,7 +26,7 @@ import posixpath
 from gpuctk.cdi.node import capabilities as caps
 from gpuctk.cdi.node import facts
 from gpuctk.cdi.node.facts import LIBCUDA_DIR_ENV
-from gpuctk.errors import GpuctkError
+from gpuctk.errors import UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -98,20 +98,16 @@ def file_capabilities(mount: Mapping[str, Any], lib64: bool) -> tuple[str, ...]:
 def _link_pairs(args: list[str]) -> Iterable[tuple[int, int, str, str, str | None]]:
     """(start, stop, target, link, capability) of each --link and --link-for argument in a
     hook's args (capability None for a --link), as gpuctk-cdi-hook reads them
-    (gpuctk.hook.compiled.read_args) after the first of args[1:] that is one of gpuctk-hook's
-    verbs (nvidia-ctk's `nvidia-ctk hook create-symlinks` has one more word before it); none
-    where there is no such verb or the C refuses the arguments."""
+    (gpuctk.hook.compiled.entry_links); none where it refuses them (so does the hook)."""
     from gpuctk.hook import compiled
 
-    at = next((i for i, arg in enumerate(args) if i and arg in facts.HOOK_OPTIONS), 0)
     try:
-        read = compiled.read_args(args[at], args[at + 1 :]) if at else ()
-    except GpuctkError:
+        links = compiled.entry_links(args)
+    except UsageError:
         return
     link_for = facts.LINK_FOR_OPT[2:]
-    for kind, start, stop, name, _value, cap, target, link in read:
-        if kind == "l":
-            yield at + 1 + start, at + 1 + stop, target, link, cap if name == link_for else None
+    for start, stop, name, cap, target, link in links:
+        yield start, stop, target, link, cap if name == link_for else None
 
 
 def _filter_links(args: list[str], dropped: set[str], selected: frozenset[str]) -> list[str]:

@@ -39,7 +39,7 @@ import posixpath
 
 from gpuctk import rootfs
 from gpuctk.cdi.node import facts
-from gpuctk.errors import GpuctkError
+from gpuctk.errors import GpuctkError, UsageError
 from gpuctk.hook.shim.rootcache import Fallback, merge_cache, open_glibc_root
 from gpuctk.hook.verbs import cudacompat, inroot, ldmerge, nodeguard
 
@@ -84,7 +84,7 @@ def _stage_hook(hook: Any) -> bool:
 
     try:
         read = compiled.read_args(facts.HOOK_VERB, args[2:])
-    except GpuctkError:
+    except UsageError:  # the hook refuses them too
         return False
     return all(_stage_arg(kind, f"--{name}", value, target, link)
                for kind, _start, _stop, name, value, _cap, target, link in read)  # fmt: skip
@@ -178,7 +178,7 @@ def prepare(edits: EditsDoc) -> dict[str, Any]:
         folders = [inroot.check_folder(f) for f in values[words.FOLDER]]
         if facts.LDCACHE_ACTION in off:
             folders = []
-    except (rootfs.InRootError, ValueError) as exc:
+    except (rootfs.InRootError, ValueError, GpuctkError) as exc:  # a value the hook refuses
         return {"fallback": str(exc)}
     by_dest = _by_dest(edits)
     wanted = set(folders)

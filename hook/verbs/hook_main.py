@@ -164,7 +164,8 @@ def _run(argv: list[str]) -> int:
     if verb not in OPTIONS:
         hooklog.warning(f"unknown verb {verb!r} ignored (written by a newer gpuctk?)")
         return 0
-    values, parts, ignored = parse(verb, words[1:])
+    # the verb's arguments as given: a --debug among them is the C's to tell from a value
+    values, parts, ignored = parse(verb, argv[argv.index(verb) + 1 :])
     for arg in ignored:
         hooklog.warning(f"{verb}: unknown argument {arg!r} ignored")
     from gpuctk.hook.verbs.actions import run_request  # not for prestart's nothing-requested exit

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuctk.cdi.transform import move, transform_root
+from gpuctk.cdi.transform import _args, move, transform_root
 
 GPUCTK = str(Path(sys.executable).with_name("gpuctk"))
 A, B = "/run/nvidia/driver", "/host/driver"
@@ -57,6 +57,17 @@ def test_move_is_by_component() -> None:
     assert move(A, A, B) == B
     assert move(f"{A}-old/lib", A, B) == f"{A}-old/lib"
     assert move("/usr/lib", "/", "/host") == "/host/usr/lib"
+
+
+def test_every_path_of_a_hook_argument_moves() -> None:
+    args = [
+        "hook", f"compute:{A}/a::{A}/b", f"--link={A}/a::{A}/b", f"--folder={A}/lib",
+        f"lib{A}/x", f"{A}/a::liba.so", "x=y",
+    ]  # fmt: skip
+    assert _args(args, A, B) == [
+        "hook", f"compute:{B}/a::{B}/b", f"--link={B}/a::{B}/b", f"--folder={B}/lib",
+        f"lib{A}/x", f"{B}/a::liba.so", "x=y",
+    ]  # fmt: skip
 
 
 def test_host_side_only_and_round_trip() -> None:

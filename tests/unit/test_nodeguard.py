@@ -213,9 +213,9 @@ def test_the_shim_reads_the_disabled_names_from_the_hook_args() -> None:
 
 
 def test_the_hook_takes_the_verb_and_the_option() -> None:
-    values, ignored = hook_main.parse("createContainer", ["--disable-hook", NAME])
+    values, _parts, ignored = hook_main.parse("createContainer", ["--disable-hook", NAME])
     assert values["disable-hook"] == [NAME] and not ignored
-    values, ignored = hook_main.parse(NAME, [])
+    values, _parts, ignored = hook_main.parse(NAME, [])
     assert not ignored
 
 
