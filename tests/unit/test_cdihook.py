@@ -555,6 +555,39 @@ def test_arguments(front: Front, bundle: Bundle, args: list[str], why: str) -> N
     handover(front, bundle, why, args)
 
 
+def read_args(front: Front, *args: str) -> tuple[int, list[list[str]], str]:
+    """`gpuctk-cdi-hook read-args ARGS...`: its exit status, records and stderr."""
+    done = subprocess.run([str(front.exe), "read-args", *args], capture_output=True, check=False)
+    fields = done.stdout.decode().split("\0")
+    return (
+        done.returncode,
+        [fields[i : i + 8] for i in range(0, len(fields) - 1, 8)],
+        done.stderr.decode(),
+    )
+
+
+def test_read_args_is_the_one_reading(front: Front) -> None:
+    rc, records, _ = read_args(
+        front, "createContainer", "--link=/t::/l", "--debug", "--link-for", "compute:/a::/b::c",
+        "--new", "v", "--other=-x", "-z", "--folder", "--debug", "--link-for", "graphics::/x",
+    )  # fmt: skip
+    assert rc == 0
+    assert records == [
+        ["l", "0", "1", "link", "/t::/l", "", "/t", "/l"],
+        ["l", "2", "4", "link-for", "compute:/a::/b::c", "compute", "/a", "/b::c"],
+        ["i", "4", "6", "", "", "", "", ""],  # an unknown option takes its value with it
+        ["i", "6", "7", "", "", "", "", ""],
+        ["i", "7", "8", "", "", "", "", ""],
+        ["o", "8", "10", "folder", "--debug", "", "", ""],  # a value, not the flag
+        ["o", "10", "12", "link-for", "graphics::/x", "", "", ""],  # no capability: no split
+    ]
+    rc, _, err = read_args(front, "createContainer", "--folder", "/x", "--ld-cache")
+    assert (rc, err) == (2, "createContainer: --ld-cache needs a value\n")
+    assert read_args(front, "chmod", "--link", "/a::/b")[1][0][0] == "i"  # not chmod's option
+    for verb in ("createContainer link", "create", ""):
+        assert read_args(front, verb, "--link", "/a::/b")[0] == 2
+
+
 def test_front_off(front: Front, bundle: Bundle) -> None:
     handover(front, bundle, "GPUCTK_HOOK_FRONT=off", env={"GPUCTK_HOOK_FRONT": "off"})
     served(run(front, bundle, env={"GPUCTK_HOOK_FRONT": "on"}))
