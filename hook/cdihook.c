@@ -77,6 +77,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/random.h>
@@ -1891,6 +1892,8 @@ int main(int argc, char **argv)
 		return root_seen_served(argc);
 	if (argc > 1 && strcmp(argv[1], GPUCTK_READ_ARGS_VERB) == 0)
 		return read_args_served(argc, argv);
+	if (argc > 1 && strcmp(argv[1], GPUCTK_RUNC_ARGS_VERB) == 0)
+		return runc_args_served(argc, argv);
 	g_argv = argv;
 	if (argc < 2)
 		python("no verb");

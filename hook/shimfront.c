@@ -730,66 +730,195 @@ static int flag_at(const char *name, size_t n, const char *const *table, int cou
 	return -1;
 }
 
+/* One flag in runc's arguments as read_runc() reads it. */
+struct runc_flag {
+	const char *token, *name, *value; /* name: the token without its dashes; value NULL: none */
+	size_t namelen;
+	int verb, after_id, attached; /* the verb's; after a container id; crun's -bDIR, -fFILE */
+};
+
+/* An invocation as read_runc() reads it; NULL where the arguments do not say. */
+struct runc_call {
+	const char *verb, *container, *bundle, *config, *log, *log_format, *no_value;
+	int debug, before_verb, ids, dashdash, nflags; /* before_verb: words before a plain verb */
+	struct runc_flag *flags;			/* nflags of them, in order */
+};
+
+static int is_flag_named(const struct runc_flag *f, const char *name)
+{
+	return strlen(name) == f->namelen && memcmp(name, f->name, f->namelen) == 0;
+}
+
+/* The flag `token`: its name without the leading dashes, and the value after '=' if any. */
+static void flag_of(const char *token, struct runc_flag *f)
+{
+	f->token = token;
+	f->name = token + strspn(token, "-");
+	const char *eq = strchr(f->name, '=');
+	f->namelen = eq ? (size_t)(eq - f->name) : strlen(f->name);
+	f->value = eq ? eq + 1 : NULL;
+}
+
+/* runc's arguments (argv without argv[0]) read as runc (Go's flag and urfave/cli) reads them,
+ * the one reading (gpuctk-runtime's Python asks for it: runc_args_served()): global flags up
+ * to the verb (`--` ends them; the word after it is the verb), each in a value table
+ * (gpuctk.hook.shim.runcargs) taking the next word where it has no `=VALUE`; then the verb's
+ * flags and the container id (the first word that is not a flag; `--` ends them, the word
+ * after it the id where none came before), crun's -bDIR and -fFILE too. `flags` has argc
+ * entries. */
+static void read_runc(int argc, char **argv, struct runc_call *c, struct runc_flag *flags)
+{
+	memset(c, 0, sizeof *c);
+	c->flags = flags;
+	int i = 0;
+	while (i < argc) {
+		const char *t = argv[i++];
+		if (strcmp(t, "--") == 0) {
+			c->dashdash = 1;
+			if (i < argc)
+				c->verb = argv[i++];
+			break;
+		}
+		if (t[0] != '-' || strcmp(t, "-") == 0) {
+			c->verb = t;
+			c->before_verb = i - 1;
+			break;
+		}
+		struct runc_flag *f = &flags[c->nflags++];
+		memset(f, 0, sizeof *f);
+		flag_of(t, f);
+		if (!f->value && i < argc &&
+		    flag_at(f->name, f->namelen, GPUCTK_GLOBAL_VALUE_FLAGS, GPUCTK_GLOBAL_VALUE_FLAGS_COUNT) >= 0)
+			f->value = argv[i++];
+		if (is_flag_named(f, GPUCTK_LOG_FLAG))
+			c->log = f->value ? f->value : "";
+		else if (is_flag_named(f, GPUCTK_LOG_FORMAT_FLAG))
+			c->log_format = f->value && *f->value ? f->value : NULL;
+		else if (is_flag_named(f, GPUCTK_DEBUG_FLAG))
+			c->debug = !f->value || strcasecmp(f->value, "1") == 0 ||
+				   strcasecmp(f->value, "t") == 0 || strcasecmp(f->value, "true") == 0;
+	}
+	while (c->verb && i < argc) {
+		const char *t = argv[i++];
+		if (strcmp(t, "--") == 0) {
+			c->dashdash = 1;
+			if (!(c->container && *c->container) && i < argc)
+				c->container = argv[i];
+			break;
+		}
+		if (t[0] != '-' || strcmp(t, "-") == 0) {
+			if (!(c->container && *c->container))
+				c->container = t;
+			c->ids++;
+			continue;
+		}
+		struct runc_flag *f = &flags[c->nflags++];
+		memset(f, 0, sizeof *f);
+		flag_of(t, f);
+		f->verb = 1;
+		f->after_id = c->ids > 0;
+		int value_flag = flag_at(f->name, f->namelen, GPUCTK_ALL_VERB_VALUE_FLAGS,
+					 GPUCTK_ALL_VERB_VALUE_FLAGS_COUNT) >= 0;
+		if (!f->value && !value_flag && (t[1] == 'b' || t[1] == 'f') && t[2]) {
+			f->name = t + 1, f->namelen = 1, f->value = t + 2, f->attached = 1;
+			value_flag = 1;
+		}
+		if (!f->value && value_flag) {
+			if (i >= argc) {
+				c->no_value = t;
+				break;
+			}
+			f->value = argv[i++];
+		}
+		if (f->value && (is_flag_named(f, GPUCTK_BUNDLE_FLAG) || is_flag_named(f, GPUCTK_BUNDLE_SHORT)))
+			c->bundle = f->value;
+		else if (f->value && flag_at(f->name, f->namelen, GPUCTK_CONFIG_FLAGS,
+					     GPUCTK_CONFIG_FLAGS_COUNT) >= 0)
+			c->config = f->value;
+	}
+}
+
 /* The bundle of a create in runc's usual arguments (NULL: the current folder), its --log,
- * --log-format and id; -1 for any other shape (the Python shim reads every shape runc does).
- * Which flags, and which take a value: gpuctk.hook.shim.runcargs's tables. */
+ * --log-format and id, as read_runc() reads them; -1 for any other shape (the Python shim
+ * serves every shape): the verb create after the global flags that take a value and
+ * GPUCTK_GLOBAL_BOOL_FLAGS, then GPUCTK_VERB_VALUE_FLAGS and GPUCTK_VERB_BOOL_FLAGS, each
+ * once, written -NAME or --NAME (a bool without =VALUE), and one container id after them. */
 struct call { const char *bundle, *log, *log_format, *id; };
 
 _Static_assert(GPUCTK_GLOBAL_VALUE_FLAGS_COUNT <= 32 && GPUCTK_VERB_VALUE_FLAGS_COUNT <= 32,
 	       "a flag's bit in `seen`");
 
+/* Whether the flag `f` is one of the usual create's, given once (its bit in *seen). */
+static int usual_flag(const struct runc_flag *f, unsigned long long *seen)
+{
+	const char *name = f->name;
+	size_t n = f->namelen;
+	if (!n || f->attached || f->after_id || name != f->token + (f->token[1] == '-' ? 2 : 1))
+		return 0;
+	if (f->verb && n == strlen(GPUCTK_BUNDLE_SHORT) && memcmp(name, GPUCTK_BUNDLE_SHORT, n) == 0)
+		name = GPUCTK_BUNDLE_FLAG, n = strlen(GPUCTK_BUNDLE_FLAG); /* -b is --bundle */
+	int k = f->verb ? flag_at(name, n, GPUCTK_VERB_VALUE_FLAGS, GPUCTK_VERB_VALUE_FLAGS_COUNT)
+			: flag_at(name, n, GPUCTK_GLOBAL_VALUE_FLAGS, GPUCTK_GLOBAL_VALUE_FLAGS_COUNT);
+	if (k >= 0) {
+		unsigned long long bit = 1ULL << (k + (f->verb ? 32 : 0));
+		int once = !(*seen & bit);
+		*seen |= bit;
+		return once && f->value;
+	}
+	return !f->value && (f->verb ? flag_at(name, n, GPUCTK_VERB_BOOL_FLAGS,
+					       GPUCTK_VERB_BOOL_FLAGS_COUNT)
+				     : flag_at(name, n, GPUCTK_GLOBAL_BOOL_FLAGS,
+					       GPUCTK_GLOBAL_BOOL_FLAGS_COUNT)) >= 0;
+}
+
 static int parse_create(int argc, char **argv, struct call *c)
 {
+	struct runc_flag *flags = calloc((size_t)argc + 1, sizeof *flags);
+	struct runc_call r;
 	unsigned long long seen = 0;
-	int i = 0, ids = 0, verb = 0;
-	memset(c, 0, sizeof *c);
-	for (; i < argc; i++) {
-		const char *a = argv[i];
-		if (a[0] != '-') {
-			if (verb) {
-				ids++;
-				c->id = a;
-				continue;
-			}
-			if (strcmp(a, GPUCTK_CREATE_VERB) != 0)
-				return -1;
-			verb = 1;
-			continue;
-		}
-		if (ids)
-			return -1; /* a flag after the container id */
-		const char *name = a + (a[1] == '-' ? 2 : 1);
-		if (!*name || *name == '-' || *name == '=')
-			return -1;
-		const char *eq = strchr(name, '=');
-		size_t n = eq ? (size_t)(eq - name) : strlen(name);
-		if (verb && n == strlen(GPUCTK_BUNDLE_SHORT) && memcmp(name, GPUCTK_BUNDLE_SHORT, n) == 0)
-			name = GPUCTK_BUNDLE_FLAG, n = strlen(GPUCTK_BUNDLE_FLAG); /* -b is --bundle */
-		int k = verb ? flag_at(name, n, GPUCTK_VERB_VALUE_FLAGS, GPUCTK_VERB_VALUE_FLAGS_COUNT)
-			     : flag_at(name, n, GPUCTK_GLOBAL_VALUE_FLAGS, GPUCTK_GLOBAL_VALUE_FLAGS_COUNT);
-		if (k >= 0) {
-			unsigned long long bit = 1ULL << (k + (verb ? 32 : 0));
-			if (seen & bit)
-				return -1;
-			seen |= bit;
-			const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-			if (!v)
-				return -1;
-			if (verb && strcmp(GPUCTK_VERB_VALUE_FLAGS[k], GPUCTK_BUNDLE_FLAG) == 0)
-				c->bundle = v;
-			else if (!verb && strcmp(GPUCTK_GLOBAL_VALUE_FLAGS[k], GPUCTK_LOG_FLAG) == 0)
-				c->log = v;
-			else if (!verb && strcmp(GPUCTK_GLOBAL_VALUE_FLAGS[k], GPUCTK_LOG_FORMAT_FLAG) == 0)
-				c->log_format = v;
-			continue;
-		}
-		if (!eq && (verb ? flag_at(name, n, GPUCTK_VERB_BOOL_FLAGS, GPUCTK_VERB_BOOL_FLAGS_COUNT)
-				 : flag_at(name, n, GPUCTK_GLOBAL_BOOL_FLAGS,
-					   GPUCTK_GLOBAL_BOOL_FLAGS_COUNT)) >= 0)
-			continue;
+	if (!flags)
 		return -1;
+	read_runc(argc, argv, &r, flags);
+	int ok = r.verb && strcmp(r.verb, GPUCTK_CREATE_VERB) == 0 && !r.dashdash && !r.no_value &&
+		 r.ids == 1 && strcmp(r.container, "-") != 0;
+	for (int k = 0; ok && k < r.nflags; k++)
+		ok = usual_flag(&flags[k], &seen);
+	*c = (struct call){ r.bundle, r.log, r.log_format, r.container };
+	free(flags);
+	return ok ? 0 : -1;
+}
+
+/* gpuctk-runtime's form `runc-args ARG...`: runc's ARGs as read_runc() reads them, on stdout
+ * ten fields each ended by a NUL byte (VERB, CONTAINER, BUNDLE, CONFIG, LOG, LOG_FORMAT, DEBUG
+ * 1 or 0, NO_VALUE: the verb's value flag left without one, BEFORE_VERB: how many words came
+ * before a plain verb, FLAGS: how many global flags follow), then the name of each global
+ * flag, each ended by a NUL byte. Exit 0. It never hands over: gpuctk-runtime runs it. */
+static int runc_args_served(int argc, char **argv)
+{
+	struct runc_flag *flags = calloc((size_t)argc, sizeof *flags);
+	struct runc_call r;
+	if (!flags) {
+		fprintf(stderr, "gpuctk-cdi-hook: error: %s\n", strerror(errno));
+		return 1;
 	}
-	return verb && ids == 1 ? 0 : -1;
+	read_runc(argc - 2, argv + 2, &r, flags);
+	int globals = 0;
+	while (globals < r.nflags && !flags[globals].verb)
+		globals++;
+	const char *text[] = { r.verb, r.container, r.bundle, r.config ? r.config : GPUCTK_CONFIG_NAME,
+			       r.log, r.log_format ? r.log_format : GPUCTK_TEXT_FORMAT,
+			       r.debug ? "1" : "0", r.no_value };
+	for (size_t k = 0; k < sizeof text / sizeof *text; k++) {
+		fputs(text[k] ? text[k] : "", stdout);
+		putchar(0);
+	}
+	printf("%d%c%d%c", r.before_verb, 0, globals, 0);
+	for (int k = 0; k < globals; k++) {
+		fwrite(flags[k].name, 1, flags[k].namelen, stdout);
+		putchar(0);
+	}
+	free(flags);
+	return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
 }
 
 /* ---- the log line ------------------------------------------------------------------------------ */
@@ -1017,7 +1146,7 @@ static void plain_config(const char *doc, size_t len)
 /* config.json, read through the bundle's descriptor `bfd`: UTF-8, strict JSON. */
 static void read_config(int bfd, struct stat *cst, char **doc, size_t *len)
 {
-	int cfd = openat(bfd, "config.json", O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	int cfd = openat(bfd, GPUCTK_CONFIG_NAME, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 	need(cfd >= 0 && fstat(cfd, cst) == 0 && S_ISREG(cst->st_mode) && cst->st_size <= GPUCTK_MAX_CONFIG &&
 		     read_all(cfd, GPUCTK_MAX_CONFIG, doc, len) == 0,
 	     "config.json is not a regular file that could be read");
@@ -1061,7 +1190,7 @@ static struct span *key_prefixes(const char *conf, size_t *n)
 	need(sf_kind(ps) == '{' && sf_items(ps, 1, &doc, &nd) == 0, "the front prefixes are not plain");
 	need(field_is(doc, nd, "format", GPUCTK_PREFIXES_FORMAT),
 	     "the front prefixes are of another format");
-	need(field_is(doc, nd, "config", conf), "the front prefixes are another config file's");
+	need(field_is(doc, nd, GPUCTK_PLAN_CONFIG, conf), "the front prefixes are another config file's");
 	struct member *list = array_of(sf_get(doc, nd, "prefixes"), "no front prefixes", n);
 	struct span *pre = calloc(*n + 1, sizeof *pre);
 	need(pre != NULL, "out of memory");
@@ -1288,7 +1417,7 @@ static struct member *front_plan(const struct span *keys, size_t nkeys, const ch
 	need(field_is(plan, *nplan, "format", GPUCTK_PLAN_FORMAT), "the front plan is of another format");
 	struct member *f = sf_get(plan, *nplan, "key");
 	need(f && same_strings(f->val, keys, nkeys), "the front plan is another request's");
-	need(field_is(plan, *nplan, "config", conf), "the front plan is another config file's");
+	need(field_is(plan, *nplan, GPUCTK_PLAN_CONFIG, conf), "the front plan is another config file's");
 	f = sf_get(plan, *nplan, "cdi_prefixes");
 	need(f && same_strings(f->val, pre, npre), "the front plan is keyed on other prefixes");
 	f = sf_get(plan, *nplan, "world");
@@ -1489,7 +1618,7 @@ static void write_config(int bfd, const struct stat *cst, const struct buf *out)
 		o += ok ? (size_t)w : 0;
 	}
 	ok = close(fd) == 0 && ok;
-	ok = ok && renameat(bfd, tmp, bfd, "config.json") == 0;
+	ok = ok && renameat(bfd, tmp, bfd, GPUCTK_CONFIG_NAME) == 0;
 	if (!ok) {
 		unlinkat(bfd, tmp, 0);
 		shim_python("config.json could not be written");

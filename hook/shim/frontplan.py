@@ -87,6 +87,7 @@ FOLDER_NAME = "front"
 FORMAT = "gpuctk-front-plan-7"
 PREFIXES_NAME = "keyed-on"  # no .json: never evicted with the plans
 PREFIXES_FORMAT = "gpuctk-front-prefixes-1"
+CONFIG_FIELD = "config"  # a plan's and the prefixes' field: the config file they were made for
 MAX_PLANS = 256  # a plan per request and shape of container; the ones read longest ago go
 MAX_BYTES = 1 << 20
 SHIM_FRONT_ENV = "GPUCTK_SHIM_FRONT"  # =off (gpuctk.cdi.node.facts.FRONT_OFF): all to Python
@@ -296,7 +297,7 @@ def offer(
     doc = {
         "format": FORMAT,
         "key": key.key,
-        "config": conf,
+        CONFIG_FIELD: conf,
         "world": identities,
         "cdi_prefixes": list(settings.annotation_prefixes),
         "lines": lines,
@@ -332,12 +333,12 @@ def current(state: str, key: FrontKey, cdi_prefixes: Sequence[str]) -> bool:
         isinstance(doc, dict)
         and doc.get("format") == FORMAT
         and doc.get("key") == key.key
-        and doc.get("config") == config_path(os.environ)[0]
+        and doc.get(CONFIG_FIELD) == config_path(os.environ)[0]
         and isinstance(doc.get("lines"), dict)
         and doc["lines"].get("zone", None) in (None, stamp_zone())
         and plans.holds(doc.get("world"))
         and filechain.holds(doc.get("chain"))
-        and _keyed_on_holds(state, doc["config"], list(cdi_prefixes))
+        and _keyed_on_holds(state, doc[CONFIG_FIELD], list(cdi_prefixes))
     )
 
 
@@ -349,7 +350,7 @@ def _keyed_on(state: str, conf: str, cdi_prefixes: list[str]) -> bool:
 
 
 def _keyed_on_doc(conf: str, cdi_prefixes: list[str]) -> dict[str, Any]:
-    return {"format": PREFIXES_FORMAT, "config": conf, "prefixes": cdi_prefixes}
+    return {"format": PREFIXES_FORMAT, CONFIG_FIELD: conf, "prefixes": cdi_prefixes}
 
 
 def _keyed_on_holds(state: str, conf: str, cdi_prefixes: list[str]) -> bool:

@@ -1,6 +1,7 @@
-"""runc's arguments as gpuctk-runtime reads them: the one reader in Python (`parse_argv`) and the
-tables both the sh front (gpuctk.install.launchers) and the compiled create (hook/shimfront.c,
-through gpuctk_vocab.h) take their flags from.
+"""runc's arguments as gpuctk-runtime reads them: `parse_argv`, which asks gpuctk-cdi-hook's
+`read_runc` (hook/shimfront.c, the one reading: its compiled create serves the usual create
+from it), and the tables it and the sh front (gpuctk.install.launchers) take their flags from
+(through gpuctk_vocab.h and the generated sh).
 
 Flags are read as runc (Go flag + urfave/cli) reads them: `--bundle X`, `--bundle=X`, `-b X`,
 `-b=X`, `-bundle X`, flags after the container id; crun's `-bX` too. A flag not in a VALUE table
@@ -12,6 +13,8 @@ among them) is the Python shim's.
 
 from __future__ import annotations
 
+import os
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -22,6 +25,10 @@ BUNDLE, BUNDLE_SHORT = "bundle", "b"
 CONFIG_FLAGS = frozenset(("config", "f"))  # crun's: a config file of another name
 LOG, LOG_FORMAT = "log", "log-format"
 PID_FILE = "pid-file"
+CONFIG_NAME = "config.json"  # the bundle's config without --config
+TEXT = "text"  # the log format without --log-format
+DEBUG = "debug"  # a global flag: true without a value, or with 1, t or true in any case
+RUNC_ARGS_VERB = "runc-args"  # gpuctk-cdi-hook's form that reads them (parse_argv())
 GLOBAL_VALUE_FLAGS = frozenset(
     (LOG, LOG_FORMAT, "root", "criu", "rootless", "cgroup-manager", "log-level")
 )
@@ -52,69 +59,41 @@ class Invocation:
     def __init__(self) -> None:
         self.verb = ""
         self.log = ""
-        self.log_format = "text"
+        self.log_format = TEXT
         self.debug = False
         self.bundle = ""
-        self.config_name = "config.json"
+        self.config_name = CONFIG_NAME
         self.container = ""
         self.globals: list[str] = []  # the flag names before the verb
         self.global_args: list[str] = []  # the arguments before the verb, as given
         self.no_value = ""  # the verb's --bundle/--config flag given without a value
 
 
-def _flag(token: str) -> tuple[str, str | None]:
-    """("bundle", "X") from "--bundle=X", ("b", None) from "-b"."""
-    name, sep, value = token.lstrip("-").partition("=")
-    return name, (value if sep else None)
+_READ: dict[tuple[str, ...], Invocation] = {}  # parse_argv()'s answers in this process
 
 
 def parse_argv(args: Sequence[str]) -> Invocation:
-    """The invocation in runc's arguments (argv without argv[0])."""
+    """The invocation in runc's arguments (argv without argv[0]), as gpuctk-cdi-hook reads them
+    (`read_runc` in hook/shimfront.c, the one reading; its compiled create serves the usual
+    create from the same reading). GpuctkError where the C does not run."""
+    key = tuple(args)
+    if key in _READ:
+        return _READ[key]
+    from gpuctk.hook import compiled
+
+    done = compiled.run([RUNC_ARGS_VERB, *key], (), "runc's arguments")
+    fields = [os.fsdecode(f) for f in done.stdout.split(b"\0")]
+    if done.returncode != 0 or len(fields) < 11 or fields[-1] or not fields[8].isdigit():
+        from gpuctk.errors import GpuctkError
+
+        raise GpuctkError(f"runc's arguments: {compiled.why(done)}")
     inv = Invocation()
-    i = 0
-    while i < len(args):  # global flags, up to the verb
-        token = args[i]
-        i += 1
-        if token == "--":
-            break
-        if not token.startswith("-") or token == "-":
-            inv.verb, inv.global_args = token, list(args[: i - 1])
-            break
-        name, value = _flag(token)
-        inv.globals.append(name)
-        if value is None and name in GLOBAL_VALUE_FLAGS and i < len(args):
-            value, i = args[i], i + 1
-        if name == LOG:
-            inv.log = value or ""
-        elif name == LOG_FORMAT:
-            inv.log_format = value or "text"
-        elif name == "debug":
-            inv.debug = value is None or value.lower() in ("1", "t", "true")
-    if not inv.verb and i < len(args) and args[i - 1] == "--":
-        inv.verb, i = args[i], i + 1
-    while i < len(args):  # the verb's flags and positionals
-        token = args[i]
-        i += 1
-        if token == "--":
-            if not inv.container and i < len(args):
-                inv.container = args[i]
-            break
-        if not token.startswith("-") or token == "-":
-            inv.container = inv.container or token
-            continue
-        name, value = _flag(token)
-        crun_attached = token[1:2] in ("b", "f") and len(token) > 2  # crun's -bDIR, -fFILE
-        if value is None and name not in VERB_VALUE_FLAGS and crun_attached:
-            name, value = token[1], token[2:]
-        if value is None and name in VERB_VALUE_FLAGS:
-            if i >= len(args):
-                inv.no_value = token
-                break
-            value, i = args[i], i + 1
-        if name in (BUNDLE, BUNDLE_SHORT) and value is not None:
-            inv.bundle = value
-        elif name in CONFIG_FLAGS and value is not None:
-            inv.config_name = value
+    inv.verb, inv.container, inv.bundle, inv.config_name, inv.log, inv.log_format = fields[:6]
+    inv.debug, inv.no_value = fields[6] == "1", fields[7]
+    inv.global_args = list(args[: int(fields[8])])
+    inv.globals = fields[10:-1]
+    _READ.clear()
+    _READ[key] = inv
     return inv
 
 

@@ -271,7 +271,11 @@ def main(argv: Sequence[str] | None = None, compiled: str = "") -> NoReturn:
     """`compiled`: the launchers' compiled create, which front plans are written for."""
     args = list(sys.argv[1:] if argv is None else argv)
     front = os.environ.pop(FRONT_RUNTIME_ENV, "")
-    inv = parse_argv(args)
+    try:
+        inv = parse_argv(args)
+    except GpuctkError as exc:  # no gpuctk-cdi-hook to read them: a broken install
+        sys.stderr.write(f"gpuctk-runtime: error: {exc.message}\n")
+        sys.exit(1)
     if not inv.verb and ("help" in inv.globals or "h" in inv.globals):
         from gpuctk.helpdoc import details_line
 
