@@ -36,8 +36,8 @@ ROOT_SEEN_VERB = "root-seen"  # root_seen()'s form
 LINKS_VERB = "make-links"  # the link policy's form (links_in_root())
 DIR_FD_OPT = "--dir-fd"  # a link's folder, as an inherited descriptor
 READ_ARGS_VERB = "read-args"  # the reading of a hook entry's arguments' form (read_args())
-# the verbs of its own forms
-SERVED_VERBS = (MERGE_VERB, CAPS_VERB, ROOT_SEEN_VERB, LINKS_VERB, READ_ARGS_VERB)
+RUNC_ARGS_VERB = "runc-args"  # the reading of runc's arguments' form (runcargs.parse_argv)
+SERVED_VERBS = (MERGE_VERB, CAPS_VERB, ROOT_SEEN_VERB, LINKS_VERB, READ_ARGS_VERB, RUNC_ARGS_VERB)
 LINK_OUTCOMES = ("made", "kept", "left")  # what links_in_root() says of each link
 LINKS_PER_RUN = 256  # links asked for in one run of the C (its argument list, descriptors)
 

@@ -109,7 +109,7 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_DEBUG_FLAG", f"{_ARGS}.DEBUG", ""),
     ("GPUCTK_CONFIG_NAME", f"{_ARGS}.CONFIG_NAME", ""),
     ("GPUCTK_TEXT_FORMAT", f"{_ARGS}.TEXT", ""),
-    ("GPUCTK_RUNC_ARGS_VERB", f"{_ARGS}.RUNC_ARGS_VERB", ""),
+    ("GPUCTK_RUNC_ARGS_VERB", "gpuctk.hook.compiled.RUNC_ARGS_VERB", ""),
     ("GPUCTK_FRONT_KEY", "gpuctk.hook.shim.frontkey.KEY_VERB", ""),
     ("GPUCTK_STAMP_MARK", "gpuctk.log.STAMP_MARK", ""),
     ("GPUCTK_STAMP_FORMAT", "gpuctk.log.STAMP_FORMAT", ""),

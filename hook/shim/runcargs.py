@@ -28,7 +28,6 @@ PID_FILE = "pid-file"
 CONFIG_NAME = "config.json"  # the bundle's config without --config
 TEXT = "text"  # the log format without --log-format
 DEBUG = "debug"  # a global flag: true without a value, or with 1, t or true in any case
-RUNC_ARGS_VERB = "runc-args"  # gpuctk-cdi-hook's form that reads them (parse_argv())
 GLOBAL_VALUE_FLAGS = frozenset(
     (LOG, LOG_FORMAT, "root", "criu", "rootless", "cgroup-manager", "log-level")
 )
@@ -79,13 +78,15 @@ def parse_argv(args: Sequence[str]) -> Invocation:
     key = tuple(args)
     if key in _READ:
         return _READ[key]
+    from gpuctk.errors import GpuctkError
     from gpuctk.hook import compiled
 
-    done = compiled.run([RUNC_ARGS_VERB, *key], (), "runc's arguments")
+    try:
+        done = compiled.run([compiled.RUNC_ARGS_VERB, *key], (), "runc's arguments")
+    except OSError as exc:  # no descriptor or process left for it
+        raise GpuctkError(f"runc's arguments: {compiled.PROGRAM}: {exc}") from None
     fields = [os.fsdecode(f) for f in done.stdout.split(b"\0")]
     if done.returncode != 0 or len(fields) < 11 or fields[-1] or not fields[8].isdigit():
-        from gpuctk.errors import GpuctkError
-
         raise GpuctkError(f"runc's arguments: {compiled.why(done)}")
     inv = Invocation()
     inv.verb, inv.container, inv.bundle, inv.config_name, inv.log, inv.log_format = fields[:6]

@@ -267,6 +267,24 @@ def prepare(args: list[str], front: str = "", compiled: str = "") -> tuple[int, 
     return 0, runtime, log
 
 
+def _unread(args: list[str], exc: GpuctkError) -> NoReturn:
+    """Where runc's arguments cannot be read (gpuctk-cdi-hook missing or failing): the runtime
+    the config names runs them as given, so that no state, kill or delete is stopped; any
+    argument that may be a create or run fails, as that container's GPUs cannot be given."""
+    message = f"gpuctk-runtime: error: {exc.message}"
+    if not any(arg in INJECT_VERBS for arg in args):
+        from gpuctk.hook.requests import failsafe
+
+        try:
+            runtime = find_runtime(failsafe.load()[0].runtimes)
+            sys.stderr.write(f"{message}; {runtime} runs the arguments as given\n")
+            os.execv(runtime, [runtime, *args])
+        except (GpuctkError, OSError) as why:
+            message += f"; no runtime to run them: {why}"
+    sys.stderr.write(f"{message}\n")
+    sys.exit(1)
+
+
 def main(argv: Sequence[str] | None = None, compiled: str = "") -> NoReturn:
     """`compiled`: the launchers' compiled create, which front plans are written for."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -274,8 +292,7 @@ def main(argv: Sequence[str] | None = None, compiled: str = "") -> NoReturn:
     try:
         inv = parse_argv(args)
     except GpuctkError as exc:  # no gpuctk-cdi-hook to read them: a broken install
-        sys.stderr.write(f"gpuctk-runtime: error: {exc.message}\n")
-        sys.exit(1)
+        _unread(args, exc)
     if not inv.verb and ("help" in inv.globals or "h" in inv.globals):
         from gpuctk.helpdoc import details_line
 

@@ -268,6 +268,28 @@ def test_other_verbs_pass_straight_through(env: Env, verb: list[str]) -> None:
     assert (env.bundle / "config.json").read_bytes() == data
 
 
+def without_the_c(env: Env, *args: str) -> subprocess.CompletedProcess[str]:
+    """gpuctk-runtime ARGS where gpuctk-cdi-hook is not installed (a broken install)."""
+    code = ("from gpuctk.hook import compiled\ncompiled.program = lambda: ''\n"
+            "from gpuctk.hook.shim import runtime_main\n"
+            f"runtime_main.main({list(args)!r})\n")  # fmt: skip
+    return subprocess.run([sys.executable, "-c", code], env=env.environ(), capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+
+
+def test_a_missing_c_stops_no_cleanup_and_no_gpu_create_goes_unserved(env: Env) -> None:
+    """runc's arguments are read by gpuctk-cdi-hook alone: without it, a state, kill or delete
+    still reaches the runtime as given; a create fails, naming what to do."""
+    proc = without_the_c(env, "--root", "/r", "delete", "-f", "c")
+    assert proc.returncode == 0, proc.stderr
+    assert env.argv() == [str(env.runtime), "--root", "/r", "delete", "-f", "c"]
+    assert "gpuctk-cdi-hook" in proc.stderr and "reinstall" in proc.stderr
+    (env.record / "argv").unlink()
+    proc = without_the_c(env, "--root", "/r", "create", "--bundle", str(env.bundle), "c")
+    assert proc.returncode == 1 and env.argv() is None
+    assert proc.stderr.count("\n") == 1 and "reinstall" in proc.stderr
+
+
 def test_bundle_flag_forms_and_cwd(env: Env) -> None:
     env.write_config(base_config(["NVIDIA_VISIBLE_DEVICES=0"]))
     for args in (["create", f"-b={env.bundle}", "c"], ["create", "c", "-b", str(env.bundle)]):
