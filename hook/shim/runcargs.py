@@ -83,7 +83,7 @@ def parse_argv(args: Sequence[str]) -> Invocation:
 
     try:
         done = compiled.run([compiled.RUNC_ARGS_VERB, *key], (), "runc's arguments")
-    except OSError as exc:  # no descriptor or process left for it
+    except (OSError, ValueError) as exc:  # no descriptor or process left; a NUL in one
         raise GpuctkError(f"runc's arguments: {compiled.PROGRAM}: {exc}") from None
     fields = [os.fsdecode(f) for f in done.stdout.split(b"\0")]
     if done.returncode != 0 or len(fields) < 11 or fields[-1] or not fields[8].isdigit():

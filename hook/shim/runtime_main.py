@@ -279,7 +279,7 @@ def _unread(args: list[str], exc: GpuctkError) -> NoReturn:
             runtime = find_runtime(failsafe.load()[0].runtimes)
             sys.stderr.write(f"{message}; {runtime} runs the arguments as given\n")
             os.execv(runtime, [runtime, *args])
-        except (GpuctkError, OSError) as why:
+        except (GpuctkError, OSError, ValueError) as why:
             message += f"; no runtime to run them: {why}"
     sys.stderr.write(f"{message}\n")
     sys.exit(1)
