@@ -1604,14 +1604,6 @@ static int row_has(const char *row, const char *name, size_t n)
 	return 0;
 }
 
-static int is_flag(const char *name, size_t n)
-{
-	for (int i = 0; i < GPUCTK_HOOK_FLAGS_COUNT; i++)
-		if (strlen(GPUCTK_HOOK_FLAGS[i]) == n && memcmp(GPUCTK_HOOK_FLAGS[i], name, n) == 0)
-			return 1;
-	return 0;
-}
-
 /* The arguments argv[first..argc) after a verb of `row`, the one reading of them (gpuctk-hook
  * asks for it: read_args_served()): --NAME VALUE or --NAME=VALUE for each option NAME of the row
  * (each takes a value and may repeat); a flag (GPUCTK_HOOK_FLAGS) without =, skipped; any other
@@ -1630,7 +1622,7 @@ static int read_args(const char *row, int argc, char **argv, int first, struct a
 			eq = strchr(name, '=');
 			len = eq ? (size_t)(eq - name) : strlen(name);
 		}
-		if (!eq && len && is_flag(name, len))
+		if (!eq && len && flag_at(name, len, GPUCTK_HOOK_FLAGS, GPUCTK_HOOK_FLAGS_COUNT) >= 0)
 			continue;
 		struct arg *a = &out[n++];
 		*a = (struct arg){ .start = i - 1, .name = name, .namelen = len };
@@ -1681,12 +1673,6 @@ static int split_link(const char *v, int link_for, size_t *cap, const char **tar
 	*target_len = (size_t)(sep - v);
 	*link = sep + link_sep;
 	return 0;
-}
-
-static void field(const char *s, size_t n)
-{
-	fwrite(s, 1, n, stdout);
-	putchar(0);
 }
 
 /* gpuctk-hook's form `read-args VERB [ARG]...`: the ARGs after VERB as read_args() reads them,

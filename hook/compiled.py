@@ -1,11 +1,10 @@
 """gpuctk-cdi-hook (hook/cdihook.c) as gpuctk-hook and gpuctk-runtime run it for the rules
-written in C alone: the device node guard (gpuctk.hook.verbs.nodeprotect), the merge of an
-image's ld cache (gpuctk.hook.verbs.ldmerge), the reading of a container's
-NVIDIA_DRIVER_CAPABILITIES (capabilities()) and the owner host root's files show under
-(root_seen()), and the link policy at a link's place (links_in_root()). Each such form takes
-what Python resolved as inherited descriptors, does its one job and never hands anything back.
-
-The C is a required part of every install (setup.py builds it; no compiler, no install).
+written in C alone: the device node guard (gpuctk.hook.verbs.nodeprotect), the ld cache merge
+(gpuctk.hook.verbs.ldmerge), NVIDIA_DRIVER_CAPABILITIES (capabilities()), root's owner
+(root_seen()), the link policy (links_in_root()), and the reading of a hook entry's and runc's
+arguments (read_args(), gpuctk.hook.shim.runcargs). Each form takes what Python resolved, as
+inherited descriptors or arguments, and never hands anything back. The C is a required part
+of every install (setup.py builds it; no compiler, no install).
 """
 
 from __future__ import annotations
@@ -262,61 +261,61 @@ def capabilities(config: object) -> tuple[frozenset[str], int]:
     raise GpuctkError(f"{what}: {why(done)}")
 
 
-_READ: dict[tuple[str, ...], tuple[Arg, ...]] = {}  # read_args()' answers (64 at most)
+_ASKED: dict[tuple[str, ...], tuple[Done, list[str]]] = {}  # asked()'s runs, 64 at most
+
+
+def asked(args: Sequence[str], what: str) -> tuple[Done, list[str]]:
+    """A run of a form of the C that reads its arguments alone (read-args, runc-args) and its
+    stdout's fields, each ended by a NUL byte, kept in this process: the same arguments read
+    the same. UsageError for an argument no program can be given; GpuctkError where none runs."""
+    key = tuple(args)
+    if key in _ASKED:
+        return _ASKED[key]
+    for word in key:
+        try:
+            bad = "a NUL byte" if b"\0" in os.fsencode(word) else ""
+        except UnicodeError:
+            bad = "a lone surrogate"
+        if bad:
+            raise UsageError(f"{what}: argument {word!r} holds {bad}, no program's argument")
+    try:
+        done = run(list(key), (), what)
+    except OSError as exc:  # no descriptor or process left for it
+        raise GpuctkError(f"{what}: {PROGRAM}: {exc}") from None
+    if len(_ASKED) >= 64:
+        _ASKED.clear()
+    _ASKED[key] = done, [os.fsdecode(f) for f in done.stdout.split(b"\0")]
+    return _ASKED[key]
 
 
 def read_args(verb: str, args: Sequence[str]) -> tuple[Arg, ...]:
-    """The arguments `args` after `verb` (a verb of gpuctk.cdi.node.facts.HOOK_OPTIONS) of a
-    hook entry, as gpuctk-cdi-hook reads them at every container start (`read_args` and
-    `split_link` in hook/cdihook.c, the one reading of an entry's arguments and link values):
-    one (KIND, START, STOP, NAME, VALUE, CAPABILITY, TARGET, LINK) per argument, KIND "o" an
-    option of the verb with its VALUE, "l" a --link or --link-for whose VALUE splits into
-    CAPABILITY ("" for a --link), TARGET and LINK, "i" an argument the verb does not take;
-    args[START:STOP] its words. UsageError where the C refuses them (an option's value
-    missing), GpuctkError where it does not run."""
-    key = (verb, *args)
-    if key in _READ:
-        return _READ[key]
-    what = f"the arguments of {verb}"
-    for word in key:
-        try:
-            os.fsencode(word)
-            bad = "a NUL byte" if "\0" in word else ""
-        except UnicodeError:
-            bad = "a lone surrogate (text no program can be given)"
-        if bad:
-            raise UsageError(f"{verb}: argument {word!r} holds {bad}: fix the hook entry's args")
-    done = run([READ_ARGS_VERB, *key], (), what)
-    fields = [os.fsdecode(f) for f in done.stdout.split(b"\0")]
+    """`args` after `verb` (of facts.HOOK_OPTIONS) in a hook entry, as gpuctk-cdi-hook reads
+    them at every start (`read_args`, `split_link` in hook/cdihook.c, the one reading): per
+    argument (KIND, START, STOP, NAME, VALUE, CAPABILITY, TARGET, LINK), KIND "o" an option
+    and its VALUE, "l" a --link or --link-for whose VALUE splits ("" CAPABILITY for a --link),
+    "i" one the verb does not take; args[START:STOP] its words. UsageError where the C
+    refuses them (a value missing), GpuctkError where it does not run."""
+    what = f"the hook entry's arguments of {verb}"
+    done, fields = asked([READ_ARGS_VERB, verb, *args], what)
     if done.returncode == 2 and done.stderr.strip():
         raise UsageError(done.stderr.decode(errors="replace").strip().splitlines()[-1])
     if done.returncode != 0 or len(fields) % 8 != 1 or fields[-1]:
         raise GpuctkError(f"{what}: {why(done)}")
-    read = tuple(
-        (kind, int(start), int(stop), name, value, cap, target, link)
-        for kind, start, stop, name, value, cap, target, link in zip(
-            *[iter(fields)] * 8, strict=False
-        )
-    )
-    if len(_READ) >= 64:
-        _READ.clear()
-    _READ[key] = read
-    return read
+    rows = zip(*[iter(fields)] * 8, strict=False)  # the last, empty field left out
+    return tuple((kind, int(start), int(stop), name, value, cap, target, link)
+                 for kind, start, stop, name, value, cap, target, link in rows)  # fmt: skip
 
 
 def entry_links(args: Sequence[str]) -> list[tuple[int, int, str, str, str, str]]:
     """(START, STOP, NAME, CAPABILITY, TARGET, LINK) of each --link and --link-for that splits
-    in a hook entry's whole `args` (args[0] its program), as read_args() reads what follows the
-    first of args[1:] that is one of gpuctk-hook's verbs (nvidia-ctk's `nvidia-ctk hook
-    create-symlinks` has a word before it); args[START:STOP] its words. None where no such verb
-    is there; UsageError where the C refuses the arguments (the hook would too)."""
+    in a hook entry's whole `args`, as read_args() reads what follows the first of args[1:]
+    that is a gpuctk-hook verb (`nvidia-ctk hook create-symlinks` has a word before it); none
+    without one. UsageError where the C refuses the arguments (so would the hook)."""
     at = next((i for i, arg in enumerate(args) if i and arg in HOOK_OPTIONS), 0)
     read = read_args(args[at], args[at + 1 :]) if at else ()
-    return [
-        (at + 1 + start, at + 1 + stop, name, cap, target, link)
-        for kind, start, stop, name, _value, cap, target, link in read
-        if kind == "l"
-    ]
+    return [(at + 1 + start, at + 1 + stop, name, cap, target, link)
+            for kind, start, stop, name, _value, cap, target, link in read
+            if kind == "l"]  # fmt: skip
 
 
 def root_seen() -> int:

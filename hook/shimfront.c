@@ -730,6 +730,13 @@ static int flag_at(const char *name, size_t n, const char *const *table, int cou
 	return -1;
 }
 
+/* The n bytes at s on stdout, ended by a NUL byte: a field of a reading form's answer. */
+static void field(const char *s, size_t n)
+{
+	fwrite(s, 1, n, stdout);
+	putchar(0);
+}
+
 /* One flag in runc's arguments as read_runc() reads it. */
 struct runc_flag {
 	const char *token, *name, *value; /* name: the token without its dashes; value NULL: none */
@@ -908,15 +915,11 @@ static int runc_args_served(int argc, char **argv)
 	const char *text[] = { r.verb, r.container, r.bundle, r.config ? r.config : GPUCTK_CONFIG_NAME,
 			       r.log, r.log_format ? r.log_format : GPUCTK_TEXT_FORMAT,
 			       r.debug ? "1" : "0", r.no_value };
-	for (size_t k = 0; k < sizeof text / sizeof *text; k++) {
-		fputs(text[k] ? text[k] : "", stdout);
-		putchar(0);
-	}
+	for (size_t k = 0; k < sizeof text / sizeof *text; k++)
+		field(text[k] ? text[k] : "", text[k] ? strlen(text[k]) : 0);
 	printf("%d%c%d%c", r.before_verb, 0, globals, 0);
-	for (int k = 0; k < globals; k++) {
-		fwrite(flags[k].name, 1, flags[k].namelen, stdout);
-		putchar(0);
-	}
+	for (int k = 0; k < globals; k++)
+		field(flags[k].name, flags[k].namelen);
 	free(flags);
 	return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
 }

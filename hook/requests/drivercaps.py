@@ -24,13 +24,12 @@ from __future__ import annotations
 import posixpath
 
 from gpuctk.cdi.node import capabilities as caps
-from gpuctk.cdi.node import facts
 from gpuctk.cdi.node.facts import LIBCUDA_DIR_ENV
 from gpuctk.errors import UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Mapping
     from typing import Any
 
 ENV = "NVIDIA_DRIVER_CAPABILITIES"
@@ -95,36 +94,28 @@ def file_capabilities(mount: Mapping[str, Any], lib64: bool) -> tuple[str, ...]:
     return ()
 
 
-def _link_pairs(args: list[str]) -> Iterable[tuple[int, int, str, str, str | None]]:
-    """(start, stop, target, link, capability) of each --link and --link-for argument in a
-    hook's args (capability None for a --link), as gpuctk-cdi-hook reads them
-    (gpuctk.hook.compiled.entry_links); none where it refuses them (so does the hook)."""
-    from gpuctk.hook import compiled
-
-    try:
-        links = compiled.entry_links(args)
-    except UsageError:
-        return
-    link_for = facts.LINK_FOR_OPT[2:]
-    for start, stop, name, cap, target, link in links:
-        yield start, stop, target, link, cap if name == link_for else None
-
-
 def _filter_links(args: list[str], dropped: set[str], selected: frozenset[str]) -> list[str]:
     """`args` without the --link-for arguments whose capability `selected` lacks (a folder
     spec's links to its staged config files) and the --link and --link-for arguments whose
     target resolves into `dropped` (which grows with every dropped link, so chains libcuda.so
-    -> libcuda.so.1 -> file all go)."""
-    pairs = list(_link_pairs(args))
+    -> libcuda.so.1 -> file all go). The links are gpuctk-cdi-hook's reading of them
+    (gpuctk.hook.compiled.entry_links; a --link's CAPABILITY is ""); none where it refuses
+    them, as the hook would."""
+    from gpuctk.hook import compiled
+
+    try:
+        pairs = compiled.entry_links(args)
+    except UsageError:
+        return args
     drop_spans: set[int] = set()
-    for start, _stop, _target, link, cap in pairs:
-        if cap is not None and cap not in selected:
+    for start, _stop, _name, cap, _target, link in pairs:
+        if cap and cap not in selected:
             drop_spans.add(start)
             dropped.add(posixpath.normpath(link))
     changed = True
     while changed:
         changed = False
-        for start, _stop, target, link, _cap in pairs:
+        for start, _stop, _name, _cap, target, link in pairs:
             if start in drop_spans:
                 continue
             full = target if target.startswith("/") else posixpath.dirname(link) + "/" + target

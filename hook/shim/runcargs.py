@@ -13,8 +13,6 @@ among them) is the Python shim's.
 
 from __future__ import annotations
 
-import os
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -68,24 +66,14 @@ class Invocation:
         self.no_value = ""  # the verb's --bundle/--config flag given without a value
 
 
-_READ: dict[tuple[str, ...], Invocation] = {}  # parse_argv()'s answers in this process
-
-
 def parse_argv(args: Sequence[str]) -> Invocation:
     """The invocation in runc's arguments (argv without argv[0]), as gpuctk-cdi-hook reads them
     (`read_runc` in hook/shimfront.c, the one reading; its compiled create serves the usual
     create from the same reading). GpuctkError where the C does not run."""
-    key = tuple(args)
-    if key in _READ:
-        return _READ[key]
     from gpuctk.errors import GpuctkError
     from gpuctk.hook import compiled
 
-    try:
-        done = compiled.run([compiled.RUNC_ARGS_VERB, *key], (), "runc's arguments")
-    except (OSError, ValueError) as exc:  # no descriptor or process left; a NUL in one
-        raise GpuctkError(f"runc's arguments: {compiled.PROGRAM}: {exc}") from None
-    fields = [os.fsdecode(f) for f in done.stdout.split(b"\0")]
+    done, fields = compiled.asked([compiled.RUNC_ARGS_VERB, *args], "runc's arguments")
     if done.returncode != 0 or len(fields) < 11 or fields[-1] or not fields[8].isdigit():
         raise GpuctkError(f"runc's arguments: {compiled.why(done)}")
     inv = Invocation()
@@ -93,8 +81,6 @@ def parse_argv(args: Sequence[str]) -> Invocation:
     inv.debug, inv.no_value = fields[6] == "1", fields[7]
     inv.global_args = list(args[: int(fields[8])])
     inv.globals = fields[10:-1]
-    _READ.clear()
-    _READ[key] = inv
     return inv
 
 
