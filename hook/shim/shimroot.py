@@ -98,7 +98,7 @@ def _stage_arg(kind: str, opt: str, value: str, target: str, link: str) -> bool:
     if kind == "l":
         plain = link[:1] == "/" != link[1:2] and posixpath.normpath(link) == link
         staged = target in (STAGE_FILES + link, f"{STAGE_PATH}/bin/{posixpath.basename(link)}")
-        return plain and staged and "\0" not in link
+        return plain and staged  # no NUL: the C was given it as an argument
     return (
         (opt == facts.FOLDER_OPT and value in STAGE_LIBS)
         or (opt == facts.LD_CACHE_OPT and value[:1] == "/" and value.endswith(STAGE_CACHE))
