@@ -1864,8 +1864,8 @@ static void keep_asked_links(const char *doc, size_t doclen, struct hook_args *a
 
 int main(int argc, char **argv)
 {
-	if (argc > 1 && strcmp(argv[1], GPUCTK_SHIM_CREATE) == 0)
-		return shim_create(argc, argv);
+	if (argc > 1 && strcmp(argv[1], GPUCTK_RUNTIME_FRONT) == 0)
+		return runtime_front(argc, argv);
 	if (argc > 1 && strcmp(argv[1], GPUCTK_FRONT_KEY) == 0)
 		return front_key(argc, argv);
 	if (argc > 1 && strcmp(argv[1], GPUCTK_MERGE_VERB) == 0)

@@ -28,6 +28,7 @@ _FACTS = "gpuctk.cdi.node.facts"
 _FRONT = "gpuctk.hook.shim.frontplan"
 _GUARD = "gpuctk.hook.verbs.nodeprotect"
 _ARGS = "gpuctk.hook.shim.runcargs"
+_MEMO = "gpuctk.hook.shim.memo"
 
 # (C name, the Python constant as module.NAME, what of its value the C takes: "" the value,
 # "dir" / "name" a path's folder / last name, "sorted" a set in order, "mask" the capabilities'
@@ -94,8 +95,9 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_TMPFS_MAGIC", f"{_GUARD}.TMPFS_MAGIC", ""),
     ("GPUCTK_LAUNCHER_MARK", "gpuctk.install.launchers.LAUNCHER_MARK", ""),
     # gpuctk-runtime's compiled create
-    ("GPUCTK_SHIM_CREATE", "gpuctk.install.launchers.SHIM_CREATE", ""),
+    ("GPUCTK_RUNTIME_FRONT", "gpuctk.install.launchers.RUNTIME_FRONT", ""),
     ("GPUCTK_CREATE_VERB", f"{_ARGS}.CREATE", ""),
+    ("GPUCTK_INJECT_VERBS", f"{_ARGS}.INJECT_VERBS", "sorted"),
     ("GPUCTK_BUNDLE_FLAG", f"{_ARGS}.BUNDLE", ""),
     ("GPUCTK_BUNDLE_SHORT", f"{_ARGS}.BUNDLE_SHORT", ""),
     ("GPUCTK_LOG_FLAG", f"{_ARGS}.LOG", ""),
@@ -119,6 +121,12 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_SHIM_FRONT_TRACE_ENV", f"{_FRONT}.SHIM_FRONT_TRACE_ENV", ""),
     ("GPUCTK_SPEC_CACHE_ENV", "gpuctk.cdi.specs.speccache.CACHE_ENV", ""),
     ("GPUCTK_SPEC_CACHE_OFF", "gpuctk.cdi.specs.speccache.CACHE_OFF", ""),
+    ("GPUCTK_MEMO_NAME", f"{_MEMO}.MEMO_NAME", ""),
+    ("GPUCTK_MEMO_TAG", f"{_MEMO}.MEMO_TAG", ""),
+    ("GPUCTK_MEMO_PRESENT", f"{_MEMO}.PRESENT", ""),
+    ("GPUCTK_MEMO_ABSENT", f"{_MEMO}.ABSENT", ""),
+    ("GPUCTK_MEMO_SEARCH", f"{_MEMO}.SEARCH", ""),
+    ("GPUCTK_MAX_MEMO", f"{_MEMO}.MAX_BYTES", ""),
     ("GPUCTK_FRONT_RUNTIME_ENV", "gpuctk.hook.shim.runtime_main.FRONT_RUNTIME_ENV", ""),
     ("GPUCTK_CONFIG_ENV", "gpuctk.hook.config.ENV_VAR", ""),
     ("GPUCTK_DEFAULT_CONFIG", "gpuctk.hook.config.DEFAULT_PATH", ""),

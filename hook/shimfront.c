@@ -1,13 +1,16 @@
-/* gpuctk-runtime's create, compiled, for a request the shim resolved before. Part of the
- * gpuctk-cdi-hook binary (included by cdihook.c: one program, one build, one file to install).
+/* gpuctk-runtime's front, compiled: every call of gpuctk-runtime, and its create for a request
+ * the shim resolved before. Part of the gpuctk-cdi-hook binary (included by cdihook.c: one
+ * program, one build, one file to install).
  *
- *     gpuctk-cdi-hook shim-create PYTHON PYCODE SHIM [the runtime's arguments...]
+ *     gpuctk-cdi-hook runtime-front PYTHON PYCODE SHIM [the runtime's arguments...]
  *
- * gpuctk-runtime's sh front (gpuctk.install.launchers) runs this for a `create` once its memo holds
- * (GPUCTK_FRONT_RUNTIME then names the low-level runtime). It does what the Python shim would
- * do with the same result, without a Python start, when every one of these holds; otherwise
- * it execs `PYTHON -IS -c PYCODE SHIM ARGS...`, the shim itself, with the environment as given
- * (nothing written, nothing changed):
+ * gpuctk-runtime's sh launcher (gpuctk.install.launchers) execs this for every call. It reads
+ * runc's arguments and the runtime memo, and execs the low-level runtime, the Python shim, or
+ * does the create itself (runtime_front() says which). The compiled create (shim_create())
+ * runs for a `create` once the memo holds. It does what the Python shim would do with the
+ * same result, without a Python start, when every one of these holds; otherwise it execs
+ * `PYTHON -IS -c PYCODE SHIM ARGS...`, the shim itself, with the environment as given but
+ * GPUCTK_FRONT_RUNTIME naming the memo's runtime (nothing written, nothing changed):
  *
  *   - the arguments are runc's usual create, the flags gpuctk.hook.shim.runcargs names for
  *     this program (in gpuctk_vocab.h) and one container id, each once: not --debug nor crun's
@@ -1628,22 +1631,158 @@ static void write_config(int bfd, const struct stat *cst, const struct buf *out)
 	}
 }
 
-static int shim_create(int argc, char **argv)
+/* ---- gpuctk-runtime's front: the memo and the request markers ---------------------------- */
+
+/* Exec `runtime` with the runtime's arguments (argv from 5 on: see runtime_front()), into
+ * `rargv` (argc entries; NULL: allocated here), GPUCTK_FRONT_RUNTIME removed; `why` traced. */
+__attribute__((noreturn)) static void run_runtime(const char *runtime, int argc, char **argv,
+						  char **rargv, const char *why)
 {
-	sf_argc = argc;
-	sf_argv = argv;
-	if (argc < 5) {
-		fprintf(stderr, "usage: gpuctk-cdi-hook " GPUCTK_SHIM_CREATE " PYTHON PYCODE SHIM ARGS...\n"
-				"(run by gpuctk-runtime's front: see gpuctk.install.launchers)\n");
-		exit(2);
+	if (why && getenv(GPUCTK_SHIM_FRONT_TRACE_ENV))
+		fprintf(stderr, "gpuctk-runtime: front: runtime: %s\n", why);
+	if (!rargv)
+		rargv = calloc((size_t)argc, sizeof *rargv);
+	need(rargv != NULL, "out of memory");
+	unsetenv(GPUCTK_FRONT_RUNTIME_ENV);
+	rargv[0] = (char *)runtime;
+	for (int i = 5; i < argc; i++)
+		rargv[i - 4] = argv[i];
+	rargv[argc - 4] = NULL;
+	execv(runtime, rargv);
+	fprintf(stderr, "gpuctk-runtime: error: cannot run %s: %s\n", runtime, strerror(errno));
+	exit(1);
+}
+
+/* The runtime memo gpuctk.hook.shim.memo writes, as read by memo_holds(). */
+struct memo {
+	char *text;
+	const char *runtime;
+	char *create; /* the request line, markers tab-separated */
+};
+
+static int newer(const struct stat *a, const struct stat *b)
+{
+	return a->st_mtim.tv_sec != b->st_mtim.tv_sec ? a->st_mtim.tv_sec > b->st_mtim.tv_sec :
+							  a->st_mtim.tv_nsec > b->st_mtim.tv_nsec;
+}
+
+/* Whether the memo ($GPUCTK_STATE_DIR/runtime) may be used, and then its runtime and request
+ * line: a regular file of this euid's in a folder only it can write (private_folder(), the
+ * rule Python wrote it under), five lines: MEMO_TAG, the config file in force
+ * ($GPUCTK_CONFIG or the default), whether it is present or absent now, the runtime, the
+ * request line; the config not modified after the memo; the runtime an absolute path to a
+ * regular file (not a link) of this euid's that it may execute, in a folder of its, not
+ * modified after the memo (anyone who may write it but does not own it can set its mtime to
+ * now only). Python checked that file and each folder above it by gpuctk's trusted-path rules
+ * when it wrote the memo; a runtime it later refuses, it forgets. */
+static int memo_holds(struct memo *m)
+{
+	const char *state = getenv(GPUCTK_STATE_DIR_ENV);
+	const char *conf = getenv(GPUCTK_CONFIG_ENV);
+	int dir = private_folder(state && *state ? state : GPUCTK_DEFAULT_STATE_DIR);
+	int fd = dir < 0 ? -1 :
+			   openat(dir, GPUCTK_MEMO_NAME,
+				  O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	if (dir >= 0)
+		close(dir);
+	struct stat mst, st;
+	size_t len;
+	int ok = fd >= 0 && fstat(fd, &mst) == 0 && S_ISREG(mst.st_mode) &&
+		 mst.st_uid == geteuid() && read_all(fd, GPUCTK_MAX_MEMO, &m->text, &len) == 0;
+	if (fd >= 0)
+		close(fd);
+	if (!ok)
+		return 0;
+	char *line[5], *p = m->text;
+	ok = memchr(p, 0, len) == NULL && len > 0 && p[len - 1] == '\n';
+	for (int k = 0; ok && k < 5; k++) {
+		char *nl = memchr(p, '\n', (size_t)(m->text + len - p));
+		ok = nl != NULL && (k < 4 || nl == m->text + len - 1);
+		if (ok) {
+			line[k] = p;
+			*nl = 0;
+			p = nl + 1;
+		}
 	}
+	if (!conf || !*conf)
+		conf = GPUCTK_DEFAULT_CONFIG;
+	int present = ok ? stat(conf, &st) == 0 : 0;
+	ok = ok && strcmp(line[0], GPUCTK_MEMO_TAG) == 0 && strcmp(line[1], conf) == 0 &&
+	     strcmp(line[2], present ? GPUCTK_MEMO_PRESENT : GPUCTK_MEMO_ABSENT) == 0 &&
+	     !(present && newer(&st, &mst));
+	m->runtime = ok ? line[3] : NULL;
+	m->create = ok ? line[4] : NULL;
+	ok = ok && m->runtime[0] == '/' && lstat(m->runtime, &st) == 0 && S_ISREG(st.st_mode) &&
+	     st.st_uid == geteuid() && !newer(&st, &mst) &&
+	     faccessat(AT_FDCWD, m->runtime, X_OK, AT_EACCESS) == 0;
+	if (ok) {
+		char folder[PATH_MAX];
+		const char *slash = strrchr(m->runtime, '/');
+		ok = snprintf(folder, sizeof folder, "%.*s/.", (int)(slash - m->runtime), m->runtime) <
+			     (int)sizeof folder &&
+		     stat(folder, &st) == 0 && st.st_uid == geteuid();
+	}
+	return ok;
+}
+
+/* Whether the `\u` escape before `p` (`end` the text's) is one but Go's JSON's of <, > and &
+ * (\u003c, \u003e, \u0026: encoding/json, every engine's, writes a CUDA image's
+ * NVIDIA_REQUIRE_CUDA and a shell command's && so): its hex digits differ from all three
+ * before the text or the line ends. */
+static int other_escape(const char *p, const char *end)
+{
+	static const char *const go[] = { "003c", "003e", "0026" };
+	for (size_t i = 0; i < 4; i++) {
+		if (p + i >= end || p[i] == '\n')
+			return 0;
+		int some = 0;
+		for (size_t g = 0; g < 3; g++)
+			some |= memcmp(go[g], p, i + 1) == 0;
+		if (!some)
+			return 1;
+	}
+	return 0;
+}
+
+/* Whether BUNDLE/config.json (`bundle` NULL: the current folder's) cannot be asking for a
+ * GPU: a regular file, not a link, holding none of the memo's request `markers`
+ * (gpuctk.hook.shim.memo.request_markers, tab-separated; none: it may be), no `\/` escape and
+ * no `\u` escape but Go's (other_escape()): no marker holds a character JSON or Go's JSON
+ * writes as an escape. Matched as bytes, wherever they stand. */
+static int no_request(const char *bundle, char *markers)
+{
+	char path[PATH_MAX];
+	if (!*markers || snprintf(path, sizeof path, "%s/" GPUCTK_CONFIG_NAME, bundle ? bundle : ".") >=
+				 (int)sizeof path)
+		return 0;
+	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+	struct stat st;
+	char *doc;
+	size_t len;
+	int ok = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+		 read_all(fd, GPUCTK_MAX_CONFIG, &doc, &len) == 0;
+	if (fd >= 0)
+		close(fd);
+	if (!ok)
+		return 0;
+	const char *end = doc + len;
+	for (char *save = NULL, *mk = strtok_r(markers, "\t", &save); ok && mk;
+	     mk = strtok_r(NULL, "\t", &save))
+		ok = memmem(doc, len, mk, strlen(mk)) == NULL;
+	for (const char *p = doc; ok && (p = memchr(p, '\\', (size_t)(end - p))) != NULL; p++)
+		ok = !(p + 1 < end && (p[1] == '/' || (p[1] == 'u' && other_escape(p + 2, end))));
+	free(doc);
+	return ok;
+}
+
+/* The create runtime_front() hands over once the memo holds: `runtime` the memo's. */
+static int shim_create(int argc, char **argv, const char *runtime)
+{
 	const char *off = getenv(GPUCTK_SHIM_FRONT_ENV);
 	need(!off || strcmp(off, GPUCTK_FRONT_OFF) != 0, GPUCTK_SHIM_FRONT_ENV "=" GPUCTK_FRONT_OFF);
 	const char *cache = getenv(GPUCTK_SPEC_CACHE_ENV);
 	need(!cache || strcmp(cache, GPUCTK_SPEC_CACHE_OFF) != 0,
 	     GPUCTK_SPEC_CACHE_ENV "=" GPUCTK_SPEC_CACHE_OFF);
-	const char *runtime = getenv(GPUCTK_FRONT_RUNTIME_ENV);
-	need(runtime && runtime[0] == '/', "no runtime from the memo");
 	struct call call;
 	need(parse_create(argc - 5, argv + 5, &call) == 0, "arguments only the shim reads");
 	const char *conf = getenv(GPUCTK_CONFIG_ENV);
@@ -1687,18 +1826,59 @@ static int shim_create(int argc, char **argv)
 	write_line(lines.file, lines.ftext, stamp, call.id);
 	if (getenv(GPUCTK_SHIM_FRONT_TRACE_ENV))
 		fprintf(stderr, "gpuctk-runtime: front: plan %016llx\n", fnv(keys, nkeys));
+	run_runtime(runtime, argc, argv, rargv, NULL);
+}
+
+/* gpuctk-runtime's every call: `gpuctk-cdi-hook runtime-front PYTHON PYCODE SHIM ARGS...`, as
+ * its sh front runs it (gpuctk.install.launchers). runc's ARGS are read here alone
+ * (read_runc()); then:
+ *
+ *   - a verb but create and run, the memo holding (memo_holds()): the memo's runtime, at once;
+ *   - a create or run the memo holds for, whose config.json cannot be asking for a GPU
+ *     (no_request(): the bundle as runc reads --bundle/-b, neither crun's --config/-f nor an
+ *     attached -bDIR, no flag left without its value): the memo's runtime, at once;
+ *   - a create the memo holds for otherwise: the compiled create (shim_create()), the memo's
+ *     runtime its runtime;
+ *   - anything else (no verb, no memo, a run that may ask for a GPU): the shim itself,
+ *     `PYTHON -IS -c PYCODE SHIM ARGS...`; where the memo holds, GPUCTK_FRONT_RUNTIME names
+ *     its runtime, so that Python neither resolves it again nor rewrites the memo. Only this
+ *     program sets that variable: it removes it first. */
+static int runtime_front(int argc, char **argv)
+{
+	sf_argc = argc;
+	sf_argv = argv;
+	if (argc < 5) {
+		fprintf(stderr, "usage: gpuctk-cdi-hook " GPUCTK_RUNTIME_FRONT " PYTHON PYCODE SHIM ARGS...\n"
+				"(run by gpuctk-runtime's front: see gpuctk.install.launchers)\n");
+		exit(2);
+	}
 	unsetenv(GPUCTK_FRONT_RUNTIME_ENV);
-	rargv[0] = (char *)runtime;
-	for (int i = 5; i < argc; i++)
-		rargv[i - 4] = argv[i];
-	execv(runtime, rargv);
-	fprintf(stderr, "gpuctk-runtime: error: cannot run %s: %s\n", runtime, strerror(errno));
-	exit(1);
+	struct runc_flag *flags = calloc((size_t)argc, sizeof *flags);
+	struct runc_call r;
+	need(flags != NULL, "out of memory");
+	read_runc(argc - 5, argv + 5, &r, flags);
+	need(r.verb && *r.verb, "no verb");
+	static struct memo m;
+	int inject = flag_at(r.verb, strlen(r.verb), GPUCTK_INJECT_VERBS, GPUCTK_INJECT_VERBS_COUNT) >= 0;
+	need(memo_holds(&m), "no memo that holds");
+	if (!inject)
+		run_runtime(m.runtime, argc, argv, NULL, "not a create");
+	int plain = !r.config && !r.no_value;
+	for (int k = 0; plain && k < r.nflags; k++)
+		plain = !flags[k].attached;
+	size_t n = strlen(GPUCTK_MEMO_SEARCH);
+	if (plain && strncmp(m.create, GPUCTK_MEMO_SEARCH, n) == 0 && m.create[n] == '\t' &&
+	    no_request(r.bundle, m.create + n + 1))
+		run_runtime(m.runtime, argc, argv, NULL, "no request marker");
+	need(setenv(GPUCTK_FRONT_RUNTIME_ENV, m.runtime, 1) == 0, "out of memory");
+	need(strcmp(r.verb, GPUCTK_CREATE_VERB) == 0, "a run");
+	free(flags);
+	return shim_create(argc, argv, m.runtime);
 }
 
 /* ---- the key, for Python ------------------------------------------------------------------------ */
 
-/* The n strings as a JSON list (each plain: shim-create took no other). */
+/* The n strings as a JSON list (each plain: the compiled create took no other). */
 static void print_strings(const struct span *s, size_t n)
 {
 	printf("[");
@@ -1707,13 +1887,13 @@ static void print_strings(const struct span *s, size_t n)
 	printf("]");
 }
 
-/* gpuctk-cdi-hook front-key [PREFIX...] < config.json: the key shim-create looks a plan up by,
+/* gpuctk-cdi-hook front-key [PREFIX...] < config.json: the key shim_create() looks a plan up by,
  * for the config's text on stdin and the CDI annotation prefixes front/keyed-on would name, as
  * {"file": NAME, "key": [...], "env": [...], "mounts": [...], "devices": [...], "privileged": 0|1,
  * "uid": N, "gid": N, "folder": 0|1} (env, mounts, devices: the names of the config's lists the
  * key holds, for the plan's recipes; folder: whether $GPUCTK_STATE_DIR/front is a folder this
  * program reads plans from, the one home of that rule); exit 1 with why where
- * shim-create would take no plan. The Python shim writes its plans under it
+ * shim_create() would take no plan. The Python shim writes its plans under it
  * (gpuctk.hook.shim.frontplan): the key has this one home. */
 static int front_key(int argc, char **argv)
 {

@@ -3,7 +3,8 @@
 When the shim has resolved a request in full (gpuctk.hook.shim.plans), it also writes, where it can,
 the request's edits in the shape the compiled front applies them:
 `$GPUCTK_STATE_DIR/front/<key checksum>.json` (default /run/gpuctk, a tmpfs). The next create
-with the same key then goes from the sh front to `gpuctk-cdi-hook shim-create`, which reads
+with the same key then goes from the front (`gpuctk-cdi-hook runtime-front`) to its compiled
+create, which reads
 config.json, finds the plan, applies it, writes config.json back and execs the runtime, in
 about a millisecond; anything it does not fully understand goes to Python as before.
 

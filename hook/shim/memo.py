@@ -1,10 +1,11 @@
-"""The runtime memo: what lets the sh front of gpuctk-runtime skip Python.
+"""The runtime memo: what lets gpuctk-runtime's front skip Python.
 
 After each Python start the shim writes `$GPUCTK_STATE_DIR/runtime` (default /run/gpuctk): the
 config file in force and whether it exists, the low-level runtime it resolved, and the strings
-one of which a config.json asking for a GPU must contain. The front (gpuctk.install.launchers) execs
-that runtime itself for the verbs after a create, and for a create whose config.json holds
-none of the strings. Written only into a folder this uid alone can write.
+one of which a config.json asking for a GPU must contain. The front (gpuctk-cdi-hook
+runtime-front: hook/shimfront.c's memo_holds() and no_request(), which gpuctk.install.launchers'
+sh launcher execs) runs that runtime itself for the verbs after a create, and for a create whose
+config.json holds none of the strings. Written only into a folder this uid alone can write.
 """
 
 from __future__ import annotations
@@ -17,14 +18,19 @@ if TYPE_CHECKING:
 
     from gpuctk.hook.config import Settings
 
-MEMO_TAG = "gpuctk-runtime memo 4"  # the memo's first line: the format the front reads
+MEMO_NAME = "runtime"  # in the state folder
+MEMO_TAG = "gpuctk-runtime memo 5"  # the memo's first line: the format the front reads
+PRESENT, ABSENT = "present", "absent"  # the config file, when the memo was written
+SEARCH = "create-search"  # the request line's first word, the markers after it (tabs between)
+PYTHON = "create-python"  # the request line without markers: every create starts Python
+MAX_BYTES = 1 << 16  # a memo the front reads
 
 
 def request_markers(settings: Settings) -> list[str] | None:
     """Strings at least one of which a config.json that asks for a GPU must contain, as
     gpuctk.hook.requests.devices reads requests under `settings`: the NVIDIA_VISIBLE_DEVICES name,
     each annotation prefix, and with accept-volume-mounts the device-list mount folder. None
-    when one cannot be given to the sh front: empty, or with a character that JSON writes
+    when one cannot be given to the front: empty, or with a character that JSON writes
     escaped other than `/` (a quote, a backslash, a control character) or that Go's JSON
     writes escaped (<, >, &, U+2028 and U+2029), which the front's search of the text could
     miss (it sends a `\\/` escape, and any `\\u` escape but Go's of <, > and &, to Python)."""
@@ -38,37 +44,31 @@ def request_markers(settings: Settings) -> list[str] | None:
     return markers
 
 
-def pattern(marker: str) -> str:
-    """`marker` as a `grep -E` pattern that matches its bytes as they are (the sh front's
-    search, which runs in the C locale)."""
-    return "".join(f"\\{c}" if c in ".[]()*+?{}|^$" else c for c in marker)
-
-
 def remember_runtime(
     runtime: str, environ: Mapping[str, str] | None = None, markers: list[str] | None = None
 ) -> bool:
-    """Write the runtime memo the sh front of gpuctk-runtime reads (gpuctk.install.launchers): the
+    """Write the runtime memo gpuctk-runtime's front reads (hook/shimfront.c's memo_holds()): the
     config file in force and whether it exists, the resolved `runtime`
     (gpuctk.hook.shim.runtime_main.find_runtime: the PATH plays no part), so that the verbs after a
-    create skip Python, and the request `markers` (request_markers; as `grep -E` patterns,
-    pattern()), so that a create whose config.json contains none of them skips Python too
-    (without markers, every create starts Python). Written only into a folder that this uid
-    alone can write, up to / (gpuctk.fs.open_private_dir; created 0700 if missing), through
-    its descriptor, only when it changes or the config or the runtime is newer than it (the
-    front would not take it), never fsync'd (it is a cache: a lost or stale memo just means a
-    Python start). True when the memo is current."""
+    create skip Python, and the request `markers` (request_markers), so that a create whose
+    config.json contains none of them skips Python too (without markers, every create starts
+    Python). Written only into a folder that this uid alone can write, up to /
+    (gpuctk.fs.open_private_dir; created 0700 if missing), through its descriptor, only when
+    it changes or the config or the runtime is newer than it (the front would not take it),
+    never fsync'd (it is a cache: a lost or stale memo just means a Python start). True when
+    the memo is current."""
     from gpuctk.hook.config import config_path
     from gpuctk.statedir import state_dir
 
     env = os.environ if environ is None else environ
     folder = state_dir(env)
     conf, _ = config_path(env)
-    present = "present" if os.path.exists(conf) else "absent"
-    create = "\t".join(["create-grep", *map(pattern, markers)]) if markers else "create-python"
+    present = PRESENT if os.path.exists(conf) else ABSENT
+    create = "\t".join([SEARCH, *markers]) if markers else PYTHON
     lines = (MEMO_TAG, conf, present, runtime, create)
-    if any("\n" in line or "\r" in line for line in lines):
-        return False  # not representable in the sh front's line reads
     text = "".join(f"{line}\n" for line in lines).encode()
+    if any("\n" in line or "\0" in line for line in lines) or len(text) > MAX_BYTES:
+        return False  # not representable in the front's line reads
     from gpuctk.errors import GpuctkError
     from gpuctk.fs import open_private_dir, read_limited
     from gpuctk.writes import atomic_write
@@ -79,7 +79,7 @@ def remember_runtime(
         return False  # not ours alone: never leave a memo where others could swap it
     try:
         try:
-            fd = os.open("runtime", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            fd = os.open(MEMO_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
             try:
                 st = os.fstat(fd)
                 if (
@@ -93,7 +93,7 @@ def remember_runtime(
         except OSError:
             pass
         atomic_write(
-            f"{folder}/runtime", text, mode=0o644, durable=False, dir_fd=dir_fd, sweep=True
+            f"{folder}/{MEMO_NAME}", text, mode=0o644, durable=False, dir_fd=dir_fd, sweep=True
         )
     except GpuctkError:
         return False
@@ -127,7 +127,7 @@ def forget_runtime(environ: Mapping[str, str] | None = None) -> None:
     except (GpuctkError, OSError):
         return
     try:
-        os.unlink("runtime", dir_fd=dir_fd)
+        os.unlink(MEMO_NAME, dir_fd=dir_fd)
     except OSError:
         pass
     finally:

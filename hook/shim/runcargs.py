@@ -1,7 +1,7 @@
 """runc's arguments as gpuctk-runtime reads them: `parse_argv`, which asks gpuctk-cdi-hook's
 `read_runc` (hook/shimfront.c, the one reading: its compiled create serves the usual create
-from it), and the tables it and the sh front (gpuctk.install.launchers) take their flags from
-(through gpuctk_vocab.h and the generated sh).
+from it; gpuctk-runtime's front acts on it), and the tables it takes its flags from (through
+gpuctk_vocab.h).
 
 Flags are read as runc (Go flag + urfave/cli) reads them: `--bundle X`, `--bundle=X`, `-b X`,
 `-b=X`, `-bundle X`, flags after the container id; crun's `-bX` too. A flag not in a VALUE table

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from gpuctk.hook.config import Settings
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# set by the sh front (gpuctk.install.launchers) for the Python it starts when its memo holds
+# set by the front (gpuctk-cdi-hook runtime-front) for the Python it starts when its memo holds
 FRONT_RUNTIME_ENV = "GPUCTK_FRONT_RUNTIME"
 HELP = """Usage: gpuctk-runtime [GLOBAL OPTIONS] VERB [OPTIONS] CONTAINER-ID
 
@@ -218,7 +218,7 @@ def _inject(
 def prepare(args: list[str], front: str = "", compiled: str = "") -> tuple[int, str, RuncLog]:
     """Everything `main` does before it execs the low-level runtime: (exit status, runtime,
     log). Status 0: exec the runtime with `args`; anything else: the error is already logged.
-    `front`: the runtime the sh front's memo names (then neither searched for nor
+    `front`: the runtime the front's memo names (then neither searched for nor
     remembered, once find_runtime finds the file trusted; ignored unless an absolute
     path); `compiled`: as main's."""
     front = front if front.startswith("/") else ""
@@ -240,7 +240,7 @@ def prepare(args: list[str], front: str = "", compiled: str = "") -> tuple[int, 
             log.warning(f"gpuctk-runtime: {broken.message}; using {which}")
         log.configure(settings.log_file, settings.log_level)
         if front and settings_ok and inv.verb in INJECT_VERBS:
-            try:  # the sh front checked its memo against this config; the file is checked here
+            try:  # the front checked its memo against this config; the file is checked here
                 runtime = find_runtime([front])
             except InputError as exc:
                 log.debug(f"gpuctk-runtime: the front's runtime: {exc.message}")

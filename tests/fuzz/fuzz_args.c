@@ -1,8 +1,8 @@
 /* libFuzzer harness: the argument readers of gpuctk-cdi-hook (hook/cdihook.c's parse_args(),
  * through read_args() and split_link(): the spec's hook entry, --link and --link-for values,
- * the one reading gpuctk-hook asks for as read-args) and of its shim-create
+ * the one reading gpuctk-hook asks for as read-args) and of gpuctk-runtime's front
  * (hook/shimfront.c's parse_create(), through read_runc(): the engine's runc arguments, the
- * one reading gpuctk-runtime's Python asks for as runc-args). The input is the argument
+ * one reading, which runtime-front acts on and gpuctk-runtime's Python asks for as runc-args). The input is the argument
  * list, NUL between arguments; its first byte picks the hook's verb. An argument the hook does
  * not read hands it over (fuzz.h). */
 #include "fuzz.h"

@@ -1,5 +1,6 @@
-/* libFuzzer harness: the shim front's reader of a hostile config.json (hook/shimfront.c), and
- * its edits of it: the input is the bundle's config.json; the front plan is one gpuctk writes
+/* libFuzzer harness: the shim front's readers of a hostile config.json (hook/shimfront.c):
+ * its search for the memo's request markers (no_request()), and the compiled create's reading
+ * and edits: the input is the bundle's config.json; the front plan is one gpuctk writes
  * for that config's request (its key made from the config, so that the edits run; its recipes
  * name the config's first items and the plan's own, so a short list goes to Python). */
 #include "shim.h"
@@ -48,5 +49,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	shim_run((const char *)data, size, NULL, 0, keyed);
+	char markers[] = "NVIDIA_VISIBLE_DEVICES\tcdi.k8s.io/"; /* the default config's */
+	if (no_request(shim_bundle, markers) && memmem(data, size, "cdi.k8s.io/", 11))
+		abort(); /* a marker in the text: it may ask for a GPU */
 	return 0;
 }

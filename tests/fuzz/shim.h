@@ -44,7 +44,7 @@ static void shim_folders(void)
 	shim_write(shim_prefixes, shim_prefix_doc, sizeof shim_prefix_doc - 1);
 	atexit(shim_cleanup);
 	setenv(GPUCTK_STATE_DIR_ENV, shim_state, 1);
-	static char *argv[] = { "gpuctk-cdi-hook", GPUCTK_SHIM_CREATE, "/usr/bin/python3", "pass",
+	static char *argv[] = { "gpuctk-cdi-hook", GPUCTK_RUNTIME_FRONT, "/usr/bin/python3", "pass",
 				"gpuctk-runtime", "create", "c1", NULL };
 	sf_argv = argv; /* shim_python()'s command */
 	sf_argc = 7;

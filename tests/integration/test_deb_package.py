@@ -173,7 +173,7 @@ def test_contents(deb: Path, tmp_path: Path) -> None:
         check=True,
     ).stdout.decode()  # fmt: skip
     # the compiled create where the package puts it, not where the build staged it
-    assert "exec /usr/bin/gpuctk-cdi-hook shim-create /opt/gpuctk/bin/python3 " in front
+    assert "exec /usr/bin/gpuctk-cdi-hook runtime-front /opt/gpuctk/bin/python3 " in front
     # the unit's command runs from the package's venv: grpcio is in it (the extra)
     subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp_path / "x")], check=True)
     python = str(tmp_path / "x/opt/gpuctk/bin/python3")  # a relocatable venv, run where it lies

@@ -115,5 +115,5 @@ def test_the_runtime_front_names_the_compiled_create_where_it_will_run(
                  *(["--installed-in", installed] if installed else [])]) == 0  # fmt: skip
     at = f"{installed or tmp_path}/{FRONT}"
     text = (tmp_path / "gpuctk-runtime").read_text()
-    assert f'\t\t\texec {at} shim-create /opt/gpuctk/bin/python3 "$pycode" "$0" "$@"\n' in text
+    assert f'\texec {at} runtime-front /opt/gpuctk/bin/python3 "$pycode" "$0" "$@"\n' in text
     assert (tmp_path / FRONT).is_file()  # written where the launchers are written

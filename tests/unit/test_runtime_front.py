@@ -1,6 +1,8 @@
-"""gpuctk-runtime's sh front (gpuctk.install.launchers.runtime_front_text) and its memo
-(gpuctk.hook.shim.memo.remember_runtime): create/run always reach Python; every other verb
-goes straight to the runtime in the memo, and only while the memo is still true.
+"""gpuctk-runtime's front (gpuctk.install.launchers.runtime_front_text, which execs
+`gpuctk-cdi-hook runtime-front`: hook/shimfront.c) and its memo
+(gpuctk.hook.shim.memo.remember_runtime): every verb but create/run goes straight to the
+runtime in the memo, and only while the memo is still true; so does a create or run whose
+config.json cannot be asking for a GPU; the rest reaches Python.
 
 Two fake low-level runtimes tell who ran: the config names A, a memo written by hand names B.
 The front running B proves it read the memo (Python would resolve A from the config)."""
@@ -17,8 +19,11 @@ from pathlib import Path
 import pytest
 from fixtures.images import go_json
 
-from gpuctk.hook.shim.memo import remember_runtime
+from gpuctk.hook import compiled
+from gpuctk.hook.shim.memo import MEMO_TAG, remember_runtime
 from gpuctk.install import launchers
+
+PROGRAM = compiled.installed()  # tests/run.sh builds it beside the interpreter
 
 
 class Node:
@@ -38,7 +43,8 @@ class Node:
             f'runtimes = ["{self.runtimes["A"]}"]\nlog-file = "{self.log}"\nlog-level = "debug"\n'
         )
         self.front = tmp_path / "gpuctk-runtime"
-        self.front.write_text(launchers.runtime_front_text(sys.executable))
+        assert PROGRAM, "no gpuctk-cdi-hook: build it (tests/run.sh does)"
+        self.front.write_text(launchers.runtime_front_text(sys.executable, PROGRAM))
         self.front.chmod(0o755)
         self.env = {
             "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
@@ -49,7 +55,7 @@ class Node:
 
     def write_memo(self, runtime: str = "", **changes: str) -> None:
         lines = {
-            "tag": launchers.MEMO_TAG,
+            "tag": MEMO_TAG,
             "conf": str(self.config),
             "state": "present",
             "runtime": runtime or str(self.runtimes["B"]),
@@ -167,13 +173,55 @@ def test_a_memo_that_no_longer_holds_is_ignored(node: Node, stale: dict[str, str
     assert node.run("state", "c1") == "A"
 
 
+def test_a_memo_in_a_folder_others_may_write_is_never_used(node: Node) -> None:
+    node.write_memo()
+    assert node.run("state", "c1") == "B"
+    node.state.chmod(0o770)  # the group could swap the memo: not the rule Python wrote it by
+    assert node.run("state", "c1") == "A"
+
+
+def test_without_the_compiled_front_python_serves_every_call(node: Node) -> None:
+    node.write_memo()
+    node.front.write_text(launchers.runtime_front_text(sys.executable))
+    assert node.run("state", "c1") == "A"  # the memo's B is the compiled front's alone
+    node.write_memo()  # (Python wrote its own, naming A)
+    moved = node.tmp / "moved-hook"
+    moved.symlink_to(PROGRAM)
+    node.front.write_text(launchers.runtime_front_text(sys.executable, str(moved)))
+    assert node.run("state", "c1") == "B"
+    moved.unlink()  # removed after the install: Python, not a failure
+    node.write_memo()
+    assert node.run("state", "c1") == "A"
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["state", "c1"], "runtime: not a create"),
+        (["create", "--bundle", "{bundle}", "c1"], "runtime: no request marker"),
+        (["run", "--bundle", "{bundle}", "c1"], "runtime: no request marker"),
+        (["--version"], "python: no verb"),
+        (["run", "-b{bundle}", "c1"], "python: a run"),
+    ],
+)
+def test_the_front_says_why_under_its_trace(node: Node, args: list[str], why: str) -> None:
+    bundle = _bundle(node, NO_GPU)
+    node.write_memo(create=MARKERS)
+    done = subprocess.run(
+        [str(node.front), *(a.replace("{bundle}", str(bundle)) for a in args)],
+        env={**node.env, "GPUCTK_SHIM_FRONT_TRACE": "1"}, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert done.stderr.splitlines()[0] == f"gpuctk-runtime: front: {why}", done.stderr
+
+
 def test_python_rewrites_the_memo_and_the_front_then_uses_it(node: Node) -> None:
     assert not node.memo.exists()
     assert node.run("state", "c1") == "A"  # no memo yet: Python, which writes one
     lines = node.memo.read_text().splitlines()
     assert lines == [
-        launchers.MEMO_TAG, str(node.config), "present",
-        str(node.runtimes["A"]), "create-grep\tNVIDIA_VISIBLE_DEVICES\tcdi\\.k8s\\.io/",
+        MEMO_TAG, str(node.config), "present",
+        str(node.runtimes["A"]), "create-search\tNVIDIA_VISIBLE_DEVICES\tcdi.k8s.io/",
     ]  # fmt: skip
     node.runtimes["A"].chmod(0o644)  # the memo's runtime is no longer executable ...
     node.config.write_text(f'runtimes = ["{node.runtimes["A"]}", "{node.runtimes["B"]}"]\n')
@@ -262,7 +310,7 @@ def test_python_rewrites_a_memo_older_than_the_config(node: Node) -> None:
 
 # --- create without Python when config.json asks for no GPU -------------------------------
 
-MARKERS = "create-grep\tNVIDIA_VISIBLE_DEVICES\tcdi\\.k8s\\.io/"
+MARKERS = "create-search\tNVIDIA_VISIBLE_DEVICES\tcdi.k8s.io/"
 NO_GPU = {"ociVersion": "1.0.2", "process": {"env": ["PATH=/bin", "HOME=/root"]},
           "annotations": {"io.kubernetes.cri.sandbox-id": "x"}}  # fmt: skip
 
@@ -348,7 +396,7 @@ def test_without_markers_in_the_memo_every_create_starts_python(node: Node) -> N
     node.python_ran()
     assert node.run("create", "--bundle", str(bundle), "c1") == "B"
     assert node.python_ran()
-    node.write_memo(create="create-grep")  # no marker at all: never trusted
+    node.write_memo(create="create-search")  # no marker at all: never trusted
     assert node.run("create", "--bundle", str(bundle), "c1") == "B"
     assert node.python_ran()
 
@@ -362,7 +410,7 @@ def test_the_configured_markers_are_the_ones_searched(node: Node) -> None:
     )
     assert node.run("state", "c1") == "A"  # Python writes the memo
     assert node.memo.read_text().splitlines()[4] == (
-        "create-grep\tNVIDIA_VISIBLE_DEVICES\texample\\.com/\tnvidia-container-devices"
+        "create-search\tNVIDIA_VISIBLE_DEVICES\texample.com/\tnvidia-container-devices"
     )
     assert node.run("create", "--bundle", str(bundle), "c1") == "Python"  # asks: Python
     mounts = {**NO_GPU, "mounts": [{"source": "/dev/null", "type": "bind",
@@ -373,9 +421,9 @@ def test_the_configured_markers_are_the_ones_searched(node: Node) -> None:
 
 @pytest.mark.parametrize("prefix", ["gpu+x.io/", "a(b)[c]{1}|d^$*?.io/"])
 def test_a_marker_is_searched_as_it_is(node: Node, prefix: str) -> None:
-    """The front's grep -E takes each marker as a pattern Python escaped: a prefix with the
-    characters a pattern gives a meaning matches itself (else a request under it would
-    reach the runtime with no GPU)."""
+    """The front matches each marker as the bytes it is: a prefix with the characters a
+    pattern would give a meaning matches itself (else a request under it would reach the
+    runtime with no GPU)."""
     bundle = _bundle(node, {**NO_GPU, "annotations": {f"{prefix}gpu": "nvidia.com/gpu=0"}})
     node.config.write_text(
         f'runtimes = ["{node.runtimes["A"]}"]\nannotation-prefixes = ["{prefix}"]\n'

@@ -1,4 +1,4 @@
-"""gpuctk-runtime's compiled create (hook/shimfront.c, `gpuctk-cdi-hook shim-create`) and the
+"""gpuctk-runtime's compiled create (hook/shimfront.c, `gpuctk-cdi-hook runtime-front`) and the
 front plans it reads (gpuctk.hook.shim.frontplan), through the launchers gpuctk.install.launchers
 writes, with /bin/true as the low-level runtime.
 
@@ -39,6 +39,7 @@ from gpuctk.cdi.specs import apply, speccache
 from gpuctk.errors import ValidationError
 from gpuctk.hook import bundle as ocibundle
 from gpuctk.hook.shim import filechain, frontkey, frontplan
+from gpuctk.hook.shim.memo import remember_runtime
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 30  # seconds: only to catch a hang
@@ -309,7 +310,7 @@ def test_the_second_create_is_the_fronts_and_equals_apply(node: Node) -> None:
     doc = base_doc("/nonexistent-root")
     first, config = node.create(doc)
     assert first.returncode == 0, first.stderr
-    assert "front:" not in first.stderr  # no memo yet: the sh front starts Python at once
+    assert "front: python: no memo that holds" in first.stderr  # Python at once
     key = key_of(node, doc)
     mounts = ["/proc", "/dev", "/dev/pts", "/sys"]
     assert key is not None and key.key == [
@@ -478,11 +479,44 @@ def test_the_front_marks_the_plans_it_reads_so_they_go_last(node: Node) -> None:
 HANDOVER = "import sys; sys.exit(42)"  # the "Python" the front hands over to, in these tests
 
 
+def front_argv(node: Node) -> list[str]:
+    """The compiled front as the sh front runs it, its handover a Python that exits 42."""
+    return [str(node.hook), "runtime-front", sys.executable, HANDOVER, str(node.bin / "x")]
+
+
+def run_front(
+    node: Node, args: list[str], cwd: Path | None = None, **extra: str
+) -> subprocess.CompletedProcess[str]:
+    """The front run as the sh front runs it (front_argv) on `args`, under node.env(**extra)
+    (`<unset>` drops a variable), with a memo written for it (where Python would write one)
+    that names GPUCTK_FRONT_RUNTIME (default /bin/true; `<unset>`: no memo) and no request
+    markers, so that every create reaches the compiled create; the node's own memo put back
+    after."""
+    env = {k: v for k, v in node.env(**extra).items() if v != "<unset>"}
+    runtime = extra.get("GPUCTK_FRONT_RUNTIME", "/bin/true")
+    env.pop("GPUCTK_FRONT_RUNTIME", None)
+    memo, kept = node.state / "runtime", node.state / "runtime-kept"
+    if memo.exists():
+        memo.rename(kept)
+    if runtime != "<unset>":
+        remember_runtime(runtime, env)  # not in a state folder others may write
+    try:
+        done = subprocess.run(
+            [*front_argv(node), *args], env=env, capture_output=True, text=True,
+            timeout=TIMEOUT, check=False, cwd=cwd,
+        )  # fmt: skip
+    finally:
+        memo.unlink(missing_ok=True)
+        if kept.exists():
+            kept.rename(memo)
+    return clean(done)
+
+
 def direct(
     node: Node, doc: dict[str, Any] | str | bytes, *args: str, link: bool = False, **extra: str
 ) -> tuple[subprocess.CompletedProcess[str], bytes, bytes]:
-    """The front run as the sh front runs it (the memo's runtime /bin/true), its handover a
-    Python that exits 42: (the run, config.json before, after)."""
+    """The front run on a new bundle of `doc` (run_front): (the run, config.json before,
+    after)."""
     bundle = Path(os.path.join(node.work, f"direct-{time.monotonic_ns()}"))
     bundle.mkdir()
     text = doc if isinstance(doc, str | bytes) else json.dumps(doc)
@@ -491,14 +525,8 @@ def direct(
     if link:
         (bundle / "config.json").symlink_to("real.json")
     before = target.read_bytes()
-    argv = [str(node.hook), "shim-create", sys.executable, HANDOVER, str(node.bin / "x")]
-    argv += args or ("create", "--bundle", str(bundle), "c1")
-    env = node.env(**{"GPUCTK_FRONT_RUNTIME": "/bin/true", **extra})
-    env = {k: v for k, v in env.items() if v != "<unset>"}
-    done = subprocess.run(
-        argv, env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False, cwd=bundle
-    )
-    return clean(done), before, target.read_bytes()
+    done = run_front(node, [*(args or ("create", "--bundle", str(bundle), "c1"))], bundle, **extra)
+    return done, before, target.read_bytes()
 
 
 @pytest.fixture
@@ -751,7 +779,7 @@ def test_mutated_configs_are_served_as_apply_or_go_to_python(
         (("create", "--bundle", "B", "c1", "c2"), "arguments only the shim reads"),
         (("create", "--no-pivot=true", "--bundle", "B", "c1"), "arguments only the shim reads"),
         (("---root", "x", "create", "--bundle", "B", "c1"), "arguments only the shim reads"),
-        (("run", "--bundle", "B", "c1"), "arguments only the shim reads"),
+        (("run", "--bundle", "B", "c1"), "a run"),
         (("create", "--bundle", "/nonexistent/b", "c1"), "the bundle could not be opened"),
     ],
 )
@@ -795,14 +823,9 @@ def _with_args(
     bundle.mkdir()
     (bundle / "config.json").write_text(json.dumps(doc))
     before = (bundle / "config.json").read_bytes()
-    argv = [str(node.hook), "shim-create", sys.executable, HANDOVER, str(node.bin / "x")]
-    argv += [str(bundle) if a == "B" else ("-b" + str(bundle) if a == "-bB" else a) for a in args]
-    argv = [a.replace("--bundle=B", f"--bundle={bundle}") for a in argv]
-    done = subprocess.run(
-        argv, env=node.env(GPUCTK_FRONT_RUNTIME="/bin/true"), capture_output=True, text=True,
-        timeout=TIMEOUT, check=False,
-    )  # fmt: skip
-    return clean(done), before, (bundle / "config.json").read_bytes()
+    argv = [str(bundle) if a == "B" else ("-b" + str(bundle) if a == "-bB" else a) for a in args]
+    done = run_front(node, [a.replace("--bundle=B", f"--bundle={bundle}") for a in argv])
+    return done, before, (bundle / "config.json").read_bytes()
 
 
 @pytest.mark.parametrize(
@@ -810,8 +833,8 @@ def _with_args(
     [
         ({"GPUCTK_SHIM_FRONT": "off"}, "GPUCTK_SHIM_FRONT=off"),
         ({"GPUCTK_SPEC_CACHE": "0"}, "GPUCTK_SPEC_CACHE=0"),
-        ({"GPUCTK_FRONT_RUNTIME": "<unset>"}, "no runtime from the memo"),
-        ({"GPUCTK_FRONT_RUNTIME": "true"}, "no runtime from the memo"),
+        ({"GPUCTK_FRONT_RUNTIME": "<unset>"}, "no memo that holds"),
+        ({"GPUCTK_FRONT_RUNTIME": "true"}, "no memo that holds"),
         (
             {"GPUCTK_CONFIG": "/etc/gpuctk/other.toml"},
             "the front prefixes are another config file's",
@@ -1058,7 +1081,8 @@ def test_a_plan_others_could_write_is_not_read(
             plan.symlink_to(kept.name)
         else:
             target.chmod(int(how.split()[1], 8))
-        handed_over(*direct(node, planned), "no front plan for this request")
+        why = "no memo that holds" if how == "state 0770" else "no front plan for this request"
+        handed_over(*direct(node, planned), why)
     finally:
         if how == "plan a link":
             plan.unlink()
@@ -1342,7 +1366,7 @@ def test_a_stale_plan_is_written_again(tmp_path: Path) -> None:
     own.conf.write_text(own.conf.read_text() + "\n")  # a config edit: the world changed
     time.sleep(speccache.SETTLE_NS / 1e9 + 0.1)
     done, _ = own.create(doc)
-    assert "front:" not in done.stderr  # the memo is older than the config: Python at once
+    assert "front: python: no memo that holds" in done.stderr  # older than the config
     done, _ = own.create(doc)  # that create found the front plan stale and wrote it again
     assert "front: plan " in done.stderr, done.stderr
 
