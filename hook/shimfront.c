@@ -1744,16 +1744,18 @@ static int other_escape(const char *p, const char *end)
 	return 0;
 }
 
-/* Whether BUNDLE/config.json (`bundle` NULL: the current folder's) cannot be asking for a
- * GPU: a regular file, not a link, holding none of the memo's request `markers`
- * (gpuctk.hook.shim.memo.request_markers, tab-separated; none: it may be), no `\/` escape and
- * no `\u` escape but Go's (other_escape()): no marker holds a character JSON or Go's JSON
- * writes as an escape. Matched as bytes, wherever they stand. */
+/* Whether BUNDLE/config.json (`bundle` NULL or empty: the current folder's, as runc and the
+ * Python shim read it) cannot be asking for a GPU: a regular file, not a link, holding none
+ * of the memo's request `markers` (gpuctk.hook.shim.memo.request_markers, tab-separated;
+ * none: it may be), no `\/` escape and no `\u` escape but Go's (other_escape()): no marker
+ * holds a character JSON or Go's JSON writes as an escape. Matched as bytes, wherever they
+ * stand. */
 static int no_request(const char *bundle, char *markers)
 {
 	char path[PATH_MAX];
-	if (!*markers || snprintf(path, sizeof path, "%s/" GPUCTK_CONFIG_NAME, bundle ? bundle : ".") >=
-				 (int)sizeof path)
+	if (!bundle || !*bundle)
+		bundle = "."; /* as runc: the current folder */
+	if (!*markers || snprintf(path, sizeof path, "%s/" GPUCTK_CONFIG_NAME, bundle) >= (int)sizeof path)
 		return 0;
 	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 	struct stat st;
@@ -1789,7 +1791,7 @@ static int shim_create(int argc, char **argv, const char *runtime)
 	if (!conf || !*conf)
 		conf = GPUCTK_DEFAULT_CONFIG;
 
-	int bfd = open(call.bundle ? call.bundle : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	int bfd = open(call.bundle && *call.bundle ? call.bundle : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
 	need(bfd >= 0, "the bundle could not be opened");
 	struct stat cst;
 	char *doc;

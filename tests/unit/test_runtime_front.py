@@ -331,6 +331,7 @@ def _bundle(node: Node, doc: dict[str, object] | str, name: str = "bundle") -> P
         ["create", "--bundle", "/elsewhere", "--bundle", "{bundle}", "c1"],  # the last one wins
         ["create", "--no-pivot", "c1", "--bundle", "{bundle}"],  # flags after the id
         ["create", "c1"],  # no --bundle: the current folder, as runc
+        ["create", "--bundle=", "c1"],  # an empty one: the current folder too
     ],
 )
 def test_a_create_that_asks_for_no_gpu_skips_python(node: Node, args: list[str]) -> None:
