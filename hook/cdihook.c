@@ -507,7 +507,7 @@ static char *lookup(const char *doc, size_t len, const char *k1, const char *k2)
 
 /* The loader: 1 when the image has an x86-64 glibc loader and neither a 32-bit glibc loader
  * nor a musl loader this machine runs (x86-64 or i386), 0 when not, -1 on an error that is
- * not "absent". Looked at, never read. */
+ * not absent() (no such file). Looked at, never read. */
 static int loader_served(int root)
 {
 #if defined(__x86_64__)

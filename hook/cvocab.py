@@ -137,6 +137,7 @@ WORDS: tuple[tuple[str, str, str], ...] = (
     ("GPUCTK_FRONT_PREFIXES", f"{_FRONT}.PREFIXES_NAME", ""),
     ("GPUCTK_PREFIXES_FORMAT", f"{_FRONT}.PREFIXES_FORMAT", ""),
     ("GPUCTK_PLAN_CONFIG", f"{_FRONT}.CONFIG_FIELD", ""),
+    ("GPUCTK_PLAN_RUNTIME", f"{_FRONT}.RUNTIME_FIELD", ""),
     ("GPUCTK_MAX_PLAN", f"{_FRONT}.MAX_BYTES", ""),
     ("GPUCTK_KEY_PREFIXES", "gpuctk.hook.shim.frontkey.KEY_PREFIXES", ""),
     ("GPUCTK_MAX_CONFIG", "gpuctk.hook.bundle.MAX_CONFIG", ""),

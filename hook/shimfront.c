@@ -1438,7 +1438,7 @@ static void python_only(struct member *top, size_t ntop, struct member *proc, si
 {
 	shape(top, ntop, proc, nproc);
 	char planned[PATH_MAX];
-	need(plan_string(plan, nplan, "runtime", planned, sizeof planned) == 0 &&
+	need(plan_string(plan, nplan, GPUCTK_PLAN_RUNTIME, planned, sizeof planned) == 0 &&
 		     strcmp(planned, runtime) == 0,
 	     "the runtime is not the front plan's");
 	struct member *chain = sf_get(plan, nplan, "chain");
@@ -1746,8 +1746,8 @@ static int other_escape(const char *p, const char *end)
 
 /* Whether BUNDLE/config.json (`bundle` NULL or empty: the current folder's, as runc and the
  * Python shim read it) cannot be asking for a GPU: a regular file, not a link, holding none
- * of the memo's request `markers` (gpuctk.hook.shim.memo.request_markers, tab-separated;
- * none: it may be), no `\/` escape and no `\u` escape but Go's (other_escape()): no marker
+ * of the memo's request `markers` (what a request must name under the config in force, as
+ * gpuctk.hook.shim.memo writes them, tab-separated; none: it may be), no `\/` escape and no `\u` escape but Go's (other_escape()): no marker
  * holds a character JSON or Go's JSON writes as an escape. Matched as bytes, wherever they
  * stand. */
 static int no_request(const char *bundle, char *markers)

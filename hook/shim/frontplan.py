@@ -89,6 +89,7 @@ FORMAT = "gpuctk-front-plan-7"
 PREFIXES_NAME = "keyed-on"  # no .json: never evicted with the plans
 PREFIXES_FORMAT = "gpuctk-front-prefixes-1"
 CONFIG_FIELD = "config"  # a plan's and the prefixes' field: the config file they were made for
+RUNTIME_FIELD = "runtime"  # a plan's field: the low-level runtime it was made for
 MAX_PLANS = 256  # a plan per request and shape of container; the ones read longest ago go
 MAX_BYTES = 1 << 20
 SHIM_FRONT_ENV = "GPUCTK_SHIM_FRONT"  # =off (gpuctk.cdi.node.facts.FRONT_OFF): all to Python
@@ -304,7 +305,7 @@ def offer(
         "lines": lines,
         "log_file": log_file,
         "log_id": log_id,
-        "runtime": runtime,
+        RUNTIME_FIELD: runtime,
         "chain": [[path, *ident] for path, ident in sorted(chain.items())],
         **lists,
     }
