@@ -20,7 +20,7 @@ and a case's effect on the next hit them alike):
 - runc + GPU edits    bare runc on config.json files that gpuctk-runtime edited ahead, off the
                       clock: the same requests satisfied by the same spec (mounts, device nodes,
                       the container's ld cache), what runc itself pays for them;
-- gpuctk              gpuctk-runtime as installed (gpuctk.install.launchers' sh front on every
+- gpuctk              gpuctk-runtime as installed (gpuctk.install.launchers' front on every
                       verb; a create of a request resolved before goes to the compiled
                       create, of the default install's spec, else one Python start), its
                       state folder warm as on a node (a plan per request, kept by every

@@ -19,8 +19,8 @@ run so that machine noise hits them alike:
                     and one `python -IS` that only execs runc on create (the floor for
                     gpuctk's design: one Python process per container);
 - gpuctk ...        gpuctk-runtime as installed (the sh front; Python on create only): a
-                    container that asks for no GPU (the front's grep sends it straight to
-                    runc), the same with a shell command line's `&&` and `>` in its env and
+                    container that asks for no GPU (the front's search sends it straight
+                    to runc), the same with a shell command line's `&&` and `>` in its env and
                     its config.json written as engines write it (Go's JSON: `\\u0026`,
                     `\\u003e`), 1 GPU, 8 GPUs, 8 MIG devices, 1 GPU with
                     NVIDIA_DRIVER_CAPABILITIES=all;
