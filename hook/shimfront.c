@@ -1660,20 +1660,22 @@ struct memo {
 	char *create; /* the request line, markers tab-separated */
 };
 
-static int newer(const struct stat *a, const struct stat *b)
+/* Whether the file `f` changed after the memo `m` was written: its ctime (which nobody can set:
+ * a write, chmod, chown, rename or utime sets it to now) past the memo's mtime. */
+static int changed_after(const struct stat *f, const struct stat *m)
 {
-	return a->st_mtim.tv_sec != b->st_mtim.tv_sec ? a->st_mtim.tv_sec > b->st_mtim.tv_sec :
-							  a->st_mtim.tv_nsec > b->st_mtim.tv_nsec;
+	return f->st_ctim.tv_sec != m->st_mtim.tv_sec ? f->st_ctim.tv_sec > m->st_mtim.tv_sec :
+							  f->st_ctim.tv_nsec > m->st_mtim.tv_nsec;
 }
 
 /* Whether the memo ($GPUCTK_STATE_DIR/runtime) may be used, and then its runtime and request
  * line: a regular file of this euid's in a folder only it can write (private_folder(), the
  * rule Python wrote it under), five lines: MEMO_TAG, the config file in force
  * ($GPUCTK_CONFIG or the default), whether it is present or absent now, the runtime, the
- * request line; the config not modified after the memo; the runtime an absolute path to a
- * regular file (not a link) of this euid's that it may execute, in a folder of its, not
- * modified after the memo (anyone who may write it but does not own it can set its mtime to
- * now only). Python checked that file and each folder above it by gpuctk's trusted-path rules
+ * request line; the config not changed after the memo (changed_after(): a config copied in
+ * with its old mtime kept counts too); the runtime an absolute path to a regular file (not a
+ * link) of this euid's that it may execute, in a folder of its, not changed after the memo.
+ * Python checked that file and each folder above it by gpuctk's trusted-path rules
  * when it wrote the memo; a runtime it later refuses, it forgets. */
 static int memo_holds(struct memo *m)
 {
@@ -1709,11 +1711,11 @@ static int memo_holds(struct memo *m)
 	int present = ok ? stat(conf, &st) == 0 : 0;
 	ok = ok && strcmp(line[0], GPUCTK_MEMO_TAG) == 0 && strcmp(line[1], conf) == 0 &&
 	     strcmp(line[2], present ? GPUCTK_MEMO_PRESENT : GPUCTK_MEMO_ABSENT) == 0 &&
-	     !(present && newer(&st, &mst));
+	     !(present && changed_after(&st, &mst));
 	m->runtime = ok ? line[3] : NULL;
 	m->create = ok ? line[4] : NULL;
 	ok = ok && m->runtime[0] == '/' && lstat(m->runtime, &st) == 0 && S_ISREG(st.st_mode) &&
-	     st.st_uid == geteuid() && !newer(&st, &mst) &&
+	     st.st_uid == geteuid() && !changed_after(&st, &mst) &&
 	     faccessat(AT_FDCWD, m->runtime, X_OK, AT_EACCESS) == 0;
 	if (ok) {
 		char folder[PATH_MAX];

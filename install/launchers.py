@@ -27,9 +27,10 @@ writes after each start (gpuctk.hook.shim.memo), and then:
 
 - any verb but create/run goes to the low-level runtime in the memo, while the memo holds:
   the state folder one only this uid can write, the memo a regular file of its naming the
-  same config file (present or absent alike) and not older than it, its runtime an absolute
-  path to an executable regular file of this uid's, not a link, in a folder of its, and not
-  modified after the memo. Python checked that file and every folder above it by gpuctk's
+  same config file (present or absent alike), which has not changed since (its ctime: a
+  config copied in with its old mtime is a change too), its runtime an absolute path to an
+  executable regular file of this uid's, not a link, in a folder of its, and not changed
+  since either. Python checked that file and every folder above it by gpuctk's
   trusted-path rules when it wrote the memo, and removes the memo when it refuses the runtime;
   a config change takes effect at once (the memo no longer holds: Python runs and writes it
   again), and the verbs that follow a create go to the runtime that create used;

@@ -54,7 +54,7 @@ def remember_runtime(
     config.json contains none of them skips Python too (without markers, every create starts
     Python). Written only into a folder that this uid alone can write, up to /
     (gpuctk.fs.open_private_dir; created 0700 if missing), through its descriptor, only when
-    it changes or the config or the runtime is newer than it (the front would not take it),
+    it changes or the config or the runtime changed after it (the front would not take it),
     never fsync'd (it is a cache: a lost or stale memo just means a Python start). True when
     the memo is current."""
     from gpuctk.hook.config import config_path
@@ -103,10 +103,11 @@ def remember_runtime(
 
 
 def _newer_than(memo: os.stat_result, paths: Sequence[str]) -> bool:
-    """Whether one of `paths` was modified after the memo `memo` (the front's `-nt`)."""
+    """Whether one of `paths` changed after the memo `memo` was written: its ctime past the
+    memo's mtime (hook/shimfront.c's changed_after(), under which the front refuses it)."""
     for path in paths:
         try:
-            if os.stat(path).st_mtime_ns > memo.st_mtime_ns:
+            if os.stat(path).st_ctime_ns > memo.st_mtime_ns:
                 return True
         except OSError:
             pass

@@ -66,6 +66,15 @@ class Node:
         future = time.time() + 5  # newer than the config, whatever the clock granularity
         os.utime(self.memo, (future, future))
 
+    def pin_memo(self) -> None:
+        """Set the memo's time to the last change of the files it vouches for (equal: it
+        holds), and let the clock move on, so that a change made after this call is one the
+        front sees (a file's ctime past the memo's mtime; nobody can set a ctime back)."""
+        paths = [self.config, *self.runtimes.values()]
+        last = max(os.stat(p).st_ctime_ns for p in paths)
+        os.utime(self.memo, ns=(last, last))
+        time.sleep(0.05)  # past the kernel's coarse timestamp tick
+
     def python_ran(self) -> bool:
         """Whether Python logged anything since the last call (it logs every create)."""
         ran = self.log.exists() and self.log.read_text() != ""
@@ -231,10 +240,24 @@ def test_python_rewrites_the_memo_and_the_front_then_uses_it(node: Node) -> None
 
 def test_a_config_changed_after_the_memo_takes_effect_at_once(node: Node) -> None:
     node.write_memo()
+    node.pin_memo()
     assert node.run("state", "c1") == "B"
-    future = time.time() + 10
-    os.utime(node.config, (future, future))  # edited after the memo was written
+    node.config.write_text(node.config.read_text())  # edited after the memo was written
     assert node.run("state", "c1") == "A"
+
+
+def test_a_config_copied_in_with_its_old_mtime_takes_effect_at_once(node: Node) -> None:
+    """rsync -a, cp -p and tar keep a file's mtime: a config put in place after the memo with
+    an mtime older than the memo's is still a change (its ctime is now)."""
+    node.write_memo()
+    node.pin_memo()
+    assert node.run("state", "c1") == "B"
+    old = node.config.stat().st_mtime_ns - 10**10
+    node.config.write_text(node.config.read_text() + 'annotation-prefixes = ["gpu.example/"]\n')
+    os.utime(node.config, ns=(old, old))
+    assert node.config.stat().st_mtime_ns < node.memo.stat().st_mtime_ns
+    assert node.run("state", "c1") == "A"  # Python, which writes the memo for this config
+    assert node.memo.read_text().splitlines()[4].endswith("\tgpu.example/")
 
 
 def test_a_missing_config_is_not_the_config_the_memo_saw(node: Node) -> None:
@@ -262,11 +285,11 @@ def _age(*paths: Path, seconds: float) -> None:
 
 
 def test_a_memo_runtime_written_after_the_memo_is_not_run(node: Node) -> None:
-    """Someone who may write the runtime (not its owner) cannot set its mtime back: a write
-    after the memo leaves the runtime newer than the memo, and the front no longer runs it."""
+    """Nobody can set a file's ctime back: a write to the runtime after the memo (by someone
+    who may write it, or a package upgrade) leaves it changed after the memo, and the front
+    no longer runs it."""
     node.write_memo()
-    _age(node.config, node.runtimes["B"], seconds=20)
-    _age(node.memo, seconds=10)  # the memo was written a while ago ...
+    node.pin_memo()  # the memo was written ...
     assert node.run("state", "c1") == "B"
     node.runtimes["B"].write_text('#!/bin/sh\necho "B-rewritten $*"\n')  # ... B since
     assert node.run("state", "c1") == "A"
@@ -293,7 +316,7 @@ def test_a_memo_runtime_python_refuses_is_forgotten(node: Node) -> None:
     memo goes, so that the verbs after the create do not run it either."""
     node.config.write_text(f'runtimes = ["{node.runtimes["B"]}"]\n')
     node.write_memo()
-    node.runtimes["B"].chmod(0o775)  # a chmod leaves the mtime: the front's tests still hold
+    node.runtimes["B"].chmod(0o775)  # before the memo's time (ahead): the front's tests hold
     assert node.run("create", "--bundle", str(_bundle(node, NO_GPU)), "c1") == "Python"
     assert not node.memo.exists()
     assert node.run("state", "c1") == "Python"  # not B: Python, which refuses it again
