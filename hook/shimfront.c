@@ -1674,9 +1674,10 @@ static int changed_after(const struct stat *f, const struct stat *m)
  * ($GPUCTK_CONFIG or the default), whether it is present or absent now, the runtime, the
  * request line; the config not changed after the memo (changed_after(): a config copied in
  * with its old mtime kept counts too); the runtime an absolute path to a regular file (not a
- * link) of this euid's that it may execute, in a folder of its, not changed after the memo.
- * Python checked that file and each folder above it by gpuctk's trusted-path rules
- * when it wrote the memo; a runtime it later refuses, it forgets. */
+ * link) of this euid's that it may execute, not changed after the memo, in a folder of its
+ * that nobody else may write (or sticky: nobody else may replace the file). Python checked
+ * that file and each folder above it by gpuctk's trusted-path rules when it wrote the memo;
+ * a runtime it later refuses, it forgets. */
 static int memo_holds(struct memo *m)
 {
 	const char *state = getenv(GPUCTK_STATE_DIR_ENV);
@@ -1722,7 +1723,8 @@ static int memo_holds(struct memo *m)
 		const char *slash = strrchr(m->runtime, '/');
 		ok = snprintf(folder, sizeof folder, "%.*s/.", (int)(slash - m->runtime), m->runtime) <
 			     (int)sizeof folder &&
-		     stat(folder, &st) == 0 && st.st_uid == geteuid();
+		     stat(folder, &st) == 0 && st.st_uid == geteuid() &&
+		     (!(st.st_mode & 022) || (st.st_mode & S_ISVTX));
 	}
 	return ok;
 }

@@ -29,9 +29,10 @@ writes after each start (gpuctk.hook.shim.memo), and then:
   the state folder one only this uid can write, the memo a regular file of its naming the
   same config file (present or absent alike), which has not changed since (its ctime: a
   config copied in with its old mtime is a change too), its runtime an absolute path to an
-  executable regular file of this uid's, not a link, in a folder of its, and not changed
-  since either. Python checked that file and every folder above it by gpuctk's
-  trusted-path rules when it wrote the memo, and removes the memo when it refuses the runtime;
+  executable regular file of this uid's, not a link, in a folder of its that nobody else
+  may write (or sticky), and not changed since either. Python checked that file and every
+  folder above it by gpuctk's trusted-path rules when it wrote the memo, and removes the
+  memo when it refuses the runtime;
   a config change takes effect at once (the memo no longer holds: Python runs and writes it
   again), and the verbs that follow a create go to the runtime that create used;
 - a create or run whose config.json cannot be asking for a GPU goes there too: the memo also

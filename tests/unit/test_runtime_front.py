@@ -303,6 +303,24 @@ def test_a_memo_runtime_that_is_a_symlink_is_not_run_by_the_front(node: Node) ->
     assert node.run("state", "c1") == "A"
 
 
+def test_a_memo_runtime_in_a_folder_others_may_write_is_not_run(node: Node) -> None:
+    """A folder made writable by others after the memo (its runtime unchanged, so its ctime
+    tells nothing): someone could swap the runtime between the front's check and its exec."""
+    folder = node.tmp / "rt"
+    folder.mkdir(mode=0o755)
+    runtime = folder / "runtime-B"
+    runtime.write_text(node.runtimes["B"].read_text())
+    runtime.chmod(0o755)
+    node.write_memo(runtime=str(runtime))
+    assert node.run("state", "c1") == "B"
+    node.write_memo(runtime=str(runtime))
+    folder.chmod(0o775)
+    assert node.run("state", "c1") == "A"
+    node.write_memo(runtime=str(runtime))
+    folder.chmod(0o1777)  # sticky: nobody else may replace root's file in it
+    assert node.run("state", "c1") == "B"
+
+
 def test_a_memo_that_is_a_symlink_is_not_read(node: Node) -> None:
     node.write_memo()
     elsewhere = node.tmp / "memo-elsewhere"
