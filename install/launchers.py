@@ -32,9 +32,9 @@ writes after each start (gpuctk.hook.shim.memo), and then:
   executable regular file of this uid's, not a link, in a folder of its that nobody else
   may write (or sticky), and not changed since either. Python checked that file and every
   folder above it by gpuctk's trusted-path rules when it wrote the memo, and removes the
-  memo when it refuses the runtime;
-  a config change takes effect at once (the memo no longer holds: Python runs and writes it
-  again), and the verbs that follow a create go to the runtime that create used;
+  memo when it refuses the runtime; a config change takes effect at once (the memo no longer
+  holds: Python runs and writes it again), and the verbs that follow a create go to the
+  runtime that create used;
 - a create or run whose config.json cannot be asking for a GPU goes there too: the memo also
   holds the request markers of the config in force (gpuctk.hook.shim.memo.request_markers:
   `NVIDIA_VISIBLE_DEVICES`, each annotation prefix, and with accept-volume-mounts the
