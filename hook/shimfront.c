@@ -1673,7 +1673,7 @@ static int changed_after(const struct stat *f, const struct stat *m)
  * rule Python wrote it under), five lines: MEMO_TAG, the config file in force
  * ($GPUCTK_CONFIG or the default), whether it is present or absent now, the runtime, the
  * request line; the config not changed after the memo (changed_after(): a config copied in
- * with its old mtime kept counts too); the runtime an absolute path to a regular file (not a
+ * with its old mtime kept counts too, and a link to it switched to another file); the runtime an absolute path to a regular file (not a
  * link) of this euid's that it may execute, not changed after the memo, in a folder of its
  * that nobody else may write (or sticky: nobody else may replace the file). Python checked
  * that file and each folder above it by gpuctk's trusted-path rules when it wrote the memo;
@@ -1709,10 +1709,12 @@ static int memo_holds(struct memo *m)
 	}
 	if (!conf || !*conf)
 		conf = GPUCTK_DEFAULT_CONFIG;
+	struct stat lst; /* a link's own: one switched to another, older file is a change */
 	int present = ok ? stat(conf, &st) == 0 : 0;
 	ok = ok && strcmp(line[0], GPUCTK_MEMO_TAG) == 0 && strcmp(line[1], conf) == 0 &&
 	     strcmp(line[2], present ? GPUCTK_MEMO_PRESENT : GPUCTK_MEMO_ABSENT) == 0 &&
-	     !(present && changed_after(&st, &mst));
+	     !(present && (changed_after(&st, &mst) ||
+			   (lstat(conf, &lst) == 0 && changed_after(&lst, &mst))));
 	m->runtime = ok ? line[3] : NULL;
 	m->create = ok ? line[4] : NULL;
 	ok = ok && m->runtime[0] == '/' && lstat(m->runtime, &st) == 0 && S_ISREG(st.st_mode) &&

@@ -45,7 +45,10 @@ def request_markers(settings: Settings) -> list[str] | None:
 
 
 def remember_runtime(
-    runtime: str, environ: Mapping[str, str] | None = None, markers: list[str] | None = None
+    runtime: str,
+    environ: Mapping[str, str] | None = None,
+    markers: list[str] | None = None,
+    settings: Settings | None = None,
 ) -> bool:
     """Write the runtime memo gpuctk-runtime's front reads (hook/shimfront.c's memo_holds()): the
     config file in force and whether it exists, the resolved `runtime`
@@ -55,8 +58,10 @@ def remember_runtime(
     Python). Written only into a folder that this uid alone can write, up to /
     (gpuctk.fs.open_private_dir; created 0700 if missing), through its descriptor, only when
     it changes or the config or the runtime changed after it (the front would not take it),
-    never fsync'd (it is a cache: a lost or stale memo just means a Python start). True when
-    the memo is current."""
+    never fsync'd (it is a cache: a lost or stale memo just means a Python start). With
+    `settings`, the config they were read from (their source_identity) must still be the file
+    in place, or no memo is written: one written after a change it did not read would hold
+    past that change. True when the memo is current."""
     from gpuctk.hook.config import config_path
     from gpuctk.statedir import state_dir
 
@@ -92,6 +97,8 @@ def remember_runtime(
                 os.close(fd)
         except OSError:
             pass
+        if settings is not None and _identity(conf) != settings.source_identity:
+            return False  # the config changed since it was read
         atomic_write(
             f"{folder}/{MEMO_NAME}", text, mode=0o644, durable=False, dir_fd=dir_fd, sweep=True
         )
@@ -104,14 +111,26 @@ def remember_runtime(
 
 def _newer_than(memo: os.stat_result, paths: Sequence[str]) -> bool:
     """Whether one of `paths` changed after the memo `memo` was written: its ctime past the
-    memo's mtime (hook/shimfront.c's changed_after(), under which the front refuses it)."""
+    memo's mtime, the link's own or the file's (hook/shimfront.c's changed_after(), under which
+    the front refuses it: a link switched to another, older file is a change)."""
     for path in paths:
-        try:
-            if os.stat(path).st_ctime_ns > memo.st_mtime_ns:
-                return True
-        except OSError:
-            pass
+        for look in (os.lstat, os.stat):
+            try:
+                if look(path).st_ctime_ns > memo.st_mtime_ns:
+                    return True
+            except OSError:
+                pass
     return False
+
+
+def _identity(path: str) -> tuple[int, int, int, int, int] | None:
+    """gpuctk.fs.stat_identity of `path` (links followed); None where it cannot be looked at."""
+    from gpuctk.fs import stat_identity
+
+    try:
+        return stat_identity(os.stat(path))
+    except OSError:
+        return None
 
 
 def forget_runtime(environ: Mapping[str, str] | None = None) -> None:

@@ -252,7 +252,7 @@ def prepare(args: list[str], front: str = "", compiled: str = "") -> tuple[int, 
                 forget_runtime()  # whatever runtime it names is no longer found
                 raise
             if settings_ok:
-                remember_runtime(runtime, markers=request_markers(settings))
+                remember_runtime(runtime, markers=request_markers(settings), settings=settings)
         if inv.verb in INJECT_VERBS and broken is not None:  # no GPU: left as it is
             failsafe.gate_create(inv.bundle or os.getcwd(), inv.config_name, settings, broken, log)
         elif inv.verb in INJECT_VERBS:

@@ -271,6 +271,40 @@ def test_a_missing_config_is_not_the_config_the_memo_saw(node: Node) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_a_config_link_switched_to_an_older_file_takes_effect_at_once(node: Node) -> None:
+    """`ln -sfn other.toml config.toml`: the file it now names is older than the memo, the
+    link is not (its own ctime is its making)."""
+    other = node.tmp / "other.toml"
+    other.write_text(f'runtimes = ["{node.runtimes["A"]}"]\nannotation-prefixes = ["x.io/"]\n')
+    real = node.tmp / "real.toml"
+    node.config.rename(real)
+    node.config.symlink_to(real)
+    node.write_memo()
+    node.pin_memo()
+    assert node.run("state", "c1") == "B"
+    node.config.unlink()
+    node.config.symlink_to(other)
+    assert os.stat(node.config).st_ctime_ns <= node.memo.stat().st_mtime_ns  # older, as named
+    assert node.run("state", "c1") == "A"
+    assert node.memo.read_text().splitlines()[4].endswith("\tx.io/")  # the new file's
+
+
+def test_no_memo_is_written_for_a_config_changed_since_it_was_read(tmp_path: Path) -> None:
+    """A config rewritten while Python's create ran: a memo written after the change, from
+    what was read before it, would hold past the change."""
+    from gpuctk.hook.config import load
+
+    conf = tmp_path / "config.toml"
+    conf.write_text('runtimes = ["/usr/bin/runc"]\n')
+    env = {"PATH": "/bin", "GPUCTK_CONFIG": str(conf), "GPUCTK_STATE_DIR": str(tmp_path / "s")}
+    settings = load(env)
+    conf.write_text('runtimes = ["/usr/bin/crun"]\n')  # after the read
+    assert not remember_runtime("/usr/bin/runc", env, settings=settings)
+    assert not (tmp_path / "s" / "runtime").exists()
+    assert remember_runtime("/usr/bin/crun", env, settings=load(env))  # read again: written
+    assert (tmp_path / "s" / "runtime").read_text().splitlines()[3] == "/usr/bin/crun"
+
+
 def test_a_memo_owned_by_someone_else_is_never_used(node: Node) -> None:
     node.write_memo()
     os.chown(node.memo, 65534, 65534)
