@@ -97,7 +97,7 @@ def remember_runtime(
                 os.close(fd)
         except OSError:
             pass
-        if settings is not None and _identity(conf) != settings.source_identity:
+        if settings is not None and not _as_read(conf, settings):
             return False  # the config changed since it was read
         atomic_write(
             f"{folder}/{MEMO_NAME}", text, mode=0o644, durable=False, dir_fd=dir_fd, sweep=True
@@ -123,14 +123,15 @@ def _newer_than(memo: os.stat_result, paths: Sequence[str]) -> bool:
     return False
 
 
-def _identity(path: str) -> tuple[int, int, int, int, int] | None:
-    """gpuctk.fs.stat_identity of `path` (links followed); None where it cannot be looked at."""
-    from gpuctk.fs import stat_identity
+def _as_read(conf: str, settings: Settings) -> bool:
+    """Whether `conf` is still the file `settings` were read from (missing where they are the
+    defaults), by the identity the plans take (gpuctk.hook.shim.plans.identity)."""
+    from gpuctk.hook.shim.plans import identity
 
     try:
-        return stat_identity(os.stat(path))
+        return identity(conf) == settings.source_identity
     except OSError:
-        return None
+        return False
 
 
 def forget_runtime(environ: Mapping[str, str] | None = None) -> None:
