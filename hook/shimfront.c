@@ -538,15 +538,26 @@ static int entries_hold(struct span v, int chain)
 	return ok;
 }
 
+/* The state folder: $GPUCTK_STATE_DIR, or its default where unset or empty. */
+static const char *state_dir(void)
+{
+	const char *state = getenv(GPUCTK_STATE_DIR_ENV);
+	return state && *state ? state : GPUCTK_DEFAULT_STATE_DIR;
+}
+
+/* The config file in force: $GPUCTK_CONFIG, or its default where unset or empty. */
+static const char *config_file(void)
+{
+	const char *conf = getenv(GPUCTK_CONFIG_ENV);
+	return conf && *conf ? conf : GPUCTK_DEFAULT_CONFIG;
+}
+
 /* The O_PATH descriptor of the front folder ($GPUCTK_STATE_DIR/front) if it is one this program
  * reads plans from (private_folder), else -1. */
 static int front_folder(void)
 {
-	const char *state = getenv(GPUCTK_STATE_DIR_ENV);
-	if (!state || !*state)
-		state = GPUCTK_DEFAULT_STATE_DIR;
 	char folder[PATH_MAX];
-	if (snprintf(folder, sizeof folder, "%s/" GPUCTK_FRONT_FOLDER, state) >= (int)sizeof folder)
+	if (snprintf(folder, sizeof folder, "%s/" GPUCTK_FRONT_FOLDER, state_dir()) >= (int)sizeof folder)
 		return -1;
 	return private_folder(folder);
 }
@@ -849,10 +860,11 @@ static void read_runc(int argc, char **argv, struct runc_call *c, struct runc_fl
 }
 
 /* The bundle of a create in runc's usual arguments (NULL: the current folder), its --log,
- * --log-format and id, as read_runc() reads them; -1 for any other shape (the Python shim
- * serves every shape): the verb create after the global flags that take a value and
- * GPUCTK_GLOBAL_BOOL_FLAGS, then GPUCTK_VERB_VALUE_FLAGS and GPUCTK_VERB_BOOL_FLAGS, each
- * once, written -NAME or --NAME (a bool without =VALUE), and one container id after them. */
+ * --log-format and id, from what read_runc() read of them (usual_create(): -1 for any other
+ * shape; the Python shim serves every shape): the verb create after the global flags that
+ * take a value and GPUCTK_GLOBAL_BOOL_FLAGS, then GPUCTK_VERB_VALUE_FLAGS and
+ * GPUCTK_VERB_BOOL_FLAGS, each once, written -NAME or --NAME (a bool without =VALUE), and one
+ * container id after them. */
 struct call { const char *bundle, *log, *log_format, *id; };
 
 _Static_assert(GPUCTK_GLOBAL_VALUE_FLAGS_COUNT <= 32 && GPUCTK_VERB_VALUE_FLAGS_COUNT <= 32,
@@ -881,21 +893,22 @@ static int usual_flag(const struct runc_flag *f, unsigned long long *seen)
 					       GPUCTK_GLOBAL_BOOL_FLAGS_COUNT)) >= 0;
 }
 
-static int parse_create(int argc, char **argv, struct call *c)
+static int usual_create(const struct runc_call *r, struct call *c)
 {
-	struct runc_flag *flags = calloc((size_t)argc + 1, sizeof *flags);
-	struct runc_call r;
 	unsigned long long seen = 0;
-	if (!flags)
-		return -1;
-	read_runc(argc, argv, &r, flags);
-	int ok = r.verb && strcmp(r.verb, GPUCTK_CREATE_VERB) == 0 && !r.dashdash && !r.no_value &&
-		 r.ids == 1 && strcmp(r.container, "-") != 0;
-	for (int k = 0; ok && k < r.nflags; k++)
-		ok = usual_flag(&flags[k], &seen);
-	*c = (struct call){ r.bundle, r.log, r.log_format, r.container };
-	free(flags);
+	int ok = r->verb && strcmp(r->verb, GPUCTK_CREATE_VERB) == 0 && !r->dashdash &&
+		 !r->no_value && r->ids == 1 && strcmp(r->container, "-") != 0;
+	for (int k = 0; ok && k < r->nflags; k++)
+		ok = usual_flag(&r->flags[k], &seen);
+	*c = (struct call){ r->bundle, r->log, r->log_format, r->container };
 	return ok ? 0 : -1;
+}
+
+/* The folder a bundle argument names: the current one where none or an empty one is given,
+ * as runc and the Python shim read it. */
+static const char *bundle_dir(const char *bundle)
+{
+	return bundle && *bundle ? bundle : ".";
 }
 
 /* gpuctk-runtime's form `runc-args ARG...`: runc's ARGs as read_runc() reads them, on stdout
@@ -1673,16 +1686,16 @@ static int changed_after(const struct stat *f, const struct stat *m)
  * rule Python wrote it under), five lines: MEMO_TAG, the config file in force
  * ($GPUCTK_CONFIG or the default), whether it is present or absent now, the runtime, the
  * request line; the config not changed after the memo (changed_after(): a config copied in
- * with its old mtime kept counts too, and a link to it switched to another file); the runtime an absolute path to a regular file (not a
- * link) of this euid's that it may execute, not changed after the memo, in a folder of its
- * that nobody else may write (or sticky: nobody else may replace the file). Python checked
+ * with its old mtime kept counts too, and a link to it switched to another file); the
+ * runtime an absolute path to a regular file (not a link) of this euid's that it may execute,
+ * not changed after the memo, in a folder of its that nobody else may write (or sticky:
+ * nobody else may replace the file). Python checked
  * that file and each folder above it by gpuctk's trusted-path rules when it wrote the memo;
  * a runtime it later refuses, it forgets. */
 static int memo_holds(struct memo *m)
 {
-	const char *state = getenv(GPUCTK_STATE_DIR_ENV);
-	const char *conf = getenv(GPUCTK_CONFIG_ENV);
-	int dir = private_folder(state && *state ? state : GPUCTK_DEFAULT_STATE_DIR);
+	const char *conf = config_file();
+	int dir = private_folder(state_dir());
 	int fd = dir < 0 ? -1 :
 			   openat(dir, GPUCTK_MEMO_NAME,
 				  O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
@@ -1707,8 +1720,6 @@ static int memo_holds(struct memo *m)
 			p = nl + 1;
 		}
 	}
-	if (!conf || !*conf)
-		conf = GPUCTK_DEFAULT_CONFIG;
 	struct stat lst; /* a link's own: one switched to another, older file is a change */
 	int present = ok ? stat(conf, &st) == 0 : 0;
 	ok = ok && strcmp(line[0], GPUCTK_MEMO_TAG) == 0 && strcmp(line[1], conf) == 0 &&
@@ -1753,15 +1764,14 @@ static int other_escape(const char *p, const char *end)
 /* Whether BUNDLE/config.json (`bundle` NULL or empty: the current folder's, as runc and the
  * Python shim read it) cannot be asking for a GPU: a regular file, not a link, holding none
  * of the memo's request `markers` (what a request must name under the config in force, as
- * gpuctk.hook.shim.memo writes them, tab-separated; none: it may be), no `\/` escape and no `\u` escape but Go's (other_escape()): no marker
- * holds a character JSON or Go's JSON writes as an escape. Matched as bytes, wherever they
- * stand. */
+ * gpuctk.hook.shim.memo writes them, tab-separated; none: it may be), no `\/` escape and no
+ * `\u` escape but Go's (other_escape()): no marker holds a character JSON or Go's JSON writes
+ * as an escape. Matched as bytes, wherever they stand. */
 static int no_request(const char *bundle, char *markers)
 {
 	char path[PATH_MAX];
-	if (!bundle || !*bundle)
-		bundle = "."; /* as runc: the current folder */
-	if (!*markers || snprintf(path, sizeof path, "%s/" GPUCTK_CONFIG_NAME, bundle) >= (int)sizeof path)
+	if (!*markers || snprintf(path, sizeof path, "%s/" GPUCTK_CONFIG_NAME, bundle_dir(bundle)) >=
+				 (int)sizeof path)
 		return 0;
 	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
 	struct stat st;
@@ -1783,8 +1793,9 @@ static int no_request(const char *bundle, char *markers)
 	return ok;
 }
 
-/* The create runtime_front() hands over once the memo holds: `runtime` the memo's. */
-static int shim_create(int argc, char **argv, const char *runtime)
+/* The create runtime_front() hands over once the memo holds: `runtime` the memo's, `r` its
+ * reading of runc's arguments. */
+static int shim_create(int argc, char **argv, const char *runtime, const struct runc_call *r)
 {
 	const char *off = getenv(GPUCTK_SHIM_FRONT_ENV);
 	need(!off || strcmp(off, GPUCTK_FRONT_OFF) != 0, GPUCTK_SHIM_FRONT_ENV "=" GPUCTK_FRONT_OFF);
@@ -1792,12 +1803,10 @@ static int shim_create(int argc, char **argv, const char *runtime)
 	need(!cache || strcmp(cache, GPUCTK_SPEC_CACHE_OFF) != 0,
 	     GPUCTK_SPEC_CACHE_ENV "=" GPUCTK_SPEC_CACHE_OFF);
 	struct call call;
-	need(parse_create(argc - 5, argv + 5, &call) == 0, "arguments only the shim reads");
-	const char *conf = getenv(GPUCTK_CONFIG_ENV);
-	if (!conf || !*conf)
-		conf = GPUCTK_DEFAULT_CONFIG;
+	need(usual_create(r, &call) == 0, "arguments only the shim reads");
+	const char *conf = config_file();
 
-	int bfd = open(call.bundle && *call.bundle ? call.bundle : ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+	int bfd = open(bundle_dir(call.bundle), O_PATH | O_DIRECTORY | O_CLOEXEC);
 	need(bfd >= 0, "the bundle could not be opened");
 	struct stat cst;
 	char *doc;
@@ -1880,8 +1889,7 @@ static int runtime_front(int argc, char **argv)
 		run_runtime(m.runtime, argc, argv, NULL, "no request marker");
 	need(setenv(GPUCTK_FRONT_RUNTIME_ENV, m.runtime, 1) == 0, "out of memory");
 	need(strcmp(r.verb, GPUCTK_CREATE_VERB) == 0, "a run");
-	free(flags);
-	return shim_create(argc, argv, m.runtime);
+	return shim_create(argc, argv, m.runtime, &r);
 }
 
 /* ---- the key, for Python ------------------------------------------------------------------------ */

@@ -1,10 +1,10 @@
 /* libFuzzer harness: the argument readers of gpuctk-cdi-hook (hook/cdihook.c's parse_args(),
  * through read_args() and split_link(): the spec's hook entry, --link and --link-for values,
  * the one reading gpuctk-hook asks for as read-args) and of gpuctk-runtime's front
- * (hook/shimfront.c's parse_create(), through read_runc(): the engine's runc arguments, the
- * one reading, which runtime-front acts on and gpuctk-runtime's Python asks for as runc-args). The input is the argument
- * list, NUL between arguments; its first byte picks the hook's verb. An argument the hook does
- * not read hands it over (fuzz.h). */
+ * (hook/shimfront.c's read_runc() and usual_create(): the engine's runc arguments, the one
+ * reading, which runtime-front acts on and gpuctk-runtime's Python asks for as runc-args).
+ * The input is the argument list, NUL between arguments; its first byte picks the hook's
+ * verb. An argument the hook does not read hands it over (fuzz.h). */
 #include "fuzz.h"
 
 #define ARGS 64
@@ -26,7 +26,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		argv[argc++] = copy + at;
 	argv[argc] = NULL;
 	struct call call;
-	if (parse_create(argc - 2, argv + 2, &call) == 0 && (!call.id || call.id[0] == '-'))
+	struct runc_call r;
+	static struct runc_flag flags[ARGS + 1];
+	read_runc(argc - 2, argv + 2, &r, flags);
+	if (usual_create(&r, &call) == 0 && (!call.id || call.id[0] == '-'))
 		abort(); /* a create names one container id */
 	g_argv = argv;
 	if (setjmp(fuzz_back) == 0) {
